@@ -1,0 +1,326 @@
+"""Where delays come from (1): per-update delay models.
+
+A delay model draws, for update (or call) ``t``, a delay ``d_t`` in
+``{0, ..., max_delay}``. Models are small frozen objects; ``sample(key, step)``
+is a pure JAX function (jittable, usable inside ``lax.scan`` and ``vmap``), and
+the same ``key`` and ``step`` always give the same delay. ``max_delay`` is a
+static Python int that sizes every buffer built on the model. ``pmf()`` gives
+the exact distribution of one draw, for tests and summaries.
+
+How the delay is realized depends on the consumer (see ``dj.delayed`` and
+``dj.simulate``): on the *apply* side (the gradient of call ``t`` is applied at
+call ``t + d_t``) or on the *read* side (update ``t`` uses a gradient computed
+at version ``t - d_t``). For ``constant`` delays the two coincide.
+
+Example::
+
+  >>> import jax
+  >>> import delayjax as dj
+  >>> model = dj.delays.uniform(4)
+  >>> int(model.sample(jax.random.key(0), 7)) in range(5)
+  True
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from delayjax._checks import check_float, check_int
+
+__all__ = [
+    "DelayModel", "Constant", "Uniform", "Geometric", "Categorical", "Trace", "PerLeaf",
+    "constant", "uniform", "geometric", "categorical", "trace", "per_leaf", "leaf_models",
+]
+
+
+class DelayModel(abc.ABC):
+  """A distribution of integer delays in ``{0, ..., max_delay}``."""
+
+  @property
+  @abc.abstractmethod
+  def max_delay(self) -> int:
+    """The largest delay the model can draw (a static Python int)."""
+
+  @abc.abstractmethod
+  def sample(self, key: jax.Array, step: Any) -> jax.Array:
+    """Draws the delay of update ``step`` as an int32 scalar."""
+
+  @abc.abstractmethod
+  def pmf(self) -> np.ndarray:
+    """float64 ``[max_delay + 1]``: the probability of each delay for one draw."""
+
+  @property
+  def is_constant(self) -> bool:
+    """Whether every draw gives the same delay (so one gradient is released per call)."""
+    return False
+
+  def mean(self) -> float:
+    """The expected delay of one draw."""
+    p = self.pmf()
+    return float(np.dot(np.arange(p.shape[0]), p))
+
+
+@dataclasses.dataclass(frozen=True)
+class Constant(DelayModel):
+  """Every update has delay ``tau``."""
+
+  tau: int
+
+  def __post_init__(self):
+    check_int("tau", self.tau, minimum=0)
+
+  @property
+  def max_delay(self) -> int:
+    return int(self.tau)
+
+  @property
+  def is_constant(self) -> bool:
+    return True
+
+  def sample(self, key, step):
+    del key, step
+    return jnp.asarray(self.tau, jnp.int32)
+
+  def pmf(self):
+    p = np.zeros(self.tau + 1)
+    p[self.tau] = 1.0
+    return p
+
+
+@dataclasses.dataclass(frozen=True)
+class Categorical(DelayModel):
+  """Delay ``k`` with probability ``probs[k]``, independently for each update."""
+
+  probs: tuple[float, ...]
+
+  def __post_init__(self):
+    probs = np.asarray(self.probs, dtype=np.float64)
+    if probs.ndim != 1 or probs.shape[0] < 1:
+      raise ValueError(f"probs must be a non-empty 1-D sequence, got shape {probs.shape}.")
+    if not np.all(np.isfinite(probs)) or np.any(probs < 0) or probs.sum() <= 0:
+      raise ValueError(f"probs must be finite, non-negative and not all zero, got {probs.tolist()}.")
+    nonzero = np.flatnonzero(probs)
+    probs = probs[: nonzero[-1] + 1] / probs.sum()
+    object.__setattr__(self, "probs", tuple(float(x) for x in probs))
+
+  @property
+  def max_delay(self) -> int:
+    return len(self.probs) - 1
+
+  def sample(self, key, step):
+    del step
+    with np.errstate(divide="ignore"):
+      logits = np.log(np.asarray(self.probs))
+    return jax.random.categorical(key, jnp.asarray(logits, jnp.float32)).astype(jnp.int32)
+
+  def pmf(self):
+    return np.asarray(self.probs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Uniform(DelayModel):
+  """Delay uniform on ``{0, ..., s}`` with ``s = max_delay`` (the SSP-style bound of Dai et al. 2019)."""
+
+  s: int
+
+  def __post_init__(self):
+    check_int("max_delay", self.s, minimum=0)
+
+  @property
+  def max_delay(self) -> int:
+    return int(self.s)
+
+  @property
+  def is_constant(self) -> bool:
+    return self.s == 0
+
+  def sample(self, key, step):
+    del step
+    return jax.random.randint(key, (), 0, self.s + 1, dtype=jnp.int32)
+
+  def pmf(self):
+    return np.full(self.s + 1, 1.0 / (self.s + 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class Geometric(Categorical):
+  """A geometric delay truncated at ``max_delay``: ``P(k) ∝ p (1 - p)^k`` for ``k = 0..max_delay``.
+
+  The mass beyond ``max_delay`` is removed and the rest renormalized (it is not
+  piled onto ``max_delay``).
+  """
+
+  def __init__(self, p: float, max_delay: int):
+    p = check_float("p", p, minimum=0.0, maximum=1.0, strict_minimum=True)
+    max_delay = check_int("max_delay", max_delay, minimum=0)
+    object.__setattr__(self, "p", p)
+    k = np.arange(max_delay + 1)
+    probs = p * (1.0 - p) ** k
+    super().__init__(tuple(float(x) for x in probs))
+    # A tiny p can underflow the tail: keep the declared bound either way.
+    object.__setattr__(self, "_max_delay", max_delay)
+
+  @property
+  def max_delay(self) -> int:
+    return self._max_delay
+
+  def pmf(self):
+    p = np.zeros(self._max_delay + 1)
+    p[: len(self.probs)] = self.probs
+    return p
+
+  def __repr__(self):
+    return f"Geometric(p={self.p}, max_delay={self._max_delay})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Trace(DelayModel):
+  """Replays a logged delay sequence: update ``t`` gets ``delays[t mod len(delays)]``.
+
+  At the end of the trace it cycles back to the start (a finite log stands for a
+  stationary process); use a trace at least as long as the run to replay it
+  once.
+  """
+
+  delays: tuple[int, ...]
+
+  def __post_init__(self):
+    delays = np.asarray(self.delays)
+    if delays.ndim != 1 or delays.shape[0] < 1:
+      raise ValueError(f"delays must be a non-empty 1-D sequence, got shape {delays.shape}.")
+    if not np.issubdtype(delays.dtype, np.integer):
+      if not np.all(np.isfinite(delays)) or np.any(delays != np.round(delays)):
+        raise ValueError("delays must be integers (finite, without a fractional part).")
+    if np.any(delays < 0):
+      raise ValueError(f"delays must be >= 0, got a minimum of {delays.min()}.")
+    object.__setattr__(self, "delays", tuple(int(x) for x in delays))
+
+  @property
+  def max_delay(self) -> int:
+    return max(self.delays)
+
+  @property
+  def is_constant(self) -> bool:
+    return len(set(self.delays)) == 1
+
+  def sample(self, key, step):
+    del key
+    table = jnp.asarray(self.delays, jnp.int32)
+    return table[jnp.asarray(step, jnp.int32) % table.shape[0]]
+
+  def pmf(self):
+    return np.bincount(np.asarray(self.delays), minlength=self.max_delay + 1) / len(self.delays)
+
+
+def _is_model(x: Any) -> bool:
+  return isinstance(x, DelayModel)
+
+
+@dataclasses.dataclass(frozen=True)
+class PerLeaf(DelayModel):
+  """A pytree of delay models, one per leaf (or per subtree) of the parameters: layer-wise staleness.
+
+  ``sample`` returns a pytree of int32 delays with the structure of ``models``;
+  leaves are drawn independently (each with its own key, folded from the one
+  given). Use :func:`leaf_models` to broadcast it against a parameter tree.
+  """
+
+  models: Any
+
+  def __post_init__(self):
+    leaves = jax.tree.leaves(self.models, is_leaf=_is_model)
+    if not leaves:
+      raise ValueError("per_leaf needs at least one delay model, got an empty tree.")
+    for leaf in leaves:
+      if not _is_model(leaf) or isinstance(leaf, PerLeaf):
+        raise TypeError(
+            f"per_leaf expects a pytree whose leaves are delay models (constant, uniform, ...), "
+            f"got a leaf {leaf!r}.")
+
+  @property
+  def max_delay(self) -> int:
+    return max(m.max_delay for m in jax.tree.leaves(self.models, is_leaf=_is_model))
+
+  @property
+  def is_constant(self) -> bool:
+    return all(m.is_constant for m in jax.tree.leaves(self.models, is_leaf=_is_model))
+
+  def sample(self, key, step):
+    leaves, treedef = jax.tree.flatten(self.models, is_leaf=_is_model)
+    draws = [m.sample(jax.random.fold_in(key, i), step) for i, m in enumerate(leaves)]
+    return jax.tree.unflatten(treedef, draws)
+
+  def pmf(self):
+    raise NotImplementedError("a PerLeaf model has one distribution per leaf: call pmf() on its leaves.")
+
+  def mean(self):
+    raise NotImplementedError("a PerLeaf model has one distribution per leaf: call mean() on its leaves.")
+
+
+def constant(tau: int) -> Constant:
+  """Every update has delay ``tau`` (``tau = 0`` is synchronous)."""
+  return Constant(tau)
+
+
+def uniform(max_delay: int) -> Uniform:
+  """Delay uniform on ``{0, ..., max_delay}``, independently per update."""
+  return Uniform(max_delay)
+
+
+def geometric(p: float, max_delay: int) -> Geometric:
+  """Delay ``k`` with probability proportional to ``p (1 - p)^k``, truncated at ``max_delay``."""
+  return Geometric(p, max_delay)
+
+
+def categorical(probs: Sequence[float]) -> Categorical:
+  """Delay ``k`` with probability ``probs[k] / sum(probs)``, e.g. a measured delay histogram."""
+  return Categorical(tuple(probs))
+
+
+def trace(delays: Sequence[int]) -> Trace:
+  """Replays logged delays in order, cycling at the end."""
+  return Trace(tuple(np.asarray(delays).tolist()))
+
+
+def per_leaf(models: Any) -> PerLeaf:
+  """Per-leaf delays: a pytree of models matching (a prefix of) the parameter tree."""
+  return PerLeaf(models)
+
+
+def leaf_models(model: DelayModel, tree: Any) -> Any:
+  """Broadcasts ``model`` to one delay model per leaf of ``tree``.
+
+  A plain model is shared by every leaf (one draw per update); a ``PerLeaf``
+  model's tree must be a prefix of ``tree``.
+
+  Raises:
+    TypeError: if ``model`` is not a delay model.
+    ValueError: if a ``PerLeaf`` tree does not match ``tree``.
+  """
+  if not _is_model(model):
+    raise TypeError(f"delays must be a delay model from delayjax.delays, got {model!r}.")
+  if not isinstance(model, PerLeaf):
+    return jax.tree.map(lambda _: model, tree)
+  try:
+    return jax.tree.map(lambda m, sub: jax.tree.map(lambda _: m, sub), model.models, tree,
+                        is_leaf=_is_model)
+  except ValueError as e:
+    raise ValueError(
+        f"the per-leaf delay tree {jax.tree.structure(model.models, is_leaf=_is_model)} is not a "
+        f"prefix of the parameter tree {jax.tree.structure(tree)}: {e}") from None
+
+
+def check_model(name: str, model: Any) -> DelayModel:
+  """Returns ``model`` if it is a delay model, or raises a TypeError naming ``name``."""
+  if not _is_model(model):
+    raise TypeError(
+        f"{name} must be a delay model from delayjax.delays (constant, uniform, geometric, "
+        f"categorical, trace, per_leaf), got {model!r}.")
+  return model
+

@@ -1,0 +1,1 @@
+"""How it runs: the drop-in ``delayed`` wrapper and the wave-parallel simulator."""

@@ -1,0 +1,1 @@
+"""What to do with a stale gradient: Optax gradient transformations."""
