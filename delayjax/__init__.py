@@ -7,5 +7,9 @@ under them exactly.
 
 from delayjax import cluster as cluster
 from delayjax import delays as delays
+from delayjax.transforms import delay_compensation as delay_compensation
+from delayjax.transforms import read_params as read_params
+from delayjax.transforms import scale_by_staleness as scale_by_staleness
+from delayjax.transforms import staleness_weight as staleness_weight
 
 __version__ = "0.1.0"

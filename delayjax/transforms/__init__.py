@@ -1,1 +1,8 @@
 """What to do with a stale gradient: Optax gradient transformations."""
+
+from delayjax.transforms._dc_asgd import DelayCompensationState as DelayCompensationState
+from delayjax.transforms._dc_asgd import delay_compensation as delay_compensation
+from delayjax.transforms._hooks import ReadsParams as ReadsParams
+from delayjax.transforms._hooks import read_params as read_params
+from delayjax.transforms._staleness import scale_by_staleness as scale_by_staleness
+from delayjax.transforms._staleness import staleness_weight as staleness_weight
