@@ -7,6 +7,8 @@ under them exactly.
 
 from delayjax import cluster as cluster
 from delayjax import delays as delays
+from delayjax.runtime import apply_gradients as apply_gradients
+from delayjax.runtime import delayed as delayed
 from delayjax.transforms import delay_compensation as delay_compensation
 from delayjax.transforms import read_params as read_params
 from delayjax.transforms import scale_by_staleness as scale_by_staleness

@@ -36,6 +36,7 @@ from delayjax._checks import check_float, check_int
 __all__ = [
     "DelayModel", "Constant", "Uniform", "Geometric", "Categorical", "Trace", "PerLeaf",
     "constant", "uniform", "geometric", "categorical", "trace", "per_leaf", "leaf_models",
+    "sample_for",
 ]
 
 
@@ -324,3 +325,16 @@ def check_model(name: str, model: Any) -> DelayModel:
         f"categorical, trace, per_leaf), got {model!r}.")
   return model
 
+
+def sample_for(model: DelayModel, key: jax.Array, step: Any, tree: Any) -> Any:
+  """Draws the delay of ``step`` for the parameters ``tree``.
+
+  Returns an int32 scalar for a plain model, and for a ``PerLeaf`` model a
+  pytree of int32 scalars with the structure of ``tree``, each leaf carrying
+  the draw of the model that covers it (leaves under one model share its
+  draw: a layer's weights and biases are equally stale).
+  """
+  if not isinstance(model, PerLeaf):
+    return model.sample(key, step)
+  draws = model.sample(key, step)
+  return jax.tree.map(lambda d, sub: jax.tree.map(lambda _: d, sub), draws, tree)

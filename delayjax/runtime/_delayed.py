@@ -1,0 +1,225 @@
+"""The drop-in wrapper: any Optax optimizer, delayed, in an unchanged training loop."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from delayjax import delays as delays_lib
+from delayjax._checks import check_int
+
+_RESERVED = ("staleness", "stale_params")
+
+
+class DelayedState(NamedTuple):
+  """State of :func:`delayed`. ``R = max_delay + 1`` slots; call ``t`` writes slot ``t mod R``."""
+
+  count: jax.Array  # shape=(), int32: calls so far
+  key: jax.Array  # shape=(2,), uint32: base PRNG key of the delay draws
+  issued: jax.Array  # shape=(R,), int32: the call that wrote each slot, -1 if empty
+  delay: Any  # int32 [R] (one delay per call), or a pytree of int32 [R] like params (per-leaf delays)
+  grads: Any  # pytree like params, each leaf [R, *shape]: gradients waiting to be applied
+  stale_params: Any  # pytree like params, each leaf [R, *shape]: params at each slot's call; () if not kept
+  inner_state: Any  # the wrapped optimizer's state
+
+
+def _release_order(issued: jax.Array, delay: jax.Array, t: jax.Array, num_steps: int):
+  """Slots released at call ``t`` in issue order: (slot index [K], active [K]).
+
+  A slot is released when the call that wrote it plus its delay equals ``t``.
+  Step ``k`` gets the k-th released slot; steps past the number released are
+  inactive (their slot index is irrelevant).
+  """
+  released = (issued >= 0) & (issued + delay == t)
+  # Unreleased slots sort last; released ones by the call that wrote them.
+  sort_key = jnp.where(released, issued, jnp.iinfo(jnp.int32).max)
+  order = jnp.argsort(sort_key)[:num_steps].astype(jnp.int32)
+  active = jnp.arange(num_steps, dtype=jnp.int32) < jnp.sum(released, dtype=jnp.int32)
+  return order, active
+
+
+def _masked(active: jax.Array, new: Any, old: Any) -> Any:
+  return jax.tree.map(lambda n, o: jnp.where(active, n, o), new, old)
+
+
+def delayed(
+    inner: optax.GradientTransformation,
+    delays: delays_lib.DelayModel,
+    *,
+    seed: int = 0,
+    store_stale_params: bool = True,
+) -> optax.GradientTransformationExtraArgs:
+  r"""Delays the gradients given to an Optax optimizer: a drop-in asynchronous optimizer.
+
+  The training loop is unchanged: it computes a gradient at the current
+  parameters and calls ``update``. The gradient :math:`g_t` given at call
+  :math:`t` (computed at that call's ``params``, :math:`w_t`) is applied
+  through ``inner`` at call :math:`t + d_t`, with :math:`d_t` drawn from
+  ``delays``:
+
+  .. math::
+
+    u_{t} = \sum_{s \,:\, s + d_s = t} \text{inner}\big(g_s;\; \text{params}=w^{(k)},
+    \; \text{staleness}=d_s,\; \text{stale\_params}=w_s\big)
+
+  Gradients released at the same call are applied one after another in issue
+  order (smallest :math:`s` first), each ``inner`` update seeing the
+  parameters :math:`w^{(k)}` the previous ones produced, and the call returns
+  the sum of their updates. A call that releases none returns zero updates
+  and leaves ``inner``'s state untouched. With ``constant(0)`` it is exactly
+  ``inner``. Gradients still in flight when training stops are never
+  applied.
+
+  This is the delay on the *apply* side. ``dj.simulate`` realizes the same
+  model on the *read* side (update :math:`t` uses a gradient computed at
+  version :math:`t - d_t`). For ``constant`` delays the two are the same
+  process; for random delays they differ (here several gradients can land
+  in one call and some calls apply none).
+
+  Per-leaf delays (``delays.per_leaf``) delay each leaf on its own: at step
+  :math:`k` of a call each leaf gets its :math:`k`-th released gradient; a
+  leaf with fewer releases gets a zero gradient (staleness 0, stale
+  parameters = current parameters) at that step, and ``inner``'s state is
+  left untouched only at steps where no leaf has a release. With constant
+  per-leaf delays every leaf releases exactly one gradient per call once
+  its first :math:`d` calls are past, so ``inner`` then sees whole, exact
+  gradient trees (layer-wise staleness, pipeline-style delays).
+
+  Buffers are fixed-size rings of ``max_delay + 1`` gradients and parameter
+  copies (none when ``max_delay`` is 0: then ``inner`` is called directly); everything is traced arithmetic without Python control flow on
+  values, so it runs under ``jit``, ``lax.scan`` and ``vmap``. With a
+  constant delay one inner update is traced per call; otherwise
+  ``max_delay + 1`` masked inner updates run in a ``lax.scan``.
+
+  Args:
+    inner: the optimizer to delay. It receives the ``staleness`` (int32, or
+      a per-leaf pytree) and ``stale_params`` extra arguments (plain Optax
+      optimizers ignore them) and any other extra arguments given to
+      ``update``. Its state sits in ``DelayedState.inner_state``, so
+      ``dj.read_params`` finds a look-ahead hook inside it.
+    delays: a model from ``delayjax.delays``.
+    seed: seed of the delay draws; the same seed gives the same delays.
+    store_stale_params: keep a ring of parameter copies to pass
+      ``stale_params``; turn it off to save ``max_delay + 1`` copies of the
+      parameters when ``inner`` does not use them (then ``stale_params`` is
+      not passed).
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs``; ``update`` needs
+    ``params``.
+
+  Examples:
+    >>> import jax.numpy as jnp, optax
+    >>> import delayjax as dj
+    >>> tx = dj.delayed(optax.sgd(1.0), dj.delays.constant(1))
+    >>> params = jnp.array([0.0])
+    >>> state = tx.init(params)
+    >>> u0, state = tx.update(jnp.array([1.0]), state, params)  # nothing due yet
+    >>> u1, state = tx.update(jnp.array([2.0]), state, params)  # applies call 0's gradient
+    >>> print(u0, u1)
+    [0.] [-1.]
+
+  References:
+    Dai, Zhou, Dai, Ho, Xing, `Toward Understanding the Impact of Staleness in
+    Distributed Machine Learning <https://arxiv.org/abs/1810.03264>`_, ICLR 2019.
+  """
+  if not isinstance(inner, optax.GradientTransformation):
+    raise TypeError(f"inner must be an optax.GradientTransformation, got {type(inner).__name__}.")
+  model = delays_lib.check_model("delays", delays)
+  seed = check_int("seed", seed)
+  if not isinstance(store_stale_params, bool):
+    raise TypeError(f"store_stale_params must be a bool, got {store_stale_params!r}.")
+  inner = optax.with_extra_args_support(inner)
+  num_slots = model.max_delay + 1
+  num_steps = 1 if model.is_constant else num_slots
+  per_leaf = isinstance(model, delays_lib.PerLeaf)
+  # Zero delay buffers nothing: call inner directly, so the result is inner's own arithmetic.
+  synchronous = model.max_delay == 0
+
+  def init_fn(params):
+    delays_lib.leaf_models(model, params)  # a per-leaf tree that does not fit params fails here
+    ring = lambda p: jnp.zeros((num_slots,) + jnp.shape(p), jnp.result_type(p))
+    no_delay = jnp.zeros((num_slots,), jnp.int32)
+    return DelayedState(
+        count=jnp.zeros([], jnp.int32),
+        key=jax.random.PRNGKey(seed),
+        issued=jnp.full((num_slots,), -1, jnp.int32),
+        delay=jax.tree.map(lambda _: no_delay, params) if per_leaf else no_delay,
+        grads=() if synchronous else jax.tree.map(ring, params),
+        stale_params=jax.tree.map(ring, params) if store_stale_params and not synchronous else (),
+        inner_state=inner.init(params),
+    )
+
+  def update_fn(updates, state, params=None, **extra_args):
+    if params is None:
+      raise ValueError("delayed needs params: call update(grads, state, params).")
+    clash = [k for k in _RESERVED if k in extra_args]
+    if clash:
+      raise TypeError(f"delayed computes {clash} itself; do not pass them to its update().")
+    if jax.tree.structure(updates) != jax.tree.structure(params):
+      raise ValueError(
+          f"updates must have the structure of params {jax.tree.structure(params)}; got "
+          f"{jax.tree.structure(updates)}.")
+    t = state.count
+    if synchronous:
+      zero = jnp.zeros([], jnp.int32)
+      kwargs = dict(extra_args, staleness=jax.tree.map(lambda _: zero, params) if per_leaf else zero)
+      if store_stale_params:
+        kwargs["stale_params"] = params
+      u, inner_state = inner.update(updates, state.inner_state, params, **kwargs)
+      return u, state._replace(count=t + 1, inner_state=inner_state)
+    slot = t % num_slots
+    write = lambda ring, x: ring.at[slot].set(jnp.asarray(x, ring.dtype))
+    d = delays_lib.sample_for(model, jax.random.fold_in(state.key, t), t, params)
+    issued = state.issued.at[slot].set(t)
+    delay = jax.tree.map(write, state.delay, d)
+    grads = jax.tree.map(write, state.grads, updates)
+    stale = jax.tree.map(write, state.stale_params, params) if store_stale_params else ()
+
+    if per_leaf:
+      plans = [_release_order(issued, dl, t, num_steps) for dl in jax.tree.leaves(delay)]
+      treedef = jax.tree.structure(delay)
+      orders = jax.tree.unflatten(treedef, [p[0] for p in plans])
+      actives = jax.tree.unflatten(treedef, [p[1] for p in plans])
+      any_active = jnp.any(jnp.stack([p[1] for p in plans]), axis=0)
+    else:
+      order, any_active = _release_order(issued, delay, t, num_steps)
+      orders = jax.tree.map(lambda _: order, params)
+      actives = jax.tree.map(lambda _: any_active, params)
+
+    def pick(ring, o, a, k, otherwise):
+      return jnp.where(a[k], ring[o[k]], otherwise)
+
+    def step(inner_state, current, k):
+      g = jax.tree.map(lambda r, o, a: pick(r, o, a, k, jnp.zeros_like(r[0])), grads, orders, actives)
+      if per_leaf:
+        tau = jax.tree.map(lambda dl, o, a: pick(dl, o, a, k, jnp.int32(0)), delay, orders, actives)
+      else:
+        tau = pick(delay, order, any_active, k, jnp.int32(0))
+      kwargs = dict(extra_args, staleness=tau)
+      if store_stale_params:
+        kwargs["stale_params"] = jax.tree.map(
+            lambda r, o, a, w: pick(r, o, a, k, w), stale, orders, actives, current)
+      u, new_state = inner.update(g, inner_state, current, **kwargs)
+      new_state = _masked(any_active[k], new_state, inner_state)
+      u = jax.tree.map(lambda x: jnp.where(any_active[k], x, jnp.zeros_like(x)), u)
+      return new_state, u
+
+    inner_state, total = step(state.inner_state, params, 0)
+    if num_steps > 1:
+      def body(carry, k):
+        inner_state, current, total = carry
+        inner_state, u = step(inner_state, current, k)
+        return (inner_state, optax.apply_updates(current, u), jax.tree.map(jnp.add, total, u)), None
+
+      carry = (inner_state, optax.apply_updates(params, total), total)
+      (inner_state, _, total), _ = jax.lax.scan(body, carry, jnp.arange(1, num_steps, dtype=jnp.int32))
+
+    new_state = DelayedState(count=t + 1, key=state.key, issued=issued, delay=delay, grads=grads,
+                             stale_params=stale, inner_state=inner_state)
+    return total, new_state
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
