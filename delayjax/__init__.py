@@ -9,7 +9,10 @@ from delayjax import cluster as cluster
 from delayjax import delays as delays
 from delayjax.runtime import apply_gradients as apply_gradients
 from delayjax.runtime import delayed as delayed
+from delayjax.transforms import accumulate_sum as accumulate_sum
 from delayjax.transforms import delay_compensation as delay_compensation
+from delayjax.transforms import fed_async as fed_async
+from delayjax.transforms import fed_buff as fed_buff
 from delayjax.transforms import read_params as read_params
 from delayjax.transforms import scale_by_staleness as scale_by_staleness
 from delayjax.transforms import staleness_weight as staleness_weight

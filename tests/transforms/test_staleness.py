@@ -1,0 +1,116 @@
+"""scale_by_staleness and staleness_weight against each rule's formula."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import delayjax as dj
+
+TAUS = np.arange(0, 40)
+
+FORMULAS = [
+    ("inverse", {}, lambda t: 1.0 / np.maximum(t, 1)),
+    ("polynomial", {}, lambda t: (1.0 + t) ** -0.5),
+    ("polynomial", {"a": 2.0}, lambda t: (1.0 + t) ** -2.0),
+    ("hinge", {}, lambda t: np.where(t <= 4, 1.0, 1.0 / (10.0 * (t - 4) + 1.0))),
+    ("hinge", {"a": 0.5, "b": 10}, lambda t: np.where(t <= 10, 1.0, 1.0 / (0.5 * np.maximum(t - 10, 0) + 1.0))),
+    ("exponential", {}, lambda t: np.exp(-0.1 * t)),
+    ("exponential", {"a": 1.5}, lambda t: np.exp(-1.5 * t)),
+    ("constant", {}, lambda t: np.ones_like(t, dtype=np.float64)),
+    ("constant", {"value": 0.3}, lambda t: np.full(t.shape, 0.3)),
+    ("drop", {"threshold": 7}, lambda t: (t <= 7).astype(np.float64)),
+]
+
+
+@pytest.mark.parametrize("rule, kwargs, formula", FORMULAS)
+def test_weight_matches_formula(rule, kwargs, formula):
+  w = jax.jit(dj.staleness_weight(rule, **kwargs))(jnp.asarray(TAUS, jnp.int32))
+  assert w.dtype == jnp.float32
+  np.testing.assert_allclose(w, formula(TAUS.astype(np.float64)), rtol=2e-6)
+
+
+@pytest.mark.parametrize("rule, kwargs, formula", FORMULAS)
+def test_scaled_update_matches_formula(rule, kwargs, formula):
+  tx = dj.scale_by_staleness(rule, **kwargs)
+  g = {"w": jnp.linspace(-1.0, 1.0, 6), "b": jnp.ones(2)}
+  update = jax.jit(tx.update)
+  for tau in (0, 3, 5, 17):
+    u, _ = update(g, tx.init(g), None, staleness=tau)
+    s = formula(np.asarray(float(tau)))
+    np.testing.assert_allclose(u["w"], np.asarray(g["w"]) * s, rtol=2e-6, atol=1e-12)
+    np.testing.assert_allclose(u["b"], np.asarray(g["b"]) * s, rtol=2e-6)
+
+
+def test_callable_rule():
+  tx = dj.scale_by_staleness(lambda tau: 1.0 / (1.0 + tau.astype(jnp.float32)) ** 2)
+  u, _ = tx.update(jnp.full(3, 2.0), optax.EmptyState(), staleness=3)
+  np.testing.assert_allclose(u, np.full(3, 2.0 / 16.0))
+
+
+@pytest.mark.parametrize("rule, kwargs", [(r, k) for r, k, _ in FORMULAS if r != "constant" or not k])
+def test_zero_staleness_passes_updates_bit_for_bit(rule, kwargs):
+  # Op by op (no jit) the arithmetic is the same, so the results are bit-identical; under jit XLA
+  # may fuse the two programs differently (e.g. fused multiply-adds), so they agree to rounding.
+  tx = optax.chain(dj.scale_by_staleness(rule, **kwargs), optax.sgd(0.1, momentum=0.9))
+  ref = optax.sgd(0.1, momentum=0.9)
+  g = jax.random.normal(jax.random.PRNGKey(0), (8,))
+  for update, ref_update, check in (
+      (tx.update, ref.update, np.testing.assert_array_equal),
+      (jax.jit(tx.update), jax.jit(ref.update), lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6))):
+    s, r = tx.init(g), ref.init(g)
+    for _ in range(3):
+      u, s = update(g, s, g, staleness=0)
+      v, r = ref_update(g, r, g)
+      check(u, v)
+
+
+def test_per_leaf_staleness_scales_each_leaf_by_its_own_weight():
+  tx = dj.scale_by_staleness("inverse")
+  g = {"enc": jnp.ones(3), "dec": jnp.ones(2)}
+  u, _ = tx.update(g, tx.init(g), staleness={"enc": 4, "dec": 2})
+  np.testing.assert_allclose(u["enc"], np.full(3, 0.25))
+  np.testing.assert_allclose(u["dec"], np.full(2, 0.5))
+
+
+def test_drop_gives_exact_zero_even_for_non_finite_gradients():
+  tx = dj.scale_by_staleness("drop", threshold=2)
+  g = jnp.array([jnp.inf, jnp.nan, 1.0])
+  u, _ = tx.update(g, optax.EmptyState(), staleness=3)
+  np.testing.assert_array_equal(u, np.zeros(3))
+  u, _ = tx.update(g, optax.EmptyState(), staleness=2)
+  np.testing.assert_array_equal(u, np.asarray(g))
+
+
+def test_bf16_updates_keep_their_dtype():
+  tx = dj.scale_by_staleness("polynomial", a=1.0)
+  u, _ = tx.update(jnp.ones(4, jnp.bfloat16), optax.EmptyState(), staleness=1)
+  assert u.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(u, np.float32), np.full(4, 0.5))
+
+
+@pytest.mark.parametrize("make, exc, match", [
+    (lambda: dj.scale_by_staleness("linear"), ValueError, "rule must be one of 'inverse'"),
+    (lambda: dj.scale_by_staleness("inverse", a=1.0), TypeError, "takes: none"),
+    (lambda: dj.scale_by_staleness("hinge", c=1.0), TypeError, r"unexpected arguments \['c'\]; it takes: a, b"),
+    (lambda: dj.scale_by_staleness("drop"), TypeError, r"needs the argument\(s\) \['threshold'\]"),
+    (lambda: dj.scale_by_staleness("drop", threshold=-1), ValueError, "threshold must be an integer >= 0"),
+    (lambda: dj.scale_by_staleness("polynomial", a=-1.0), ValueError, "a must be >= 0.0"),
+    (lambda: dj.scale_by_staleness("exponential", a=float("nan")), ValueError, "a must be finite"),
+    (lambda: dj.scale_by_staleness(lambda t: t, a=1), TypeError, "callable staleness rule takes no keyword"),
+])
+def test_bad_construction(make, exc, match):
+  with pytest.raises(exc, match=match):
+    make()
+
+
+def test_missing_or_mismatched_staleness():
+  tx = dj.scale_by_staleness()
+  g = {"a": jnp.ones(2), "b": jnp.ones(2)}
+  with pytest.raises(ValueError, match="needs the extra argument staleness="):
+    tx.update(g, tx.init(g))
+  with pytest.raises(ValueError, match="structure of the updates"):
+    tx.update(g, tx.init(g), staleness={"a": 1})
+  with pytest.raises(ValueError, match="scalar or a pytree of scalars"):
+    tx.update(g, tx.init(g), staleness=jnp.ones(2, jnp.int32))
