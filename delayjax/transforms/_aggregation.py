@@ -1,0 +1,255 @@
+"""Aggregating stale contributions: summed accumulation (Aji & Heafield), FedAsync and FedBuff."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from delayjax._checks import check_float, check_int
+from delayjax.transforms._staleness import Rule, broadcast_staleness, scale_by_staleness, staleness_weight
+
+
+class AccumulateSumState(NamedTuple):
+  """State of :func:`accumulate_sum`."""
+
+  count: jax.Array  # shape=(), int32: contributions summed since the last inner step, in [0, k)
+  summed: Any  # pytree like params: their sum
+  inner_state: Any  # the inner optimizer's state, untouched between inner steps
+
+
+def _tree_select(cond: jax.Array, on_true: Any, on_false: Any) -> Any:
+  # jnp.where leaf by leaf rather than lax.cond over whole trees (see DESIGN.md).
+  return jax.tree.map(lambda a, b: jnp.where(cond, a, b), on_true, on_false)
+
+
+def accumulate_sum(
+    inner: optax.GradientTransformation,
+    k: int,
+) -> optax.GradientTransformationExtraArgs:
+  r"""Sums ``k`` asynchronous gradients, then takes one step of ``inner``.
+
+  .. math::
+
+    G \leftarrow G + g_t; \qquad
+    u_t = \begin{cases} \text{inner}(G),\ G \leftarrow 0 & \text{on every } k\text{-th call} \\
+    0 & \text{otherwise} \end{cases}
+
+  This is the remedy of Aji & Heafield (2019): the server sums the gradients
+  of several asynchronous pushes and applies them as one update, so a
+  Transformer trained with Adam sees one larger, less stale step instead of
+  many small ones. On the other calls the update is exactly zero and the
+  inner state is left untouched.
+
+  Difference from ``optax.MultiSteps``: ``MultiSteps`` hands the inner
+  optimizer the *mean* of the ``k`` gradients; this hands it their *sum*.
+  The input of the inner step is therefore exactly ``k`` times larger. For a
+  linear inner optimizer (``optax.sgd`` without or with momentum) the update
+  is ``k`` times ``MultiSteps``'s (up to rounding: ``MultiSteps`` keeps a
+  running mean), i.e. the learning rate is effectively multiplied by ``k``;
+  for Adam (scale-invariant up to ``eps``) the two agree up to ``eps``.
+
+  Extra arguments are passed through to ``inner`` from the call that
+  completes the sum (the summed gradients carry mixed staleness; an inner
+  transformation that needs one staleness gets the latest push's).
+
+  With ``k=1`` the inner optimizer is applied to every gradient: the result
+  is ``inner``'s bit for bit.
+
+  Args:
+    inner: the optimizer applied to each sum (e.g. ``optax.adam(lr)``).
+    k: how many gradients to sum per inner step, ``>= 1``.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs``.
+
+  Examples:
+    >>> import jax.numpy as jnp, optax
+    >>> import delayjax as dj
+    >>> tx = dj.accumulate_sum(optax.sgd(0.1), k=2)
+    >>> params = jnp.zeros(1)
+    >>> state = tx.init(params)
+    >>> u1, state = tx.update(jnp.array([1.0]), state, params)
+    >>> u2, state = tx.update(jnp.array([3.0]), state, params)
+    >>> u1, u2  # nothing, then -0.1 * (1 + 3)
+    (Array([0.], dtype=float32), Array([-0.4], dtype=float32))
+
+  References:
+    Aji, Heafield, `Making Asynchronous Stochastic Gradient Descent Work for
+    Transformers <https://arxiv.org/abs/1906.03496>`_, Workshop on Neural
+    Generation and Translation (WNGT) 2019.
+  """
+  k = check_int("k", k, minimum=1)
+  inner = optax.with_extra_args_support(inner)
+
+  def init_fn(params):
+    return AccumulateSumState(
+        count=jnp.zeros([], jnp.int32),
+        summed=jax.tree.map(jnp.zeros_like, params),
+        inner_state=inner.init(params))
+
+  def update_fn(updates, state, params=None, **extra_args):
+    summed = jax.tree.map(lambda s, g: s + g, state.summed, updates)
+    step = state.count + 1 >= k
+    # The inner step is computed on every call and selected, so the function has one trace.
+    inner_updates, inner_state = inner.update(summed, state.inner_state, params, **extra_args)
+    out = jax.tree.map(lambda u: jnp.where(step, u, jnp.zeros_like(u)), inner_updates)
+    new_state = AccumulateSumState(
+        count=jnp.where(step, jnp.zeros([], jnp.int32), state.count + 1),
+        summed=jax.tree.map(lambda s: jnp.where(step, jnp.zeros_like(s), s), summed),
+        inner_state=_tree_select(step, inner_state, state.inner_state))
+    return out, new_state
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _require(fn: str, name: str, value: Any) -> Any:
+  if value is None:
+    raise ValueError(
+        f"{fn} needs the extra argument {name}=; the delayjax runtimes pass it, a hand-written loop must "
+        f"pass it to update().")
+  return value
+
+
+def fed_async(
+    mixing: float = 0.9,
+    rule: Rule = "constant",
+    **rule_kwargs: Any,
+) -> optax.GradientTransformationExtraArgs:
+  r"""FedAsync: mixes a stale client model into the server model.
+
+  .. math::
+
+    x \leftarrow (1 - \alpha_t)\, x + \alpha_t\, x_{new}, \qquad
+    \alpha_t = \alpha \, s(t - \tau)
+
+  **Input convention.** ``updates`` is the client's *delta*
+  :math:`\Delta = x_{new} - x_{read}`: the client's new model minus the
+  stale server model it started from (``stale_params``, version
+  :math:`\tau`), so :math:`x_{new} = x_{read} + \Delta`. The output is the
+  server update :math:`\alpha_t (x_{new} - x) = \alpha_t (\Delta - (x - x_{read}))`.
+  A runtime that feeds gradients can turn them into deltas of one local SGD
+  step with ``optax.chain(optax.scale(-client_lr), dj.fed_async(...))``.
+
+  :math:`t - \tau` is the ``staleness`` extra argument (a scalar, or per
+  leaf) and :math:`s` a rule of :func:`staleness_weight`: FedAsync's rules
+  are ``"constant"`` (:math:`s = 1`), ``"polynomial"``
+  (:math:`(t - \tau + 1)^{-a}`) and ``"hinge"`` (1 if
+  :math:`t - \tau \le b`, else :math:`1 / (a (t - \tau - b) + 1)`), as in
+  the authors' code.
+
+  With ``staleness=0`` and ``stale_params=params`` the update is
+  :math:`\alpha \Delta`, bit for bit ``optax.scale(mixing)``; with
+  ``mixing=1`` the server simply takes the client's model.
+
+  Args:
+    mixing: :math:`\alpha`, in ``(0, 1]``.
+    rule: the staleness function :math:`s` (a :func:`staleness_weight` rule).
+    **rule_kwargs: its parameters (e.g. ``a=0.5`` for ``"polynomial"``).
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` that needs ``params`` and the
+    ``staleness`` and ``stale_params`` extra arguments.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> import delayjax as dj
+    >>> tx = dj.fed_async(0.5, "polynomial", a=1.0)
+    >>> x, x_read = jnp.array([1.0]), jnp.array([0.0])
+    >>> u, _ = tx.update(jnp.array([3.0]), tx.init(x), x, staleness=1, stale_params=x_read)
+    >>> u  # x_new = 3, alpha_t = 0.5 / 2, update = 0.25 * (3 - 1)
+    Array([0.5], dtype=float32)
+
+  References:
+    Xie, Koyejo, Gupta, `Asynchronous Federated Optimization
+    <https://arxiv.org/abs/1903.03934>`_, OPT workshop (NeurIPS) 2020;
+    the rules follow the authors' code (github.com/xcgoner/async_fl).
+  """
+  mixing = check_float("mixing", mixing, minimum=0.0, maximum=1.0, strict_minimum=True)
+  weight = staleness_weight(rule, **rule_kwargs)
+
+  def init_fn(params):
+    del params
+    return optax.EmptyState()
+
+  def update_fn(updates, state, params=None, *, staleness=None, stale_params=None, **extra_args):
+    del extra_args
+    params = _require("fed_async", "params", params)
+    stale_params = _require("fed_async", "stale_params", stale_params)
+    if jax.tree.structure(stale_params) != jax.tree.structure(updates):
+      raise ValueError(
+          f"stale_params must have the structure of the updates {jax.tree.structure(updates)}; got "
+          f"{jax.tree.structure(stale_params)}.")
+    taus = broadcast_staleness(staleness, updates)
+
+    def mix(delta, x, x_read, tau):
+      alpha_t = (mixing * weight(tau)).astype(delta.dtype)
+      # Delta - (x - x_read) rather than x_read + Delta - x: exact when x_read == x.
+      return alpha_t * (delta - (x - x_read))
+
+    return jax.tree.map(mix, updates, params, stale_params, taus), state
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def fed_buff(
+    server_optimizer: optax.GradientTransformation,
+    buffer_size: int = 10,
+    rule: Rule = "polynomial",
+    **rule_kwargs: Any,
+) -> optax.GradientTransformationExtraArgs:
+  r"""FedBuff: buffers ``K`` staleness-weighted client deltas, then one server step.
+
+  .. math::
+
+    B \leftarrow B + s(\tau_i)\, \Delta_i; \qquad
+    \text{every } K\text{-th delta:}\quad u = \text{server}\!\left(-\tfrac{1}{K} B\right),\ B \leftarrow 0
+
+  ``updates`` is a client delta :math:`\Delta_i = x_{new} - x_{read}` (as
+  in :func:`fed_async`). The default weight is
+  :math:`s(\tau) = 1/\sqrt{1 + \tau}` (``"polynomial"`` with ``a=0.5``).
+  The server optimizer receives the *pseudo-gradient*
+  :math:`-\bar\Delta = -B/K`, so ``optax.sgd(eta_g, momentum=beta)`` gives
+  FedBuff's server step :math:`x \leftarrow x + \eta_g \bar\Delta` with
+  server momentum. On the other calls the update is exactly zero and the
+  server optimizer's state is untouched.
+
+  Built as ``optax.chain(scale_by_staleness(rule), optax.scale(-1/K),
+  accumulate_sum(server_optimizer, K))``; per-leaf staleness is accepted.
+  With ``buffer_size=1`` and ``staleness=0`` the result is
+  ``server_optimizer`` applied to :math:`-\Delta`, bit for bit.
+
+  Args:
+    server_optimizer: the server's optimizer (e.g. ``optax.sgd(0.7, 0.9)``).
+    buffer_size: :math:`K`, the number of deltas per server step, ``>= 1``.
+    rule: the staleness weight :math:`s` (a :func:`staleness_weight` rule).
+    **rule_kwargs: its parameters; ``"polynomial"`` defaults to ``a=0.5``.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` that needs the ``staleness``
+    extra argument.
+
+  Examples:
+    >>> import jax.numpy as jnp, optax
+    >>> import delayjax as dj
+    >>> tx = dj.fed_buff(optax.sgd(1.0), buffer_size=2)
+    >>> x = jnp.zeros(1)
+    >>> state = tx.init(x)
+    >>> u1, state = tx.update(jnp.array([2.0]), state, x, staleness=3)
+    >>> u2, state = tx.update(jnp.array([1.0]), state, x, staleness=0)
+    >>> u1, u2  # (2 / sqrt(4) + 1) / 2
+    (Array([0.], dtype=float32), Array([1.], dtype=float32))
+
+  References:
+    Nguyen, Malik, Zhan, Yousefpour, Rabbat, Malek, Huba, `Federated Learning
+    with Buffered Asynchronous Aggregation <https://arxiv.org/abs/2106.06639>`_,
+    AISTATS 2022.
+  """
+  buffer_size = check_int("buffer_size", buffer_size, minimum=1)
+  return optax.chain(
+      scale_by_staleness(rule, **rule_kwargs),
+      optax.scale(-1.0 / buffer_size),
+      accumulate_sum(server_optimizer, buffer_size),
+  )

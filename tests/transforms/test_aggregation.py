@@ -1,0 +1,248 @@
+"""accumulate_sum (Aji & Heafield), fed_async (Xie et al.), fed_buff (Nguyen et al.)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import delayjax as dj
+from remedy_checks import (assert_chain_and_unknown_extra_args, assert_jit_traces_once, params_tree,
+                           random_like)
+
+# --- accumulate_sum ------------------------------------------------------------------------------------------
+
+
+# optax's Adam bias correction and MultiSteps's running mean mix int32 with floats, which strict
+# promotion (tests/conftest.py) rejects; the tests that run them use standard promotion.
+standard_promotion = jax.numpy_dtype_promotion("standard")
+
+
+@standard_promotion
+def test_accumulate_sum_k1_is_inner_bit_for_bit():
+  params = params_tree()
+  tx, ref = dj.accumulate_sum(optax.adam(1e-2), 1), optax.adam(1e-2)
+  s, r = tx.init(params), ref.init(params)
+  for i in range(4):
+    g = random_like(params, i)
+    u, s = tx.update(g, s, params)
+    v, r = ref.update(g, r, params)
+    jax.tree.map(np.testing.assert_array_equal, u, v)
+
+
+@standard_promotion
+def test_accumulate_sum_is_k_times_multisteps_for_sgd():
+  # The documented difference: the inner step sees the sum, MultiSteps the mean.
+  params, k = params_tree(), 3
+  tx = dj.accumulate_sum(optax.sgd(0.1, momentum=0.9), k)
+  ms = optax.MultiSteps(optax.sgd(0.1, momentum=0.9), k)
+  s, m = tx.init(params), ms.init(params)
+  for i in range(2 * k):
+    g = random_like(params, i)
+    u, s = tx.update(g, s, params)
+    v, m = ms.update(g, m, params)
+    if (i + 1) % k:
+      jax.tree.map(lambda a: np.testing.assert_array_equal(a, 0.0), u)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, k * b, rtol=1e-5, atol=1e-7), u, v)
+
+
+@standard_promotion
+def test_accumulate_sum_matches_multisteps_for_adam_without_eps():
+  # Adam is invariant to the factor k when eps = 0: sum and mean give the same step.
+  params, k = params_tree(), 4
+  tx = dj.accumulate_sum(optax.adam(1e-2, eps=0.0), k)
+  ms = optax.MultiSteps(optax.adam(1e-2, eps=0.0), k)
+  s, m = tx.init(params), ms.init(params)
+  for i in range(k):
+    g = random_like(params, 10 + i)
+    u, s = tx.update(g, s, params)
+    v, m = ms.update(g, m, params)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5), u, v)
+
+
+@standard_promotion
+def test_accumulate_sum_leaves_inner_state_untouched_between_steps():
+  params = params_tree()
+  tx = dj.accumulate_sum(optax.adam(1e-2), 3)
+  s0 = tx.init(params)
+  _, s1 = tx.update(random_like(params, 1), s0, params)
+  _, s2 = tx.update(random_like(params, 2), s1, params)
+  jax.tree.map(np.testing.assert_array_equal, s2.inner_state, s0.inner_state)
+  _, s3 = tx.update(random_like(params, 3), s2, params)
+  assert int(s3.inner_state[0].count) == 1
+  assert int(s3.count) == 0
+
+
+def test_accumulate_sum_numpy_reference():
+  params, k, lr, beta = params_tree(), 3, 0.05, 0.5
+  tx = dj.accumulate_sum(optax.sgd(lr, momentum=beta), k)
+  state = tx.init(params)
+  summed = {n: np.zeros(p.shape) for n, p in params.items()}
+  trace = {n: np.zeros(p.shape) for n, p in params.items()}
+  for i in range(7):
+    g = random_like(params, 20 + i)
+    u, state = tx.update(g, state, params)
+    for n in params:
+      summed[n] = summed[n] + np.asarray(g[n], np.float64)
+      if (i + 1) % k == 0:
+        trace[n] = summed[n] + beta * trace[n]
+        expected = -lr * trace[n]
+        summed[n] = np.zeros_like(summed[n])
+      else:
+        expected = np.zeros_like(summed[n])
+      np.testing.assert_allclose(u[n], expected, rtol=1e-5, atol=1e-7)
+
+
+@standard_promotion
+def test_accumulate_sum_jit_and_chain():
+  params = params_tree()
+  assert_jit_traces_once(dj.accumulate_sum(optax.adam(1e-2), 2), params, lambda i: {})
+  assert_chain_and_unknown_extra_args(dj.accumulate_sum(optax.sgd(0.1), 1), params, {})
+
+
+@pytest.mark.parametrize("k, err, match", [(0, ValueError, "k must be an integer >= 1, got 0"),
+                                           (-2, ValueError, "k must be an integer >= 1"),
+                                           (2.5, TypeError, "k must be an integer")])
+def test_accumulate_sum_bad_k(k, err, match):
+  with pytest.raises(err, match=match):
+    dj.accumulate_sum(optax.sgd(0.1), k)
+
+
+# --- fed_async -----------------------------------------------------------------------------------------------
+
+
+def test_fed_async_zero_staleness_is_scale_bit_for_bit():
+  params = params_tree()
+  delta = random_like(params, 3)
+  u, _ = dj.fed_async(0.6).update(delta, optax.EmptyState(), params, staleness=0, stale_params=params)
+  v, _ = optax.scale(0.6).update(delta, optax.EmptyState(), params)
+  jax.tree.map(np.testing.assert_array_equal, u, v)
+
+
+@pytest.mark.parametrize("rule, kw", [("constant", {}), ("polynomial", {"a": 0.5}), ("hinge", {"a": 10.0, "b": 2})])
+def test_fed_async_numpy_reference(rule, kw):
+  alpha = 0.7
+
+  def s(tau):
+    if rule == "constant":
+      return 1.0
+    if rule == "polynomial":
+      return (tau + 1.0) ** -kw["a"]
+    return 1.0 if tau <= kw["b"] else 1.0 / (kw["a"] * (tau - kw["b"]) + 1.0)
+
+  tx = dj.fed_async(alpha, rule, **kw)
+  rng = np.random.default_rng(0)
+  history = [params_tree()]  # server versions
+  for t in range(8):
+    tau = int(rng.integers(0, len(history)))
+    x, x_read = history[-1], history[-1 - tau]
+    client_new = random_like(x_read, 100 + t)
+    delta = jax.tree.map(lambda a, b: a - b, client_new, x_read)
+    u, _ = tx.update(delta, optax.EmptyState(), x, staleness=tau, stale_params=x_read)
+    new = optax.apply_updates(x, u)
+    a_t = alpha * s(tau)
+    for n in x:
+      expected = (1 - a_t) * np.asarray(x[n], np.float64) + a_t * np.asarray(client_new[n], np.float64)
+      np.testing.assert_allclose(new[n], expected, rtol=1e-5, atol=1e-6)
+    history.append(new)
+
+
+def test_fed_async_per_leaf_staleness():
+  params = params_tree()
+  stale = random_like(params, 1)
+  delta = random_like(params, 2)
+  tx = dj.fed_async(0.5, "polynomial", a=1.0)
+  u, _ = tx.update(delta, optax.EmptyState(), params, staleness={"w": 0, "b": 3}, stale_params=stale)
+  for n, tau in (("w", 0), ("b", 3)):
+    expected = 0.5 / (1 + tau) * (np.asarray(stale[n]) + np.asarray(delta[n]) - np.asarray(params[n]))
+    np.testing.assert_allclose(u[n], expected, rtol=1e-6, atol=1e-7)
+
+
+def test_fed_async_jit_chain_and_errors():
+  params = params_tree()
+  tx = dj.fed_async(0.5, "hinge")
+  assert_jit_traces_once(tx, params, lambda i: {"staleness": jnp.int32(i), "stale_params": params_tree()})
+  assert_chain_and_unknown_extra_args(tx, params, {"staleness": 2, "stale_params": random_like(params, 4)})
+  with pytest.raises(ValueError, match="stale_params="):
+    tx.update(params, tx.init(params), params, staleness=0)
+  with pytest.raises(ValueError, match="staleness="):
+    tx.update(params, tx.init(params), params, stale_params=params)
+
+
+@pytest.mark.parametrize("kwargs, err, match", [
+    ({"mixing": 0.0}, ValueError, "mixing must be > 0.0"),
+    ({"mixing": 1.5}, ValueError, "mixing must be <= 1.0"),
+    ({"rule": "sigmoid"}, ValueError, "rule must be one of"),
+    ({"rule": "hinge", "c": 1}, TypeError, "unexpected arguments"),
+])
+def test_fed_async_bad_arguments(kwargs, err, match):
+  with pytest.raises(err, match=match):
+    dj.fed_async(**kwargs)
+
+
+# --- fed_buff ------------------------------------------------------------------------------------------------
+
+
+def test_fed_buff_k1_zero_staleness_is_server_optimizer_on_minus_delta():
+  params = params_tree()
+  tx, ref = dj.fed_buff(optax.sgd(0.7, momentum=0.9), buffer_size=1), optax.sgd(0.7, momentum=0.9)
+  s, r = tx.init(params), ref.init(params)
+  for i in range(3):
+    delta = random_like(params, i)
+    u, s = tx.update(delta, s, params, staleness=0)
+    v, r = ref.update(jax.tree.map(lambda d: -d, delta), r, params)
+    jax.tree.map(np.testing.assert_array_equal, u, v)
+
+
+def test_fed_buff_numpy_reference():
+  # K = 3 deltas with staleness weights 1/sqrt(1 + tau), then server SGD with momentum.
+  params, k, lr, beta = params_tree(), 3, 0.7, 0.9
+  tx = dj.fed_buff(optax.sgd(lr, momentum=beta), buffer_size=k)
+  state = tx.init(params)
+  rng = np.random.default_rng(5)
+  buf = {n: np.zeros(p.shape) for n, p in params.items()}
+  mom = {n: np.zeros(p.shape) for n, p in params.items()}
+  for i in range(7):
+    tau = int(rng.integers(0, 6))
+    delta = random_like(params, 30 + i)
+    u, state = tx.update(delta, state, params, staleness=tau)
+    for n in params:
+      buf[n] = buf[n] + np.asarray(delta[n], np.float64) / np.sqrt(1.0 + tau)
+      if (i + 1) % k == 0:
+        mom[n] = -buf[n] / k + beta * mom[n]
+        expected = -lr * mom[n]
+        buf[n] = np.zeros_like(buf[n])
+      else:
+        expected = np.zeros_like(buf[n])
+      np.testing.assert_allclose(u[n], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_fed_buff_per_leaf_staleness_and_untouched_server_state():
+  params = params_tree()
+  tx = dj.fed_buff(optax.sgd(1.0, momentum=0.5), buffer_size=2)
+  s0 = tx.init(params)
+  d1, d2 = random_like(params, 1), random_like(params, 2)
+  u1, s1 = tx.update(d1, s0, params, staleness={"w": 3, "b": 0})
+  jax.tree.map(lambda a: np.testing.assert_array_equal(a, 0.0), u1)
+  jax.tree.map(np.testing.assert_array_equal, s1[2].inner_state, s0[2].inner_state)
+  u2, _ = tx.update(d2, s1, params, staleness=0)
+  np.testing.assert_allclose(u2["w"], (np.asarray(d1["w"]) / 2.0 + np.asarray(d2["w"])) / 2, rtol=1e-6)
+  np.testing.assert_allclose(u2["b"], (np.asarray(d1["b"]) + np.asarray(d2["b"])) / 2, rtol=1e-6)
+
+
+@standard_promotion
+def test_fed_buff_jit_and_chain():
+  params = params_tree()
+  tx = dj.fed_buff(optax.adam(1e-2), buffer_size=2)
+  assert_jit_traces_once(tx, params, lambda i: {"staleness": jnp.int32(i)})
+  assert_chain_and_unknown_extra_args(dj.fed_buff(optax.sgd(0.1), 1), params, {"staleness": 1})
+
+
+@pytest.mark.parametrize("kwargs, err, match", [
+    ({"buffer_size": 0}, ValueError, "buffer_size must be an integer >= 1, got 0"),
+    ({"rule": "nope"}, ValueError, "rule must be one of"),
+    ({"rule": "polynomial", "a": -1.0}, ValueError, "a must be >= 0.0"),
+])
+def test_fed_buff_bad_arguments(kwargs, err, match):
+  with pytest.raises(err, match=match):
+    dj.fed_buff(optax.sgd(0.1), **kwargs)
