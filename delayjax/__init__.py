@@ -12,6 +12,7 @@ from delayjax.runtime import delayed as delayed
 from delayjax.transforms import accumulate_sum as accumulate_sum
 from delayjax.transforms import dana as dana
 from delayjax.transforms import delay_compensation as delay_compensation
+from delayjax.transforms import delayed_nesterov as delayed_nesterov
 from delayjax.transforms import fed_async as fed_async
 from delayjax.transforms import fed_buff as fed_buff
 from delayjax.transforms import read_params as read_params

@@ -8,6 +8,8 @@ from delayjax.transforms._dana import DanaState as DanaState
 from delayjax.transforms._dana import dana as dana
 from delayjax.transforms._dc_asgd import DelayCompensationState as DelayCompensationState
 from delayjax.transforms._dc_asgd import delay_compensation as delay_compensation
+from delayjax.transforms._delayed_nesterov import DelayedNesterovState as DelayedNesterovState
+from delayjax.transforms._delayed_nesterov import delayed_nesterov as delayed_nesterov
 from delayjax.transforms._hooks import ReadsParams as ReadsParams
 from delayjax.transforms._hooks import read_params as read_params
 from delayjax.transforms._staleness import scale_by_staleness as scale_by_staleness
