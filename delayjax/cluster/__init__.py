@@ -1,3 +1,32 @@
 """Where delays come from (2): workers, clocks and synchronization paradigms, simulated on the host in NumPy."""
 
 from delayjax.cluster._schedule import Schedule as Schedule
+from delayjax.cluster._schedule import concatenate as concatenate
+from delayjax.cluster._distributions import TimeModel as TimeModel
+from delayjax.cluster._distributions import constant as constant
+from delayjax.cluster._distributions import uniform as uniform
+from delayjax.cluster._distributions import exponential as exponential
+from delayjax.cluster._distributions import gamma as gamma
+from delayjax.cluster._distributions import lognormal as lognormal
+from delayjax.cluster._workers import Workers as Workers
+from delayjax.cluster._workers import workers as workers
+from delayjax.cluster._workers import replay as replay
+from delayjax.cluster._workers import random_stragglers as random_stragglers
+from delayjax.cluster._workers import straggler_window as straggler_window
+from delayjax.cluster._paradigms import Paradigm as Paradigm
+from delayjax.cluster._paradigms import bsp as bsp
+from delayjax.cluster._paradigms import asp as asp
+from delayjax.cluster._paradigms import ssp as ssp
+from delayjax.cluster._paradigms import dssp as dssp
+from delayjax.cluster._paradigms import psp as psp
+from delayjax.cluster._paradigms import k_sync as k_sync
+from delayjax.cluster._paradigms import k_async as k_async
+from delayjax.cluster._paradigms import k_batch_sync as k_batch_sync
+from delayjax.cluster._paradigms import k_batch_async as k_batch_async
+from delayjax.cluster._paradigms import softsync as softsync
+from delayjax.cluster._paradigms import backup_workers as backup_workers
+from delayjax.cluster._paradigms import adasync as adasync
+from delayjax.cluster._simulate import simulate as simulate
+from delayjax.cluster._simulate import Simulation as Simulation
+from delayjax.cluster._plot import plot_timeline as plot_timeline
+from delayjax.cluster._plot import plot_staleness as plot_staleness

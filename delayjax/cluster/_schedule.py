@@ -150,3 +150,109 @@ class Schedule:
             and all(np.array_equal(v, other.extras[k]) for k, v in self.extras.items()))
 
   __hash__ = None  # type: ignore[assignment]
+
+  def _staleness_values(self) -> tuple[np.ndarray, np.ndarray]:
+    """Staleness of every contribution and its number of minibatches (without a dense [U, M] copy)."""
+    u, m = np.nonzero(self.contributes)
+    return u - self.read_version[u, m], self.num_batches[u, m]
+
+  def staleness_histogram(self) -> np.ndarray:
+    """int64 ``[max staleness + 1]``: how many gradients (minibatches) were applied at each staleness."""
+    tau, batches = self._staleness_values()
+    return np.bincount(tau, weights=batches).astype(np.int64)
+
+  def mean_staleness(self) -> float:
+    """The mean staleness over applied gradients (minibatches)."""
+    tau, batches = self._staleness_values()
+    return float(np.dot(tau, batches) / batches.sum())
+
+  @property
+  def total_time(self) -> float:
+    """Simulated seconds until the last update, ``time[-1]``."""
+    return float(self.time[-1])
+
+  @property
+  def updates_per_second(self) -> float:
+    """Updates per simulated second (``inf`` if no simulated time passed)."""
+    return self.num_updates / self.total_time if self.total_time > 0 else float("inf")
+
+  @property
+  def idle_fraction(self) -> np.ndarray:
+    """float64 ``[M]``: the fraction of ``total_time`` each worker spent blocked, ``wait / time[-1]``."""
+    return self.wait / self.total_time if self.total_time > 0 else np.zeros_like(self.wait)
+
+  @property
+  def num_dropped(self) -> int:
+    """Gradients computed but never applied, over all workers."""
+    return int(self.dropped.sum())
+
+  def summary(self) -> str:
+    """A few readable lines: paradigm, size, throughput, staleness, idle time, dropped gradients."""
+    hist = self.staleness_histogram()
+    shown = ", ".join(f"{tau}: {n}" for tau, n in enumerate(hist[:8]) if n)
+    more = ", ..." if hist.shape[0] > 8 else ""
+    idle = self.idle_fraction
+    return "\n".join([
+        f"Schedule {self.paradigm or '(unnamed paradigm)'}: {self.num_updates} updates, "
+        f"{self.num_workers} workers, {self.total_time:.6g} simulated seconds "
+        f"({self.updates_per_second:.6g} updates/s)",
+        f"  staleness: mean {self.mean_staleness():.4g}, max {hist.shape[0] - 1}; histogram {{{shown}{more}}}",
+        f"  idle fraction: mean {idle.mean():.3g}, min {idle.min():.3g}, max {idle.max():.3g}",
+        f"  dropped gradients: {self.num_dropped}",
+    ])
+
+  def __repr__(self) -> str:
+    return (f"Schedule(paradigm={self.paradigm!r}, num_updates={self.num_updates}, "
+            f"num_workers={self.num_workers}, total_time={self.total_time:.6g}, "
+            f"mean_staleness={self.mean_staleness():.4g}, num_dropped={self.num_dropped})")
+
+
+def concatenate(schedules: "list[Schedule] | tuple[Schedule, ...]") -> Schedule:
+  """Joins schedules that run one after another (e.g. the chunks of a ``Simulation``) into one.
+
+  The updates and versions of each schedule are shifted by the number of
+  updates before it; times are kept (they must continue: non-decreasing
+  across the joins); ``wait``, ``busy`` and ``dropped`` are summed. All must
+  have the same workers, paradigm and ``extras`` keys. Extras named
+  ``event_*`` are per-gradient records (``event_update`` and
+  ``event_read_version`` are shifted where they are ``>= 0``); the others are
+  per-update arrays and are concatenated.
+
+  Args:
+    schedules: a non-empty sequence of schedules.
+
+  Returns:
+    The joined :class:`Schedule`.
+  """
+  schedules = list(schedules)
+  if not schedules or not all(isinstance(s, Schedule) for s in schedules):
+    raise TypeError(f"schedules must be a non-empty sequence of Schedule, got {schedules!r}.")
+  first = schedules[0]
+  for s in schedules[1:]:
+    if s.num_workers != first.num_workers or s.paradigm != first.paradigm or s.extras.keys() != first.extras.keys():
+      raise ValueError(
+          "schedules must share num_workers, paradigm and extras keys; got "
+          f"({first.num_workers}, {first.paradigm!r}, {sorted(first.extras)}) and "
+          f"({s.num_workers}, {s.paradigm!r}, {sorted(s.extras)}).")
+  offsets = np.cumsum([0] + [s.num_updates for s in schedules[:-1]])
+  read_version = np.concatenate(
+      [np.where(s.contributes, s.read_version + off, -1) for s, off in zip(schedules, offsets)])
+  extras = {}
+  for key in first.extras:
+    parts = [s.extras[key] for s in schedules]
+    if key in ("event_update", "event_read_version"):
+      parts = [np.where(p >= 0, p + off, p) for p, off in zip(parts, offsets)]
+    extras[key] = np.concatenate(parts)
+  if "event_worker" in extras:
+    # Keep the events sorted by worker (then time), as the simulator writes them.
+    order = np.argsort(extras["event_worker"], kind="stable")
+    extras = {k: v[order] if k.startswith("event_") else v for k, v in extras.items()}
+  return Schedule(
+      time=np.concatenate([s.time for s in schedules]),
+      contributes=np.concatenate([s.contributes for s in schedules]),
+      read_version=read_version,
+      wait=np.sum([s.wait for s in schedules], axis=0),
+      num_batches=np.concatenate([s.num_batches for s in schedules]),
+      dropped=np.sum([s.dropped for s in schedules], axis=0),
+      busy=np.sum([s.busy for s in schedules], axis=0),
+      paradigm=first.paradigm, extras=extras)

@@ -1,0 +1,447 @@
+"""Synchronization paradigms: when a worker may read, and which pushes form one update.
+
+Each paradigm is a small frozen dataclass built by a lower-case factory
+(``ssp(3)``); ``simulate`` runs it. All share the cluster semantics of
+:class:`~delayjax.cluster.Schedule`: update ``u`` is applied to server version
+``u`` and produces version ``u + 1``; a worker reading when ``u`` updates have
+been applied reads version ``u``; every worker has at most one gradient in
+flight (read, compute, push, read again); every gradient is applied at most
+once. Pushes that happen at the same simulated second are processed in worker
+index order, and each push is followed at once by the pusher's next read when
+the paradigm lets it read. The simulation ends the moment update ``U - 1`` is
+applied.
+
+A schedule stores one read version per worker and update, so a paradigm in
+which one worker could put two gradients read at *different* versions into
+one update cannot be recorded exactly; ``softsync`` and ``k_batch_async`` say
+in their docstrings how they stay exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from delayjax._checks import check_int
+
+__all__ = [
+    "Paradigm", "BSP", "ASP", "SSP", "DSSP", "PSP", "KSync", "KAsync", "KBatchSync", "KBatchAsync",
+    "SoftSync", "BackupWorkers", "AdaSync",
+    "bsp", "asp", "ssp", "dssp", "psp", "k_sync", "k_async", "k_batch_sync", "k_batch_async",
+    "softsync", "backup_workers", "adasync",
+]
+
+
+class Paradigm:
+  """Base class of the synchronization paradigms (frozen dataclasses)."""
+
+  def check(self, num_workers: int) -> None:
+    """Raises a ``ValueError`` if the paradigm cannot run on ``num_workers`` workers."""
+
+  def __str__(self) -> str:
+    fields = ", ".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))  # type: ignore[arg-type]
+    return f"{_NAMES[type(self)]}({fields})"
+
+
+def _check_at_most(name: str, value: int, limit: int, what: str) -> None:
+  if value > limit:
+    raise ValueError(f"{name} must be <= {what} ({limit}), got {value}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class BSP(Paradigm):
+  """Bulk synchronous parallel: every update averages one fresh gradient from each of the ``M`` workers.
+
+  Rule: in round ``r`` all workers read version ``r``; update ``r`` is applied
+  when the last of the ``M`` gradients arrives; workers that finished early
+  wait for it. Staleness is always 0. (It is ``k_sync(M)``.)
+
+  References:
+    Valiant, `A bridging model for parallel computation
+    <https://doi.org/10.1145/79173.79181>`_, Communications of the ACM 1990
+  """
+
+
+@dataclasses.dataclass(frozen=True)
+class ASP(Paradigm):
+  """Asynchronous parallel (Hogwild!/Downpour-style): each push is an update; no worker ever waits.
+
+  Rule: a worker pushes, its gradient is applied at once as one update, and
+  it reads the new version. With ``M`` equally fast workers the staleness is
+  ``M - 1`` after the first round.
+
+  References:
+    Dean et al., `Large Scale Distributed Deep Networks
+    <https://papers.nips.cc/paper/4687-large-scale-distributed-deep-networks>`_, NIPS 2012
+  """
+
+
+@dataclasses.dataclass(frozen=True)
+class SSP(Paradigm):
+  """Stale synchronous parallel: each push is an update; fast workers wait for the slowest.
+
+  Rule: a worker's clock ``c`` counts its pushes. After a push it may start
+  its next iteration only if the slowest worker's clock is ``>= c - s``;
+  otherwise it waits until that holds.
+
+  Attributes:
+    staleness: ``s >= 0``.
+
+  References:
+    Ho, Cipar, Cui, Kim, Lee, Gibbons, Gibson, Ganger, Xing, `More Effective
+    Distributed ML via a Stale Synchronous Parallel Parameter Server
+    <https://papers.nips.cc/paper/4894-more-effective-distributed-ml-via-a-stale-synchronous-parallel-parameter-server>`_,
+    NIPS 2013
+  """
+
+  staleness: int
+
+  def __post_init__(self):
+    check_int("staleness", self.staleness, minimum=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class DSSP(Paradigm):
+  """Dynamic SSP: SSP whose threshold the fastest worker may raise from ``s_lower`` up to ``s_upper``.
+
+  Rule (on a push from worker ``p``, which is applied at once as one update;
+  ``t_p`` is ``p``'s clock after it, ``g = t_p - t_slowest``):
+
+  1. if ``r_p > 0``: ``r_p -= 1`` and ``p`` continues;
+  2. else if ``g <= s_lower``: ``p`` continues;
+  3. else if ``p`` is a fastest worker (``t_p`` is the largest clock): the
+     controller picks ``r*`` extra iterations; if ``r* > 0``, ``p`` continues
+     and ``r_p = r* - 1`` more may follow without a check;
+  4. otherwise ``p`` waits until ``g <= s_lower``.
+
+  Controller: with ``Delta_p`` and ``Delta_q`` the last push intervals of
+  ``p`` and of the slowest worker ``q`` (lowest index among those with the
+  smallest clock; an interval counts from time 0 before the first push, and a
+  ``q`` that has not pushed yet uses the time elapsed since its last push),
+  ``r*`` is the smallest ``i`` in ``0..R`` minimising
+  ``min_j |t + i Delta_p - (t_q + j Delta_q)|`` over ``j = 1..s_upper - s_lower + 1``,
+  where ``t`` is now and ``t_q`` is ``q``'s last push time. ``R = min(s_upper -
+  s_lower, s_upper - g + 1)``, so no worker ever starts an iteration more than
+  ``s_upper`` clocks ahead of the slowest.
+
+  The threshold in force for each push (``s_lower``, or ``g - 1 + r*`` under a
+  grant, kept for the grant's iterations) is recorded per update in
+  ``extras["threshold"]``; it lies in ``[s_lower, s_upper]``.
+
+  Attributes:
+    s_lower: the base threshold ``s_L >= 0``.
+    s_upper: the largest threshold ``s_U >= s_L``.
+
+  References:
+    Zhao, An, Liu, Chen, `Dynamic Stale Synchronous Parallel Distributed
+    Training for Deep Learning <https://arxiv.org/abs/1908.11848>`_, ICDCS 2019.
+    The rule follows the paper's description of the server; the controller's
+    bound ``R`` that keeps the gap below ``s_upper`` is this library's reading.
+  """
+
+  s_lower: int
+  s_upper: int
+
+  def __post_init__(self):
+    lower = check_int("s_lower", self.s_lower, minimum=0)
+    upper = check_int("s_upper", self.s_upper, minimum=0)
+    if lower > upper:
+      raise ValueError(f"s_lower must be <= s_upper, got s_lower={lower}, s_upper={upper}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class PSP(Paradigm):
+  """Probabilistic synchronous parallel: the SSP barrier checked on a random sample of workers.
+
+  Rule: as ``SSP(staleness)``, but after each push worker ``p`` at clock
+  ``c`` draws ``sample_size`` distinct workers uniformly from all ``M`` (itself
+  included) and may continue only if the smallest clock in that sample is
+  ``>= c - staleness``; otherwise it waits on that sample. With
+  ``sample_size = M`` the sample is everyone and PSP is exactly SSP.
+
+  Attributes:
+    sample_size: ``1 <= beta <= M``.
+    staleness: ``s >= 0``.
+
+  References:
+    Wang, Catterall, Mortier, `Probabilistic Synchronous Parallel
+    <https://arxiv.org/abs/1709.07772>`_, arXiv 2017
+  """
+
+  sample_size: int
+  staleness: int
+
+  def __post_init__(self):
+    check_int("sample_size", self.sample_size, minimum=1)
+    check_int("staleness", self.staleness, minimum=0)
+
+  def check(self, num_workers: int) -> None:
+    _check_at_most("sample_size", self.sample_size, num_workers, "the number of workers")
+
+
+@dataclasses.dataclass(frozen=True)
+class KSync(Paradigm):
+  """K-sync SGD: every update uses the first ``K`` fresh gradients; the other computations are cancelled.
+
+  Rule: in round ``r`` all workers read version ``r``; update ``r`` is
+  applied when ``K`` gradients have arrived (ties by worker index); the other
+  ``M - K`` computations are cancelled at that moment (``dropped``) and every
+  worker reads version ``r + 1``.
+
+  Attributes:
+    k: ``1 <= K <= M``.
+
+  References:
+    Dutta, Joshi, Ghosh, Dube, Nagpurkar, `Slow and Stale Gradients Can Win
+    the Race: Error-Runtime Trade-offs in Distributed SGD
+    <https://arxiv.org/abs/1803.01113>`_, AISTATS 2018
+  """
+
+  k: int
+
+  def __post_init__(self):
+    check_int("k", self.k, minimum=1)
+
+  def check(self, num_workers: int) -> None:
+    _check_at_most("k", self.k, num_workers, "the number of workers")
+
+
+@dataclasses.dataclass(frozen=True)
+class KAsync(Paradigm):
+  """K-async SGD: apply as soon as any ``K`` gradients have arrived (possibly stale); only they re-read.
+
+  Rule: pushes accumulate; the ``K``-th push applies them as one update. A
+  worker that pushed waits until its gradient has been applied, then reads;
+  the others keep computing. Each update has exactly ``K`` contributions,
+  from distinct workers.
+
+  Attributes:
+    k: ``1 <= K <= M``.
+
+  References:
+    Dutta, Joshi, Ghosh, Dube, Nagpurkar, `Slow and Stale Gradients Can Win
+    the Race: Error-Runtime Trade-offs in Distributed SGD
+    <https://arxiv.org/abs/1803.01113>`_, AISTATS 2018
+  """
+
+  k: int
+
+  def __post_init__(self):
+    check_int("k", self.k, minimum=1)
+
+  def check(self, num_workers: int) -> None:
+    _check_at_most("k", self.k, num_workers, "the number of workers")
+
+
+@dataclasses.dataclass(frozen=True)
+class KBatchSync(Paradigm):
+  """K-batch-sync SGD: all workers compute minibatches at one version; the first ``K`` minibatches form the update.
+
+  Rule: in round ``r`` all workers read version ``r`` and compute minibatches
+  back to back, all at version ``r``; update ``r`` is applied when ``K``
+  minibatches in total have arrived (a worker may contribute several:
+  ``num_batches``); the minibatches still being computed are cancelled
+  (``dropped``) and every worker reads version ``r + 1``. ``K`` may exceed
+  ``M``, since minibatches, not workers, are counted.
+
+  Attributes:
+    k: ``K >= 1``.
+
+  References:
+    Dutta, Joshi, Ghosh, Dube, Nagpurkar, `Slow and Stale Gradients Can Win
+    the Race: Error-Runtime Trade-offs in Distributed SGD
+    <https://arxiv.org/abs/1803.01113>`_, AISTATS 2018
+  """
+
+  k: int
+
+  def __post_init__(self):
+    check_int("k", self.k, minimum=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class KBatchAsync(Paradigm):
+  """K-batch-async SGD: apply after any ``K`` minibatches; workers push and re-read without waiting.
+
+  Rule: a worker pushes each minibatch and reads the current version at once;
+  the ``K``-th minibatch pushed since the last update applies them all as one
+  update. Several minibatches of one worker read at the same version are one
+  contribution with ``num_batches > 1``.
+
+  Exactness restriction: if a worker finishes a minibatch while the pending
+  update already holds a minibatch of that worker read at a *different*
+  version, the paper's rule would put two read versions of one worker into
+  one update, which a :class:`Schedule` cannot record. Here that worker
+  instead waits (holding its gradient) until the pending update is applied
+  and then pushes into the next update (pushes held this way are taken in the
+  order they arrived). This only happens to a worker that finished two
+  minibatches inside one aggregation window after a stale one.
+
+  Attributes:
+    k: ``K >= 1`` (may exceed ``M``: minibatches are counted).
+
+  References:
+    Dutta, Joshi, Ghosh, Dube, Nagpurkar, `Slow and Stale Gradients Can Win
+    the Race: Error-Runtime Trade-offs in Distributed SGD
+    <https://arxiv.org/abs/1803.01113>`_, AISTATS 2018
+  """
+
+  k: int
+
+  def __post_init__(self):
+    check_int("k", self.k, minimum=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class SoftSync(Paradigm):
+  """n-softsync: the server averages every ``c = floor(M / n)`` gradients into one update; learners never wait.
+
+  Rule: exactly ``k_batch_async(floor(M / n))``: a learner pushes and reads
+  the current version at once; every ``c``-th push applies the ``c``
+  gradients received since the last update as one (averaged) update. Mean
+  staleness is about ``n``; ``n = M`` is ASP. The same exactness restriction
+  as ``k_batch_async`` applies (a learner whose stale gradient is in the
+  pending update holds its next gradient until that update is applied).
+
+  Attributes:
+    n: ``1 <= n <= M``.
+
+  References:
+    Zhang, Gupta, Lian, Liu, `Staleness-aware Async-SGD for Distributed Deep
+    Learning <https://arxiv.org/abs/1511.05950>`_, IJCAI 2016
+  """
+
+  n: int
+
+  def __post_init__(self):
+    check_int("n", self.n, minimum=1)
+
+  def check(self, num_workers: int) -> None:
+    _check_at_most("n", self.n, num_workers, "the number of workers (so that floor(M / n) >= 1)")
+
+
+@dataclasses.dataclass(frozen=True)
+class BackupWorkers(Paradigm):
+  """Synchronous SGD with ``b`` backup workers: each update uses the first ``N = M - b`` fresh gradients.
+
+  Rule: update ``u`` is applied when ``N`` gradients read at version ``u``
+  have arrived; a worker whose gradient was applied waits for that update
+  and then reads. A gradient that arrives after its version's update (read
+  at an older version) is dropped, and its worker reads the current version
+  at once; the computation is not interrupted (as in TensorFlow's
+  ``SyncReplicasOptimizer``). So of the gradients read at each version all but
+  the first ``N`` are dropped: exactly ``b`` per update when every worker takes
+  part in every round (e.g. equal speeds), fewer when a straggler misses a
+  whole round.
+
+  Attributes:
+    b: ``0 <= b < M``.
+
+  References:
+    Chen, Pan, Monga, Bengio, Jozefowicz, `Revisiting Distributed Synchronous
+    SGD <https://arxiv.org/abs/1604.00981>`_, ICLR workshop 2016
+  """
+
+  b: int
+
+  def __post_init__(self):
+    check_int("b", self.b, minimum=0)
+
+  def check(self, num_workers: int) -> None:
+    if self.b >= num_workers:
+      raise ValueError(f"b must be < the number of workers ({num_workers}) so that N = M - b >= 1, got {self.b}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaSync(Paradigm):
+  """AdaSync: K-sync whose ``K`` grows as the loss falls, ``K = ceil(sqrt(F(w_0) / F(w_t)) K_0)``.
+
+  Rule: ``k_sync(K)`` with ``K`` changed only between chunks of a
+  :class:`~delayjax.cluster.Simulation`: the first ``feedback(loss)`` sets
+  ``F(w_0)``; each later one sets ``K = clip(ceil(sqrt(F(w_0) / loss) K_0), 1,
+  M)`` for the next chunk. ``K`` per update is recorded in ``extras["k"]``.
+  Without feedback it is ``k_sync(K_0)``.
+
+  Attributes:
+    k0: the initial ``K_0``, ``1 <= K_0 <= M``.
+
+  References:
+    Dutta, Joshi, Ghosh, Dube, Nagpurkar, `Slow and Stale Gradients Can Win
+    the Race: Error-Runtime Trade-offs in Distributed SGD
+    <https://arxiv.org/abs/1803.01113>`_, AISTATS 2018 (the rule for ``K``
+    follows the form given there; unverified against the journal version).
+  """
+
+  k0: int
+
+  def __post_init__(self):
+    check_int("k0", self.k0, minimum=1)
+
+  def check(self, num_workers: int) -> None:
+    _check_at_most("k0", self.k0, num_workers, "the number of workers")
+
+
+_NAMES = {
+    BSP: "bsp", ASP: "asp", SSP: "ssp", DSSP: "dssp", PSP: "psp", KSync: "k_sync", KAsync: "k_async",
+    KBatchSync: "k_batch_sync", KBatchAsync: "k_batch_async", SoftSync: "softsync",
+    BackupWorkers: "backup_workers", AdaSync: "adasync",
+}
+
+
+def bsp() -> BSP:
+  """Bulk synchronous parallel (see :class:`BSP`)."""
+  return BSP()
+
+
+def asp() -> ASP:
+  """Asynchronous parallel (see :class:`ASP`)."""
+  return ASP()
+
+
+def ssp(staleness: int) -> SSP:
+  """Stale synchronous parallel with threshold ``staleness`` (see :class:`SSP`)."""
+  return SSP(staleness)
+
+
+def dssp(s_lower: int = 3, s_upper: int = 15) -> DSSP:
+  """Dynamic SSP with thresholds in ``[s_lower, s_upper]`` (see :class:`DSSP`)."""
+  return DSSP(s_lower, s_upper)
+
+
+def psp(sample_size: int, staleness: int) -> PSP:
+  """Probabilistic SSP: the SSP barrier on ``sample_size`` random workers (see :class:`PSP`)."""
+  return PSP(sample_size, staleness)
+
+
+def k_sync(k: int) -> KSync:
+  """K-sync SGD (see :class:`KSync`)."""
+  return KSync(k)
+
+
+def k_async(k: int) -> KAsync:
+  """K-async SGD (see :class:`KAsync`)."""
+  return KAsync(k)
+
+
+def k_batch_sync(k: int) -> KBatchSync:
+  """K-batch-sync SGD (see :class:`KBatchSync`)."""
+  return KBatchSync(k)
+
+
+def k_batch_async(k: int) -> KBatchAsync:
+  """K-batch-async SGD, restricted to what a schedule records exactly (see :class:`KBatchAsync`)."""
+  return KBatchAsync(k)
+
+
+def softsync(n: int) -> SoftSync:
+  """n-softsync (see :class:`SoftSync`)."""
+  return SoftSync(n)
+
+
+def backup_workers(b: int) -> BackupWorkers:
+  """Synchronous SGD with ``b`` backup workers (see :class:`BackupWorkers`)."""
+  return BackupWorkers(b)
+
+
+def adasync(k0: int) -> AdaSync:
+  """AdaSync, K-sync with ``K`` raised from ``k0`` by loss feedback (see :class:`AdaSync`)."""
+  return AdaSync(k0)

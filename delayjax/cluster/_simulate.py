@@ -1,0 +1,785 @@
+"""The cluster simulator: runs a paradigm on workers and records the ``Schedule``.
+
+Asynchronous paradigms run a heap-based event loop over pushes (keys are
+``(push time, worker)``, so simultaneous pushes are taken in worker order);
+round-synchronous ones (BSP, K-sync, AdaSync) are vectorized over rounds.
+Durations are pre-drawn in blocks per gradient index (see ``Workers.draw``).
+
+Besides the fields of :class:`Schedule`, every schedule records one entry per
+gradient a worker started, in ``extras`` (sorted by worker, then time):
+
+- ``event_worker``: int64, the worker.
+- ``event_read_time``: float64, when it read (started computing).
+- ``event_end_time``: float64, when the push arrived, or when the
+  computation was cancelled; for a gradient still in flight when the
+  simulation ended, when it would have arrived.
+- ``event_update``: int64, the update it is part of; ``-1`` if dropped or
+  cancelled; ``-2`` if still in flight at the end.
+- ``event_read_version``: int64, the version it was computed at.
+
+The simulation ends the moment update ``U - 1`` is applied; ``busy`` and
+``wait`` count seconds in ``[0, time[-1]]``, so ``busy + wait == time[-1]`` for
+every worker (a worker is always either computing or blocked).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Any
+
+import numpy as np
+
+from delayjax._checks import check_float, check_int
+from delayjax.cluster import _paradigms as P
+from delayjax.cluster._schedule import Schedule
+from delayjax.cluster._workers import Workers
+
+__all__ = ["simulate", "Simulation"]
+
+# Durations are drawn for this many gradient indices at a time; fixed, so the
+# j-th gradient of a worker gets the same time whatever num_updates is.
+_BLOCK = 2048
+
+_ROUND_PARADIGMS = (P.BSP, P.KSync, P.KBatchSync, P.AdaSync)
+
+
+def _window_factors(workers: Workers, t: float) -> np.ndarray:
+  factor = np.ones(workers.num_workers)
+  for w in workers.windows:
+    if w.start <= t < w.stop:
+      if w.workers is None:
+        factor *= w.slowdown
+      else:
+        factor[list(w.workers)] *= w.slowdown
+  return factor
+
+
+class _Times:
+  """Durations of each worker's gradients, by gradient index, drawn in blocks.
+
+  Event loops call ``take`` (per worker, with straggler windows at the read
+  time); round engines call ``rows`` (all workers in step). One simulation
+  uses one of the two.
+  """
+
+  def __init__(self, workers: Workers, rng: np.random.Generator):
+    self.workers = workers
+    self.rng = rng
+    self.windows = workers.windows
+    self.filled = 0
+    self.blocks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    num = workers.num_workers
+    self.used = [0] * num
+    self.total: list[list[float]] = [[] for _ in range(num)]
+    self.compute: list[list[float]] = [[] for _ in range(num)]
+    self.comm: list[list[float]] = [[] for _ in range(num)]
+
+  def _draw(self) -> tuple[np.ndarray, np.ndarray]:
+    block = self.workers.draw(self.rng, self.filled, _BLOCK)
+    self.filled += _BLOCK
+    return block
+
+  def refill(self) -> None:
+    compute, comm = self._draw()
+    if self.windows:
+      for m in range(self.workers.num_workers):
+        self.compute[m].extend(compute[:, m].tolist())
+        self.comm[m].extend(comm[:, m].tolist())
+    else:
+      total = compute + comm
+      for m in range(self.workers.num_workers):
+        self.total[m].extend(total[:, m].tolist())
+
+  def take(self, m: int, t: float) -> float:
+    """Seconds of worker ``m``'s next gradient, read at time ``t``."""
+    j = self.used[m]
+    self.used[m] = j + 1
+    while j >= self.filled:
+      self.refill()
+    if self.windows:
+      factor = 1.0
+      for w in self.windows:
+        if w.start <= t < w.stop and (w.workers is None or m in w.workers):
+          factor *= w.slowdown
+      return self.compute[m][j] * factor + self.comm[m][j]
+    return self.total[m][j]
+
+  def rows(self, start: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Compute and comm ``[size, M]`` of gradients ``start .. start + size - 1``; forgets earlier blocks."""
+    while self.filled < start + size:
+      index = self.filled // _BLOCK
+      self.blocks[index] = self._draw()
+    first, last = start // _BLOCK, (start + size - 1) // _BLOCK
+    for b in [b for b in self.blocks if b < first]:
+      del self.blocks[b]
+    compute = np.concatenate([self.blocks[b][0] for b in range(first, last + 1)])
+    comm = np.concatenate([self.blocks[b][1] for b in range(first, last + 1)])
+    offset = start - first * _BLOCK
+    return compute[offset:offset + size], comm[offset:offset + size]
+
+
+class _Record:
+  """Growing lists of updates, contributions and gradient events."""
+
+  def __init__(self, num_workers: int):
+    self.num_workers = num_workers
+    self.time: list[float] = []
+    self.cu: list[int] = []   # contribution: update
+    self.cw: list[int] = []   # contribution: worker
+    self.cv: list[int] = []   # contribution: read version
+    self.cb: list[int] | None = None   # contribution: num_batches (None: all 1)
+    self.ew: list[int] = []   # event: worker
+    self.ert: list[float] = []   # event: read time
+    self.eet: list[float] = []   # event: end time
+    self.eu: list[int] = []   # event: update (-1 dropped, -2 in flight)
+    self.ev: list[int] = []   # event: read version
+    self.wait = [0.0] * num_workers
+    self.extras: dict[str, Any] = {}
+
+  def in_flight(self, heap: list[tuple[float, int]], read_time: list[float], read_version: list[int]) -> None:
+    for t, m in heap:
+      self.ew.append(m)
+      self.ert.append(read_time[m])
+      self.eet.append(t)
+      self.eu.append(-2)
+      self.ev.append(read_version[m])
+
+  def blocked_until(self, since: dict[int, float], t_end: float) -> None:
+    for m, t in since.items():
+      self.wait[m] += t_end - t
+
+  def schedule(self, paradigm: str) -> Schedule:
+    num_updates, num = len(self.time), self.num_workers
+    time = np.asarray(self.time, np.float64)
+    cu, cw = np.asarray(self.cu, np.int64), np.asarray(self.cw, np.int64)
+    contributes = np.zeros((num_updates, num), bool)
+    contributes[cu, cw] = True
+    read_version = np.full((num_updates, num), -1, np.int64)
+    read_version[cu, cw] = self.cv
+    num_batches = contributes.astype(np.int64)
+    if self.cb is not None:
+      num_batches[cu, cw] = self.cb
+    ew = np.asarray(self.ew, np.int64)
+    order = np.argsort(ew, kind="stable")
+    ew = ew[order]
+    ert = np.asarray(self.ert, np.float64)[order]
+    eet = np.asarray(self.eet, np.float64)[order]
+    eu = np.asarray(self.eu, np.int64)[order]
+    ev = np.asarray(self.ev, np.int64)[order]
+    t_end = float(time[-1])
+    busy = np.bincount(ew, weights=np.clip(np.minimum(eet, t_end) - ert, 0.0, None), minlength=num)
+    dropped = np.bincount(ew[eu == -1], minlength=num).astype(np.int64)
+    extras = {
+        "event_worker": ew, "event_read_time": ert, "event_end_time": eet,
+        "event_update": eu, "event_read_version": ev,
+        **{k: np.asarray(v) for k, v in self.extras.items()},
+    }
+    return Schedule(time=time, contributes=contributes, read_version=read_version,
+                    wait=np.asarray(self.wait, np.float64), num_batches=num_batches, dropped=dropped,
+                    busy=busy, paradigm=paradigm, extras=extras)
+
+
+def _start(times: _Times, num: int) -> tuple[list[tuple[float, int]], list[float], list[int]]:
+  heap = [(times.take(m, 0.0), m) for m in range(num)]
+  heapq.heapify(heap)
+  return heap, [0.0] * num, [0] * num
+
+
+def _run_asp(workers: Workers, times: _Times, num_updates: int) -> _Record:
+  """ASP: every push is one update and the pusher reads the new version at once."""
+  num = workers.num_workers
+  rec = _Record(num)
+  heap, rt, rv = _start(times, num)
+  T, cw, cv = rec.time, rec.cw, rec.cv
+  ew, ert, eet, ev = rec.ew, rec.ert, rec.eet, rec.ev
+  take, pop, push = times.take, heapq.heappop, heapq.heappush
+  for u in range(num_updates):
+    t, m = pop(heap)
+    v = rv[m]
+    T.append(t)
+    cw.append(m)
+    cv.append(v)
+    ew.append(m)
+    ert.append(rt[m])
+    eet.append(t)
+    ev.append(v)
+    if u + 1 < num_updates:
+      rv[m] = u + 1
+      rt[m] = t
+      push(heap, (t + take(m, t), m))
+  rec.cu = list(range(num_updates))
+  rec.eu = list(range(num_updates))
+  rec.in_flight(heap, rt, rv)
+  return rec
+
+
+def _run_ssp(workers: Workers, times: _Times, num_updates: int, staleness: int) -> _Record:
+  """SSP: every push is one update; a worker at clock c reads only when the slowest clock is >= c - s."""
+  num = workers.num_workers
+  rec = _Record(num)
+  heap, rt, rv = _start(times, num)
+  T, cw, cv = rec.time, rec.cw, rec.cv
+  ew, ert, eet, ev = rec.ew, rec.ert, rec.eet, rec.ev
+  wait = rec.wait
+  take, pop, push = times.take, heapq.heappop, heapq.heappush
+  clock = [0] * num
+  num_at = [num, 0]
+  min_clock = 0
+  blocked: dict[int, list[int]] = {}
+  since: dict[int, float] = {}
+  for u in range(num_updates):
+    t, m = pop(heap)
+    v = rv[m]
+    T.append(t)
+    cw.append(m)
+    cv.append(v)
+    ew.append(m)
+    ert.append(rt[m])
+    eet.append(t)
+    ev.append(v)
+    c = clock[m]
+    clock[m] = c + 1
+    if c + 2 > len(num_at):
+      num_at.append(0)
+    num_at[c] -= 1
+    num_at[c + 1] += 1
+    if u + 1 == num_updates:
+      since[m] = t
+      break
+    if c == min_clock and num_at[c] == 0:
+      min_clock += 1
+      for w in blocked.pop(min_clock + staleness, ()):
+        wait[w] += t - since.pop(w)
+        rv[w] = u + 1
+        rt[w] = t
+        push(heap, (t + take(w, t), w))
+    if c + 1 - min_clock <= staleness:
+      rv[m] = u + 1
+      rt[m] = t
+      push(heap, (t + take(m, t), m))
+    else:
+      blocked.setdefault(c + 1, []).append(m)
+      since[m] = t
+  rec.cu = list(range(num_updates))
+  rec.eu = list(range(num_updates))
+  rec.in_flight(heap, rt, rv)
+  rec.blocked_until(since, T[-1])
+  return rec
+
+
+def _run_psp(workers: Workers, times: _Times, num_updates: int, sample_size: int, staleness: int,
+             rng: np.random.Generator) -> _Record:
+  """PSP: SSP with the barrier evaluated on a fresh random sample of workers after each push."""
+  num = workers.num_workers
+  rec = _Record(num)
+  heap, rt, rv = _start(times, num)
+  take, pop, push = times.take, heapq.heappop, heapq.heappush
+  clock = [0] * num
+  everyone = list(range(num))
+  samples: list[list[int]] = []
+  blocked: dict[int, list[int]] = {}   # worker -> the sample it waits on
+  since: dict[int, float] = {}
+  for u in range(num_updates):
+    t, m = pop(heap)
+    v = rv[m]
+    rec.time.append(t)
+    rec.cw.append(m)
+    rec.cv.append(v)
+    rec.ew.append(m)
+    rec.ert.append(rt[m])
+    rec.eet.append(t)
+    rec.ev.append(v)
+    clock[m] += 1
+    if u + 1 == num_updates:
+      since[m] = t
+      break
+    for w in [w for w, sample in blocked.items() if m in sample]:
+      if min(clock[x] for x in blocked[w]) >= clock[w] - staleness:
+        del blocked[w]
+        rec.wait[w] += t - since.pop(w)
+        rv[w] = u + 1
+        rt[w] = t
+        push(heap, (t + take(w, t), w))
+    if sample_size == num:
+      sample = everyone
+    else:
+      if not samples:
+        samples = np.argsort(rng.random((_BLOCK, num)), axis=1)[:, :sample_size].tolist()
+        samples.reverse()
+      sample = samples.pop()
+    if min(clock[x] for x in sample) >= clock[m] - staleness:
+      rv[m] = u + 1
+      rt[m] = t
+      push(heap, (t + take(m, t), m))
+    else:
+      blocked[m] = sample
+      since[m] = t
+  rec.cu = list(range(num_updates))
+  rec.eu = list(range(num_updates))
+  rec.in_flight(heap, rt, rv)
+  rec.blocked_until(since, rec.time[-1])
+  return rec
+
+
+def _dssp_extra_iterations(t: float, delta_fast: float, t_slow: float, delta_slow: float,
+                           max_extra: int, horizon: int) -> int:
+  """The controller: ``i`` in 0..max_extra whose predicted push best meets a predicted push of the slowest."""
+  best_i, best = 0, math.inf
+  for i in range(max_extra + 1):
+    t_fast = t + i * delta_fast
+    if delta_slow > 0:
+      j = min(max(round((t_fast - t_slow) / delta_slow), 1), horizon)
+      dist = min(abs(t_fast - t_slow - jj * delta_slow) for jj in {max(j - 1, 1), j, min(j + 1, horizon)})
+    else:
+      dist = abs(t_fast - t_slow)
+    if dist < best:
+      best_i, best = i, dist
+  return best_i
+
+
+def _run_dssp(workers: Workers, times: _Times, num_updates: int, s_lower: int, s_upper: int) -> _Record:
+  """DSSP (see ``DSSP``): SSP at ``s_lower`` with controller-granted extra iterations up to ``s_upper``."""
+  num = workers.num_workers
+  rec = _Record(num)
+  heap, rt, rv = _start(times, num)
+  T, cw, cv = rec.time, rec.cw, rec.cv
+  ew, ert, eet, ev = rec.ew, rec.ert, rec.eet, rec.ev
+  wait = rec.wait
+  take, pop, push = times.take, heapq.heappop, heapq.heappush
+  clock = [0] * num
+  num_at = [num, 0]
+  min_clock = max_clock = 0
+  blocked: dict[int, list[int]] = {}
+  since: dict[int, float] = {}
+  grant = [0] * num          # r_p: extra iterations left without a check
+  held = [s_lower] * num     # the threshold in force for worker p's grant
+  last = [0.0] * num
+  before_last = [0.0] * num
+  threshold: list[int] = []
+  r_max = s_upper - s_lower
+  for u in range(num_updates):
+    t, m = pop(heap)
+    v = rv[m]
+    T.append(t)
+    cw.append(m)
+    cv.append(v)
+    ew.append(m)
+    ert.append(rt[m])
+    eet.append(t)
+    ev.append(v)
+    c = clock[m] + 1
+    clock[m] = c
+    if c + 1 > len(num_at):
+      num_at.append(0)
+    num_at[c - 1] -= 1
+    num_at[c] += 1
+    if c > max_clock:
+      max_clock = c
+    before_last[m] = last[m]
+    last[m] = t
+    if c - 1 == min_clock and num_at[c - 1] == 0:
+      min_clock += 1
+      if u + 1 < num_updates:
+        for w in blocked.pop(min_clock + s_lower, ()):
+          wait[w] += t - since.pop(w)
+          rv[w] = u + 1
+          rt[w] = t
+          push(heap, (t + take(w, t), w))
+    gap = c - min_clock
+    if grant[m] > 0:
+      grant[m] -= 1
+      go, thr = True, held[m]
+    elif gap <= s_lower:
+      go, thr = True, s_lower
+    elif c == max_clock:
+      slow = clock.index(min_clock)
+      delta_slow = last[slow] - before_last[slow]
+      if delta_slow <= 0:
+        delta_slow = t - last[slow]
+      extra = _dssp_extra_iterations(t, last[m] - before_last[m], last[slow], delta_slow,
+                                     min(r_max, s_upper - gap + 1), r_max + 1)
+      if extra > 0:
+        grant[m] = extra - 1
+        thr = held[m] = gap - 1 + extra
+        go = True
+      else:
+        go, thr = False, s_lower
+    else:
+      go, thr = False, s_lower
+    threshold.append(thr)
+    if u + 1 == num_updates:
+      since[m] = t
+      break
+    if go:
+      rv[m] = u + 1
+      rt[m] = t
+      push(heap, (t + take(m, t), m))
+    else:
+      blocked.setdefault(c, []).append(m)
+      since[m] = t
+  rec.cu = list(range(num_updates))
+  rec.eu = list(range(num_updates))
+  rec.extras["threshold"] = np.asarray(threshold, np.int64)
+  rec.in_flight(heap, rt, rv)
+  rec.blocked_until(since, T[-1])
+  return rec
+
+
+def _run_aggregate(workers: Workers, times: _Times, num_updates: int, count: int, wait_for_update: bool,
+                   ) -> _Record:
+  """Every ``count`` pushes form one update (softsync, K-batch-async; K-async when ``wait_for_update``).
+
+  Without ``wait_for_update`` a pusher reads at once, and a worker whose
+  earlier contribution to the pending update has another read version holds
+  its push until that update is applied (see ``KBatchAsync``).
+  """
+  num = workers.num_workers
+  rec = _Record(num)
+  rec.cb = []
+  heap, rt, rv = _start(times, num)
+  take, pop, push = times.take, heapq.heappop, heapq.heappush
+  pending_version = [-1] * num   # read version of each worker's contribution to the pending update
+  pending_batches = [0] * num
+  pending: list[int] = []        # workers in the pending update, in order of first push
+  waiting: list[int] = []        # K-async: pushers waiting for the update
+  held: list[tuple[int, float]] = []   # (worker, push time) held for the next update
+  since: dict[int, float] = {}
+  pushed = 0
+  u = 0
+
+  def read(w: int, t: float) -> None:
+    rv[w] = u
+    rt[w] = t
+    push(heap, (t + take(w, t), w))
+
+  def accept(w: int, t_push: float, t: float) -> bool:
+    """Adds worker w's gradient (pushed at t_push) to the pending update at t; True if that applied it."""
+    nonlocal pushed, u, pending
+    if pending_version[w] < 0:
+      pending.append(w)
+      pending_version[w] = rv[w]
+    pending_batches[w] += 1
+    rec.ew.append(w)
+    rec.ert.append(rt[w])
+    rec.eet.append(t_push)
+    rec.eu.append(u)
+    rec.ev.append(rv[w])
+    pushed += 1
+    if pushed < count:
+      return False
+    rec.time.append(t)
+    for p in pending:
+      rec.cu.append(u)
+      rec.cw.append(p)
+      rec.cv.append(pending_version[p])
+      rec.cb.append(pending_batches[p])  # type: ignore[union-attr]
+      pending_version[p] = -1
+      pending_batches[p] = 0
+    pending = []
+    pushed = 0
+    u += 1
+    return True
+
+  while u < num_updates:
+    t, m = pop(heap)
+    if 0 <= pending_version[m] != rv[m]:
+      held.append((m, t))
+      since[m] = t
+      continue
+    applied = accept(m, t, t)
+    if u == num_updates:
+      since[m] = t
+      break
+    if wait_for_update:
+      if applied:
+        for w in waiting:
+          rec.wait[w] += t - since.pop(w)
+          read(w, t)
+        waiting = []
+        read(m, t)
+      else:
+        waiting.append(m)
+        since[m] = t
+      continue
+    read(m, t)
+    if applied and held:
+      releasing, held = held, []
+      for i, (w, t_push) in enumerate(releasing):
+        rec.wait[w] += t - since.pop(w)
+        accept(w, t_push, t)
+        if u == num_updates:
+          since[w] = t
+          held = releasing[i + 1:]
+          break
+        read(w, t)
+  rec.in_flight(heap, rt, rv)
+  for w, t_push in held:
+    rec.ew.append(w)
+    rec.ert.append(rt[w])
+    rec.eet.append(t_push)
+    rec.eu.append(-2)
+    rec.ev.append(rv[w])
+  rec.blocked_until(since, rec.time[-1])
+  return rec
+
+
+def _run_backup(workers: Workers, times: _Times, num_updates: int, b: int) -> _Record:
+  """Backup workers (see ``BackupWorkers``): the first ``M - b`` fresh gradients form each update."""
+  num = workers.num_workers
+  needed = num - b
+  rec = _Record(num)
+  heap, rt, rv = _start(times, num)
+  take, pop, push = times.take, heapq.heappop, heapq.heappush
+  waiting: list[int] = []
+  since: dict[int, float] = {}
+  u = 0
+  while u < num_updates:
+    t, m = pop(heap)
+    rec.ew.append(m)
+    rec.ert.append(rt[m])
+    rec.eet.append(t)
+    rec.ev.append(rv[m])
+    if rv[m] != u:
+      rec.eu.append(-1)
+      rv[m] = u
+      rt[m] = t
+      push(heap, (t + take(m, t), m))
+      continue
+    rec.eu.append(u)
+    rec.cu.append(u)
+    rec.cw.append(m)
+    rec.cv.append(u)
+    if len(waiting) + 1 < needed:
+      waiting.append(m)
+      since[m] = t
+      continue
+    rec.time.append(t)
+    u += 1
+    if u == num_updates:
+      since[m] = t
+      break
+    for w in waiting + [m]:
+      if w != m:
+        rec.wait[w] += t - since.pop(w)
+      rv[w] = u
+      rt[w] = t
+      push(heap, (t + take(w, t), w))
+    waiting = []
+  rec.in_flight(heap, rt, rv)
+  rec.blocked_until(since, rec.time[-1])
+  return rec
+
+
+class Simulation:
+  """A resumable simulation that hands out its schedule in chunks (for feedback-driven paradigms).
+
+  ``run(n)`` simulates the next ``n`` updates and returns them as a
+  :class:`Schedule` whose updates and versions count from the start of the
+  chunk (and whose times continue the simulated clock); ``concatenate`` joins
+  chunks into the schedule of the whole run. When no feedback changes the
+  paradigm, its times, contributions, versions and events are identical to
+  those of one ``simulate(...)`` call with the same seed (``wait`` and
+  ``busy`` are summed per chunk, so they agree up to float rounding). ``feedback(loss)`` reports the current training loss (used by
+  ``adasync`` to raise ``K``; ignored by the others).
+
+  Only round-synchronous paradigms (``bsp``, ``k_sync``, ``k_batch_sync``,
+  ``adasync``) can be cut into chunks: in them every update uses gradients
+  read during its own round, so a chunk is a complete schedule.
+
+  Example::
+
+    >>> import delayjax as dj
+    >>> sim = dj.cluster.Simulation(dj.cluster.adasync(2), dj.cluster.workers(8), seed=0)
+    >>> first = sim.run(100)
+    >>> sim.feedback(2.0); sim.feedback(0.5)   # F(w0) = 2, now 0.5: K = ceil(2 * 2) = 4
+    >>> sim.k
+    4
+    >>> whole = dj.cluster.concatenate([first, sim.run(100)])
+  """
+
+  def __init__(self, paradigm: P.Paradigm, workers: Workers, seed: int = 0):
+    _check_inputs(paradigm, workers, seed)
+    if not isinstance(paradigm, _ROUND_PARADIGMS):
+      raise TypeError(
+          f"paradigm must be one of bsp(), k_sync(k), k_batch_sync(k), adasync(k0) to run in chunks, got "
+          f"{paradigm}; use simulate(...) for the others (their updates use gradients read earlier).")
+    self.paradigm = paradigm
+    self.workers = workers
+    time_seq, _ = _seed_sequences(seed, workers)
+    self._times = _Times(workers, np.random.default_rng(time_seq))
+    self._now = 0.0
+    self._round = 0
+    self._loss0: float | None = None
+    num = workers.num_workers
+    if isinstance(paradigm, P.BSP):
+      self._k = num
+    elif isinstance(paradigm, P.AdaSync):
+      self._k = paradigm.k0
+    else:
+      self._k = paradigm.k  # type: ignore[attr-defined]
+
+  @property
+  def k(self) -> int:
+    """The ``K`` the next chunk uses (``M`` for BSP)."""
+    return self._k
+
+  def feedback(self, loss: float) -> None:
+    """Reports the training loss ``F(w_t)``: the first call sets ``F(w_0)``."""
+    loss = check_float("loss", loss, minimum=0.0, strict_minimum=True)
+    if not isinstance(self.paradigm, P.AdaSync):
+      return
+    if self._loss0 is None:
+      self._loss0 = loss
+      return
+    k = math.ceil(math.sqrt(self._loss0 / loss) * self.paradigm.k0)
+    self._k = min(max(k, 1), self.workers.num_workers)
+
+  def run(self, num_updates: int) -> Schedule:
+    """Simulates the next ``num_updates`` updates and returns them as a chunk."""
+    num_updates = check_int("num_updates", num_updates, minimum=1)
+    if isinstance(self.paradigm, P.KBatchSync):
+      rec = self._run_batch_rounds(num_updates)
+    else:
+      rec = self._run_rounds(num_updates)
+    return rec.schedule(str(self.paradigm))
+
+  def _run_rounds(self, num_updates: int) -> _Record:
+    num, k = self.workers.num_workers, self._k
+    rec = _Record(num)
+    compute, comm = self._times.rows(self._round, num_updates)
+    if self.workers.windows:
+      duration = np.empty_like(compute)
+      t = self._now
+      for r in range(num_updates):
+        duration[r] = compute[r] * _window_factors(self.workers, t) + comm[r]
+        t += np.sort(duration[r], kind="stable")[k - 1]
+    else:
+      duration = compute + comm
+    order = np.argsort(duration, axis=1, kind="stable")
+    kth = np.take_along_axis(duration, order[:, k - 1:k], axis=1)[:, 0]
+    # Sequential sums from the current time, so chunks add up exactly like one long run.
+    clock = np.cumsum(np.concatenate([[self._now], kth]))
+    start, end = clock[:-1], clock[1:]
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.broadcast_to(np.arange(num), order.shape), axis=1)
+    contributes = rank < k
+    push_time = start[:, None] + duration
+    updates = np.arange(num_updates)
+    rec.time = end  # type: ignore[assignment]
+    cu, cw = np.nonzero(contributes)
+    rec.cu, rec.cw, rec.cv = cu, cw, cu  # type: ignore[assignment]
+    rec.ew = np.broadcast_to(np.arange(num), (num_updates, num)).ravel()  # type: ignore[assignment]
+    rec.ert = np.repeat(start, num)  # type: ignore[assignment]
+    rec.eet = np.where(contributes, push_time, end[:, None]).ravel()  # type: ignore[assignment]
+    rec.eu = np.where(contributes, updates[:, None], -1).ravel()  # type: ignore[assignment]
+    rec.ev = np.repeat(updates, num)  # type: ignore[assignment]
+    rec.wait = np.where(contributes, end[:, None] - push_time, 0.0).sum(axis=0)  # type: ignore[assignment]
+    if isinstance(self.paradigm, P.AdaSync):
+      rec.extras["k"] = np.full(num_updates, k, np.int64)
+    self._now = float(end[-1])
+    self._round += num_updates
+    return rec
+
+  def _run_batch_rounds(self, num_updates: int) -> _Record:
+    num, k = self.workers.num_workers, self._k
+    rec = _Record(num)
+    rec.cb = []
+    take, pop, push = self._times.take, heapq.heappop, heapq.heappush
+    t = self._now
+    for r in range(num_updates):
+      t0 = t
+      heap = [(t0 + take(m, t0), m) for m in range(num)]
+      heapq.heapify(heap)
+      started = [t0] * num
+      batches = [0] * num
+      for i in range(k):
+        t, m = pop(heap)
+        batches[m] += 1
+        rec.ew.append(m)
+        rec.ert.append(started[m])
+        rec.eet.append(t)
+        rec.eu.append(r)
+        rec.ev.append(r)
+        if i + 1 < k:
+          started[m] = t
+          push(heap, (t + take(m, t), m))
+      for _, m in heap:
+        rec.ew.append(m)
+        rec.ert.append(started[m])
+        rec.eet.append(t)
+        rec.eu.append(-1)
+        rec.ev.append(r)
+      rec.time.append(t)
+      for m in range(num):
+        if batches[m]:
+          rec.cu.append(r)
+          rec.cw.append(m)
+          rec.cv.append(r)
+          rec.cb.append(batches[m])
+    self._now = t
+    self._round += num_updates
+    return rec
+
+
+def _check_inputs(paradigm: Any, workers: Any, seed: Any) -> None:
+  if not isinstance(paradigm, P.Paradigm):
+    raise TypeError(f"paradigm must be a paradigm such as dj.cluster.ssp(3), got {paradigm!r}.")
+  if not isinstance(workers, Workers):
+    raise TypeError(f"workers must be built with dj.cluster.workers(...), got {workers!r}.")
+  check_int("seed", seed, minimum=0)
+  paradigm.check(workers.num_workers)
+
+
+def _seed_sequences(seed: int, workers: Workers) -> list[np.random.SeedSequence]:
+  entropy = seed if workers.seed is None else [seed, workers.seed]
+  return np.random.SeedSequence(entropy).spawn(2)
+
+
+def simulate(paradigm: P.Paradigm, workers: Workers, num_updates: int, seed: int = 0) -> Schedule:
+  """Simulates ``num_updates`` updates of ``paradigm`` on ``workers`` and returns the :class:`Schedule`.
+
+  Args:
+    paradigm: a synchronization paradigm, e.g. ``dj.cluster.ssp(3)``.
+    workers: the cluster, from ``dj.cluster.workers(...)``.
+    num_updates: ``U >= 1``.
+    seed: the same seed gives a bit-identical schedule.
+
+  Returns:
+    The schedule, with the per-gradient events described in this module's
+    docstring in ``extras`` (and DSSP's ``threshold``, AdaSync's ``k``).
+
+  Example::
+
+    >>> import delayjax as dj
+    >>> sched = dj.cluster.simulate(dj.cluster.ssp(3), dj.cluster.workers(8), num_updates=1000, seed=0)
+    >>> int(sched.staleness.max()) <= 8 * (3 + 1)
+    True
+  """
+  _check_inputs(paradigm, workers, seed)
+  num_updates = check_int("num_updates", num_updates, minimum=1)
+  if isinstance(paradigm, _ROUND_PARADIGMS):
+    return Simulation(paradigm, workers, seed).run(num_updates)
+  time_seq, barrier_seq = _seed_sequences(seed, workers)
+  times = _Times(workers, np.random.default_rng(time_seq))
+  num = workers.num_workers
+  if isinstance(paradigm, P.ASP):
+    rec = _run_asp(workers, times, num_updates)
+  elif isinstance(paradigm, P.SSP):
+    rec = _run_ssp(workers, times, num_updates, paradigm.staleness)
+  elif isinstance(paradigm, P.PSP):
+    rec = _run_psp(workers, times, num_updates, paradigm.sample_size, paradigm.staleness,
+                   np.random.default_rng(barrier_seq))
+  elif isinstance(paradigm, P.DSSP):
+    rec = _run_dssp(workers, times, num_updates, paradigm.s_lower, paradigm.s_upper)
+  elif isinstance(paradigm, P.KAsync):
+    rec = _run_aggregate(workers, times, num_updates, paradigm.k, wait_for_update=True)
+  elif isinstance(paradigm, P.KBatchAsync):
+    rec = _run_aggregate(workers, times, num_updates, paradigm.k, wait_for_update=False)
+  elif isinstance(paradigm, P.SoftSync):
+    rec = _run_aggregate(workers, times, num_updates, num // paradigm.n, wait_for_update=False)
+  elif isinstance(paradigm, P.BackupWorkers):
+    rec = _run_backup(workers, times, num_updates, paradigm.b)
+  else:
+    raise TypeError(f"paradigm {paradigm!r} is not supported by simulate.")
+  return rec.schedule(str(paradigm))
