@@ -10,6 +10,8 @@ from delayjax import delays as delays
 from delayjax.runtime import apply_gradients as apply_gradients
 from delayjax.runtime import delayed as delayed
 from delayjax.transforms import accumulate_sum as accumulate_sum
+from delayjax.transforms import apam as apam
+from delayjax.transforms import async_adam as async_adam
 from delayjax.transforms import dana as dana
 from delayjax.transforms import delay_compensation as delay_compensation
 from delayjax.transforms import delayed_nesterov as delayed_nesterov

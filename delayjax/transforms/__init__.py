@@ -4,6 +4,8 @@ from delayjax.transforms._aggregation import AccumulateSumState as AccumulateSum
 from delayjax.transforms._aggregation import accumulate_sum as accumulate_sum
 from delayjax.transforms._aggregation import fed_async as fed_async
 from delayjax.transforms._aggregation import fed_buff as fed_buff
+from delayjax.transforms._async_adam import apam as apam
+from delayjax.transforms._async_adam import async_adam as async_adam
 from delayjax.transforms._dana import DanaState as DanaState
 from delayjax.transforms._dana import dana as dana
 from delayjax.transforms._dc_asgd import DelayCompensationState as DelayCompensationState
