@@ -91,8 +91,9 @@ def delayed(
   Buffers are fixed-size rings of ``max_delay + 1`` gradients and parameter
   copies (none when ``max_delay`` is 0: then ``inner`` is called directly); everything is traced arithmetic without Python control flow on
   values, so it runs under ``jit``, ``lax.scan`` and ``vmap``. With a
-  constant delay one inner update is traced per call; otherwise
-  ``max_delay + 1`` masked inner updates run in a ``lax.scan``.
+  constant delay one inner update is traced per call; otherwise a
+  ``lax.fori_loop`` runs one inner update per gradient released (at least
+  one, masked when none is).
 
   Args:
     inner: the optimizer to delay. It receives the ``staleness`` (int32, or
@@ -210,13 +211,16 @@ def delayed(
 
     inner_state, total = step(state.inner_state, params, 0)
     if num_steps > 1:
-      def body(carry, k):
+      def body(k, carry):
         inner_state, current, total = carry
         inner_state, u = step(inner_state, current, k)
-        return (inner_state, optax.apply_updates(current, u), jax.tree.map(jnp.add, total, u)), None
+        return inner_state, optax.apply_updates(current, u), jax.tree.map(jnp.add, total, u)
 
+      # Loop only over the gradients actually released: about one per call on average, so the
+      # cost does not grow with max_delay (under vmap the loop runs to the batch's maximum, masked).
+      num_released = jnp.sum(any_active, dtype=jnp.int32)
       carry = (inner_state, optax.apply_updates(params, total), total)
-      (inner_state, _, total), _ = jax.lax.scan(body, carry, jnp.arange(1, num_steps, dtype=jnp.int32))
+      inner_state, _, total = jax.lax.fori_loop(1, num_released, body, carry)
 
     new_state = DelayedState(count=t + 1, key=state.key, issued=issued, delay=delay, grads=grads,
                              stale_params=stale, inner_state=inner_state)

@@ -1,0 +1,1 @@
+"""delayjax experiments: paper reproductions and benchmarks (not part of the installed package)."""
