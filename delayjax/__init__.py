@@ -20,5 +20,6 @@ from delayjax.transforms import fed_buff as fed_buff
 from delayjax.transforms import read_params as read_params
 from delayjax.transforms import scale_by_staleness as scale_by_staleness
 from delayjax.transforms import staleness_weight as staleness_weight
+from delayjax.transforms import zeno_plus_plus as zeno_plus_plus
 
 __version__ = "0.1.0"

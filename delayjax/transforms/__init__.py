@@ -16,3 +16,5 @@ from delayjax.transforms._hooks import ReadsParams as ReadsParams
 from delayjax.transforms._hooks import read_params as read_params
 from delayjax.transforms._staleness import scale_by_staleness as scale_by_staleness
 from delayjax.transforms._staleness import staleness_weight as staleness_weight
+from delayjax.transforms._zeno import ZenoState as ZenoState
+from delayjax.transforms._zeno import zeno_plus_plus as zeno_plus_plus
