@@ -40,8 +40,8 @@ SEEDS = 3
 STEPS = 1500
 BATCH = 32
 HIDDEN = 128
-LR = 0.1
-MOMENTUM = 0.9
+LR = 0.05
+MOMENTUM = 0.5
 DC_LAMBDA = 0.04  # DC-ASGD-c; MXNet's default
 DC_LAMBDA0 = 2.0  # DC-ASGD-a; the paper's lambda_0
 
