@@ -15,8 +15,10 @@ from delayjax.transforms import async_adam as async_adam
 from delayjax.transforms import dana as dana
 from delayjax.transforms import delay_compensation as delay_compensation
 from delayjax.transforms import delayed_nesterov as delayed_nesterov
+from delayjax.transforms import explicit_momentum as explicit_momentum
 from delayjax.transforms import fed_async as fed_async
 from delayjax.transforms import fed_buff as fed_buff
+from delayjax.transforms import implicit_momentum as implicit_momentum
 from delayjax.transforms import read_params as read_params
 from delayjax.transforms import scale_by_staleness as scale_by_staleness
 from delayjax.transforms import staleness_weight as staleness_weight

@@ -14,6 +14,8 @@ from delayjax.transforms._delayed_nesterov import DelayedNesterovState as Delaye
 from delayjax.transforms._delayed_nesterov import delayed_nesterov as delayed_nesterov
 from delayjax.transforms._hooks import ReadsParams as ReadsParams
 from delayjax.transforms._hooks import read_params as read_params
+from delayjax.transforms._momentum import explicit_momentum as explicit_momentum
+from delayjax.transforms._momentum import implicit_momentum as implicit_momentum
 from delayjax.transforms._staleness import scale_by_staleness as scale_by_staleness
 from delayjax.transforms._staleness import staleness_weight as staleness_weight
 from delayjax.transforms._zeno import ZenoState as ZenoState
