@@ -1,5 +1,7 @@
 """What to do with a stale gradient: Optax gradient transformations."""
 
+from delayjax.transforms._adaptive_steps import DelayAdaptiveState as DelayAdaptiveState
+from delayjax.transforms._adaptive_steps import delay_adaptive_sgd as delay_adaptive_sgd
 from delayjax.transforms._aggregation import AccumulateSumState as AccumulateSumState
 from delayjax.transforms._aggregation import accumulate_sum as accumulate_sum
 from delayjax.transforms._aggregation import fed_async as fed_async
