@@ -1,0 +1,642 @@
+"""The wave-parallel runtime: exact simulation of delayed-gradient training, at the cost of its gradients."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import serialization
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from delayjax import delays as delays_lib
+from delayjax._checks import check_choice, check_int
+from delayjax.cluster._schedule import Schedule
+from delayjax.runtime._sampling import SAMPLINGS, minibatch_indices, shard_table
+from delayjax.runtime._waves import StepPlan, plan_steps
+from delayjax.transforms._hooks import read_params
+
+AXIS = "workers"
+# Server params, optimizer state, slots, then the wave's gradient, stale-params, loss and finiteness buffers.
+CARRY_SPECS = (P(), P(), P(AXIS), P(), P(), P(), P())
+_CHECKPOINT_FILE = "simulate.msgpack"
+
+
+class History(NamedTuple):
+  """What happened during a simulation (NumPy arrays on the host).
+
+  Attributes:
+    update: int64 ``[U]``, the update index ``u = 0 .. U - 1``.
+    time: float64 ``[U]``, simulated time of each update (``Schedule.time``;
+      the update index for delay models).
+    loss: float32 ``[U]``, mean minibatch loss of the update's contributions
+      (weighted by ``num_batches``), computed at their stale parameters; all
+      contributions count, skipped ones included.
+    staleness: int64 ``[U]``, the largest staleness among the update's
+      contributions.
+    eval_update: int64 ``[E]``, the version (updates applied so far) each
+      evaluation was made at: 0, every ``eval_every``-th, and the last.
+    eval_time: float64 ``[E]``, simulated time of that version (the time of
+      the update that produced it; 0 for version 0).
+    eval_metrics: ``eval_fn``'s output with a leading ``[E]`` axis on every
+      leaf, or ``None`` without ``eval_fn``.
+    nonfinite: int64 ``[n, 2]``, ``(update, worker)`` of every contribution
+      whose gradient had a NaN or infinite entry, sorted.
+  """
+
+  update: np.ndarray
+  time: np.ndarray
+  loss: np.ndarray
+  staleness: np.ndarray
+  eval_update: np.ndarray
+  eval_time: np.ndarray
+  eval_metrics: Any
+  nonfinite: np.ndarray
+
+
+class SimulationResult(NamedTuple):
+  """The outcome of :func:`simulate`.
+
+  Attributes:
+    params: the server parameters after the last update.
+    opt_state: the optimizer state after the last update.
+    history: a :class:`History`.
+    stats: how the run was executed: ``num_waves``, ``mean_wave_length``,
+      ``lane_utilization`` (fraction of computed gradients that were real
+      rather than masked), ``num_slots`` (parameter copies per worker),
+      ``num_workers`` (after padding), ``num_devices``, ``chunk_size`` (waves
+      per dispatch) and ``num_chunks``.
+  """
+
+  params: Any
+  opt_state: Any
+  history: History
+  stats: dict[str, Any]
+
+
+def schedule_from_delays(model: delays_lib.DelayModel, num_updates: int, seed: int) -> Schedule:
+  """The stale-read model as a schedule of ``max_delay + 1`` round-robin workers.
+
+  Update ``t`` has one contribution, from worker ``t mod (max_delay + 1)``,
+  computed at version ``max(0, t - d_t)`` with ``d_t = model.sample(fold_in(k,
+  t), t)`` (``k`` derived from ``seed``); its time is ``t``. With
+  ``constant(tau)`` this is the round-robin cluster of ``tau + 1`` workers.
+  """
+  delays_lib.check_model("source", model)
+  if isinstance(model, delays_lib.PerLeaf):
+    raise ValueError(
+        "source: per-leaf delay models are not supported by dj.simulate (every contribution reads "
+        "whole parameters at one version); use dj.delayed for per-leaf delays.")
+  key = jax.random.fold_in(jax.random.key(seed), 0)
+  steps = jnp.arange(num_updates, dtype=jnp.int32)
+  draw = jax.jit(jax.vmap(lambda t: model.sample(jax.random.fold_in(key, t), t)))
+  delays = np.asarray(draw(steps)).astype(np.int64)
+  num_workers = model.max_delay + 1
+  t = np.arange(num_updates)
+  contributes = np.zeros((num_updates, num_workers), bool)
+  read_version = np.full((num_updates, num_workers), -1, np.int64)
+  contributes[t, t % num_workers] = True
+  read_version[t, t % num_workers] = np.maximum(0, t - delays)
+  return Schedule(time=t.astype(np.float64), contributes=contributes, read_version=read_version,
+                  wait=np.zeros(num_workers), paradigm=f"stale read, {model!r}")
+
+
+def _tree_where(pred: jax.Array, new: Any, old: Any) -> Any:
+  return jax.tree.map(lambda n, o: jnp.where(pred, n, o), new, old)
+
+
+def _all_finite(tree: Any) -> jax.Array:
+  leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
+  return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
+
+
+def _lead(mask: jax.Array, x: jax.Array) -> jax.Array:
+  """``mask`` (leading axes of ``x``) broadcast against ``x``."""
+  return mask.reshape(mask.shape + (1,) * (x.ndim - mask.ndim))
+
+
+def _check_data(data: Any) -> int:
+  leaves = jax.tree.leaves(data)
+  if not leaves:
+    raise ValueError("data must be a pytree with at least one array leaf, got an empty tree.")
+  sizes = [np.shape(x)[0] if np.ndim(x) else None for x in leaves]
+  if any(s is None for s in sizes):
+    raise ValueError("data leaves must be arrays with a leading example axis; got a scalar leaf.")
+  if len(set(sizes)) != 1:
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(data)[0]]
+    raise ValueError(
+        "data leaves must share their leading dimension (the number of examples); got "
+        + ", ".join(f"{p or 'data'}: {s}" for p, s in zip(paths, sizes)) + ".")
+  if sizes[0] < 1:
+    raise ValueError("data must hold at least one example, got a leading dimension of 0.")
+  return int(sizes[0])
+
+
+def _source_schedule(source: Any, num_updates: int | None, seed: int) -> Schedule:
+  if isinstance(source, Schedule):
+    if num_updates is None:
+      return source
+    if num_updates > source.num_updates:
+      raise ValueError(
+          f"num_updates={num_updates} but the schedule (source) has only {source.num_updates} "
+          f"updates; pass num_updates <= {source.num_updates} or a longer schedule.")
+    return source[:num_updates]
+  if isinstance(source, delays_lib.DelayModel):
+    if num_updates is None:
+      raise ValueError("num_updates is required when source is a delay model; got None.")
+    return schedule_from_delays(source, num_updates, seed)
+  raise TypeError(
+      f"source must be a dj.cluster.Schedule or a delay model from dj.delays, got "
+      f"{type(source).__name__}.")
+
+
+def _workers_mesh(mesh: Any) -> int:
+  if mesh is None:
+    return 1
+  if not isinstance(mesh, jax.sharding.Mesh):
+    raise TypeError(f"mesh must be a jax.sharding.Mesh or None, got {type(mesh).__name__}.")
+  if AXIS not in mesh.axis_names:
+    raise ValueError(f"mesh must have an axis named {AXIS!r}; got axes {mesh.axis_names}.")
+  others = [n for n in mesh.axis_names if n != AXIS and mesh.shape[n] != 1]
+  if others:
+    raise ValueError(
+        f"mesh may only spread the {AXIS!r} axis; got other axes of size > 1: "
+        f"{ {n: mesh.shape[n] for n in others} }.")
+  return int(mesh.shape[AXIS])
+
+
+def _fingerprint(schedule: Schedule, **config: Any) -> str:
+  h = hashlib.sha256()
+  for name in ("time", "contributes", "read_version", "num_batches"):
+    h.update(np.ascontiguousarray(getattr(schedule, name)).tobytes())
+  h.update(repr(sorted(config.items())).encode())
+  return h.hexdigest()
+
+
+def simulate(
+    loss_fn: Callable[..., Any],
+    tx: optax.GradientTransformation,
+    params: Any,
+    data: Any,
+    source: Schedule | delays_lib.DelayModel,
+    *,
+    num_updates: int | None = None,
+    batch_size: int = 32,
+    sampling: str = "iid",
+    shards: Sequence[Any] | None = None,
+    has_aux: bool = False,
+    mesh: jax.sharding.Mesh | None = None,
+    eval_fn: Callable[[Any], Any] | None = None,
+    eval_every: int | None = None,
+    seed: int = 0,
+    chunk_size: int | None = None,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    resume: bool = True,
+    skip_nonfinite: bool = False,
+    lanes: int | None = None,
+    callback: Callable[[dict[str, Any]], None] | None = None,
+) -> SimulationResult:
+  r"""Trains under a delay schedule exactly, computing independent gradients in parallel.
+
+  The process simulated, for updates :math:`u = 0, \dots, U - 1` of server
+  parameters :math:`w_u` (version :math:`u`) and optimizer state :math:`s_u`:
+
+  1. Every contribution of worker :math:`m` to update :math:`u` reads version
+     :math:`v = \text{read\_version}[u, m]`: its parameters are
+     ``read_params(s_v, w_v, m)`` (the server parameters unless a
+     transformation such as DANA defines them), :math:`\tilde w_{u,m}`.
+  2. It computes ``num_batches[u, m]`` fresh minibatch gradients of
+     ``loss_fn`` there and averages them, :math:`g_{u,m}`.
+  3. The server applies, in order,
+
+     .. math::
+
+       g_u = \sum_m \frac{n_{u,m}}{\sum_{m'} n_{u,m'}}\, g_{u,m}, \qquad
+       (\Delta, s_{u+1}) = \text{tx.update}(g_u, s_u, w_u,\ \text{staleness}=\tau_u,\
+       \text{stale\_params}=\tilde w_{u,m^*},\ \text{worker}=m^*), \qquad
+       w_{u+1} = w_u + \Delta
+
+     with :math:`n_{u,m}` = ``num_batches``, :math:`m^*` the update's
+     stalest contribution (the lowest worker index among equally stale ones)
+     and :math:`\tau_u = u - \text{read\_version}[u, m^*]`, the largest
+     staleness of the update (an int32 scalar; ``worker`` is an int32 scalar).
+
+  With a delay model as ``source`` (the stale-read model), update :math:`t`
+  has one contribution, read at version :math:`\max(0, t - d_t)`, from worker
+  :math:`t \bmod (\text{max\_delay} + 1)` (see :func:`schedule_from_delays`),
+  so its staleness is :math:`\min(d_t, t)`.
+
+  How it runs: the updates are split on the host into *waves* (see
+  ``_waves.py``): runs ``[a, b)`` of updates whose contributions all read a
+  version :math:`\le a`, at most one per worker. A wave's gradients are
+  computed together (``vmap`` over workers, or ``shard_map`` over the
+  ``workers`` axis of ``mesh``, each device holding its workers' read
+  parameters); then a ``lax.scan`` applies its updates in order and stores
+  the reads they enable. Waves are padded to one shape and run ``chunk_size``
+  at a time in one compiled ``lax.scan`` per dispatch. A masked lane still
+  costs a gradient: ``stats["lane_utilization"]`` says how full the waves were.
+
+  Args:
+    loss_fn: ``loss_fn(params, batch) -> scalar`` (or ``(scalar, aux)`` with
+      ``has_aux``; ``aux`` is discarded). ``batch`` is ``data`` indexed on its
+      leading axis by the minibatch indices.
+    tx: an Optax transformation; it receives the extra arguments above (plain
+      Optax transformations, which take none, are wrapped with
+      ``optax.with_extra_args_support``).
+    params: the initial parameters (version 0).
+    data: a pytree of arrays sharing a leading dimension ``N``, kept on every
+      device.
+    source: a ``dj.cluster.Schedule`` or a delay model from ``dj.delays``
+      (not ``per_leaf``).
+    num_updates: updates to run; a schedule's first ``num_updates`` are used
+      (default: all of it); required for a delay model.
+    batch_size: examples per minibatch.
+    sampling: ``"iid"``, ``"epoch"`` or ``"shard"``, see
+      :func:`~delayjax.runtime._sampling.minibatch_indices`, which gives the
+      indices of the minibatch of (update, worker, draw) exactly.
+    shards: for ``sampling="shard"``, one index array per worker (non-iid
+      splits); default: contiguous, near-equal pieces.
+    has_aux: whether ``loss_fn`` returns ``(loss, aux)``.
+    mesh: a ``jax.sharding.Mesh`` with a ``workers`` axis (other axes of size
+      1), possibly spanning processes (``jax.distributed``); ``None`` runs on
+      one device. When the number of workers is not a multiple of the axis
+      size, idle workers are added (they never contribute; they do cost
+      masked gradients).
+    eval_fn: ``eval_fn(params) -> pytree of arrays``, evaluated on the server
+      parameters at version 0, every ``eval_every`` updates and at the end.
+    eval_every: updates between evaluations; ``None``: only at the start and
+      the end.
+    seed: seeds the minibatches (and the delays of a delay model); the same
+      seed gives bit-identical results whatever the chunking or device count
+      of the sampling.
+    chunk_size: waves per dispatch (and between checkpoints); default: about
+      256, balanced so the last chunk is not mostly padding.
+    checkpoint_dir: if given, the whole state is written there after every
+      chunk (``simulate.msgpack``), and with ``resume`` a run finding a
+      checkpoint of the same configuration continues from it, with a result
+      bit-identical to an uninterrupted run. Single-process runs only.
+    resume: whether to continue from a checkpoint found in ``checkpoint_dir``.
+    skip_nonfinite: leave contributions whose gradient is not finite out of
+      their update (the weights renormalized over the rest, the extra
+      arguments taken from the rest); an update that has none left leaves
+      parameters and optimizer state untouched. Non-finite gradients are
+      reported in ``history.nonfinite`` either way.
+    callback: called on the host after every chunk with a dict:
+      ``updates_done``, ``num_updates``, ``chunk``, ``num_chunks``.
+
+  Returns:
+    A :class:`SimulationResult`.
+
+  Raises:
+    ValueError, TypeError: on bad arguments, naming the argument.
+  """
+  batch_size = check_int("batch_size", batch_size, minimum=1)
+  check_choice("sampling", sampling, SAMPLINGS)
+  seed = check_int("seed", seed)
+  if num_updates is not None:
+    num_updates = check_int("num_updates", num_updates, minimum=1)
+  if eval_every is not None:
+    eval_every = check_int("eval_every", eval_every, minimum=1)
+  if chunk_size is not None:
+    chunk_size = check_int("chunk_size", chunk_size, minimum=1)
+  if eval_fn is not None and not callable(eval_fn):
+    raise TypeError(f"eval_fn must be callable or None, got {type(eval_fn).__name__}.")
+  if not callable(loss_fn):
+    raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}.")
+  if not isinstance(tx, optax.GradientTransformation):
+    raise TypeError(f"tx must be an optax.GradientTransformation, got {type(tx).__name__}.")
+  if shards is not None and sampling != "shard":
+    raise ValueError(f"shards is only used with sampling='shard'; got sampling={sampling!r}.")
+  num_examples = _check_data(data)
+  if sampling == "epoch" and batch_size > num_examples:
+    raise ValueError(
+        f"batch_size={batch_size} is larger than the data set ({num_examples} examples), which "
+        f"sampling='epoch' does not allow.")
+  num_devices = _workers_mesh(mesh)
+  multiprocess = mesh is not None and jax.process_count() > 1
+  if checkpoint_dir is not None and multiprocess:
+    raise ValueError("checkpoint_dir is only supported in single-process runs (jax.process_count() == 1).")
+
+  schedule = _source_schedule(source, num_updates, seed)
+  num_updates = schedule.num_updates
+  num_workers = -(-schedule.num_workers // num_devices) * num_devices
+  if lanes is not None:
+    lanes = check_int("lanes", lanes, minimum=1)
+  plan = plan_steps(schedule, num_workers, num_devices, lanes)
+  if chunk_size is None:
+    num_chunks = max(1, -(-plan.num_steps // 256))
+    chunk_size = -(-plan.num_steps // num_chunks)
+  num_chunks = -(-plan.num_steps // chunk_size)
+
+  if sampling == "shard":
+    shard_rows, shard_sizes = shard_table(shards, num_examples, schedule.num_workers, num_workers)
+  else:
+    shard_rows, shard_sizes = np.zeros((num_workers, 1), np.int32), np.ones(num_workers, np.int32)
+
+  tx = optax.with_extra_args_support(tx)
+  opt_state = tx.init(params)
+  eval_points = _eval_points(num_updates, eval_every) if eval_fn is not None else np.zeros(0, np.int64)
+  eval_flag = np.zeros(num_updates, bool)
+  eval_flag[eval_points[eval_points > 0] - 1] = True
+
+  chunk_fn = _chunk_function(
+      loss_fn=loss_fn, has_aux=has_aux, tx=tx, params=params, eval_fn=eval_fn, seed=seed,
+      num_examples=num_examples, batch_size=batch_size, sampling=sampling, plan=plan,
+      skip_nonfinite=skip_nonfinite, always_applies=bool(np.all(schedule.contributes.any(axis=1))),
+      mesh=mesh)
+
+  def buffer(x, *lead):
+    return np.zeros(lead + np.shape(x), np.asarray(x).dtype)
+
+  # The carry: server state, each worker's read parameters, and the current
+  # wave's gradients (a wave's steps may straddle two chunks).
+  size = plan.buffer_size
+  carry = (params, opt_state, jax.tree.map(lambda x: buffer(x, num_workers, plan.num_slots), params),
+           jax.tree.map(lambda x: buffer(x, size), params), jax.tree.map(lambda x: buffer(x, size), params),
+           np.zeros(size, np.float32), np.ones(size, bool))
+  history: dict[str, list[Any]] = {"loss": [], "metrics": [], "nonfinite": []}
+  first_chunk = 0
+  fingerprint = _fingerprint(
+      schedule, seed=seed, batch_size=batch_size, sampling=sampling, chunk_size=chunk_size,
+      num_workers=num_workers, lanes=plan.lanes, skip_nonfinite=skip_nonfinite,
+      eval_every=eval_every, has_eval=eval_fn is not None,
+      shards=None if shards is None else _fingerprint_shards(shards))
+  path = None if checkpoint_dir is None else os.path.join(os.fspath(checkpoint_dir), _CHECKPOINT_FILE)
+  if path is not None and resume and os.path.exists(path):
+    metric_tree = None if eval_fn is None else jax.tree.structure(jax.eval_shape(eval_fn, params))
+    carry, history, first_chunk = _restore(path, fingerprint, carry, metric_tree)
+
+  put = _placer(mesh)
+  carry = jax.tree.map(lambda spec, c: jax.tree.map(lambda x: put(x, spec), c), CARRY_SPECS, carry,
+                       is_leaf=lambda x: isinstance(x, P))
+  data_dev = jax.tree.map(lambda x: put(x, P()), data)
+  shard_dev = (put(shard_rows, P(AXIS)), put(shard_sizes, P(AXIS)))
+
+  if eval_fn is not None and first_chunk == 0:
+    history["metrics"].append(jax.tree.map(lambda x: _host(x)[None], jax.jit(eval_fn)(carry[0])))
+
+  for chunk in range(first_chunk, num_chunks):
+    tables = plan.tables(chunk * chunk_size, chunk_size)
+    valid = np.arange(plan.upd_index.shape[1]) < tables["upd_count"][:, None]
+    tables["upd_eval"] = eval_flag[tables["upd_index"]] & valid
+    lane_tabs = {k: put(v, P(None, AXIS)) for k, v in tables.items() if k.startswith("lane_")}
+    step_tabs = {k: put(v, P()) for k, v in tables.items() if not k.startswith("lane_")}
+    carry, (loss, metrics, finite) = chunk_fn(carry, data_dev, shard_dev, lane_tabs, step_tabs)
+    history["loss"].append(_host(loss)[valid])
+    if eval_fn is not None:
+      flags = tables["upd_eval"]
+      history["metrics"].append(jax.tree.map(lambda x: _host(x)[flags], metrics))
+    bad = tables["lane_active"] & ~_host(finite)
+    history["nonfinite"].append(np.stack([tables["lane_update"][bad], tables["lane_worker"][bad]], axis=1))
+    if path is not None:
+      _save(path, fingerprint, carry, history, chunk + 1)
+    if callback is not None:
+      done = int(np.sum(plan.upd_count[:(chunk + 1) * chunk_size]))
+      callback({"updates_done": done, "num_updates": num_updates, "chunk": chunk, "num_chunks": num_chunks})
+
+  params_out, opt_state_out = carry[:2]
+  nonfinite = np.concatenate(history["nonfinite"]) if history["nonfinite"] else np.zeros((0, 2))
+  nonfinite = nonfinite.astype(np.int64).reshape(-1, 2)
+  nonfinite = nonfinite[np.lexsort((nonfinite[:, 1], nonfinite[:, 0]))]
+  times = np.asarray(schedule.time)
+  hist = History(
+      update=np.arange(num_updates, dtype=np.int64),
+      time=times.copy(),
+      loss=np.concatenate(history["loss"]).astype(np.float32),
+      staleness=np.max(schedule.staleness, axis=1).astype(np.int64),
+      eval_update=eval_points,
+      eval_time=np.where(eval_points > 0, times[np.maximum(eval_points - 1, 0)], 0.0),
+      eval_metrics=(None if eval_fn is None else
+                    jax.tree.map(lambda *xs: np.concatenate(xs), *history["metrics"])),
+      nonfinite=nonfinite,
+  )
+  stats = {
+      "num_waves": plan.num_waves,
+      "mean_wave_length": num_updates / plan.num_waves,
+      "num_steps": plan.num_steps,
+      "lanes": plan.lanes,
+      "lane_utilization": plan.lane_utilization(),
+      "num_slots": plan.num_slots,
+      "num_workers": num_workers,
+      "num_devices": num_devices,
+      "chunk_size": chunk_size,
+      "num_chunks": num_chunks,
+  }
+  return SimulationResult(params_out, opt_state_out, hist, stats)
+
+
+def _eval_points(num_updates: int, eval_every: int | None) -> np.ndarray:
+  points = {0, num_updates}
+  if eval_every is not None:
+    points.update(range(eval_every, num_updates, eval_every))
+  return np.asarray(sorted(points), np.int64)
+
+
+def _fingerprint_shards(shards: Sequence[Any]) -> str:
+  h = hashlib.sha256()
+  for s in shards:
+    h.update(np.ascontiguousarray(np.asarray(s, np.int64)).tobytes() + b"|")
+  return h.hexdigest()
+
+
+def _host(x: Any) -> np.ndarray:
+  """A replicated (possibly multi-process) array as NumPy."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    return np.asarray(x.addressable_data(0))
+  return np.asarray(x)
+
+
+def _placer(mesh: Any) -> Callable[[Any, P], Any]:
+  """Puts copies of values on the devices: one device, or laid out on ``mesh`` by spec (any process count).
+
+  Always copies: the carry is donated to the chunk function, and the caller's
+  arrays must survive.
+  """
+  if mesh is None:
+    return lambda x, spec: jnp.array(x, copy=True)
+
+  def put(x, spec):
+    value = _host(x)
+    sharding = NamedSharding(mesh, spec)
+    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+
+  return put
+
+
+def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples, batch_size, sampling,
+                    plan: StepPlan, skip_nonfinite, always_applies, mesh):
+  """Compiles one chunk: a ``lax.scan`` over steps, each computing a vector of gradients and
+  (at the end of a wave) applying the wave's updates in order."""
+  per_device = plan.num_workers // plan.num_devices
+  max_batches = int(plan.lane_batches.max()) if plan.lane_batches.size else 1
+  num_contrib = plan.upd_worker.shape[2]
+  max_len = plan.upd_index.shape[1]
+  distributed = mesh is not None
+  metric_shapes = jax.eval_shape(eval_fn, params) if eval_fn is not None else ()
+
+  def minibatch_grad(data, stale, update, worker, draw, shard_row, shard_size, b):
+    idx = minibatch_indices(seed, update, worker, draw + b, num_examples=num_examples,
+                            batch_size=batch_size, sampling=sampling, shard=shard_row,
+                            shard_size=shard_size)
+    out, grad = jax.value_and_grad(loss_fn, has_aux=has_aux)(stale, jax.tree.map(lambda x: x[idx], data))
+    loss = out[0] if has_aux else out
+    return jnp.asarray(loss).astype(jnp.float32), grad
+
+  def lane_grad(data, stale, update, worker, draw, batches, shard_row, shard_size):
+    if max_batches == 1:
+      return minibatch_grad(data, stale, update, worker, draw, shard_row, shard_size, 0)
+
+    # Every lane draws max_batches minibatches and keeps its first `batches`:
+    # one static shape for all lanes.
+    def body(acc, b):
+      loss, grad = minibatch_grad(data, stale, update, worker, draw, shard_row, shard_size, b)
+      keep = b < batches
+      acc_loss, acc_grad = acc
+      acc_loss = acc_loss + jnp.where(keep, loss, 0.0)
+      acc_grad = jax.tree.map(lambda a, g: a + jnp.where(keep, g, jnp.zeros((), g.dtype)), acc_grad, grad)
+      return (acc_loss, acc_grad), None
+
+    zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, stale))
+    (loss, grad), _ = jax.lax.scan(body, zeros, jnp.arange(max_batches, dtype=jnp.int32))
+    return (loss / batches.astype(jnp.float32),
+            jax.tree.map(lambda g: g / batches.astype(g.dtype), grad))
+
+  def gather(x):
+    return jax.lax.all_gather(x, AXIS, axis=0, tiled=True) if distributed else x
+
+  def store(buf, pos, x):
+    return buf.at[pos].set(x, mode="drop")
+
+  def step(carry, tabs, data, shard_rows, shard_sizes):
+    params, opt_state, slots, grad_buf, stale_buf, loss_buf, finite_buf = carry
+    lane, tab = tabs
+    offset = jax.lax.axis_index(AXIS) * per_device if distributed else 0
+    workers = lane["lane_worker"]
+    local = workers - offset
+    fresh_reads = jax.vmap(lambda m: read_params(opt_state, params, m))(workers)
+    held = jax.vmap(lambda m, s: jax.tree.map(lambda x: x[m, s], slots))(local, lane["lane_slot"])
+    stale = jax.tree.map(lambda r, h: jnp.where(_lead(lane["lane_fresh"], r), r, h), fresh_reads, held)
+    loss, grads = jax.vmap(lane_grad, in_axes=(None, 0, 0, 0, 0, 0, 0, 0))(
+        data, stale, lane["lane_update"], workers, lane["lane_draw"], lane["lane_batches"],
+        shard_rows[local], shard_sizes[local])
+    finite = jax.vmap(_all_finite)(grads)
+    pos = gather(lane["lane_pos"])
+    finite_all = gather(finite)
+    grad_buf = jax.tree.map(lambda b, g: store(b, pos, gather(g)), grad_buf, grads)
+    stale_buf = jax.tree.map(lambda b, s: store(b, pos, gather(s)), stale_buf, stale)
+    loss_buf = store(loss_buf, pos, gather(loss))
+    finite_buf = store(finite_buf, pos, finite_all)
+
+    def read(i, state):
+      params, opt_state, slots = state
+      reader = tab["read_worker"][i]
+      row = reader - offset
+      # Rows held by other devices (and padding) fall outside and are dropped.
+      row = jnp.where((row >= 0) & (row < per_device), row, per_device)
+      value = read_params(opt_state, params, reader)
+      slots = jax.tree.map(lambda s, v: s.at[row, tab["read_slot"][i]].set(v, mode="drop"), slots, value)
+      return params, opt_state, slots
+
+    # Reads of this version for later waves happen only now, after every
+    # gradient that may still have needed those slots.
+    _, _, slots = jax.lax.fori_loop(0, tab["read_first"], read, (params, opt_state, slots))
+
+    def apply(i, state):
+      params, opt_state, slots, losses, metrics = state
+      positions, batches, staleness = tab["upd_pos"][i], tab["upd_batches"][i], tab["upd_staleness"][i]
+      present = batches > 0
+      kept = present & finite_buf[positions] if skip_nonfinite else present
+      kept_batches = jnp.where(kept, batches, 0)
+      total = jnp.maximum(jnp.sum(kept_batches), 1)
+
+      def mix(buf):
+        terms = [jnp.where(kept[k], (kept_batches[k].astype(buf.dtype) / total.astype(buf.dtype))
+                           * buf[positions[k]], jnp.zeros((), buf.dtype)) for k in range(num_contrib)]
+        return sum(terms[1:], terms[0])
+
+      grad = jax.tree.map(mix, grad_buf)
+      all_batches = jnp.maximum(jnp.sum(batches), 1).astype(jnp.float32)
+      loss = sum(jnp.where(present[k], batches[k].astype(jnp.float32) / all_batches * loss_buf[positions[k]],
+                           0.0) for k in range(num_contrib))
+      # Contributions are sorted stalest first: the first kept one speaks for the update.
+      first = jnp.argmax(kept)
+      stale_params = jax.tree.map(lambda b: b[positions[first]], stale_buf)
+      updates, new_state = tx.update(grad, opt_state, params, staleness=staleness[first],
+                                     stale_params=stale_params, worker=tab["upd_worker"][i][first])
+      new_params = optax.apply_updates(params, updates)
+      if skip_nonfinite or not always_applies:
+        applied = jnp.any(kept)
+        new_params = _tree_where(applied, new_params, params)
+        new_state = _tree_where(applied, new_state, opt_state)
+      params, opt_state = new_params, new_state
+      _, _, slots = jax.lax.fori_loop(tab["read_begin"][i], tab["read_end"][i], read, (params, opt_state, slots))
+      losses = losses.at[i].set(loss)
+      if eval_fn is not None:
+        value = jax.lax.cond(tab["upd_eval"][i], eval_fn,
+                             lambda p: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes), params)
+        metrics = jax.tree.map(lambda m, v: m.at[i].set(v), metrics, value)
+      return params, opt_state, slots, losses, metrics
+
+    losses = jnp.zeros((max_len,), jnp.float32)
+    metrics = jax.tree.map(lambda s: jnp.zeros((max_len,) + s.shape, s.dtype), metric_shapes)
+    params, opt_state, slots, losses, metrics = jax.lax.fori_loop(
+        0, tab["upd_count"], apply, (params, opt_state, slots, losses, metrics))
+    carry = (params, opt_state, slots, grad_buf, stale_buf, loss_buf, finite_buf)
+    return carry, (losses, metrics, finite_all)
+
+  def chunk(carry, data, shard, lane_tabs, step_tabs):
+    shard_rows, shard_sizes = shard
+    return jax.lax.scan(lambda c, t: step(c, t, data, shard_rows, shard_sizes), carry, (lane_tabs, step_tabs))
+
+  if distributed:
+    carry_spec = CARRY_SPECS
+    chunk = jax.shard_map(
+        chunk, mesh=mesh,
+        in_specs=(carry_spec, P(), (P(AXIS), P(AXIS)), P(None, AXIS), P()),
+        out_specs=(carry_spec, (P(), P(), P())),
+        # The server state is replicated by construction (every device applies
+        # the same all-gathered gradients), but public all_gather is typed
+        # device-varying, so the replication check would reject it.
+        check_vma=False)
+  return jax.jit(chunk, donate_argnums=0)
+
+
+def _save(path: str, fingerprint: str, carry: Any, history: dict[str, list[Any]], chunks_done: int) -> None:
+  record = {
+      "fingerprint": fingerprint,
+      "chunks_done": chunks_done,
+      "carry": [serialization.to_state_dict(x) for x in jax.device_get(carry)],
+      "loss": np.concatenate(history["loss"]) if history["loss"] else np.zeros(0, np.float32),
+      "nonfinite": (np.concatenate(history["nonfinite"]).astype(np.int64) if history["nonfinite"]
+                    else np.zeros((0, 2), np.int64)),
+      "metrics": {str(i): np.concatenate(xs) for i, xs in
+                  enumerate(zip(*[jax.tree.leaves(m) for m in history["metrics"]]))},
+  }
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  tmp = path + ".tmp"
+  with open(tmp, "wb") as f:
+    f.write(serialization.msgpack_serialize(record))
+  # A crash mid-write must never leave a truncated checkpoint behind.
+  os.replace(tmp, path)
+
+
+def _restore(path: str, fingerprint: str, carry: Any,
+             metric_tree: Any) -> tuple[Any, dict[str, list[Any]], int]:
+  with open(path, "rb") as f:
+    record = serialization.msgpack_restore(f.read())
+  if record["fingerprint"] != fingerprint:
+    raise ValueError(
+        f"checkpoint_dir holds a checkpoint ({path}) of a different run (schedule, seed or "
+        f"settings differ); use another directory or resume=False.")
+  carry = tuple(serialization.from_state_dict(x, record["carry"][i]) for i, x in enumerate(carry))
+  history = {"loss": [record["loss"]], "nonfinite": [record["nonfinite"]], "metrics": []}
+  if metric_tree is not None:
+    leaves = [record["metrics"][str(i)] for i in range(metric_tree.num_leaves)]
+    history["metrics"] = [jax.tree.unflatten(metric_tree, leaves)]
+  return carry, history, int(record["chunks_done"])

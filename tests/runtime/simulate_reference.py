@@ -1,0 +1,180 @@
+"""A slow, obviously correct reference for ``dj.simulate``, and the small problems its tests use.
+
+The reference follows the schedule one update at a time, keeps every version's
+parameters and optimizer state, computes each contribution's gradient at the
+parameters its worker read (``read_params`` of that version's state), draws
+the same minibatches through ``minibatch_indices``, and applies the updates
+with the extra arguments ``simulate`` documents.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import delayjax as dj
+from delayjax.runtime._sampling import minibatch_indices, shard_table
+
+
+def regression_problem(num_examples: int = 48, dim: int = 3, seed: int = 0):
+  """A tiny linear regression: data, a loss, initial parameters (two leaves)."""
+  rng = np.random.default_rng(seed)
+  x = rng.standard_normal((num_examples, dim)).astype(np.float32)
+  y = (x @ np.arange(1, dim + 1, dtype=np.float32) + 0.5).astype(np.float32)
+
+  def loss_fn(params, batch):
+    pred = batch["x"] @ params["w"] + params["b"]
+    return jnp.mean((pred - batch["y"]) ** 2)
+
+  params = {"w": jnp.zeros((dim,), jnp.float32), "b": jnp.zeros((), jnp.float32)}
+  return {"x": x, "y": y}, loss_fn, params
+
+
+class ProbeState(NamedTuple):
+  count: jax.Array  # int32 (): updates applied
+  last: Any  # like params: the last update, which the read hook looks ahead by
+  per_worker: jax.Array  # int32 [M]: updates credited to each worker
+  staleness_sum: jax.Array  # int32 (): sum of staleness seen
+
+  def read_params(self, params, worker):
+    # A DANA-like look-ahead that depends on the state and on the worker, so a
+    # runtime that reads raw parameters, or the wrong version, is caught.
+    scale = 0.5 + 0.25 * worker.astype(jnp.float32) / 8.0
+    return jax.tree.map(lambda p, d: p + scale * d, params, self.last)
+
+
+def probe(learning_rate: float, num_workers: int):
+  """Uses every extra argument: ``-lr / (1 + staleness) * g + 0.1 (stale_params - params)``."""
+
+  def init_fn(params):
+    return ProbeState(jnp.zeros((), jnp.int32), jax.tree.map(jnp.zeros_like, params),
+                      jnp.zeros((num_workers,), jnp.int32), jnp.zeros((), jnp.int32))
+
+  def update_fn(grads, state, params, *, staleness, stale_params, worker, **extra):
+    del extra
+    scale = learning_rate / (1.0 + staleness.astype(jnp.float32))
+    updates = jax.tree.map(lambda g, p, s: -scale * g + 0.1 * (s - p), grads, params, stale_params)
+    return updates, ProbeState(state.count + 1, updates, state.per_worker.at[worker].add(1),
+                               state.staleness_sum + staleness)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def reference(loss_fn, tx, params, data, schedule: dj.cluster.Schedule, *, batch_size: int,
+              sampling: str = "iid", seed: int = 0, skip_nonfinite: bool = False, shards=None,
+              has_aux: bool = False):
+  """Returns (params, opt_state, losses [U], nonfinite [(u, m)], versions)."""
+  tx = optax.with_extra_args_support(tx)
+  num_examples = jax.tree.leaves(data)[0].shape[0]
+  num_updates, num_workers = schedule.contributes.shape
+  rows, sizes = (shard_table(shards, num_examples, num_workers, num_workers) if sampling == "shard"
+                 else (np.zeros((num_workers, 1), np.int32), np.ones(num_workers, np.int32)))
+  value_and_grad = jax.jit(jax.value_and_grad(loss_fn, has_aux=has_aux))
+  update = jax.jit(lambda g, s, p, tau, sp, m: tx.update(g, s, p, staleness=tau, stale_params=sp, worker=m))
+  reads = jax.jit(dj.read_params)
+  versions = [(params, tx.init(params))]
+  drawn = np.zeros(num_workers, np.int64)
+  losses, nonfinite = [], []
+  for u in range(num_updates):
+    w_u, s_u = versions[u]
+    contributions = []
+    for m in range(num_workers):
+      if not schedule.contributes[u, m]:
+        continue
+      v = int(schedule.read_version[u, m])
+      w_v, s_v = versions[v]
+      w_read = reads(s_v, w_v, jnp.int32(m))
+      nb = int(schedule.num_batches[u, m])
+      grads, batch_losses = [], []
+      for b in range(nb):
+        idx = minibatch_indices(seed, u, m, drawn[m] + b, num_examples=num_examples,
+                                batch_size=batch_size, sampling=sampling, shard=rows[m],
+                                shard_size=sizes[m])
+        out, g = value_and_grad(w_read, jax.tree.map(lambda x: jnp.asarray(x)[idx], data))
+        batch_losses.append(out[0] if has_aux else out)
+        grads.append(g)
+      drawn[m] += nb
+      g = jax.tree.map(lambda *gs: sum(gs[1:], gs[0]) / jnp.float32(nb), *grads)
+      finite = all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(g))
+      if not finite:
+        nonfinite.append((u, m))
+      contributions.append(dict(m=m, tau=u - v, nb=nb, g=g, loss=sum(batch_losses) / nb, w_read=w_read,
+                                finite=finite))
+    total = sum(c["nb"] for c in contributions)
+    losses.append(sum(np.float32(c["nb"] / total) * np.float32(c["loss"]) for c in contributions))
+    kept = [c for c in contributions if c["finite"] or not skip_nonfinite]
+    if not kept:
+      versions.append((w_u, s_u))
+      continue
+    kept_total = sum(c["nb"] for c in kept)
+    g = jax.tree.map(lambda *gs: sum(gs), *[
+        jax.tree.map(lambda x, c=c: (jnp.float32(c["nb"]) / jnp.float32(kept_total)) * x, c["g"])
+        for c in kept])
+    stalest = sorted(kept, key=lambda c: (-c["tau"], c["m"]))[0]
+    updates, s_new = update(g, s_u, w_u, jnp.int32(stalest["tau"]), stalest["w_read"], jnp.int32(stalest["m"]))
+    versions.append((optax.apply_updates(w_u, updates), s_new))
+  params_out, state_out = versions[-1]
+  return params_out, state_out, np.asarray(losses, np.float32), nonfinite, versions
+
+
+def hand_schedule(num_workers: int, num_updates: int, *, group: int = 1, spread: float = 1.0,
+                  latency: float = 0.0, max_batches: int = 1, seed: int = 0) -> dj.cluster.Schedule:
+  """An event-driven schedule independent of ``dj.cluster``.
+
+  Workers read the current version, compute (random durations, ``spread`` = 0
+  for equal speeds), and read again at once; their push reaches the server
+  ``latency`` later. The server turns every ``group`` pushes into one update
+  (sooner if a worker pushes twice). With ``latency > 0`` workers read before
+  their previous push is applied, which needs more than one slot per worker.
+  """
+  rng = np.random.default_rng(seed)
+  events = []  # (time, kind, worker, read_version, batches); kind 0 = arrival, 1 = read
+  for m in range(num_workers):
+    events.append((0.0, 1, m, 0, 0))
+  contributes = np.zeros((num_updates, num_workers), bool)
+  read_version = np.full((num_updates, num_workers), -1, np.int64)
+  num_batches = np.zeros((num_updates, num_workers), np.int64)
+  time = np.zeros(num_updates)
+  version, pending = 0, {}
+
+  def flush(t):
+    nonlocal version
+    for m, (v, nb) in pending.items():
+      contributes[version, m], read_version[version, m], num_batches[version, m] = True, v, nb
+    time[version] = t
+    pending.clear()
+    version += 1
+
+  while version < num_updates:
+    events.sort()
+    t, kind, m, v, nb = events.pop(0)
+    if kind == 1:
+      nb = int(rng.integers(1, max_batches + 1))
+      duration = nb * (1.0 + spread * rng.exponential())
+      events.append((t + duration, 1, m, 0, 0))
+      events.append((t + duration + latency, 0, m, version, nb))
+    else:
+      if m in pending:
+        flush(t)
+        if version >= num_updates:
+          break
+      pending[m] = (v, nb)
+      if len(pending) == group:
+        flush(t)
+  return dj.cluster.Schedule(time=time, contributes=contributes, read_version=read_version,
+                             wait=np.zeros(num_workers), num_batches=num_batches)
+
+
+def round_robin(num_workers: int, num_updates: int) -> dj.cluster.Schedule:
+  """Equal-speed ASP: update ``u`` comes from worker ``u mod M``, read at ``max(0, u - M + 1)``."""
+  u = np.arange(num_updates)
+  contributes = np.zeros((num_updates, num_workers), bool)
+  read_version = np.full((num_updates, num_workers), -1, np.int64)
+  contributes[u, u % num_workers] = True
+  read_version[u, u % num_workers] = np.maximum(0, u - num_workers + 1)
+  return dj.cluster.Schedule(time=u.astype(np.float64), contributes=contributes, read_version=read_version,
+                             wait=np.zeros(num_workers))
