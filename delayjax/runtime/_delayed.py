@@ -10,6 +10,8 @@ import optax
 
 from delayjax import delays as delays_lib
 from delayjax._checks import check_int
+from delayjax.cluster._schedule import Schedule
+from delayjax.runtime._replay import replay
 
 _RESERVED = ("staleness", "stale_params")
 
@@ -47,7 +49,7 @@ def _masked(active: jax.Array, new: Any, old: Any) -> Any:
 
 def delayed(
     inner: optax.GradientTransformation,
-    delays: delays_lib.DelayModel,
+    delays: delays_lib.DelayModel | Schedule,
     *,
     seed: int = 0,
     store_stale_params: bool = True,
@@ -88,6 +90,24 @@ def delayed(
   its first :math:`d` calls are past, so ``inner`` then sees whole, exact
   gradient trees (layer-wise staleness, pipeline-style delays).
 
+  **Replaying a cluster.** With a ``Schedule`` from ``dj.cluster.simulate``
+  instead of a delay model, each call is one *read* of the schedule (reads
+  in order of the version read, then of worker index), and the gradient
+  given is that read's contribution. The call then applies, in order, every
+  update whose reads have all been given (those below the next read's
+  version). An update with several contributions passes ``inner`` their mean
+  weighted by ``num_batches``, with ``staleness`` the largest among them and
+  ``stale_params`` and ``worker`` those of the stalest contribution (the
+  lowest worker index among equally stale ones), as ``dj.simulate`` does. The
+  parameters given at each call are then exactly those of the version that
+  read saw, so an unchanged training loop replays the cluster exactly; the
+  schedule has ``contributes.sum()`` reads; the last read's call also
+  applies the updates still outstanding, and calls past it apply nothing.
+  An equal-speed ASP schedule with ``M = tau + 1`` workers makes the same
+  calls as ``constant(tau)`` up to that last one; only the staleness
+  reported in the first ``tau`` updates differs (``u`` there, ``tau``
+  here).
+
   Buffers are fixed-size rings of ``max_delay + 1`` gradients and parameter
   copies (none when ``max_delay`` is 0: then ``inner`` is called directly); everything is traced arithmetic without Python control flow on
   values, so it runs under ``jit``, ``lax.scan`` and ``vmap``. With a
@@ -101,12 +121,14 @@ def delayed(
       optimizers ignore them) and any other extra arguments given to
       ``update``. Its state sits in ``DelayedState.inner_state``, so
       ``dj.read_params`` finds a look-ahead hook inside it.
-    delays: a model from ``delayjax.delays``.
-    seed: seed of the delay draws; the same seed gives the same delays.
+    delays: a model from ``delayjax.delays``, or a ``dj.cluster.Schedule``
+      to replay.
+    seed: seed of the delay draws; the same seed gives the same delays
+      (unused with a ``Schedule``, which is deterministic).
     store_stale_params: keep a ring of parameter copies to pass
       ``stale_params``; turn it off to save ``max_delay + 1`` copies of the
       parameters when ``inner`` does not use them (then ``stale_params`` is
-      not passed).
+      not passed). A ``Schedule`` replay always keeps them.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; ``update`` needs
@@ -129,8 +151,10 @@ def delayed(
   """
   if not isinstance(inner, optax.GradientTransformation):
     raise TypeError(f"inner must be an optax.GradientTransformation, got {type(inner).__name__}.")
-  model = delays_lib.check_model("delays", delays)
   seed = check_int("seed", seed)
+  if isinstance(delays, Schedule):
+    return replay(optax.with_extra_args_support(inner), delays)
+  model = delays_lib.check_model("delays", delays)
   if not isinstance(store_stale_params, bool):
     raise TypeError(f"store_stale_params must be a bool, got {store_stale_params!r}.")
   inner = optax.with_extra_args_support(inner)
