@@ -208,6 +208,14 @@ def _draw_grouped(rng: np.random.Generator, models: tuple[TimeModel, ...], out: 
     out[:, cols] = model.sample(rng, (out.shape[0], len(cols)))
 
 
+def _is_table(value: Any) -> bool:
+  """Whether ``value`` is a 2-D table of numbers (measured times to replay)."""
+  try:
+    return np.asarray(value).ndim == 2 and np.asarray(value).dtype.kind in "iuf"
+  except (ValueError, TypeError):
+    return False
+
+
 def _per_worker(name: str, value: Any, num_workers: int) -> tuple[TimeModel, ...]:
   if isinstance(value, (list, tuple)):
     if len(value) != num_workers:
@@ -255,7 +263,7 @@ def workers(
     [1.0, 1.0, 1.0, 2.0]
   """
   num_workers = check_int("num_workers", num_workers, minimum=1)
-  if isinstance(compute, Replay) or (isinstance(compute, np.ndarray) and compute.ndim == 2):
+  if isinstance(compute, Replay) or (not isinstance(compute, (str, TimeModel)) and _is_table(compute)):
     compute_models: tuple[TimeModel, ...] | Replay = compute if isinstance(compute, Replay) else Replay(compute)
     if compute_models.times.shape[0] != num_workers:
       raise ValueError(f"compute replay times must have one row per worker ({num_workers}), "
