@@ -9,6 +9,7 @@ from delayjax import cluster as cluster
 from delayjax import delays as delays
 from delayjax.runtime import apply_gradients as apply_gradients
 from delayjax.runtime import delayed as delayed
+from delayjax.runtime import simulate as simulate
 from delayjax.transforms import accumulate_sum as accumulate_sum
 from delayjax.transforms import apam as apam
 from delayjax.transforms import async_adam as async_adam
