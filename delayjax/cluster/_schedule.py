@@ -75,7 +75,7 @@ class Schedule:
       raise ValueError(
           f"read_version[{u}, {m}] = {read_version[u, m]} is not a version available at update {u} "
           f"(allowed: 0..{u}).")
-    if np.any(read_version[~contributes] != -1):
+    if np.any((read_version != -1) & ~contributes):
       raise ValueError("read_version must be -1 where contributes is false.")
     num_batches = (contributes.astype(np.int64) if self.num_batches is None
                    else np.asarray(self.num_batches, dtype=np.int64))

@@ -125,3 +125,8 @@ def test_feedback_is_ignored_by_fixed_paradigms():
   sim.feedback(10.0)
   sim.feedback(0.1)
   assert sim.k == 2
+
+
+def test_schedule_rejects_a_version_where_nothing_contributes():
+  with pytest.raises(ValueError, match="read_version must be -1 where contributes is false"):
+    C.Schedule(time=[1.0], contributes=[[True, False]], read_version=[[0, 0]], wait=[0.0, 0.0])
