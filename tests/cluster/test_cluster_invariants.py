@@ -279,3 +279,30 @@ def test_a_longer_run_extends_a_shorter_one(name):
   long = C.simulate(paradigms(5)[name], w, 300, seed=2)
   np.testing.assert_array_equal(short.time, long.time[:100])
   np.testing.assert_array_equal(short.read_version, long.read_version[:100])
+
+
+def assert_same_up_to_rounding(a: C.Schedule, b: C.Schedule) -> None:
+  for field in ("time", "contributes", "read_version", "num_batches", "dropped"):
+    np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
+  for k in ("event_worker", "event_read_time", "event_end_time", "event_update", "event_read_version"):
+    np.testing.assert_array_equal(a.extras[k], b.extras[k], err_msg=k)
+  np.testing.assert_allclose(a.wait, b.wait, rtol=1e-9, atol=1e-9)
+  np.testing.assert_allclose(a.busy, b.busy, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("mix", ["exponential", "stragglers", "replay"])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_paradigms_that_coincide_give_the_same_schedule(mix, seed):
+  num_workers = 6
+  w = mixes(num_workers, seed)[mix]
+  run = lambda p: C.simulate(p, w, 300, seed=seed)
+  asp = run(C.asp())
+  assert_same_up_to_rounding(run(C.k_async(1)), asp)
+  assert_same_up_to_rounding(run(C.k_batch_async(1)), asp)
+  assert_same_up_to_rounding(run(C.softsync(num_workers)), asp)
+  assert_same_up_to_rounding(run(C.ssp(10_000)), asp)
+  assert_same_up_to_rounding(run(C.softsync(2)), run(C.k_batch_async(num_workers // 2)))
+  bsp = run(C.bsp())
+  assert_same_up_to_rounding(run(C.k_sync(num_workers)), bsp)
+  assert_same_up_to_rounding(run(C.backup_workers(0)), bsp)
+  assert_same_up_to_rounding(run(C.k_async(num_workers)), bsp)
