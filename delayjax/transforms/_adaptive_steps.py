@@ -8,7 +8,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from delayjax._checks import check_choice, check_float, check_int
+from delayjax._checks import check_choice, check_int
+from delayjax.transforms._hyperparams import check_positive_rate, descend
 from delayjax.transforms._staleness import broadcast_staleness
 
 POLICIES = ("adaptive1", "adaptive2")
@@ -22,8 +23,8 @@ class DelayAdaptiveState(NamedTuple):
 
 
 def delay_adaptive_sgd(
-    max_step: float,
-    step_budget: float,
+    max_step: float | jax.Array,
+    step_budget: float | jax.Array,
     *,
     policy: str = "adaptive2",
     max_delay: int = 64,
@@ -92,9 +93,9 @@ def delay_adaptive_sgd(
     Wu, Magnusson, Feyzmahdavian, Johansson, `Delay-adaptive step-sizes for
     asynchronous learning <https://arxiv.org/abs/2202.08550>`_, ICML 2022.
   """
-  gamma = check_float("max_step", max_step, minimum=0.0, strict_minimum=True)
-  alpha = check_float("step_budget", step_budget, minimum=0.0, strict_minimum=True)
-  if alpha < gamma:
+  gamma = check_positive_rate("max_step", max_step)
+  alpha = check_positive_rate("step_budget", step_budget)
+  if isinstance(gamma, float) and isinstance(alpha, float) and alpha < gamma:
     raise ValueError(f"step_budget must be >= max_step (a fresh gradient must fit), got {alpha} < {gamma}.")
   policy = check_choice("policy", policy, POLICIES)
   window = check_int("max_delay", max_delay, minimum=1)
@@ -121,7 +122,7 @@ def delay_adaptive_sgd(
       return jnp.where(tau <= window, gamma_k, 0.0).astype(jnp.float32)
 
     gammas = jax.tree.map(step_size, state.steps, taus)
-    out = jax.tree.map(lambda g, s: (-s).astype(g.dtype) * g, updates, gammas)
+    out = jax.tree.map(lambda g, s: descend(s, g), updates, gammas)
     steps = jax.tree.map(lambda h, s: h.at[k % window].set(s), state.steps, gammas)
     return out, DelayAdaptiveState(count=optax.safe_increment(k), steps=steps)
 

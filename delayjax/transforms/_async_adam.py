@@ -8,7 +8,7 @@ import jax
 import optax
 
 from delayjax._checks import check_float
-from delayjax.transforms._dana import LearningRate, _check_learning_rate
+from delayjax.transforms._hyperparams import LearningRate, check_positive_rate
 from delayjax.transforms._staleness import Rule, scale_by_staleness
 
 
@@ -107,7 +107,7 @@ def async_adam(
     Kingma, Ba, `Adam: A Method for Stochastic Optimization
     <https://arxiv.org/abs/1412.6980>`_, ICLR 2015.
   """
-  learning_rate = _check_learning_rate(learning_rate)
+  learning_rate = check_positive_rate("learning_rate", learning_rate)
   b1, b2, eps = _check_betas(b1, b2, eps)
   return _chain(optax.scale_by_adam(b1, b2, eps), learning_rate, staleness_rule, rule_kwargs)
 
@@ -175,7 +175,7 @@ def apam(
     Reddi, Kale, Kumar, `On the Convergence of Adam and Beyond
     <https://openreview.net/forum?id=ryQu7f-RZ>`_, ICLR 2018.
   """
-  learning_rate = _check_learning_rate(learning_rate)
+  learning_rate = check_positive_rate("learning_rate", learning_rate)
   b1, b2, eps = _check_betas(b1, b2, eps)
   if not isinstance(bias_correction, bool):
     raise TypeError(f"bias_correction must be a bool, got {bias_correction!r}.")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Union
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -10,8 +10,7 @@ import optax
 
 from delayjax._checks import check_float, check_int
 from delayjax.transforms._dc_asgd import delay_compensation
-
-LearningRate = Union[float, Callable[[jax.Array], jax.Array]]
+from delayjax.transforms._hyperparams import LearningRate, check_positive_rate, descend, rate_at
 
 
 class DanaState(NamedTuple):
@@ -25,13 +24,7 @@ class DanaState(NamedTuple):
     """The look-ahead :math:`x - \\eta \\gamma \\sum_j v_j`; the same for every worker."""
     del worker
     return jax.tree.map(
-        lambda p, v: p - (self.lookahead * jnp.sum(v, axis=0)).astype(p.dtype), params, self.momentum)
-
-
-def _check_learning_rate(learning_rate: LearningRate) -> LearningRate:
-  if callable(learning_rate):
-    return learning_rate
-  return check_float("learning_rate", learning_rate, minimum=0.0, strict_minimum=True)
+        lambda p, v: p - self.lookahead.astype(p.dtype) * jnp.sum(v, axis=0).astype(p.dtype), params, self.momentum)
 
 
 def _check_worker(worker: Any, num_workers: int) -> jax.Array:
@@ -45,28 +38,24 @@ def _check_worker(worker: Any, num_workers: int) -> jax.Array:
 
 
 def _scale_by_dana(learning_rate: LearningRate, momentum: float, num_workers: int):
-  def eta(count):
-    return learning_rate(count) if callable(learning_rate) else learning_rate
-
   def init_fn(params):
     return DanaState(
         count=jnp.zeros([], jnp.int32),
         momentum=jax.tree.map(lambda p: jnp.zeros((num_workers,) + jnp.shape(p), jnp.result_type(p)), params),
-        lookahead=jnp.asarray(eta(jnp.zeros([], jnp.int32)) * momentum, jnp.float32))
+        lookahead=jnp.asarray(rate_at(learning_rate, jnp.zeros([], jnp.int32)) * momentum, jnp.float32))
 
   def update_fn(updates, state, params=None, *, worker=None, **extra_args):
     del params, extra_args
     m = _check_worker(worker, num_workers)
     # Same arithmetic as optax.sgd(lr, momentum): v <- g + gamma v, u = -lr v.
     new_v = jax.tree.map(lambda g, v: g + momentum * v[m], updates, state.momentum)
-    step = eta(state.count)
-    # A schedule's value is cast to the update's dtype first, as optax.scale_by_schedule does.
-    out = jax.tree.map(lambda v: (jnp.asarray(-step, v.dtype) if callable(learning_rate) else -step) * v, new_v)
+    step = rate_at(learning_rate, state.count)
+    out = jax.tree.map(lambda v: descend(step, v), new_v)
     count = optax.safe_increment(state.count)
     new_state = DanaState(
         count=count,
         momentum=jax.tree.map(lambda v, row: v.at[m].set(row), state.momentum, new_v),
-        lookahead=jnp.asarray(eta(count) * momentum, jnp.float32))
+        lookahead=jnp.asarray(rate_at(learning_rate, count) * momentum, jnp.float32))
     return out, new_state
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
@@ -144,7 +133,7 @@ def dana(
     Hakimi, Barkai, Gabel, Schuster, `Taming Momentum in a Distributed
     Asynchronous Environment <https://arxiv.org/abs/1907.11612>`_, 2019.
   """
-  learning_rate = _check_learning_rate(learning_rate)
+  learning_rate = check_positive_rate("learning_rate", learning_rate)
   momentum = check_float("momentum", momentum, minimum=0.0, maximum=1.0)
   if momentum == 1.0:
     raise ValueError("momentum must be < 1, got 1.0.")

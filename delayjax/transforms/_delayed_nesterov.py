@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from delayjax._checks import check_float, check_int
-from delayjax.transforms._dana import LearningRate, _check_learning_rate
+from delayjax.transforms._hyperparams import LearningRate, check_positive_rate, descend, rate_at
 
 
 class DelayedNesterovState(NamedTuple):
@@ -85,7 +85,7 @@ def delayed_nesterov(
     `Asynchronous Local-SGD Training for Language Modeling
     <https://arxiv.org/abs/2401.09135>`_, 2024.
   """
-  learning_rate = _check_learning_rate(learning_rate)
+  learning_rate = check_positive_rate("learning_rate", learning_rate)
   beta = check_float("momentum", momentum, minimum=0.0, maximum=1.0)
   if beta == 1.0:
     raise ValueError("momentum must be < 1, got 1.0.")
@@ -104,10 +104,8 @@ def delayed_nesterov(
     candidate = jax.tree.map(lambda b, m: b / n + beta * m, buffer, state.momentum)
     direction = jax.tree.map(
         lambda g, c: jnp.where(cycle_end, g / n + beta * c, g / n), updates, candidate)
-    if callable(learning_rate):
-      out = jax.tree.map(lambda d: jnp.asarray(-learning_rate(state.count), d.dtype) * d, direction)
-    else:
-      out = jax.tree.map(lambda d: -learning_rate * d, direction)
+    step = rate_at(learning_rate, state.count)
+    out = jax.tree.map(lambda d: descend(step, d), direction)
     new_state = DelayedNesterovState(
         count=optax.safe_increment(state.count),
         pending=jnp.where(cycle_end, jnp.zeros([], jnp.int32), state.pending + 1),

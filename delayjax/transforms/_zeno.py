@@ -10,6 +10,7 @@ import optax
 
 from delayjax._checks import check_float
 from delayjax.transforms._aggregation import _tree_select
+from delayjax.transforms._hyperparams import check_positive_rate
 
 
 class ZenoState(NamedTuple):
@@ -26,7 +27,7 @@ def _dot(a: Any, b: Any) -> jax.Array:
 
 
 def zeno_plus_plus(
-    learning_rate: float,
+    learning_rate: float | jax.Array,
     rho: float = 0.0,
     eps: float = 0.0,
     *,
@@ -98,7 +99,7 @@ def zeno_plus_plus(
     Xie, Koyejo, Gupta, `Zeno++: Robust Fully Asynchronous SGD
     <https://arxiv.org/abs/1903.07020>`_, ICML 2020.
   """
-  gamma = check_float("learning_rate", learning_rate, minimum=0.0, strict_minimum=True)
+  gamma = check_positive_rate("learning_rate", learning_rate)
   rho = check_float("rho", rho, minimum=0.0)
   eps = check_float("eps", eps, minimum=0.0)
   if not isinstance(normalize, bool):

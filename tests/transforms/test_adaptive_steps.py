@@ -63,9 +63,10 @@ def test_no_nonzero_step_takes_its_delay_window_over_the_budget(policy):
   tx = dj.delay_adaptive_sgd(gamma, alpha, policy=policy, max_delay=window)
   x = jnp.zeros(1)
   state = tx.init(x)
+  update = jax.jit(tx.update)
   steps = []
   for tau in taus:
-    u, state = tx.update(jnp.ones(1), state, x, staleness=int(tau))
+    u, state = update(jnp.ones(1), state, x, staleness=jnp.int32(tau))
     steps.append(-float(u[0]))
   steps = np.array(steps)
   for k, tau in enumerate(taus):

@@ -13,12 +13,7 @@ from remedy_checks import (assert_chain_and_unknown_extra_args, assert_jit_trace
 # --- accumulate_sum ------------------------------------------------------------------------------------------
 
 
-# optax's Adam bias correction and MultiSteps's running mean mix int32 with floats, which strict
-# promotion (tests/conftest.py) rejects; the tests that run them use standard promotion.
-standard_promotion = jax.numpy_dtype_promotion("standard")
-
-
-@standard_promotion
+@pytest.mark.standard_promotion  # optax.adam / MultiSteps mix int32 and floats
 def test_accumulate_sum_k1_is_inner_bit_for_bit():
   params = params_tree()
   tx, ref = dj.accumulate_sum(optax.adam(1e-2), 1), optax.adam(1e-2)
@@ -30,7 +25,7 @@ def test_accumulate_sum_k1_is_inner_bit_for_bit():
     jax.tree.map(np.testing.assert_array_equal, u, v)
 
 
-@standard_promotion
+@pytest.mark.standard_promotion  # optax.adam / MultiSteps mix int32 and floats
 def test_accumulate_sum_is_k_times_multisteps_for_sgd():
   # The documented difference: the inner step sees the sum, MultiSteps the mean.
   params, k = params_tree(), 3
@@ -46,7 +41,7 @@ def test_accumulate_sum_is_k_times_multisteps_for_sgd():
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, k * b, rtol=1e-5, atol=1e-7), u, v)
 
 
-@standard_promotion
+@pytest.mark.standard_promotion  # optax.adam / MultiSteps mix int32 and floats
 def test_accumulate_sum_matches_multisteps_for_adam_without_eps():
   # Adam is invariant to the factor k when eps = 0: sum and mean give the same step.
   params, k = params_tree(), 4
@@ -60,7 +55,7 @@ def test_accumulate_sum_matches_multisteps_for_adam_without_eps():
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5), u, v)
 
 
-@standard_promotion
+@pytest.mark.standard_promotion  # optax.adam / MultiSteps mix int32 and floats
 def test_accumulate_sum_leaves_inner_state_untouched_between_steps():
   params = params_tree()
   tx = dj.accumulate_sum(optax.adam(1e-2), 3)
@@ -93,7 +88,7 @@ def test_accumulate_sum_numpy_reference():
       np.testing.assert_allclose(u[n], expected, rtol=1e-5, atol=1e-7)
 
 
-@standard_promotion
+@pytest.mark.standard_promotion  # optax.adam / MultiSteps mix int32 and floats
 def test_accumulate_sum_jit_and_chain():
   params = params_tree()
   assert_jit_traces_once(dj.accumulate_sum(optax.adam(1e-2), 2), params, lambda i: {})
@@ -230,7 +225,7 @@ def test_fed_buff_per_leaf_staleness_and_untouched_server_state():
   np.testing.assert_allclose(u2["b"], (np.asarray(d1["b"]) + np.asarray(d2["b"])) / 2, rtol=1e-6)
 
 
-@standard_promotion
+@pytest.mark.standard_promotion  # optax.adam / MultiSteps mix int32 and floats
 def test_fed_buff_jit_and_chain():
   params = params_tree()
   tx = dj.fed_buff(optax.adam(1e-2), buffer_size=2)
