@@ -3,7 +3,7 @@
 Asynchronous paradigms run a heap-based event loop over pushes (keys are
 ``(push time, worker)``, so simultaneous pushes are taken in worker order);
 round-synchronous ones (BSP, K-sync, AdaSync) are vectorized over rounds.
-Durations are pre-drawn in blocks per gradient index (see ``Workers.draw``).
+Durations are pre-drawn in blocks per worker and gradient index (see ``Workers.draw``).
 
 Besides the fields of :class:`Schedule`, every schedule records one entry per
 gradient a worker started, in ``extras`` (sorted by worker, then time):
@@ -37,8 +37,8 @@ from delayjax.cluster._workers import Workers
 
 __all__ = ["simulate", "Simulation"]
 
-# Durations are drawn for this many gradient indices at a time; fixed, so the
-# j-th gradient of a worker gets the same time whatever num_updates is.
+# Durations are drawn for this many gradient indices of a worker at a time;
+# fixed, so the j-th gradient of a worker gets the same time whatever num_updates is.
 _BLOCK = 2048
 
 _ROUND_PARADIGMS = (P.BSP, P.KSync, P.KBatchSync, P.AdaSync)
@@ -56,47 +56,41 @@ def _window_factors(workers: Workers, t: float) -> np.ndarray:
 
 
 class _Times:
-  """Durations of each worker's gradients, by gradient index, drawn in blocks.
+  """Durations of each worker's gradients, by gradient index, drawn in blocks from per-worker streams.
 
   Event loops call ``take`` (per worker, with straggler windows at the read
-  time); round engines call ``rows`` (all workers in step). One simulation
-  uses one of the two.
+  time); round engines call ``rows`` (all workers in step).
   """
 
-  def __init__(self, workers: Workers, rng: np.random.Generator):
+  def __init__(self, workers: Workers, seed: np.random.SeedSequence):
     self.workers = workers
-    self.rng = rng
-    self.windows = workers.windows
-    self.filled = 0
-    self.blocks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     num = workers.num_workers
+    self.rngs = [np.random.default_rng(s) for s in seed.spawn(num)]
+    self.windows = workers.windows
     self.used = [0] * num
+    self.filled = [0] * num
+    # Without windows a duration is compute + comm, summed once when drawn.
     self.total: list[list[float]] = [[] for _ in range(num)]
     self.compute: list[list[float]] = [[] for _ in range(num)]
     self.comm: list[list[float]] = [[] for _ in range(num)]
+    self.blocks: list[dict[int, tuple[np.ndarray, np.ndarray]]] = [{} for _ in range(num)]
 
-  def _draw(self) -> tuple[np.ndarray, np.ndarray]:
-    block = self.workers.draw(self.rng, self.filled, _BLOCK)
-    self.filled += _BLOCK
+  def _draw(self, m: int) -> tuple[np.ndarray, np.ndarray]:
+    block = self.workers.draw(self.rngs[m], m, self.filled[m], _BLOCK)
+    self.filled[m] += _BLOCK
     return block
-
-  def refill(self) -> None:
-    compute, comm = self._draw()
-    if self.windows:
-      for m in range(self.workers.num_workers):
-        self.compute[m].extend(compute[:, m].tolist())
-        self.comm[m].extend(comm[:, m].tolist())
-    else:
-      total = compute + comm
-      for m in range(self.workers.num_workers):
-        self.total[m].extend(total[:, m].tolist())
 
   def take(self, m: int, t: float) -> float:
     """Seconds of worker ``m``'s next gradient, read at time ``t``."""
     j = self.used[m]
     self.used[m] = j + 1
-    while j >= self.filled:
-      self.refill()
+    if j >= self.filled[m]:
+      compute, comm = self._draw(m)
+      if self.windows:
+        self.compute[m].extend(compute.tolist())
+        self.comm[m].extend(comm.tolist())
+      else:
+        self.total[m].extend((compute + comm).tolist())
     if self.windows:
       factor = 1.0
       for w in self.windows:
@@ -107,16 +101,18 @@ class _Times:
 
   def rows(self, start: int, size: int) -> tuple[np.ndarray, np.ndarray]:
     """Compute and comm ``[size, M]`` of gradients ``start .. start + size - 1``; forgets earlier blocks."""
-    while self.filled < start + size:
-      index = self.filled // _BLOCK
-      self.blocks[index] = self._draw()
     first, last = start // _BLOCK, (start + size - 1) // _BLOCK
-    for b in [b for b in self.blocks if b < first]:
-      del self.blocks[b]
-    compute = np.concatenate([self.blocks[b][0] for b in range(first, last + 1)])
-    comm = np.concatenate([self.blocks[b][1] for b in range(first, last + 1)])
     offset = start - first * _BLOCK
-    return compute[offset:offset + size], comm[offset:offset + size]
+    columns = []
+    for m, blocks in enumerate(self.blocks):
+      while self.filled[m] < start + size:
+        index = self.filled[m] // _BLOCK
+        blocks[index] = self._draw(m)
+      for b in [b for b in blocks if b < first]:
+        del blocks[b]
+      columns.append([np.concatenate([blocks[b][i] for b in range(first, last + 1)])[offset:offset + size]
+                      for i in (0, 1)])
+    return (np.stack([c[0] for c in columns], axis=1), np.stack([c[1] for c in columns], axis=1))
 
 
 class _Record:
@@ -607,7 +603,7 @@ class Simulation:
     self.paradigm = paradigm
     self.workers = workers
     time_seq, _ = _seed_sequences(seed, workers)
-    self._times = _Times(workers, np.random.default_rng(time_seq))
+    self._times = _Times(workers, time_seq)
     self._now = 0.0
     self._round = 0
     self._loss0: float | None = None
@@ -761,7 +757,7 @@ def simulate(paradigm: P.Paradigm, workers: Workers, num_updates: int, seed: int
   if isinstance(paradigm, _ROUND_PARADIGMS):
     return Simulation(paradigm, workers, seed).run(num_updates)
   time_seq, barrier_seq = _seed_sequences(seed, workers)
-  times = _Times(workers, np.random.default_rng(time_seq))
+  times = _Times(workers, time_seq)
   num = workers.num_workers
   if isinstance(paradigm, P.ASP):
     rec = _run_asp(workers, times, num_updates)

@@ -8,10 +8,10 @@ seconds from its read to its push, where ``c`` is drawn from the worker's
 compute-time model (or replayed from measurements), ``v_m`` is the worker's
 speed, ``s`` is a random straggler slowdown (``random_stragglers``), ``w_m(t)``
 is the slowdown of any ``straggler_window`` containing the read time ``t``, and
-``l`` is the communication latency of the push. All draws are made in blocks
-per gradient index, so the ``j``-th gradient of a worker gets the same time
-whatever the paradigm does with the others: the same seed gives the same
-durations.
+``l`` is the communication latency of the push. Each worker draws from its
+own random stream, in blocks of gradient indices, so the ``j``-th gradient of
+a worker takes the same time whatever the paradigm does and whatever the
+other workers draw: the same seed gives the same durations.
 """
 
 from __future__ import annotations
@@ -161,31 +161,26 @@ class Workers:
     comm = np.zeros(self.num_workers) if self.comm is None else np.array([c.mean for c in self.comm])
     return compute / self.speed + comm
 
-  def draw(self, rng: np.random.Generator, start: int, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Durations of gradients ``start .. start + size - 1`` of every worker.
+  def draw(self, rng: np.random.Generator, worker: int, start: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Durations of gradients ``start .. start + size - 1`` of one worker, from that worker's generator.
 
     Returns:
-      ``(compute, comm)``, float64 ``[size, M]`` each: the compute time with
+      ``(compute, comm)``, float64 ``[size]`` each: the compute time with
       speed and random stragglers applied (``straggler_window`` is applied at
       read time by the simulator), and the communication latency.
     """
-    num = self.num_workers
-    compute = np.empty((size, num), np.float64)
     if isinstance(self.compute, Replay):
-      times = self.compute.times
-      compute[:] = times[:, (start + np.arange(size)) % times.shape[1]].T
+      times = self.compute.times[worker]
+      compute = times[(start + np.arange(size)) % times.shape[0]]
     else:
-      _draw_grouped(rng, self.compute, compute)
-    compute /= self.speed
+      compute = self.compute[worker].sample(rng, size)
+    compute = compute / self.speed[worker]
     for s in self.stragglers:
       if isinstance(s, RandomStragglers):
-        hit = rng.random((size, num)) < s.probability
-        if s.workers is not None:
-          hit[:, [m for m in range(num) if m not in s.workers]] = False
-        compute[hit] *= s.slowdown
-    comm = np.zeros((size, num), np.float64)
-    if self.comm is not None:
-      _draw_grouped(rng, self.comm, comm)
+        hit = rng.random(size) < s.probability
+        if s.workers is None or worker in s.workers:
+          compute = np.where(hit, compute * s.slowdown, compute)
+    comm = np.zeros(size) if self.comm is None else self.comm[worker].sample(rng, size)
     return compute, comm
 
   def __repr__(self) -> str:
@@ -197,15 +192,6 @@ class Workers:
              else f"<{self.speed.min():g}..{self.speed.max():g}>")
     return (f"Workers(num_workers={self.num_workers}, compute={models(self.compute)}, "
             f"comm={models(self.comm)}, speed={speed}, stragglers={self.stragglers!r}, seed={self.seed})")
-
-
-def _draw_grouped(rng: np.random.Generator, models: tuple[TimeModel, ...], out: np.ndarray) -> None:
-  """Fills ``out[:, m]`` from ``models[m]``, one draw call per distinct model (in first-worker order)."""
-  groups: dict[TimeModel, list[int]] = {}
-  for m, model in enumerate(models):
-    groups.setdefault(model, []).append(m)
-  for model, cols in groups.items():
-    out[:, cols] = model.sample(rng, (out.shape[0], len(cols)))
 
 
 def _is_table(value: Any) -> bool:

@@ -123,3 +123,14 @@ def test_workers_repr_is_short():
   text = repr(C.workers(64, compute="gamma", speed=np.linspace(0.5, 1.0, 64)))
   assert "num_workers=64" in text and "Gamma" in text and "0.5..1" in text
   assert len(text) < 300
+
+
+def test_each_worker_draws_from_its_own_stream():
+  # Adding workers does not change the times the first workers draw.
+  small = C.simulate(C.bsp(), C.workers(3, compute="gamma"), 50, seed=9).extras
+  big = C.simulate(C.bsp(), C.workers(5, compute="gamma"), 50, seed=9).extras
+  for m in range(3):
+    a, b = (x["event_end_time"][x["event_worker"] == m] - x["event_read_time"][x["event_worker"] == m]
+            for x in (small, big))
+    assert a.shape == b.shape == (50,)
+    np.testing.assert_allclose(a, b, rtol=1e-9)
