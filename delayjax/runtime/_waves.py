@@ -148,7 +148,7 @@ def _choose_lanes(counts: np.ndarray, per_device: int) -> int:
   """The lanes per device that minimize (steps) x (lanes + per-step overhead)."""
   best, best_cost = 1, np.inf
   for lanes in range(1, per_device + 1):
-    steps = np.maximum(1, -(-counts // lanes).max(axis=1))
+    steps = np.maximum(1, (-(-counts // lanes)).max(axis=1))
     cost = steps.sum() * (lanes + _STEP_COST)
     if cost < best_cost:
       best, best_cost = lanes, cost
@@ -206,7 +206,7 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
   np.add.at(counts, (cw, device), 1)
   if lanes is None:
     lanes = _choose_lanes(counts, per_device)
-  steps_of_wave = np.maximum(1, -(-counts // lanes).max(axis=1))
+  steps_of_wave = np.maximum(1, (-(-counts // lanes)).max(axis=1))
   step_offset = np.concatenate([[0], np.cumsum(steps_of_wave)])
   num_steps = int(step_offset[-1])
   width = lanes * num_devices

@@ -178,3 +178,10 @@ def round_robin(num_workers: int, num_updates: int) -> dj.cluster.Schedule:
   read_version[u, u % num_workers] = np.maximum(0, u - num_workers + 1)
   return dj.cluster.Schedule(time=u.astype(np.float64), contributes=contributes, read_version=read_version,
                              wait=np.zeros(num_workers))
+
+
+def multiprocess_case():
+  """The run shared by the two-process test and its single-process twin."""
+  data, loss_fn, params = regression_problem(num_examples=64)
+  schedule = hand_schedule(8, 40, spread=1.0, seed=5)
+  return loss_fn, probe(0.05, 8), params, data, schedule, dict(batch_size=4, seed=3, chunk_size=4)
