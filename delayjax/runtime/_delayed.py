@@ -11,9 +11,10 @@ import optax
 from delayjax import delays as delays_lib
 from delayjax._checks import check_int
 from delayjax.cluster._schedule import Schedule
+from delayjax.runtime._buffers import check_update_call, rings
 from delayjax.runtime._replay import replay
 
-_RESERVED = ("staleness", "stale_params")
+_COMPUTED = ("staleness", "stale_params")
 
 
 class DelayedState(NamedTuple):
@@ -166,28 +167,19 @@ def delayed(
 
   def init_fn(params):
     delays_lib.leaf_models(model, params)  # a per-leaf tree that does not fit params fails here
-    ring = lambda p: jnp.zeros((num_slots,) + jnp.shape(p), jnp.result_type(p))
     no_delay = jnp.zeros((num_slots,), jnp.int32)
     return DelayedState(
         count=jnp.zeros([], jnp.int32),
         key=jax.random.PRNGKey(seed),
         issued=jnp.full((num_slots,), -1, jnp.int32),
         delay=jax.tree.map(lambda _: no_delay, params) if per_leaf else no_delay,
-        grads=() if synchronous else jax.tree.map(ring, params),
-        stale_params=jax.tree.map(ring, params) if store_stale_params and not synchronous else (),
+        grads=() if synchronous else rings(params, num_slots),
+        stale_params=rings(params, num_slots) if store_stale_params and not synchronous else (),
         inner_state=inner.init(params),
     )
 
   def update_fn(updates, state, params=None, **extra_args):
-    if params is None:
-      raise ValueError("delayed needs params: call update(grads, state, params).")
-    clash = [k for k in _RESERVED if k in extra_args]
-    if clash:
-      raise TypeError(f"delayed computes {clash} itself; do not pass them to its update().")
-    if jax.tree.structure(updates) != jax.tree.structure(params):
-      raise ValueError(
-          f"updates must have the structure of params {jax.tree.structure(params)}; got "
-          f"{jax.tree.structure(updates)}.")
+    check_update_call(updates, params, extra_args, _COMPUTED)
     t = state.count
     if synchronous:
       zero = jnp.zeros([], jnp.int32)

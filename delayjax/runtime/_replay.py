@@ -11,8 +11,9 @@ import numpy as np
 import optax
 
 from delayjax.cluster._schedule import Schedule
+from delayjax.runtime._buffers import check_update_call, rings
 
-_RESERVED = ("staleness", "stale_params", "worker")
+_COMPUTED = ("staleness", "stale_params", "worker")
 
 
 class ReplayPlan(NamedTuple):
@@ -111,20 +112,11 @@ def replay(inner: optax.GradientTransformationExtraArgs, schedule: Schedule) -> 
   num_calls = plan.slot.shape[0]
 
   def init_fn(params):
-    ring = lambda p: jnp.zeros((plan.num_slots,) + jnp.shape(p), jnp.result_type(p))
-    return ReplayState(count=jnp.zeros([], jnp.int32), grads=jax.tree.map(ring, params),
-                       stale_params=jax.tree.map(ring, params), inner_state=inner.init(params))
+    return ReplayState(count=jnp.zeros([], jnp.int32), grads=rings(params, plan.num_slots),
+                       stale_params=rings(params, plan.num_slots), inner_state=inner.init(params))
 
   def update_fn(updates, state, params=None, **extra_args):
-    if params is None:
-      raise ValueError("delayed needs params: call update(grads, state, params).")
-    clash = [k for k in _RESERVED if k in extra_args]
-    if clash:
-      raise TypeError(f"delayed replaying a Schedule computes {clash} itself; do not pass them to its update().")
-    if jax.tree.structure(updates) != jax.tree.structure(params):
-      raise ValueError(
-          f"updates must have the structure of params {jax.tree.structure(params)}; got "
-          f"{jax.tree.structure(updates)}.")
+    check_update_call(updates, params, extra_args, _COMPUTED)
     t = state.count
     in_schedule = t < num_calls
     c = jnp.minimum(t, num_calls - 1)
