@@ -48,6 +48,24 @@ def _check_at_most(name: str, value: int, limit: int, what: str) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
+class _CountsMinibatches(Paradigm):
+  """A paradigm that applies an update after ``k >= 1`` minibatches."""
+
+  k: int
+
+  def __post_init__(self):
+    check_int("k", self.k, minimum=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class _CountsWorkers(_CountsMinibatches):
+  """A paradigm that applies an update after ``k`` gradients from distinct workers: ``k <= M``."""
+
+  def check(self, num_workers: int) -> None:
+    _check_at_most("k", self.k, num_workers, "the number of workers")
+
+
+@dataclasses.dataclass(frozen=True)
 class BSP(Paradigm):
   """Bulk synchronous parallel: every update averages one fresh gradient from each of the ``M`` workers.
 
@@ -179,7 +197,7 @@ class PSP(Paradigm):
 
 
 @dataclasses.dataclass(frozen=True)
-class KSync(Paradigm):
+class KSync(_CountsWorkers):
   """K-sync SGD: every update uses the first ``K`` fresh gradients; the other computations are cancelled.
 
   Rule: in round ``r`` all workers read version ``r``; update ``r`` is
@@ -196,17 +214,9 @@ class KSync(Paradigm):
     <https://arxiv.org/abs/1803.01113>`_, AISTATS 2018
   """
 
-  k: int
-
-  def __post_init__(self):
-    check_int("k", self.k, minimum=1)
-
-  def check(self, num_workers: int) -> None:
-    _check_at_most("k", self.k, num_workers, "the number of workers")
-
 
 @dataclasses.dataclass(frozen=True)
-class KAsync(Paradigm):
+class KAsync(_CountsWorkers):
   """K-async SGD: apply as soon as any ``K`` gradients have arrived (possibly stale); only they re-read.
 
   Rule: pushes accumulate; the ``K``-th push applies them as one update. A
@@ -223,17 +233,9 @@ class KAsync(Paradigm):
     <https://arxiv.org/abs/1803.01113>`_, AISTATS 2018
   """
 
-  k: int
-
-  def __post_init__(self):
-    check_int("k", self.k, minimum=1)
-
-  def check(self, num_workers: int) -> None:
-    _check_at_most("k", self.k, num_workers, "the number of workers")
-
 
 @dataclasses.dataclass(frozen=True)
-class KBatchSync(Paradigm):
+class KBatchSync(_CountsMinibatches):
   """K-batch-sync SGD: all workers compute minibatches at one version; the first ``K`` minibatches form the update.
 
   Rule: in round ``r`` all workers read version ``r`` and compute minibatches
@@ -252,14 +254,9 @@ class KBatchSync(Paradigm):
     <https://arxiv.org/abs/1803.01113>`_, AISTATS 2018
   """
 
-  k: int
-
-  def __post_init__(self):
-    check_int("k", self.k, minimum=1)
-
 
 @dataclasses.dataclass(frozen=True)
-class KBatchAsync(Paradigm):
+class KBatchAsync(_CountsMinibatches):
   """K-batch-async SGD: apply after any ``K`` minibatches; workers push and re-read without waiting.
 
   Rule: a worker pushes each minibatch and reads the current version at once;
@@ -284,11 +281,6 @@ class KBatchAsync(Paradigm):
     the Race: Error-Runtime Trade-offs in Distributed SGD
     <https://arxiv.org/abs/1803.01113>`_, AISTATS 2018
   """
-
-  k: int
-
-  def __post_init__(self):
-    check_int("k", self.k, minimum=1)
 
 
 @dataclasses.dataclass(frozen=True)

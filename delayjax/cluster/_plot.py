@@ -102,7 +102,8 @@ def plot_timeline(schedule: Schedule, ax: Any = None, start: float = 0.0, stop: 
       continue
     w, b, e = intervals[kind]
     ax.barh(w, e - b, left=b, height=0.8, edgecolor="none", **style)
-  shown = schedule.time[(schedule.time >= start) & (schedule.time <= (stop or schedule.total_time))]
+  stop = schedule.total_time if stop is None else float(stop)
+  shown = schedule.time[(schedule.time >= start) & (schedule.time <= stop)]
   if shown.shape[0] <= 200:
     for t in shown:
       ax.axvline(t, color="black", linewidth=0.5, linestyle=":")

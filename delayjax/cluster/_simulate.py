@@ -141,6 +141,17 @@ class _Record:
       self.eu.append(-2)
       self.ev.append(read_version[m])
 
+  def single_pushes(self, heap: list[tuple[float, int]], read_time: list[float], read_version: list[int]) -> None:
+    """Completes a record in which every update is one push (ASP, SSP, PSP, DSSP).
+
+    Such loops record only the contributions and each push's read time; the
+    applied events are the contributions themselves.
+    """
+    updates = list(range(len(self.time)))
+    self.cu, self.eu = updates, list(updates)
+    self.ew, self.eet, self.ev = list(self.cw), list(self.time), list(self.cv)
+    self.in_flight(heap, read_time, read_version)
+
   def blocked_until(self, since: dict[int, float], t_end: float) -> None:
     for m, t in since.items():
       self.wait[m] += t_end - t
@@ -188,7 +199,7 @@ def _run_asp(workers: Workers, times: _Times, num_updates: int) -> _Record:
   rec = _Record(num)
   heap, rt, rv = _start(times, num)
   T, cw, cv = rec.time, rec.cw, rec.cv
-  ew, ert, eet, ev = rec.ew, rec.ert, rec.eet, rec.ev
+  ert = rec.ert
   take, pop, push = times.take, heapq.heappop, heapq.heappush
   for u in range(num_updates):
     t, m = pop(heap)
@@ -196,71 +207,12 @@ def _run_asp(workers: Workers, times: _Times, num_updates: int) -> _Record:
     T.append(t)
     cw.append(m)
     cv.append(v)
-    ew.append(m)
     ert.append(rt[m])
-    eet.append(t)
-    ev.append(v)
     if u + 1 < num_updates:
       rv[m] = u + 1
       rt[m] = t
       push(heap, (t + take(m, t), m))
-  rec.cu = list(range(num_updates))
-  rec.eu = list(range(num_updates))
-  rec.in_flight(heap, rt, rv)
-  return rec
-
-
-def _run_ssp(workers: Workers, times: _Times, num_updates: int, staleness: int) -> _Record:
-  """SSP: every push is one update; a worker at clock c reads only when the slowest clock is >= c - s."""
-  num = workers.num_workers
-  rec = _Record(num)
-  heap, rt, rv = _start(times, num)
-  T, cw, cv = rec.time, rec.cw, rec.cv
-  ew, ert, eet, ev = rec.ew, rec.ert, rec.eet, rec.ev
-  wait = rec.wait
-  take, pop, push = times.take, heapq.heappop, heapq.heappush
-  clock = [0] * num
-  num_at = [num, 0]
-  min_clock = 0
-  blocked: dict[int, list[int]] = {}
-  since: dict[int, float] = {}
-  for u in range(num_updates):
-    t, m = pop(heap)
-    v = rv[m]
-    T.append(t)
-    cw.append(m)
-    cv.append(v)
-    ew.append(m)
-    ert.append(rt[m])
-    eet.append(t)
-    ev.append(v)
-    c = clock[m]
-    clock[m] = c + 1
-    if c + 2 > len(num_at):
-      num_at.append(0)
-    num_at[c] -= 1
-    num_at[c + 1] += 1
-    if u + 1 == num_updates:
-      since[m] = t
-      break
-    if c == min_clock and num_at[c] == 0:
-      min_clock += 1
-      for w in blocked.pop(min_clock + staleness, ()):
-        wait[w] += t - since.pop(w)
-        rv[w] = u + 1
-        rt[w] = t
-        push(heap, (t + take(w, t), w))
-    if c + 1 - min_clock <= staleness:
-      rv[m] = u + 1
-      rt[m] = t
-      push(heap, (t + take(m, t), m))
-    else:
-      blocked.setdefault(c + 1, []).append(m)
-      since[m] = t
-  rec.cu = list(range(num_updates))
-  rec.eu = list(range(num_updates))
-  rec.in_flight(heap, rt, rv)
-  rec.blocked_until(since, T[-1])
+  rec.single_pushes(heap, rt, rv)
   return rec
 
 
@@ -282,10 +234,7 @@ def _run_psp(workers: Workers, times: _Times, num_updates: int, sample_size: int
     rec.time.append(t)
     rec.cw.append(m)
     rec.cv.append(v)
-    rec.ew.append(m)
     rec.ert.append(rt[m])
-    rec.eet.append(t)
-    rec.ev.append(v)
     clock[m] += 1
     if u + 1 == num_updates:
       since[m] = t
@@ -311,9 +260,7 @@ def _run_psp(workers: Workers, times: _Times, num_updates: int, sample_size: int
     else:
       blocked[m] = sample
       since[m] = t
-  rec.cu = list(range(num_updates))
-  rec.eu = list(range(num_updates))
-  rec.in_flight(heap, rt, rv)
+  rec.single_pushes(heap, rt, rv)
   rec.blocked_until(since, rec.time[-1])
   return rec
 
@@ -335,12 +282,15 @@ def _dssp_extra_iterations(t: float, delta_fast: float, t_slow: float, delta_slo
 
 
 def _run_dssp(workers: Workers, times: _Times, num_updates: int, s_lower: int, s_upper: int) -> _Record:
-  """DSSP (see ``DSSP``): SSP at ``s_lower`` with controller-granted extra iterations up to ``s_upper``."""
+  """DSSP (see ``DSSP``): SSP at ``s_lower`` with controller-granted extra iterations up to ``s_upper``.
+
+  With ``s_lower == s_upper`` the controller can grant nothing, and this is SSP.
+  """
   num = workers.num_workers
   rec = _Record(num)
   heap, rt, rv = _start(times, num)
   T, cw, cv = rec.time, rec.cw, rec.cv
-  ew, ert, eet, ev = rec.ew, rec.ert, rec.eet, rec.ev
+  ert = rec.ert
   wait = rec.wait
   take, pop, push = times.take, heapq.heappop, heapq.heappush
   clock = [0] * num
@@ -360,10 +310,7 @@ def _run_dssp(workers: Workers, times: _Times, num_updates: int, s_lower: int, s
     T.append(t)
     cw.append(m)
     cv.append(v)
-    ew.append(m)
     ert.append(rt[m])
-    eet.append(t)
-    ev.append(v)
     c = clock[m] + 1
     clock[m] = c
     if c + 1 > len(num_at):
@@ -388,7 +335,7 @@ def _run_dssp(workers: Workers, times: _Times, num_updates: int, s_lower: int, s
       go, thr = True, held[m]
     elif gap <= s_lower:
       go, thr = True, s_lower
-    elif c == max_clock:
+    elif c == max_clock and r_max > 0:
       slow = clock.index(min_clock)
       delta_slow = last[slow] - before_last[slow]
       if delta_slow <= 0:
@@ -414,10 +361,8 @@ def _run_dssp(workers: Workers, times: _Times, num_updates: int, s_lower: int, s
     else:
       blocked.setdefault(c, []).append(m)
       since[m] = t
-  rec.cu = list(range(num_updates))
-  rec.eu = list(range(num_updates))
   rec.extras["threshold"] = np.asarray(threshold, np.int64)
-  rec.in_flight(heap, rt, rv)
+  rec.single_pushes(heap, rt, rv)
   rec.blocked_until(since, T[-1])
   return rec
 
@@ -762,7 +707,8 @@ def simulate(paradigm: P.Paradigm, workers: Workers, num_updates: int, seed: int
   if isinstance(paradigm, P.ASP):
     rec = _run_asp(workers, times, num_updates)
   elif isinstance(paradigm, P.SSP):
-    rec = _run_ssp(workers, times, num_updates, paradigm.staleness)
+    rec = _run_dssp(workers, times, num_updates, paradigm.staleness, paradigm.staleness)
+    del rec.extras["threshold"]   # always the staleness
   elif isinstance(paradigm, P.PSP):
     rec = _run_psp(workers, times, num_updates, paradigm.sample_size, paradigm.staleness,
                    np.random.default_rng(barrier_seq))
