@@ -1,0 +1,107 @@
+"""Each remedy under dj.simulate on a tiny least-squares problem: it trains, and at zero staleness it is
+its synchronous counterpart."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import delayjax as dj
+
+pytestmark = pytest.mark.slow
+
+_RNG = np.random.default_rng(0)
+_X = _RNG.standard_normal((256, 4)).astype(np.float32)
+DATA = {"x": jnp.asarray(_X), "y": jnp.asarray(_X @ np.array([1.0, -2.0, 0.5, 3.0], np.float32) + 0.1)}
+PARAMS = {"w": jnp.zeros(4), "b": jnp.zeros([])}
+STEPS = 40
+
+
+def loss_fn(params, batch):
+  return jnp.mean((batch["x"] @ params["w"] + params["b"] - batch["y"]) ** 2)
+
+
+def full_loss(params):
+  return float(loss_fn(params, DATA))
+
+
+def run(tx, delays, steps=STEPS):
+  return dj.simulate(loss_fn, tx, PARAMS, DATA, delays, num_updates=steps, batch_size=16, seed=1)
+
+
+@functools.lru_cache(maxsize=None)
+def reference(name):
+  """Synchronous Optax runs (zero staleness) that the remedies must reproduce."""
+  txs = {"sgd": optax.sgd(0.05), "nesterov": optax.sgd(0.05, momentum=0.5, nesterov=True)}
+  return run(txs[name], dj.delays.constant(0))
+
+
+def assert_trains(result, factor=0.1):
+  assert np.all(np.isfinite(result.history.loss))
+  assert full_loss(result.params) < factor * full_loss(PARAMS)
+
+
+def assert_same_params(a, b):
+  jax.tree.map(np.testing.assert_array_equal, a.params, b.params)
+
+
+def test_accumulate_sum():
+  assert_same_params(run(dj.accumulate_sum(optax.sgd(0.05), 1), dj.delays.constant(0)), reference("sgd"))
+  assert_trains(run(dj.accumulate_sum(optax.sgd(0.02), 4), dj.delays.constant(3)))
+
+
+def test_fed_async():
+  # Each push is the delta of one local SGD step of rate 0.05, mixed in with staleness-damped weight.
+  tx = optax.chain(optax.scale(-0.05), dj.fed_async(1.0, "polynomial", a=0.5))
+  assert_trains(run(tx, dj.delays.uniform(3)))
+  sync = run(optax.chain(optax.scale(-0.05), dj.fed_async(1.0)), dj.delays.constant(0))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), sync.params,
+               reference("sgd").params)
+
+
+def test_fed_buff():
+  tx = optax.chain(optax.scale(-0.05), dj.fed_buff(optax.sgd(1.0, momentum=0.5), buffer_size=2))
+  assert_trains(run(tx, dj.delays.uniform(3)))
+
+
+def test_dana_reads_are_nesterov_iterates_with_one_worker():
+  """With one worker DANA's look-ahead reads are exactly the iterates of optax's Nesterov SGD."""
+  dana = run(dj.dana(0.05, 0.5, num_workers=1), dj.delays.constant(0))
+  ref = reference("nesterov")
+  np.testing.assert_allclose(dana.history.loss, ref.history.loss, rtol=1e-4, atol=1e-6)
+  read = dj.read_params(dana.opt_state, dana.params, worker=0)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), read, ref.params)
+  assert_trains(run(dj.dana(0.02, 0.5, num_workers=4), dj.delays.constant(3)))
+
+
+def test_delayed_nesterov():
+  assert_same_params(run(dj.delayed_nesterov(0.05, 0.5, buffer_size=1), dj.delays.constant(0)),
+                     reference("nesterov"))
+  assert_trains(run(dj.delayed_nesterov(0.05, 0.5, buffer_size=4), dj.delays.constant(3)))
+
+
+@pytest.mark.standard_promotion  # the optax.adam reference
+def test_async_adam_and_apam():
+  assert_same_params(run(dj.async_adam(0.05), dj.delays.constant(0)), run(optax.adam(0.05), dj.delays.constant(0)))
+  assert_trains(run(dj.apam(0.3, staleness_rule="polynomial"), dj.delays.uniform(4)))
+
+
+def test_zeno_plus_plus_with_a_validation_gradient():
+  """The runtime does not compute zeno_grad; a wrapper computes it at the current params."""
+  zeno = dj.zeno_plus_plus(0.05, rho=0.001)
+  validation = jax.tree.map(lambda a: a[:32], DATA)
+
+  def update(updates, state, params=None, **extra):
+    return zeno.update(updates, state, params, zeno_grad=jax.grad(loss_fn)(params, validation), **extra)
+
+  result = run(optax.GradientTransformationExtraArgs(zeno.init, update), dj.delays.uniform(3))
+  assert_trains(result)
+  assert 0 < int(result.opt_state.accepted) <= STEPS
+
+
+def test_delay_adaptive_sgd():
+  assert_same_params(run(dj.delay_adaptive_sgd(0.05, 0.1), dj.delays.constant(0)), reference("sgd"))
+  assert_trains(run(dj.delay_adaptive_sgd(0.05, 0.1), dj.delays.uniform(4)))
