@@ -95,11 +95,14 @@ def dana(
   Variant implemented: the one above, with the master holding all
   :math:`v_j` (what the paper calls DANA-Zero); DANA-Slim, in which workers
   keep their own momentum and the master keeps no extra memory, is not
-  implemented. The exact look-ahead equation could not be read in the
-  paper's body with the search tools available; it follows PAPERS.md (taken
-  from simulator code) and the abstract ("computing the gradient on an
-  estimated future position of the model's parameters"). With one worker it
-  is exactly Nesterov's accelerated gradient in look-ahead form.
+  implemented. The paper's body could not be read with the search tools
+  available; the look-ahead follows PAPERS.md (taken from simulator code),
+  the abstract ("computing the gradient on an estimated future position of
+  the model's parameters") and third-party notes on the paper found by the
+  code search, which state DANA-Zero's look-ahead as
+  :math:`\hat\theta = \theta - \eta\gamma\sum_j v^j` and DANA-Slim as
+  its Bengio-Nesterov reformulation. With one worker it is exactly
+  Nesterov's accelerated gradient in look-ahead form.
 
   With ``num_workers=1`` the update is bit for bit
   ``optax.sgd(learning_rate, momentum)``. With ``dc_lambda`` the gradient

@@ -55,9 +55,11 @@ def delayed_nesterov(
   the local steps is the runtime's job.
 
   Source: the rule as stated in PAPERS.md (from third-party code; defaults
-  seen there: :math:`\epsilon = 0.7`, :math:`\beta = 0.9`, :math:`N = 10`)
-  and the paper's abstract ("a delayed Nesterov momentum update"); the
-  paper's algorithm box could not be read with the search tools available.
+  seen there: :math:`\epsilon = 0.7`, :math:`\beta = 0.9`, :math:`N = 10`),
+  the paper's abstract ("a delayed Nesterov momentum update") and a
+  third-party PyTorch implementation found by the code search that cites
+  the paper's Algorithm 3 and applies exactly this rule; the paper's
+  algorithm box itself could not be read with the search tools available.
   The cycle identity above, which the tests pin, is what makes the rule
   "Nesterov, delayed".
 
