@@ -1,0 +1,115 @@
+"""The experiments CLI: list the reproductions, run one (resumably), report on results.
+
+    python -m experiments list
+    python -m experiments run NAME [--scale quick|paper] [--seed N] [--out DIR]
+    python -m experiments run all                 # every reproduction at quick scale
+    python -m experiments report DIR              # tables, claims and plots again from DIR's finished runs
+
+A run writes ``DIR/runs/<run>__seed<N>.json`` as each run finishes; run it
+again after an interruption and the finished runs are read back, not redone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from experiments import _framework, _registry
+
+
+def _parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(prog="python -m experiments", description=__doc__.split("\n")[0])
+  sub = parser.add_subparsers(dest="command", required=True)
+  sub.add_parser("list", help="list the reproductions")
+  run = sub.add_parser("run", help="run a reproduction (or 'all')")
+  run.add_argument("name", help="a name from 'list', or 'all'")
+  run.add_argument("--scale", default="quick", choices=["quick", "paper"],
+                   help="quick: 2-core CPU, bundled data; paper: the paper's model and data (GPU)")
+  run.add_argument("--seed", type=int, default=0, help="first seed (a scale runs `seeds` consecutive seeds)")
+  run.add_argument("--seeds", type=int, default=None, help="number of seeds (default: the scale's)")
+  run.add_argument("--steps", type=int, default=None, help="override the length of every run (smoke tests)")
+  run.add_argument("--out", default=None, help="output directory (default: results/NAME/SCALE)")
+  run.add_argument("--only", nargs="+", default=None, help="run only the specs whose key contains one of these")
+  run.add_argument("--data-dir", default=None, help="where paper-scale data sets are (see experiments/_datasets.py)")
+  run.add_argument("--no-plot", action="store_true", help="skip the PNG plots")
+  report = sub.add_parser("report", help="rebuild tables, claims and plots from finished runs")
+  report.add_argument("dir", help="an output directory of 'run' (or a folder holding several)")
+  report.add_argument("--no-plot", action="store_true")
+  return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+  args = _parser().parse_args(argv)
+  if args.command == "list":
+    return _list()
+  if args.command == "run":
+    return _run(args)
+  return _report(args.dir, plots=not args.no_plot)
+
+
+def _list() -> int:
+  for repro in _registry.all_reproductions():
+    quick = _framework.config_for(repro, "quick")
+    runs = len(repro.specs(quick)) * quick.get("seeds", 1)
+    print(f"{repro.name:<22} {repro.paper}\n{'':<22} {repro.description}\n"
+          f"{'':<22} scales: {', '.join(repro.scales)}; quick = {runs} runs; {len(repro.claims)} claims\n")
+  return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+  names = list(_registry.NAMES) if args.name == "all" else [args.name]
+  try:
+    repros = [_registry.get(n) for n in names]
+  except ValueError as e:
+    print(e, file=sys.stderr)
+    return 2
+  for repro in repros:
+    config = _framework.config_for(repro, args.scale, steps=args.steps, seeds=args.seeds)
+    if args.data_dir is not None:
+      config["data_dir"] = os.path.abspath(os.path.expanduser(args.data_dir))
+    if args.out is None:
+      out = os.path.join("results", repro.name, args.scale)
+    else:
+      out = os.path.join(args.out, repro.name) if len(repros) > 1 else args.out
+    _framework.execute(repro, config, out, first_seed=args.seed, only=args.only, plots=not args.no_plot)
+  if len(repros) > 1:
+    _report(args.out or "results", plots=False, tables=False)
+  return 0
+
+
+def _result_dirs(root: str) -> list[str]:
+  found = []
+  for directory, subdirs, files in os.walk(root):
+    subdirs[:] = sorted(d for d in subdirs if d != "runs")
+    if "results.json" in files:
+      found.append(directory)
+  return found
+
+
+def _report(root: str, plots: bool = True, tables: bool = True) -> int:
+  dirs = _result_dirs(root)
+  if not dirs:
+    print(f"no results.json under {root}; run a reproduction with --out {root} first.", file=sys.stderr)
+    return 1
+  lines = ["| reproduction | claim | held | figures |", "|---|---|---|---|"]
+  for directory in dirs:
+    saved = _framework.load_results(directory)
+    repro = _registry.get(saved["reproduction"])
+    config: dict[str, Any] = saved["config"]
+    wanted = {s["key"] for s in repro.specs(config)}
+    records = [r for r in _framework.load_records(directory) if r["key"] in wanted]
+    result = _framework.finish(repro, config, records, directory, plots=plots, verbose=tables)
+    for c in result["claims"]:
+      held = {True: "held", False: "**not held**", None: "n/a"}[c["held"]]
+      lines.append(f"| {repro.name} ({config.get('scale')}) | {c['statement']} | {held} | {c['figures']} |")
+  table = "\n".join(lines)
+  print("\nclaims\n" + table)
+  with open(os.path.join(root, "claims.md"), "w") as f:
+    f.write(table + "\n")
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())

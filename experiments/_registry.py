@@ -1,0 +1,23 @@
+"""The reproductions the CLI knows, by name (each a module of ``experiments`` defining ``REPRODUCTION``)."""
+
+from __future__ import annotations
+
+import importlib
+
+from experiments._framework import Reproduction
+
+# In the order of the issue's list; the flagship first.
+NAMES = (
+    "dc_asgd",
+)
+
+
+def get(name: str) -> Reproduction:
+  """The reproduction called ``name``; a ``ValueError`` lists the known names otherwise."""
+  if name not in NAMES:
+    raise ValueError(f"unknown reproduction {name!r}; known: {', '.join(NAMES)} (python -m experiments list).")
+  return importlib.import_module(f"experiments.{name}").REPRODUCTION
+
+
+def all_reproductions() -> list[Reproduction]:
+  return [get(n) for n in NAMES]

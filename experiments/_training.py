@@ -1,0 +1,159 @@
+"""Shared pieces of the reproductions: a classification task, a run of ``dj.simulate``, curve helpers.
+
+A reproduction says *what* to train under which schedule and optimizer;
+:func:`simulate_record` trains it with the exact wave-parallel runtime and
+turns the history into the JSON record the framework stores: final metrics,
+curves against updates and simulated time, the staleness histogram.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import delayjax as dj
+from experiments._framework import Progress
+
+
+class Task(NamedTuple):
+  """A supervised problem: data for ``dj.simulate``, its loss, an evaluation and an initializer."""
+
+  data: dict[str, np.ndarray]  # {"x": inputs, "y": int labels}, leading axis = examples
+  loss_fn: Callable[[Any, dict[str, jax.Array]], jax.Array]
+  eval_fn: Callable[[Any], dict[str, jax.Array]]  # params -> {"test_error": ..., "train_loss": ...}
+  init: Callable[[int], Any]  # seed -> params
+
+
+def classification_task(split: Any, apply: Callable[[Any, jax.Array], jax.Array],
+                        init: Callable[[jax.Array], Any], eval_batch: int | None = None) -> Task:
+  """A classification task from a ``Split`` (``x_train``, ``y_train``, ``x_test``, ``y_test``).
+
+  ``eval_fn`` reports the test error and the training loss on the whole
+  training set (in batches of ``eval_batch`` when given, for large data sets).
+  """
+  x_test, y_test = jnp.asarray(split.x_test), jnp.asarray(split.y_test)
+  x_train, y_train = jnp.asarray(split.x_train), jnp.asarray(split.y_train)
+
+  def loss_fn(params, batch):
+    return optax.softmax_cross_entropy_with_integer_labels(apply(params, batch["x"]), batch["y"]).mean()
+
+  def batched(fn, x, y):
+    if eval_batch is None or x.shape[0] <= eval_batch:
+      return fn(x, y)
+    n = (x.shape[0] // eval_batch) * eval_batch
+    xs = x[:n].reshape((-1, eval_batch) + x.shape[1:])
+    ys = y[:n].reshape(-1, eval_batch)
+    return jnp.mean(jax.lax.map(lambda b: fn(*b), (xs, ys)))
+
+  def eval_fn(params):
+    error = batched(lambda x, y: jnp.mean(jnp.argmax(apply(params, x), -1) != y), x_test, y_test)
+    train_loss = batched(lambda x, y: loss_fn(params, {"x": x, "y": y}), x_train, y_train)
+    return {"test_error": error.astype(jnp.float32), "train_loss": train_loss.astype(jnp.float32)}
+
+  data = {"x": np.asarray(split.x_train), "y": np.asarray(split.y_train)}
+  return Task(data, loss_fn, eval_fn, lambda seed: init(jax.random.PRNGKey(seed)))
+
+
+def simulate_record(task: Task, tx: optax.GradientTransformation, source: Any, *, seed: int,
+                    batch_size: int, eval_every: int, progress: Progress, num_updates: int | None = None,
+                    sampling: str = "iid", shards: Any = None) -> dict[str, Any]:
+  """Trains ``task`` with ``tx`` under ``source`` (a Schedule or delay model) and returns the run record.
+
+  Record: ``metrics`` (final ``test_error`` and ``train_loss``, ``updates``,
+  ``simulated_time``, ``mean_staleness``, ``max_staleness``, ``total_wait``),
+  ``curves`` (``update``, ``time``, ``test_error``, ``train_loss`` at every
+  evaluation) and ``staleness_hist``. A run whose parameters stopped being
+  finite keeps its NaN metrics (the table counts it as diverged).
+  """
+  def callback(info: dict[str, Any]) -> None:
+    progress(info["updates_done"], info["num_updates"])
+
+  result = dj.simulate(task.loss_fn, tx, task.init(seed), task.data, source, num_updates=num_updates,
+                       batch_size=batch_size, eval_fn=task.eval_fn, eval_every=eval_every, seed=seed,
+                       sampling=sampling, shards=shards, skip_nonfinite=False, callback=callback)
+  h = result.history
+  metrics = {k: np.asarray(v, np.float64) for k, v in h.eval_metrics.items()}
+  schedule = source if isinstance(source, dj.cluster.Schedule) else None
+  tau = np.asarray(h.staleness)
+  record = {
+      "metrics": {
+          "test_error": float(metrics["test_error"][-1]),
+          "train_loss": float(metrics["train_loss"][-1]),
+          "updates": int(h.update.shape[0]),
+          "simulated_time": float(h.time[-1]),
+          "mean_staleness": schedule.mean_staleness() if schedule is not None else float(tau.mean()),
+          "max_staleness": int(tau.max()),
+          "total_wait": float(np.sum(schedule.wait)) if schedule is not None else 0.0,
+      },
+      "curves": {"update": h.eval_update, "time": h.eval_time,
+                 "test_error": metrics["test_error"], "train_loss": metrics["train_loss"]},
+      "staleness_hist": (schedule.staleness_histogram() if schedule is not None
+                         else np.bincount(tau)),
+  }
+  return record
+
+
+def first_reach(x: Any, y: Any, target: float) -> float:
+  """The first ``x`` at which ``y <= target`` (``inf`` if never): e.g. updates to reach a target error."""
+  x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+  hit = np.nonzero(y <= target)[0]
+  return float(x[hit[0]]) if hit.size else float("inf")
+
+
+def digits_split() -> Any:
+  from experiments.data import digits
+
+  return digits()
+
+
+_TASKS: dict[tuple[Any, ...], Task] = {}
+
+
+def task_for(config: dict[str, Any]) -> Task:
+  """The task a config names (``data``: digits, mnist or cifar10; ``model``: mlp or resnet20), built once.
+
+  ``mlp`` takes flattened inputs and ``hidden`` (an int or a list of widths);
+  paper-scale data comes from ``config["data_dir"]`` (see ``_datasets``).
+  """
+  hidden = config.get("hidden", 128)
+  hidden = tuple(hidden) if isinstance(hidden, (list, tuple)) else (int(hidden),)
+  key = (config["data"], config["model"], hidden, config.get("data_dir"))
+  if key not in _TASKS:
+    from experiments import _datasets
+    from experiments.data import Split
+    from experiments.delayed_digits import init_mlp, mlp
+
+    if config["data"] == "digits":
+      split = digits_split()
+    elif config["data"] == "mnist":
+      split = _datasets.mnist(config.get("data_dir"))
+    elif config["data"] == "cifar10":
+      split = _datasets.cifar10(config.get("data_dir"))
+    else:
+      raise ValueError(f"data must be digits, mnist or cifar10, got {config['data']!r}.")
+    if config["model"] == "mlp":
+      split = Split(*(a.reshape(a.shape[0], -1) if a.ndim > 2 else a for a in split))
+      sizes = (split.x_train.shape[1],) + hidden + (10,)
+      task = classification_task(split, mlp, lambda k: init_mlp(k, sizes), eval_batch=1000)
+    elif config["model"] == "resnet20":
+      from experiments._models import resnet20
+
+      init, apply = resnet20()
+      task = classification_task(split, apply, init, eval_batch=500)
+    else:
+      raise ValueError(f"model must be mlp or resnet20, got {config['model']!r}.")
+    _TASKS[key] = task
+  return _TASKS[key]
+
+
+def learning_rate(config: dict[str, Any], num_updates: int) -> Any:
+  """``config["lr"]``, divided by 10 at the fractions ``config["lr_decay_at"]`` of the run (if any)."""
+  boundaries = config.get("lr_decay_at") or []
+  if not boundaries:
+    return config["lr"]
+  return optax.piecewise_constant_schedule(
+      config["lr"], {max(1, int(f * num_updates)): 0.1 for f in boundaries})
