@@ -8,7 +8,7 @@ gradients per update: see the gradients column). Each row is the best of ``--rou
 ``Schedule``). Prints a table and writes it to
 ``experiments/results/bench_cluster.txt``.
 
-    python experiments/bench_cluster.py [--rounds 1] [--scale 1.0]
+    python experiments/bench_cluster.py [--rounds 3] [--scale 1.0]
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def cases(scale: float):
 
 def main(argv=None):
   parser = argparse.ArgumentParser()
-  parser.add_argument("--rounds", type=int, default=1)
+  parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--scale", type=float, default=1.0, help="multiplies every number of updates")
   parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                     "bench_cluster.txt"))

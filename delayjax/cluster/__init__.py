@@ -1,4 +1,21 @@
-"""Where delays come from (2): workers, clocks and synchronization paradigms, simulated on the host in NumPy."""
+"""Where delays come from (2): workers, clocks and synchronization paradigms, simulated on the host in NumPy.
+
+Describe the workers (``workers``, with time models ``constant``, ``uniform``,
+``exponential``, ``gamma``, ``lognormal``, measured times via ``replay``, and
+``random_stragglers`` / ``straggler_window``), pick a paradigm (``bsp``,
+``asp``, ``ssp``, ``dssp``, ``psp``, ``k_sync``, ``k_async``, ``k_batch_sync``,
+``k_batch_async``, ``softsync``, ``backup_workers``, ``adasync``) and
+``simulate`` it into a ``Schedule``::
+
+  >>> import delayjax as dj
+  >>> w = dj.cluster.workers(8, compute="exponential", speed=[1.0] * 7 + [0.25])
+  >>> sched = dj.cluster.simulate(dj.cluster.ssp(3), w, num_updates=10_000, seed=0)
+  >>> sched.num_updates, sched.num_workers
+  (10000, 8)
+
+``Simulation`` hands a schedule out in chunks with loss feedback (AdaSync),
+``concatenate`` joins them, and ``plot_timeline`` / ``plot_staleness`` draw one.
+"""
 
 from delayjax.cluster._schedule import Schedule as Schedule
 from delayjax.cluster._schedule import concatenate as concatenate
