@@ -133,8 +133,8 @@ class DSSP(Paradigm):
 
   Controller: with ``Delta_p`` and ``Delta_q`` the last push intervals of
   ``p`` and of the slowest worker ``q`` (lowest index among those with the
-  smallest clock; an interval counts from time 0 before the first push, and a
-  ``q`` that has not pushed yet uses the time elapsed since its last push),
+  smallest clock; a first interval counts from time 0, and a ``q`` that has
+  not pushed yet uses the time elapsed since time 0),
   ``r*`` is the smallest ``i`` in ``0..R`` minimising
   ``min_j |t + i Delta_p - (t_q + j Delta_q)|`` over ``j = 1..s_upper - s_lower + 1``,
   where ``t`` is now and ``t_q`` is ``q``'s last push time. ``R = min(s_upper -
