@@ -164,7 +164,7 @@ def fed_async(
 
   References:
     Xie, Koyejo, Gupta, `Asynchronous Federated Optimization
-    <https://arxiv.org/abs/1903.03934>`_, OPT workshop (NeurIPS) 2020;
+    <https://arxiv.org/abs/1903.03934>`_, 2019;
     the rules follow the authors' code (github.com/xcgoner/async_fl).
   """
   mixing = check_float("mixing", mixing, minimum=0.0, maximum=1.0, strict_minimum=True)

@@ -103,7 +103,7 @@ def async_adam(
     Xu, Xu, Yan, Sutcher-Shepard, Grinberg, Chen, `Parallel and Distributed
     Asynchronous Adaptive Stochastic Gradient Methods
     <https://arxiv.org/abs/2002.09095>`_, Mathematical Programming
-    Computation, 2023;
+    Computation (arXiv 2020);
     Kingma, Ba, `Adam: A Method for Stochastic Optimization
     <https://arxiv.org/abs/1412.6980>`_, ICLR 2015.
   """
@@ -171,7 +171,7 @@ def apam(
     Xu, Xu, Yan, Sutcher-Shepard, Grinberg, Chen, `Parallel and Distributed
     Asynchronous Adaptive Stochastic Gradient Methods
     <https://arxiv.org/abs/2002.09095>`_, Mathematical Programming
-    Computation, 2023;
+    Computation (arXiv 2020);
     Reddi, Kale, Kumar, `On the Convergence of Adam and Beyond
     <https://openreview.net/forum?id=ryQu7f-RZ>`_, ICLR 2018.
   """

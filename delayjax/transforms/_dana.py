@@ -134,7 +134,7 @@ def dana(
 
   References:
     Hakimi, Barkai, Gabel, Schuster, `Taming Momentum in a Distributed
-    Asynchronous Environment <https://arxiv.org/abs/1907.11612>`_, 2019.
+    Asynchronous Environment <https://arxiv.org/abs/1907.11612>`_, arXiv 2019.
   """
   learning_rate = check_positive_rate("learning_rate", learning_rate)
   momentum = check_float("momentum", momentum, minimum=0.0, maximum=1.0)
