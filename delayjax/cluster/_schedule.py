@@ -164,12 +164,12 @@ class Schedule:
   def mean_staleness(self) -> float:
     """The mean staleness over applied gradients (minibatches)."""
     tau, batches = self._staleness_values()
-    return float(np.dot(tau, batches) / batches.sum())
+    return float(np.dot(tau, batches) / batches.sum()) if batches.sum() else float("nan")
 
   @property
   def total_time(self) -> float:
     """Simulated seconds until the last update, ``time[-1]``."""
-    return float(self.time[-1])
+    return float(self.time[-1]) if self.num_updates else 0.0
 
   @property
   def updates_per_second(self) -> float:
