@@ -174,7 +174,9 @@ class Schedule:
   @property
   def updates_per_second(self) -> float:
     """Updates per simulated second (``inf`` if no simulated time passed)."""
-    return self.num_updates / self.total_time if self.total_time > 0 else float("inf")
+    if self.total_time > 0:
+      return self.num_updates / self.total_time
+    return float("inf") if self.num_updates else float("nan")
 
   @property
   def idle_fraction(self) -> np.ndarray:
