@@ -87,3 +87,47 @@ def test_reference_cases_exercise_the_rules():
   applied = x["event_update"] >= 0
   late = x["event_end_time"][applied] < np.r_[0.0, held.time][x["event_update"][applied]]
   assert late.any()
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from delayjax.cluster._paradigms import DSSP  # noqa: E402
+
+
+@st.composite
+def small_clusters(draw):
+  num_workers = draw(st.integers(1, 6))
+  width = draw(st.integers(1, 6))
+  values = st.sampled_from([0.5, 1.0, 1.5, 2.0, 3.0]) if draw(st.booleans()) else st.floats(0.01, 5.0)
+  times = np.array(draw(st.lists(values, min_size=num_workers * width, max_size=num_workers * width)))
+  return times.reshape(num_workers, width)
+
+
+def _random_case(data, num_workers):
+  kind = data.draw(st.sampled_from(["asp", "ssp", "dssp", "k_sync", "k_async", "k_batch_sync", "k_batch_async",
+                                    "softsync", "backup"]))
+  k = data.draw(st.integers(1, num_workers))
+  s = data.draw(st.integers(0, 3))
+  extra = data.draw(st.integers(0, 4))
+  return {
+      "asp": (C.asp(), lambda t, u: ref.asp(t, u)),
+      "ssp": (C.ssp(s), lambda t, u: ref.ssp(t, u, s)),
+      "dssp": (C.dssp(s, s + extra), lambda t, u: ref.dssp(t, u, s, s + extra)),
+      "k_sync": (C.k_sync(k), lambda t, u: ref.k_sync(t, u, k)),
+      "k_async": (C.k_async(k), lambda t, u: ref.aggregate(t, u, k, True)),
+      "k_batch_sync": (C.k_batch_sync(k + extra), lambda t, u: ref.k_batch_sync(t, u, k + extra)),
+      "k_batch_async": (C.k_batch_async(k + extra), lambda t, u: ref.aggregate(t, u, k + extra, False)),
+      "softsync": (C.softsync(k), lambda t, u: ref.aggregate(t, u, num_workers // k, False)),
+      "backup": (C.backup_workers(k - 1), lambda t, u: ref.backup(t, u, k - 1)),
+  }[kind]
+
+
+@settings(max_examples=150, deadline=None)
+@given(times=small_clusters(), num_updates=st.integers(1, 40), data=st.data())
+def test_matches_reference_on_random_clusters(times, num_updates, data):
+  paradigm, reference = _random_case(data, times.shape[0])
+  sched = C.simulate(paradigm, C.workers(times.shape[0], compute=C.replay(times)), num_updates)
+  result = reference(times, num_updates)
+  _assert_same(sched, result)
+  if isinstance(paradigm, DSSP):
+    np.testing.assert_array_equal(sched.extras["threshold"], result.threshold)
