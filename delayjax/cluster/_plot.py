@@ -87,7 +87,8 @@ def plot_timeline(schedule: Schedule, ax: Any = None, start: float = 0.0, stop: 
 
   Returns:
     The ``Axes``. Its bar containers are labelled ``"applied"``,
-    ``"dropped"``, ``"in flight"`` and ``"wait"``.
+    ``"dropped"``, ``"in flight"`` and ``"wait"`` (a kind with nothing to
+    draw has none).
   """
   ax = _axes(ax)
   intervals = timeline_intervals(schedule, start, stop)
@@ -98,10 +99,11 @@ def plot_timeline(schedule: Schedule, ax: Any = None, start: float = 0.0, stop: 
       "wait": dict(color="lightgrey", label="wait", hatch="//"),
   }
   for kind, style in styles.items():
-    if kind == "wait" and not show_wait:
-      continue
     w, b, e = intervals[kind]
-    ax.barh(w, e - b, left=b, height=0.8, edgecolor="none", **style)
+    if (kind == "wait" and not show_wait) or w.shape[0] == 0:
+      continue
+    # White edges keep back-to-back computations of one worker apart.
+    ax.barh(w, e - b, left=b, height=0.8, edgecolor="white", linewidth=0.5, **style)
   stop = schedule.total_time if stop is None else float(stop)
   shown = schedule.time[(schedule.time >= start) & (schedule.time <= stop)]
   if shown.shape[0] <= 200:
