@@ -12,6 +12,7 @@ again after an interruption and the finished runs are read back, not redone.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from typing import Any
@@ -31,6 +32,10 @@ def _parser() -> argparse.ArgumentParser:
   run.add_argument("--seeds", type=int, default=None, help="number of seeds (default: the scale's)")
   run.add_argument("--steps", type=int, default=None, help="override the length of every run (smoke tests)")
   run.add_argument("--out", default=None, help="output directory (default: results/NAME/SCALE)")
+  run.add_argument("--smoke", action="store_true",
+                   help="a seconds-long run of the whole pipeline (the reproduction's smoke settings)")
+  run.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="override config settings, VALUE in JSON (e.g. --set workers=[4] lr=0.05)")
   run.add_argument("--only", nargs="+", default=None, help="run only the specs whose key contains one of these")
   run.add_argument("--data-dir", default=None, help="where paper-scale data sets are (see experiments/_datasets.py)")
   run.add_argument("--no-plot", action="store_true", help="skip the PNG plots")
@@ -66,7 +71,8 @@ def _run(args: argparse.Namespace) -> int:
     print(e, file=sys.stderr)
     return 2
   for repro in repros:
-    config = _framework.config_for(repro, args.scale, steps=args.steps, seeds=args.seeds)
+    config = _framework.config_for(repro, args.scale, steps=args.steps, seeds=args.seeds,
+                                   overrides={**(repro.smoke if args.smoke else {}), **_overrides(args.set)})
     if args.data_dir is not None:
       config["data_dir"] = os.path.abspath(os.path.expanduser(args.data_dir))
     if args.out is None:
@@ -77,6 +83,19 @@ def _run(args: argparse.Namespace) -> int:
   if len(repros) > 1:
     _report(args.out or "results", plots=False, tables=False)
   return 0
+
+
+def _overrides(pairs: list[str]) -> dict[str, Any]:
+  out = {}
+  for pair in pairs:
+    key, sep, value = pair.partition("=")
+    if not sep:
+      raise SystemExit(f"--set expects KEY=VALUE, got {pair!r}.")
+    try:
+      out[key] = json.loads(value)
+    except json.JSONDecodeError:
+      out[key] = value  # a bare string such as compute=exponential
+  return out
 
 
 def _result_dirs(root: str) -> list[str]:
@@ -98,9 +117,13 @@ def _report(root: str, plots: bool = True, tables: bool = True) -> int:
     saved = _framework.load_results(directory)
     repro = _registry.get(saved["reproduction"])
     config: dict[str, Any] = saved["config"]
-    wanted = {s["key"] for s in repro.specs(config)}
-    records = [r for r in _framework.load_records(directory) if r["key"] in wanted]
-    result = _framework.finish(repro, config, records, directory, plots=plots, verbose=tables)
+    order = {s["key"]: i for i, s in enumerate(repro.specs(config))}
+    # Only the runs of the saved config: a folder may also hold runs of an earlier, different config.
+    records = sorted((r for r in _framework.load_records(directory) if r["key"] in order
+                      and r["fingerprint"] == _framework.fingerprint(config, r["spec"], r["seed"])),
+                     key=lambda r: (order[r["key"]], r["seed"]))
+    result = _framework.finish(repro, config, records, directory, reused=len(records), plots=plots,
+                               verbose=tables)
     for c in result["claims"]:
       held = {True: "held", False: "**not held**", None: "n/a"}[c["held"]]
       lines.append(f"| {repro.name} ({config.get('scale')}) | {c['statement']} | {held} | {c['figures']} |")

@@ -77,6 +77,9 @@ class Reproduction:
     plots: ``(config, records, rows, out_dir) -> paths`` of the PNG files written.
     paper_numbers: the paper's own figures, row key -> {column: value}, shown
       side by side with the reproduction's.
+    columns: the table's columns (default: every column of the rows).
+    smoke: config overrides for ``--smoke`` (a seconds-long run of the whole
+      pipeline, for tests): fewer steps, seeds and grid points.
   """
 
   name: str
@@ -90,14 +93,19 @@ class Reproduction:
   plots: Callable[[Mapping[str, Any], list[dict[str, Any]], list[dict[str, Any]], str], list[str]]
   paper_numbers: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
   columns: Sequence[str] = ()
+  smoke: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def config_for(repro: Reproduction, scale: str, steps: int | None = None,
-               seeds: int | None = None) -> dict[str, Any]:
-  """The config of ``scale`` with the ``--steps`` and ``--seeds`` overrides applied."""
+def config_for(repro: Reproduction, scale: str, steps: int | None = None, seeds: int | None = None,
+               overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+  """The config of ``scale`` with the ``--set``, ``--steps`` and ``--seeds`` overrides applied."""
   if scale not in repro.scales:
     raise ValueError(f"scale must be one of {sorted(repro.scales)} for {repro.name}, got {scale!r}.")
   config = dict(repro.scales[scale])
+  for key, value in (overrides or {}).items():
+    if key not in config:
+      raise ValueError(f"--set {key}=...: {repro.name} ({scale}) has no such setting; it has {sorted(config)}.")
+    config[key] = value
   config["scale"] = scale
   if steps is not None:
     if steps < 1:

@@ -154,6 +154,7 @@ REPRODUCTION = Reproduction(
     scales=SCALES, specs=specs, run=run, summarize=summarize, claims=CLAIMS, plots=plots,
     paper_numbers={k: {"error_pct": v} for k, v in PAPER_ERROR.items()},
     columns=("key", "error_pct", "train_loss", "updates", "simulated_time", "mean_staleness"),
+    smoke=dict(steps=48, seeds=1, workers=[4], eval_every=16),
 )
 
 

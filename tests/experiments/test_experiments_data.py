@@ -1,0 +1,103 @@
+"""Paper-scale loaders on small files written here in the real formats; the procedurally generated corpus."""
+
+import builtins
+import gzip
+import pickle
+
+import numpy as np
+import pytest
+
+from experiments import _datasets
+
+
+@pytest.fixture
+def no_tfds(monkeypatch):
+  """Makes ``import tensorflow_datasets`` fail, as on a machine without it."""
+  real_import = builtins.__import__
+
+  def fake_import(name, *args, **kwargs):
+    if name.startswith("tensorflow_datasets"):
+      raise ImportError(name)
+    return real_import(name, *args, **kwargs)
+
+  monkeypatch.setattr(builtins, "__import__", fake_import)
+  monkeypatch.delenv(_datasets.ENV, raising=False)
+
+
+def _write_cifar(root, rng, per_batch=4, train_batches=5):
+  root.mkdir(parents=True)
+  batches = {}
+  for name in [f"data_batch_{i}" for i in range(1, train_batches + 1)] + ["test_batch"]:
+    data = rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8)
+    labels = rng.integers(0, 10, per_batch).tolist()
+    with open(root / name, "wb") as f:
+      pickle.dump({b"data": data, b"labels": labels, b"batch_label": name.encode()}, f)
+    batches[name] = (data, labels)
+  return batches
+
+
+def test_cifar10_from_local_pickles(tmp_path, no_tfds):
+  rng = np.random.default_rng(0)
+  batches = _write_cifar(tmp_path / "cifar-10-batches-py", rng)
+  split = _datasets.cifar10(tmp_path)
+  assert split.x_train.shape == (20, 32, 32, 3) and split.x_test.shape == (4, 32, 32, 3)
+  assert split.x_train.dtype == np.float32 and split.y_train.dtype == np.int32
+  assert split.y_train.tolist() == sum((batches[f"data_batch_{i}"][1] for i in range(1, 6)), [])
+  # Channel-major rows become NHWC images: pixel (row 1, col 2) of channel c is at c * 1024 + 1 * 32 + 2.
+  raw = np.concatenate([batches[f"data_batch_{i}"][0] for i in range(1, 6)]).astype(np.float32) / 255
+  images = raw.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+  mean, std = images.mean(axis=(0, 1, 2)), images.std(axis=(0, 1, 2)) + 1e-6
+  np.testing.assert_allclose(split.x_train, (images - mean) / std, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(split.x_train.mean(axis=(0, 1, 2)), 0.0, atol=1e-4)
+
+
+def test_cifar10_from_the_environment_variable(tmp_path, no_tfds, monkeypatch):
+  _write_cifar(tmp_path / "cifar-10-batches-py", np.random.default_rng(1), per_batch=2)
+  monkeypatch.setenv(_datasets.ENV, str(tmp_path))
+  assert _datasets.cifar10().x_train.shape == (10, 32, 32, 3)
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_mnist_from_idx_files(tmp_path, no_tfds, gz):
+  rng = np.random.default_rng(2)
+  arrays = {"x_train": rng.integers(0, 256, (6, 28, 28)), "y_train": rng.integers(0, 10, 6),
+            "x_test": rng.integers(0, 256, (3, 28, 28)), "y_test": rng.integers(0, 10, 3)}
+  for key, name in _datasets.MNIST_FILES.items():
+    _datasets.write_idx(str(tmp_path / (name + (".gz" if gz else ""))), arrays[key])
+  split = _datasets.mnist(tmp_path)
+  assert split.x_train.shape == (6, 28, 28, 1) and split.x_train.dtype == np.float32
+  np.testing.assert_allclose(split.x_train[..., 0], arrays["x_train"] / 255.0, rtol=1e-6)
+  assert split.y_test.tolist() == arrays["y_test"].tolist()
+
+
+def test_read_idx_checks_the_header(tmp_path):
+  path = tmp_path / "bad-idx"
+  path.write_bytes(b"\x01\x02\x08\x01" + b"\x00\x00\x00\x02" + b"ab")
+  with pytest.raises(ValueError, match="not an idx file"):
+    _datasets.read_idx(str(path))
+  short = tmp_path / "short.gz"
+  with gzip.open(short, "wb") as f:
+    f.write(b"\x00\x00\x08\x01" + b"\x00\x00\x00\x05" + b"abc")
+  with pytest.raises(ValueError, match="holds 3 values"):
+    _datasets.read_idx(str(short))
+
+
+def test_missing_data_names_the_fix(tmp_path, no_tfds):
+  with pytest.raises(_datasets.DataUnavailable, match="cifar-10-python.tar.gz.*--data-dir.*tensorflow-datasets"):
+    _datasets.cifar10(tmp_path)
+  with pytest.raises(_datasets.DataUnavailable, match="train-images-idx3-ubyte.*tensorflow-datasets"):
+    _datasets.mnist(tmp_path)
+
+
+def test_markov_corpus_is_learnable_and_deterministic():
+  tokens = _datasets.markov_corpus(20_000, vocab=16, seed=3)
+  assert tokens.dtype == np.int32 and tokens.min() >= 0 and tokens.max() < 16
+  np.testing.assert_array_equal(tokens, _datasets.markov_corpus(20_000, vocab=16, seed=3))
+  # The empirical conditional entropy given two previous tokens is far below the unigram entropy.
+  counts = np.zeros((16, 16, 16))
+  np.add.at(counts, (tokens[:-2], tokens[1:-1], tokens[2:]), 1)
+  joint = counts / counts.sum()
+  context = joint.sum(axis=-1, keepdims=True)
+  conditional = -np.nansum(joint * np.log(np.where(joint > 0, joint / np.maximum(context, 1e-12), 1)))
+  unigram = np.bincount(tokens, minlength=16) / tokens.size
+  assert conditional < 0.6 * -np.sum(unigram * np.log(unigram))
