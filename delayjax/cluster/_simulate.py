@@ -521,8 +521,9 @@ class Simulation:
   chunks into the schedule of the whole run. When no feedback changes the
   paradigm, its times, contributions, versions and events are identical to
   those of one ``simulate(...)`` call with the same seed (``wait`` and
-  ``busy`` are summed per chunk, so they agree up to float rounding). ``feedback(loss)`` reports the current training loss (used by
-  ``adasync`` to raise ``K``; ignored by the others).
+  ``busy`` are summed per chunk, so they agree up to float rounding).
+  ``feedback(loss)`` reports the current training loss (used by ``adasync``
+  to raise ``K``; ignored by the others).
 
   Only round-synchronous paradigms (``bsp``, ``k_sync``, ``k_batch_sync``,
   ``adasync``) can be cut into chunks: in them every update uses gradients

@@ -2,8 +2,10 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import delayjax as dj
+from delayjax.cluster._paradigms import DSSP
 import cluster_reference as ref
 
 C = dj.cluster
@@ -87,11 +89,6 @@ def test_reference_cases_exercise_the_rules():
   applied = x["event_update"] >= 0
   late = x["event_end_time"][applied] < np.r_[0.0, held.time][x["event_update"][applied]]
   assert late.any()
-
-
-from hypothesis import given, settings, strategies as st  # noqa: E402
-
-from delayjax.cluster._paradigms import DSSP  # noqa: E402
 
 
 @st.composite
