@@ -23,8 +23,9 @@ from delayjax.runtime._waves import StepPlan, plan_steps
 from delayjax.transforms._hooks import read_params
 
 AXIS = "workers"
-# Server params, optimizer state, slots, then the wave's gradient, stale-params, loss and finiteness buffers.
-CARRY_SPECS = (P(), P(), P(AXIS), P(), P(), P(), P())
+# Server params, optimizer state, slots, the next step's lanes' slot contents, then the wave's
+# gradient, stale-params, loss and finiteness buffers.
+CARRY_SPECS = (P(), P(), P(AXIS), P(AXIS), P(), P(), P(), P())
 _CHECKPOINT_FILE = "simulate.msgpack"
 
 
@@ -201,6 +202,7 @@ def simulate(
     skip_nonfinite: bool = False,
     lanes: int | None = None,
     callback: Callable[[dict[str, Any]], None] | None = None,
+    _inspect: Callable[..., None] | None = None,
 ) -> SimulationResult:
   r"""Trains under a delay schedule exactly, computing independent gradients in parallel.
 
@@ -287,6 +289,9 @@ def simulate(
       arguments taken from the rest); an update that has none left leaves
       parameters and optimizer state untouched. Non-finite gradients are
       reported in ``history.nonfinite`` either way.
+    lanes: gradients computed per device in one step (one ``vmap``);
+      default: chosen from the schedule to minimize masked lanes plus
+      per-step overhead.
     callback: called on the host after every chunk with a dict:
       ``updates_done``, ``num_updates``, ``chunk``, ``num_chunks``.
 
@@ -358,6 +363,7 @@ def simulate(
   # wave's gradients (a wave's steps may straddle two chunks).
   size = plan.buffer_size
   carry = (params, opt_state, jax.tree.map(lambda x: buffer(x, num_workers, plan.num_slots), params),
+           jax.tree.map(lambda x: buffer(x, plan.lane_worker.shape[1]), params),
            jax.tree.map(lambda x: buffer(x, size), params), jax.tree.map(lambda x: buffer(x, size), params),
            np.zeros(size, np.float32), np.ones(size, bool))
   history: dict[str, list[Any]] = {"loss": [], "metrics": [], "nonfinite": []}
@@ -387,6 +393,11 @@ def simulate(
     tables["upd_eval"] = eval_flag[tables["upd_index"]] & valid
     lane_tabs = {k: put(v, P(None, AXIS)) for k, v in tables.items() if k.startswith("lane_")}
     step_tabs = {k: put(v, P()) for k, v in tables.items() if not k.startswith("lane_")}
+    if _inspect is not None:
+      # For benchmarks: the jitted chunk function and its arguments (e.g. to
+      # read XLA's memory analysis), before the call donates the carry.
+      _inspect(chunk_fn, (carry, data_dev, shard_dev, lane_tabs, step_tabs))
+      _inspect = None
     carry, (loss, metrics, finite) = chunk_fn(carry, data_dev, shard_dev, lane_tabs, step_tabs)
     history["loss"].append(_host(loss)[valid])
     if eval_fn is not None:
@@ -514,17 +525,22 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
     return buf.at[pos].set(x, mode="drop")
 
   def step(carry, tabs, data, shard_rows, shard_sizes):
-    params, opt_state, slots, grad_buf, stale_buf, loss_buf, finite_buf = carry
+    params, opt_state, slots, held, grad_buf, stale_buf, loss_buf, finite_buf = carry
     lane, tab = tabs
     offset = jax.lax.axis_index(AXIS) * per_device if distributed else 0
+
+    def local_rows(workers):
+      # Padding (worker = num_workers) and other devices' workers fall outside
+      # this device's rows and are dropped.
+      rows = workers - offset
+      return jnp.where((rows >= 0) & (rows < per_device), rows, per_device)
+
     workers = lane["lane_worker"]
-    local = workers - offset
     fresh_reads = jax.vmap(lambda m: read_params(opt_state, params, m))(workers)
-    held = jax.vmap(lambda m, s: jax.tree.map(lambda x: x[m, s], slots))(local, lane["lane_slot"])
     stale = jax.tree.map(lambda r, h: jnp.where(_lead(lane["lane_fresh"], r), r, h), fresh_reads, held)
     loss, grads = jax.vmap(lane_grad, in_axes=(None, 0, 0, 0, 0, 0, 0, 0))(
         data, stale, lane["lane_update"], workers, lane["lane_draw"], lane["lane_batches"],
-        shard_rows[local], shard_sizes[local])
+        shard_rows[local_rows(workers)], shard_sizes[local_rows(workers)])
     finite = jax.vmap(_all_finite)(grads)
     pos = gather(lane["lane_pos"])
     finite_all = gather(finite)
@@ -536,15 +552,13 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
     def read(i, state):
       params, opt_state, slots = state
       reader = tab["read_worker"][i]
-      row = reader - offset
-      # Rows held by other devices (and padding) fall outside and are dropped.
-      row = jnp.where((row >= 0) & (row < per_device), row, per_device)
       value = read_params(opt_state, params, reader)
+      row = local_rows(reader)
       slots = jax.tree.map(lambda s, v: s.at[row, tab["read_slot"][i]].set(v, mode="drop"), slots, value)
       return params, opt_state, slots
 
-    # Reads of this version for later waves happen only now, after every
-    # gradient that may still have needed those slots.
+    # Reads of this version for later waves come first in the list; they are
+    # stored only now, after the gradients that may still have needed a slot.
     _, _, slots = jax.lax.fori_loop(0, tab["read_first"], read, (params, opt_state, slots))
 
     def apply(i, state):
@@ -587,7 +601,11 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
     metrics = jax.tree.map(lambda s: jnp.zeros((max_len,) + s.shape, s.dtype), metric_shapes)
     params, opt_state, slots, losses, metrics = jax.lax.fori_loop(
         0, tab["upd_count"], apply, (params, opt_state, slots, losses, metrics))
-    carry = (params, opt_state, slots, grad_buf, stale_buf, loss_buf, finite_buf)
+    # The next step's held parameters are gathered last: a gather from the
+    # slots before writing them would make XLA copy the slots every step.
+    held = jax.vmap(lambda m, k: jax.tree.map(lambda x: x[m, k], slots))(
+        local_rows(lane["lane_next_worker"]), lane["lane_next_slot"])
+    carry = (params, opt_state, slots, held, grad_buf, stale_buf, loss_buf, finite_buf)
     return carry, (losses, metrics, finite_all)
 
   def chunk(carry, data, shard, lane_tabs, step_tabs):

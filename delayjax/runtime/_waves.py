@@ -105,7 +105,18 @@ class StepPlan:
     return float(self.lane_active.mean()) if self.lane_active.size else 0.0
 
   def tables(self, first: int, count: int) -> dict[str, np.ndarray]:
-    """The tables of steps ``first .. first + count - 1``, padded with empty steps."""
+    """The tables of steps ``first .. first + count - 1``, padded with empty steps.
+
+    Besides the fields, ``lane_next_worker`` and ``lane_next_slot`` name the
+    lanes of each following step, whose slots each step gathers last.
+    """
+    out = self._rows(first, count)
+    following = self._rows(first + 1, count)
+    out["lane_next_worker"] = following["lane_worker"]
+    out["lane_next_slot"] = following["lane_slot"]
+    return out
+
+  def _rows(self, first: int, count: int) -> dict[str, np.ndarray]:
     out = {}
     for f in dataclasses.fields(self):
       if f.name in self._META:
