@@ -111,14 +111,40 @@ class Schedule:
     return np.where(self.contributes, u - self.read_version, -1)
 
   def __getitem__(self, index: slice) -> "Schedule":
-    """The first updates of a schedule: only slices ``[:n]`` keep versions meaningful."""
+    """The schedule up to the moment its ``n``-th update is applied: ``schedule[:n]``.
+
+    Per-update arrays (and per-update ``extras``) are cut. When the schedule
+    records its events (``extras["event_*"]``), the events that had started
+    by then (read a version below ``n``) are kept, those whose gradient was not applied by then are
+    marked still running (``event_update = -2``), and ``busy``, ``wait`` and
+    ``dropped`` are recounted up to that moment; otherwise they stay the
+    whole run's totals.
+    """
     if not isinstance(index, slice) or index.start not in (None, 0) or index.step not in (None, 1):
       raise TypeError(f"a Schedule can only be cut as schedule[:n], got {index!r}.")
     stop = self.num_updates if index.stop is None else min(index.stop, self.num_updates)
+    if stop < 1:
+      raise ValueError(f"a Schedule needs at least one update, got schedule[:{index.stop}].")
+    extras = {k: v[:stop] if not k.startswith("event_") and v.shape[:1] == (self.num_updates,) else v
+              for k, v in self.extras.items()}
+    busy, wait, dropped = self.busy, self.wait, self.dropped
+    if stop < self.num_updates and "event_read_time" in extras:
+      end = self.time[stop - 1]
+      # A read of version `stop` follows the last kept update: it had not happened yet.
+      keep = extras["event_read_version"] < stop
+      events = {k: v[keep] for k, v in extras.items() if k.startswith("event_")}
+      update, finish = events["event_update"].copy(), events["event_end_time"]
+      update[(update >= stop) | ((update == -1) & (finish > end))] = -2
+      events["event_update"] = update
+      worker = events["event_worker"]
+      busy = np.bincount(worker, np.minimum(finish, end) - events["event_read_time"], self.num_workers)
+      wait = end - busy
+      dropped = np.bincount(worker, update == -1, self.num_workers).astype(np.int64)
+      extras.update(events)
     return dataclasses.replace(
         self, time=self.time[:stop], contributes=self.contributes[:stop],
         read_version=self.read_version[:stop], num_batches=self.num_batches[:stop],
-        extras={k: v for k, v in self.extras.items()})
+        busy=busy, wait=wait, dropped=dropped, extras=extras)
 
   def save(self, path: str | os.PathLike[str]) -> None:
     """Writes the schedule to ``path`` as a ``.npz`` file (uncompressed, exact)."""
