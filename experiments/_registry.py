@@ -9,6 +9,10 @@ from experiments._framework import Reproduction
 # In the order of the list; the flagship first.
 NAMES = (
     "dc_asgd",
+    "staleness_aware",
+    "dai_staleness",
+    "dssp",
+    "ksync",
 )
 
 

@@ -1,0 +1,140 @@
+"""DSSP against BSP, ASP and SSP (Zhao et al. 2019) on a heterogeneous cluster.
+
+Eight workers of unequal speeds train the same model under four paradigms:
+BSP (every update waits for all), ASP (no one waits), SSP with threshold
+``s_L`` and DSSP, whose fastest worker may run up to ``s_U`` clocks ahead when
+the controller predicts that waiting would be wasted. Every run computes the
+same number of gradients (``steps``; BSP averages M per update). Reported:
+test accuracy against simulated wall-clock time, time to a target accuracy,
+and the total time the workers spent blocked.
+
+    python -m experiments run dssp
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any
+
+import optax
+
+import delayjax as dj
+from experiments import _plots
+from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows
+from experiments._training import first_reach, simulate_record, task_for
+
+# Config: the paper's thresholds s_L = 3, s_U = 15; half the cluster is slower (0.8x and 0.6x). With a
+# 4x-slower worker the gap exceeds s_U almost always, and DSSP behaves like SSP (a first quick run showed it).
+SCALES = {
+    "quick": dict(data="digits", model="mlp", hidden=128, steps=1200, batch=32, lr=0.05, momentum=0.5,
+                  speeds=[1.0, 1.0, 1.0, 1.0, 0.8, 0.8, 0.6, 0.6], compute="gamma", s_lower=3, s_upper=15,
+                  target_accuracy=0.95, seeds=1, eval_every=40),
+    "paper": dict(data="cifar10", model="resnet20", steps=62_500, batch=128, lr=0.1, momentum=0.9,
+                  speeds=[1.0, 1.0, 1.0, 1.0, 0.8, 0.8, 0.6, 0.6], compute="gamma", s_lower=3, s_upper=15,
+                  target_accuracy=0.85, seeds=1, eval_every=1000),
+}
+
+
+def specs(config: dict[str, Any]) -> list[dict[str, Any]]:
+  return [{"key": "bsp", "paradigm": "bsp"}, {"key": "asp", "paradigm": "asp"},
+          {"key": f"ssp-s{config['s_lower']}", "paradigm": "ssp"},
+          {"key": f"dssp-s{config['s_lower']}-{config['s_upper']}", "paradigm": "dssp"}]
+
+
+def schedule(config: dict[str, Any], paradigm: str, seed: int) -> dj.cluster.Schedule:
+  workers = dj.cluster.workers(len(config["speeds"]), compute=config["compute"], speed=config["speeds"])
+  rule = {"bsp": dj.cluster.bsp(), "asp": dj.cluster.asp(), "ssp": dj.cluster.ssp(config["s_lower"]),
+          "dssp": dj.cluster.dssp(config["s_lower"], config["s_upper"])}[paradigm]
+  updates = config["steps"] // workers.num_workers if paradigm == "bsp" else config["steps"]
+  return dj.cluster.simulate(rule, workers, max(1, updates), seed=seed)
+
+
+def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
+  sched = schedule(config, spec["paradigm"], seed)
+  tx = optax.sgd(config["lr"], momentum=config["momentum"])
+  every = max(1, config["eval_every"] * sched.num_updates // config["steps"])
+  record = simulate_record(task_for(config), tx, sched, seed=seed, batch_size=config["batch"],
+                           eval_every=every, progress=progress)
+  curves = record["curves"]
+  reach = first_reach(curves["time"], curves["test_error"], 1.0 - config["target_accuracy"])
+  record["metrics"]["time_to_target"] = reach if math.isfinite(reach) else None
+  return record
+
+
+def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+  rows = mean_rows(records, fields=("paradigm",))
+  for r in rows:
+    r["accuracy_pct"] = 100 * (1 - r["test_error"])
+  return rows
+
+
+def _row(summary: Summary, paradigm: str) -> dict[str, Any]:
+  return next(r for r in summary.values() if r["paradigm"] == paradigm)
+
+
+def _time(row: dict[str, Any]) -> float:
+  t = row["time_to_target"]
+  return float("inf") if t is None or math.isnan(t) else t
+
+
+def _waits_less(summary: Summary) -> ClaimResult:
+  d, s, b = (_row(summary, p)["total_wait"] for p in ("dssp", "ssp", "bsp"))
+  return ClaimResult(d < s and d < b, f"total wait (worker-seconds): DSSP {d:.1f}, SSP {s:.1f}, BSP {b:.1f}")
+
+
+def _faster_to_target(summary: Summary) -> ClaimResult:
+  times = {p: _time(_row(summary, p)) for p in ("dssp", "ssp", "bsp", "asp")}
+  held = times["dssp"] < times["ssp"] and times["dssp"] < times["bsp"]
+  return ClaimResult(held, "simulated seconds to the target accuracy: "
+                     + ", ".join(f"{p.upper()} {t:.1f}" for p, t in times.items()))
+
+
+def _as_accurate_as_asp(summary: Summary) -> ClaimResult:
+  d, a = _row(summary, "dssp")["accuracy_pct"], _row(summary, "asp")["accuracy_pct"]
+  return ClaimResult(d >= a, f"final accuracy: DSSP {d:.2f}%, ASP {a:.2f}%")
+
+
+CLAIMS = [
+    Claim("dssp-waits-less", "DSSP's workers wait less than under SSP (s_L) and BSP", _waits_less),
+    Claim("dssp-faster", "DSSP reaches the target accuracy sooner in wall-clock time than SSP and BSP",
+          _faster_to_target),
+    Claim("dssp-vs-asp", "DSSP ends at least as accurate as ASP", _as_accurate_as_asp),
+]
+
+
+def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict[str, Any]], out: str) -> list[str]:
+  label = lambda spec: spec["key"].upper()  # noqa: E731
+  plt = _plots.pyplot()
+  fig, ax = plt.subplots(figsize=(4.5, 3.4))
+  ax.bar([r["key"].upper() for r in rows], [r["total_wait"] for r in rows])
+  ax.set_ylabel("total waiting time (worker-seconds)")
+  ax.set_title("Time blocked by the barrier")
+  fig.tight_layout()
+  path = f"{out}/waiting_time.png"
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return [_plots.curves(records, out, "error_vs_time", label=label, xs=("time", "update")),
+          _plots.staleness_histograms(records, out, label=label), path]
+
+
+REPRODUCTION = Reproduction(
+    name="dssp",
+    paper="Zhao, An, Liu, Chen: Dynamic Stale Synchronous Parallel Distributed Training for Deep Learning, "
+          "ICDCS 2019",
+    description="BSP, ASP, SSP and DSSP on 8 workers of unequal speed: accuracy against simulated time, "
+                "waiting time.",
+    scales=SCALES, specs=specs, run=run, summarize=summarize, claims=CLAIMS, plots=plots,
+    columns=("key", "accuracy_pct", "time_to_target", "simulated_time", "total_wait", "mean_staleness"),
+    smoke=dict(steps=64, eval_every=16),
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+  from experiments.__main__ import main as cli
+
+  return cli(["run", REPRODUCTION.name, *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())

@@ -1,0 +1,204 @@
+"""K-sync, K-async and AdaSync SGD (Dutta et al. 2018): error against simulated runtime.
+
+P workers with exponential compute times. K-sync waits for the first K of P
+fresh gradients (the rest are cancelled); K-async applies any K gradients,
+possibly stale; AdaSync starts at K-sync with ``K0`` and raises ``K`` as the
+training loss falls, ``K = ceil(sqrt(F(w_0) / F(w_t)) K0)``. Every method runs
+for the same simulated time ``time_budget`` with plain SGD at one learning
+rate, so a smaller ``K`` buys more (noisier or staler) updates. (With
+exponential times K-async and K-sync take the same expected time per update,
+the memoryless case of the paper's analysis; K-async differs in its staleness.)
+
+AdaSync's feedback loop: ``dj.cluster.Simulation`` hands out the schedule in
+chunks of ``adasync_chunk`` updates; after each chunk the training loss is
+fed back and the next chunk uses the new ``K``. Plain SGD has no optimizer
+state, so running ``dj.simulate`` chunk by chunk is exact.
+
+    python -m experiments run ksync
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+
+import delayjax as dj
+from experiments import _plots
+from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows
+from experiments._training import simulate_record, task_for
+
+# Config: 8 workers, exponential compute times of mean 1 s; the paper's P = 8 on CIFAR-10.
+SCALES = {
+    "quick": dict(data="digits", model="mlp", hidden=128, workers=8, ks=[1, 2, 4, 8], time_budget=120.0,
+                  batch=16, lr=0.1, adasync_k0=1, adasync_chunk=60, compute="exponential", seeds=1,
+                  eval_points=30, steps=0),
+    "paper": dict(data="cifar10", model="resnet20", workers=8, ks=[1, 2, 4, 8], time_budget=20_000.0,
+                  batch=128, lr=0.05, adasync_k0=1, adasync_chunk=2000, compute="exponential", seeds=1,
+                  eval_points=40, steps=0),
+}
+
+
+def specs(config: dict[str, Any]) -> list[dict[str, Any]]:
+  runs = [{"key": f"{kind}-K{k}", "kind": kind, "k": k} for kind in ("k-sync", "k-async") for k in config["ks"]]
+  return runs + [{"key": f"adasync-K0{config['adasync_k0']}", "kind": "adasync", "k": config["adasync_k0"]}]
+
+
+def _budget(config: dict[str, Any]) -> float:
+  # --steps (smoke) shortens the simulated time budget in proportion; 0 means the scale's budget.
+  return config["time_budget"] if not config["steps"] else config["steps"] / 100 * config["time_budget"]
+
+
+def _within(schedule: dj.cluster.Schedule, budget: float) -> dj.cluster.Schedule:
+  """The updates applied within the time budget (at least one)."""
+  return schedule[:max(1, int(np.searchsorted(schedule.time, budget, side="right")))]
+
+
+def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
+  task, budget = task_for(config), _budget(config)
+  workers = dj.cluster.workers(config["workers"], compute=config["compute"])
+  tx = optax.sgd(config["lr"])
+  if spec["kind"] == "adasync":
+    return _run_adasync(config, task, workers, tx, seed, budget, progress)
+  paradigm = dj.cluster.k_sync(spec["k"]) if spec["kind"] == "k-sync" else dj.cluster.k_async(spec["k"])
+  # Enough updates to pass the budget: K-async with K = 1 (the fastest) applies about P per second.
+  longest = int(budget * config["workers"] * 1.5 / spec["k"]) + 10
+  sched = _within(dj.cluster.simulate(paradigm, workers, longest, seed=seed), budget)
+  record = simulate_record(task, tx, sched, seed=seed, batch_size=config["batch"],
+                           eval_every=max(1, sched.num_updates // config["eval_points"]), progress=progress)
+  return _with_time_metrics(record, budget)
+
+
+def _run_adasync(config, task, workers, tx, seed, budget, progress) -> dict[str, Any]:
+  sim = dj.cluster.Simulation(dj.cluster.adasync(config["adasync_k0"]), workers, seed=seed)
+  evaluate = jax.jit(task.eval_fn)
+  params, offset, parts = task.init(seed), 0, []
+  start = evaluate(params)
+  sim.feedback(float(start["train_loss"]))
+  while True:
+    chunk = sim.run(config["adasync_chunk"])
+    source = _within(chunk, budget)
+    # Each chunk draws its own minibatches (dj.simulate's sampling restarts with every call).
+    result = dj.simulate(task.loss_fn, tx, params, task.data, source, batch_size=config["batch"],
+                         eval_fn=task.eval_fn, seed=seed + 7919 * len(parts))
+    params = result.params
+    h = result.history
+    parts.append((offset + h.eval_update[-1], h.time[-1], {k: float(v[-1]) for k, v in h.eval_metrics.items()},
+                  sim.k, source))
+    offset += source.num_updates
+    progress(min(int(h.time[-1]), int(budget)), int(budget))
+    if source.num_updates < chunk.num_updates or h.time[-1] >= budget:
+      break
+    sim.feedback(max(parts[-1][2]["train_loss"], 1e-12))
+  whole = dj.cluster.concatenate([p[4] for p in parts])
+  record = {
+      "metrics": {"test_error": parts[-1][2]["test_error"], "train_loss": parts[-1][2]["train_loss"],
+                  "updates": offset, "simulated_time": float(parts[-1][1]),
+                  "mean_staleness": whole.mean_staleness(), "max_staleness": int(whole.staleness.max()),
+                  "total_wait": float(np.sum(whole.wait)),
+                  "final_k": parts[-1][3]},
+      "curves": {"update": [0] + [int(p[0]) for p in parts], "time": [0.0] + [float(p[1]) for p in parts],
+                 "test_error": [float(start["test_error"])] + [p[2]["test_error"] for p in parts],
+                 "train_loss": [float(start["train_loss"])] + [p[2]["train_loss"] for p in parts],
+                 "k": [config["adasync_k0"]] + [p[3] for p in parts]},
+      "staleness_hist": whole.staleness_histogram(),
+  }
+  return _with_time_metrics(record, budget)
+
+
+def _with_time_metrics(record: dict[str, Any], budget: float) -> dict[str, Any]:
+  """Adds the error reached by a fifth of the budget (the last evaluation at or before it)."""
+  times = np.asarray(record["curves"]["time"], np.float64)
+  errors = np.asarray(record["curves"]["test_error"], np.float64)
+  early = errors[max(0, int(np.searchsorted(times, budget / 5, side="right")) - 1)]
+  record["metrics"]["error_at_fifth"] = float(early)
+  record["metrics"]["seconds_per_update"] = record["metrics"]["simulated_time"] / max(record["metrics"]["updates"], 1)
+  return record
+
+
+def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+  rows = mean_rows(records, fields=("kind", "k"))
+  for r in rows:
+    r["error_pct"] = 100 * r["test_error"]
+    r["early_error_pct"] = 100 * r["error_at_fifth"]
+  return rows
+
+
+def _ks(summary: Summary, kind: str) -> list[int]:
+  return sorted(r["k"] for r in summary.values() if r["kind"] == kind)
+
+
+def _sync_slower_with_k(summary: Summary) -> ClaimResult:
+  per = [(k, summary[f"k-sync-K{k}"]["seconds_per_update"]) for k in _ks(summary, "k-sync")]
+  return ClaimResult(all(b > a for (_, a), (_, b) in zip(per, per[1:])),
+                     "K-sync seconds per update: " + ", ".join(f"K={k}: {s:.3f}" for k, s in per))
+
+
+def _stale_wins_early(summary: Summary) -> ClaimResult:
+  k_min, k_max = min(_ks(summary, "k-async")), max(_ks(summary, "k-sync"))
+  stale, sync = summary[f"k-async-K{k_min}"]["early_error_pct"], summary[f"k-sync-K{k_max}"]["early_error_pct"]
+  return ClaimResult(stale < sync, f"error at a fifth of the budget: K-async K={k_min} {stale:.2f}%, "
+                     f"fully synchronous K={k_max} {sync:.2f}%")
+
+
+def _tradeoff(summary: Summary) -> ClaimResult:
+  ks = _ks(summary, "k-sync")
+  small, large = summary[f"k-sync-K{ks[0]}"], summary[f"k-sync-K{ks[-1]}"]
+  held = small["early_error_pct"] < large["early_error_pct"] and large["error_pct"] < small["error_pct"]
+  return ClaimResult(held, f"K-sync K={ks[0]}: {small['early_error_pct']:.2f}% early, {small['error_pct']:.2f}% "
+                     f"final; K={ks[-1]}: {large['early_error_pct']:.2f}% early, {large['error_pct']:.2f}% final")
+
+
+def _adasync(summary: Summary) -> ClaimResult:
+  ada = next(r for r in summary.values() if r["kind"] == "adasync")
+  ks = _ks(summary, "k-sync")
+  best_final = min(summary[f"k-sync-K{k}"]["error_pct"] for k in ks)
+  full = summary[f"k-sync-K{ks[-1]}"]
+  held = ada["error_pct"] <= best_final + 1.0 and ada["early_error_pct"] < full["early_error_pct"]
+  return ClaimResult(held, f"AdaSync {ada['early_error_pct']:.2f}% early, {ada['error_pct']:.2f}% final "
+                     f"(ended at K={ada.get('final_k', float('nan')):.0f}); best fixed-K final {best_final:.2f}%, "
+                     f"K={ks[-1]} early {full['early_error_pct']:.2f}%")
+
+
+CLAIMS = [
+    Claim("k-sync-runtime", "K-sync's time per update grows with K (waiting for more of the P workers)",
+          _sync_slower_with_k),
+    Claim("stale-wins-early", "slow and stale gradients win the race early: K-async with the smallest K is "
+          "ahead of fully synchronous SGD at a fifth of the budget", _stale_wins_early),
+    Claim("error-runtime-tradeoff", "small K has lower error early, large K lower error at the end",
+          _tradeoff),
+    Claim("adasync", "AdaSync ends within 1 point of the best fixed K and is ahead of fully synchronous SGD early",
+          _adasync),
+]
+
+
+def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict[str, Any]], out: str) -> list[str]:
+  panels = lambda spec: "AdaSync and K-sync" if spec["kind"] != "k-async" else "K-async"  # noqa: E731
+  label = lambda spec: spec["key"]  # noqa: E731
+  return [_plots.curves(records, out, "error_vs_time", panels=panels, label=label, xs=("time", "update")),
+          _plots.staleness_histograms([r for r in records if r["spec"]["kind"] == "k-async"], out, label=label)]
+
+
+REPRODUCTION = Reproduction(
+    name="ksync",
+    paper="Dutta, Joshi, Ghosh, Dube, Nagpurkar: Slow and Stale Gradients Can Win the Race: Error-Runtime "
+          "Trade-offs in Distributed SGD, AISTATS 2018",
+    description="K-sync, K-async and AdaSync SGD on P = 8 workers with exponential compute times, same "
+                "simulated time budget.",
+    scales=SCALES, specs=specs, run=run, summarize=summarize, claims=CLAIMS, plots=plots,
+    columns=("key", "error_pct", "early_error_pct", "updates", "seconds_per_update", "mean_staleness"),
+    smoke=dict(steps=10, ks=[1, 8], adasync_chunk=10, eval_points=3),
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+  from experiments.__main__ import main as cli
+
+  return cli(["run", REPRODUCTION.name, *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
