@@ -108,6 +108,20 @@ def schedule_from_delays(model: delays_lib.DelayModel, num_updates: int, seed: i
                   wait=np.zeros(num_workers), paradigm=f"stale read, {model!r}")
 
 
+def _uses_stale_params(tx: optax.GradientTransformationExtraArgs, params: Any) -> bool:
+  """Whether ``tx.update`` reads its ``stale_params`` argument at all (traced once, abstractly)."""
+  spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)), params)
+  state = jax.eval_shape(tx.init, spec)
+
+  def update(stale, state, params):
+    return tx.update(params, state, params, staleness=jnp.int32(0), stale_params=stale, worker=jnp.int32(0))
+
+  jaxpr = jax.make_jaxpr(update)(spec, state, spec).jaxpr
+  stale_vars = {id(v) for v in jaxpr.invars[:len(jax.tree.leaves(spec))]}
+  used = [v for eqn in jaxpr.eqns for v in eqn.invars] + list(jaxpr.outvars)
+  return any(id(v) in stale_vars for v in used)
+
+
 def _tree_where(pred: jax.Array, new: Any, old: Any) -> Any:
   return jax.tree.map(lambda n, o: jnp.where(pred, n, o), new, old)
 
@@ -490,6 +504,10 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
   max_len = plan.upd_index.shape[1]
   distributed = mesh is not None
   metric_shapes = jax.eval_shape(eval_fn, params) if eval_fn is not None else ()
+  keep_stale = _uses_stale_params(tx, params)
+  # A static bound on the reads after one update: unrolled when small (the
+  # common case), a loop otherwise.
+  reads_per_update = int((plan.read_end - plan.read_begin).max()) if plan.read_end.size else 0
 
   def minibatch_grad(data, stale, update, worker, draw, shard_row, shard_size, b):
     idx = minibatch_indices(seed, update, worker, draw + b, num_examples=num_examples,
@@ -545,7 +563,8 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
     pos = gather(lane["lane_pos"])
     finite_all = gather(finite)
     grad_buf = jax.tree.map(lambda b, g: store(b, pos, gather(g)), grad_buf, grads)
-    stale_buf = jax.tree.map(lambda b, s: store(b, pos, gather(s)), stale_buf, stale)
+    if keep_stale:
+      stale_buf = jax.tree.map(lambda b, s: store(b, pos, gather(s)), stale_buf, stale)
     loss_buf = store(loss_buf, pos, gather(loss))
     finite_buf = store(finite_buf, pos, finite_all)
 
@@ -580,7 +599,9 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
                            0.0) for k in range(num_contrib))
       # Contributions are sorted stalest first: the first kept one speaks for the update.
       first = jnp.argmax(kept)
-      stale_params = jax.tree.map(lambda b: b[positions[first]], stale_buf)
+      # Transformations that ignore stale_params are given params (and the
+      # stale parameters are not even kept).
+      stale_params = jax.tree.map(lambda b: b[positions[first]], stale_buf) if keep_stale else params
       updates, new_state = tx.update(grad, opt_state, params, staleness=staleness[first],
                                      stale_params=stale_params, worker=tab["upd_worker"][i][first])
       new_params = optax.apply_updates(params, updates)
@@ -589,7 +610,16 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
         new_params = _tree_where(applied, new_params, params)
         new_state = _tree_where(applied, new_state, opt_state)
       params, opt_state = new_params, new_state
-      _, _, slots = jax.lax.fori_loop(tab["read_begin"][i], tab["read_end"][i], read, (params, opt_state, slots))
+      begin, end = tab["read_begin"][i], tab["read_end"][i]
+      if reads_per_update <= 2:
+        for r in range(reads_per_update):
+          index = begin + r
+          reader = jnp.where(index < end, tab["read_worker"][index], plan.num_workers)
+          value = read_params(opt_state, params, reader)
+          row, slot = local_rows(reader), tab["read_slot"][index]
+          slots = jax.tree.map(lambda s, v: s.at[row, slot].set(v, mode="drop"), slots, value)
+      else:
+        _, _, slots = jax.lax.fori_loop(begin, end, read, (params, opt_state, slots))
       losses = losses.at[i].set(loss)
       if eval_fn is not None:
         value = jax.lax.cond(tab["upd_eval"][i], eval_fn,
