@@ -97,6 +97,11 @@ def simulate_record(task: Task, tx: optax.GradientTransformation, source: Any, *
   return record
 
 
+def within_time(schedule: dj.cluster.Schedule, budget: float) -> dj.cluster.Schedule:
+  """The updates of ``schedule`` applied within ``budget`` simulated seconds (at least one)."""
+  return schedule[:max(1, int(np.searchsorted(schedule.time, budget, side="right")))]
+
+
 def first_reach(x: Any, y: Any, target: float) -> float:
   """The first ``x`` at which ``y <= target`` (``inf`` if never): e.g. updates to reach a target error."""
   x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)

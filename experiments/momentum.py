@@ -1,0 +1,144 @@
+"""Asynchrony begets momentum (Mitliagkas et al. 2016): the best explicit momentum falls as workers are added.
+
+Asynchronous SGD with M workers behaves like SGD with an extra, implicit
+momentum of about ``1 - 1/M``, so the explicit momentum that trains best
+shrinks as M grows (and may turn negative). Here M workers with exponential
+compute times (the paper's queueing model) run ASP; for each M a grid of
+explicit momenta is trained for the same number of updates, and the best is
+the one with the lowest final training loss. ``dj.explicit_momentum(mu_1, M)``
+(``mu_1`` the best momentum with one worker) is the additive rule's
+prediction, printed next to the measured best.
+
+    python -m experiments run momentum
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any
+
+import optax
+
+import delayjax as dj
+from experiments import _plots
+from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows
+from experiments._training import simulate_record, task_for
+
+# Config: a small step, so that momentum matters; the grid reaches below zero.
+SCALES = {
+    "quick": dict(data="digits", model="mlp", hidden=128, steps=600, batch=32, lr=0.02,
+                  workers=[1, 4, 16], momenta=[-0.3, 0.0, 0.3, 0.6, 0.9], compute="exponential", seeds=1,
+                  eval_every=100),
+    "paper": dict(data="cifar10", model="resnet20", steps=20_000, batch=128, lr=0.01,
+                  workers=[1, 2, 4, 8, 16, 32], momenta=[-0.3, -0.1, 0.0, 0.3, 0.6, 0.8, 0.9], compute="exponential",
+                  seeds=1, eval_every=2000),
+}
+
+
+def specs(config: dict[str, Any]) -> list[dict[str, Any]]:
+  return [{"key": f"M{m}-mu{mu:+.2f}", "workers": m, "momentum": mu}
+          for m in config["workers"] for mu in config["momenta"]]
+
+
+def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
+  workers = dj.cluster.workers(spec["workers"], compute=config["compute"])
+  sched = dj.cluster.simulate(dj.cluster.asp(), workers, config["steps"], seed=seed)
+  # optax.sgd(momentum=0) would mean "no trace"; any other value, negative included, is a heavy-ball trace.
+  tx = optax.sgd(config["lr"], momentum=spec["momentum"] or None)
+  return simulate_record(task_for(config), tx, sched, seed=seed, batch_size=config["batch"],
+                         eval_every=config["eval_every"], progress=progress)
+
+
+def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+  rows = mean_rows(records, fields=("workers", "momentum"))
+  best = _best(rows)
+  mu_1 = best.get(min(config["workers"]))
+  for r in rows:
+    r["best_for_M"] = best.get(r["workers"]) == r["momentum"]
+    r["rule_prediction"] = (dj.explicit_momentum(max(mu_1, 0.0), num_workers=r["workers"])
+                            if mu_1 is not None else float("nan"))
+  return rows
+
+
+def _loss(row: dict[str, Any]) -> float:
+  value = row["train_loss"]
+  return float("inf") if value is None or math.isnan(value) else value
+
+
+def _best(rows: Any) -> dict[int, float]:
+  """The momentum with the lowest final training loss, per number of workers."""
+  best: dict[int, tuple[float, float]] = {}
+  for r in rows:
+    if r["workers"] not in best or _loss(r) < best[r["workers"]][0]:
+      best[r["workers"]] = (_loss(r), r["momentum"])
+  return {m: mu for m, (_, mu) in best.items()}
+
+
+def _falls(summary: Summary) -> ClaimResult:
+  best = _best(summary.values())
+  ms = sorted(best)
+  held = all(best[b] <= best[a] for a, b in zip(ms, ms[1:])) and best[ms[-1]] < best[ms[0]]
+  return ClaimResult(held, "best explicit momentum: " + ", ".join(f"M={m}: {best[m]:+.2f}" for m in ms))
+
+
+def _rule(summary: Summary) -> ClaimResult:
+  best = _best(summary.values())
+  ms = sorted(best)
+  mu_1 = max(best[ms[0]], 0.0)
+  pred = {m: dj.explicit_momentum(mu_1, num_workers=m) for m in ms[1:]}
+  held = all(abs(best[m] - pred[m]) <= 0.3 + 1e-9 for m in ms[1:])
+  return ClaimResult(held, ", ".join(f"M={m}: best {best[m]:+.2f}, rule {pred[m]:+.2f}" for m in ms[1:])
+                     + " (allowed: 0.3)")
+
+
+CLAIMS = [
+    Claim("best-momentum-falls", "the best explicit momentum decreases as the number of workers grows",
+          _falls),
+    Claim("additive-rule", "mu_1 - (1 - 1/M) predicts the best explicit momentum within 0.3", _rule),
+]
+
+
+def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict[str, Any]], out: str) -> list[str]:
+  plt = _plots.pyplot()
+  fig, ax = plt.subplots(figsize=(5, 3.6))
+  for m in config["workers"]:
+    sel = [r for r in rows if r["workers"] == m]
+    ax.plot([r["momentum"] for r in sel], [_loss(r) for r in sel], "o-", label=f"M = {m}")
+  ax.set_yscale("log")
+  ax.set_xlabel("explicit momentum")
+  ax.set_ylabel("final training loss")
+  ax.set_title("Asynchrony begets momentum")
+  ax.legend()
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  path = f"{out}/loss_vs_momentum.png"
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  best = [r for r in records if any(row["key"] == r["key"] and row["best_for_M"] for row in rows)]
+  return [path, _plots.curves(best, out, "best_curves", y="train_loss", ylabel="training loss", log_y=True,
+                              label=lambda spec: f"M={spec['workers']}, mu={spec['momentum']:+.1f}"),
+          _plots.staleness_histograms([r for r in records if r["spec"]["momentum"] == 0.0], out,
+                                      label=lambda spec: f"ASP, M = {spec['workers']}")]
+
+
+REPRODUCTION = Reproduction(
+    name="momentum",
+    paper="Mitliagkas, Zhang, Hadjis, Re: Asynchrony begets Momentum, with an Application to Deep Learning, "
+          "Allerton 2016",
+    description="ASP with M = 1, 4, 16 exponential workers and a grid of explicit momenta: which momentum "
+                "trains best at each M.",
+    scales=SCALES, specs=specs, run=run, summarize=summarize, claims=CLAIMS, plots=plots,
+    columns=("key", "train_loss", "test_error", "mean_staleness", "best_for_M", "rule_prediction"),
+    smoke=dict(steps=40, workers=[1, 4], momenta=[0.0, 0.9], eval_every=20),
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+  from experiments.__main__ import main as cli
+
+  return cli(["run", REPRODUCTION.name, *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
