@@ -13,6 +13,9 @@ NAMES = (
     "dai_staleness",
     "dssp",
     "ksync",
+    "momentum",
+    "federated",
+    "dana",
 )
 
 

@@ -60,7 +60,8 @@ def classification_task(split: Any, apply: Callable[[Any, jax.Array], jax.Array]
 
 def simulate_record(task: Task, tx: optax.GradientTransformation, source: Any, *, seed: int,
                     batch_size: int, eval_every: int, progress: Progress, num_updates: int | None = None,
-                    sampling: str = "iid", shards: Any = None) -> dict[str, Any]:
+                    sampling: str = "iid", shards: Any = None,
+                    final_state: Callable[[Any], None] | None = None) -> dict[str, Any]:
   """Trains ``task`` with ``tx`` under ``source`` (a Schedule or delay model) and returns the run record.
 
   Record: ``metrics`` (final ``test_error`` and ``train_loss``, ``updates``,
@@ -68,6 +69,8 @@ def simulate_record(task: Task, tx: optax.GradientTransformation, source: Any, *
   ``curves`` (``update``, ``time``, ``test_error``, ``train_loss`` at every
   evaluation) and ``staleness_hist``. A run whose parameters stopped being
   finite keeps its NaN metrics (the table counts it as diverged).
+  ``final_state``, if given, receives the optimizer state after the last
+  update (for statistics a transformation accumulates in its state).
   """
   def callback(info: dict[str, Any]) -> None:
     progress(info["updates_done"], info["num_updates"])
@@ -75,6 +78,8 @@ def simulate_record(task: Task, tx: optax.GradientTransformation, source: Any, *
   result = dj.simulate(task.loss_fn, tx, task.init(seed), task.data, source, num_updates=num_updates,
                        batch_size=batch_size, eval_fn=task.eval_fn, eval_every=eval_every, seed=seed,
                        sampling=sampling, shards=shards, skip_nonfinite=False, callback=callback)
+  if final_state is not None:
+    final_state(result.opt_state)
   h = result.history
   metrics = {k: np.asarray(v, np.float64) for k, v in h.eval_metrics.items()}
   schedule = source if isinstance(source, dj.cluster.Schedule) else None

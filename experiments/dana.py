@@ -1,0 +1,171 @@
+"""DANA against ASGD and NAG-ASGD at growing worker counts, with the gap RMS(theta_apply - theta_read).
+
+Momentum makes asynchrony worse: the parameters move further between a
+worker's read and the application of its gradient. DANA (Hakimi et al. 2019)
+keeps one momentum per worker and sends each worker the look-ahead
+``x - eta gamma sum_j v_j``, an estimate of where the model will be when its
+gradient lands. All three methods here use the same step and momentum 0.9 on
+ASP schedules of M workers (gamma compute times):
+
+  asgd      optax.sgd(lr, momentum)               heavy-ball momentum on the server
+  nag-asgd  optax.sgd(lr, momentum, nesterov)     Nesterov momentum on the server
+  dana      dj.dana(lr, momentum, num_workers=M)  per-worker momentum, look-ahead reads
+
+The gap is measured on every update by a pass-through transformation at the
+head of the chain, from the ``params`` and ``stale_params`` (what the worker
+computed at: for DANA the look-ahead) that ``dj.simulate`` passes it.
+
+    python -m experiments run dana
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import delayjax as dj
+from experiments import _plots
+from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows
+from experiments._training import simulate_record, task_for
+
+SCALES = {
+    "quick": dict(data="digits", model="mlp", hidden=128, steps=1000, batch=32, lr=0.01, momentum=0.9,
+                  workers=[4, 16, 32], compute="gamma", seeds=1, eval_every=50),
+    "paper": dict(data="cifar10", model="resnet20", steps=62_500, batch=128, lr=0.1, momentum=0.9,
+                  lr_decay_at=[0.5, 0.75], workers=[4, 8, 16, 32, 64], compute="gamma", seeds=1, eval_every=2500),
+}
+METHODS = ("asgd", "nag-asgd", "dana")
+
+
+class GapState(NamedTuple):
+  sum_sq: jax.Array  # shape=(), float32: sum over updates of the mean squared gap
+  count: jax.Array  # shape=(), int32: updates seen
+
+
+def gap_monitor() -> optax.GradientTransformationExtraArgs:
+  """Passes updates through and accumulates the mean square of ``params - stale_params`` per update."""
+
+  def init_fn(params):
+    del params
+    return GapState(jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32))
+
+  def update_fn(updates, state, params=None, *, stale_params=None, **extra_args):
+    del extra_args
+    diffs = jax.tree.leaves(jax.tree.map(lambda p, s: jnp.sum(jnp.square(p - s)), params, stale_params))
+    size = sum(np.size(p) for p in jax.tree.leaves(params))
+    gap = (sum(diffs) / size).astype(jnp.float32)
+    return updates, GapState(state.sum_sq + gap, state.count + 1)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def specs(config: dict[str, Any]) -> list[dict[str, Any]]:
+  return [{"key": f"{method}-M{m}", "method": method, "workers": m}
+          for m in config["workers"] for method in METHODS]
+
+
+def optimizer(config: dict[str, Any], method: str, num_workers: int) -> optax.GradientTransformation:
+  if method == "dana":
+    return dj.dana(config["lr"], config["momentum"], num_workers=num_workers)
+  return optax.sgd(config["lr"], momentum=config["momentum"], nesterov=method == "nag-asgd")
+
+
+def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
+  workers = dj.cluster.workers(spec["workers"], compute=config["compute"])
+  sched = dj.cluster.simulate(dj.cluster.asp(), workers, config["steps"], seed=seed)
+  tx = optax.chain(gap_monitor(), optimizer(config, spec["method"], spec["workers"]))
+  states: list[Any] = []
+  record = simulate_record(task_for(config), tx, sched, seed=seed, batch_size=config["batch"],
+                           eval_every=config["eval_every"], progress=progress, final_state=states.append)
+  gap = states[0][0]
+  record["metrics"]["gap_rms"] = float(np.sqrt(gap.sum_sq / max(int(gap.count), 1)))
+  return record
+
+
+def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+  rows = mean_rows(records, fields=("method", "workers"))
+  for r in rows:
+    r["error_pct"] = 100 * r["test_error"]
+  return rows
+
+
+def _ms(summary: Summary) -> list[int]:
+  return sorted({r["workers"] for r in summary.values()})
+
+
+def _smaller_gap(summary: Summary) -> ClaimResult:
+  parts, held = [], True
+  for m in _ms(summary):
+    g = {k: summary[f"{k}-M{m}"]["gap_rms"] for k in METHODS}
+    held &= g["dana"] < g["asgd"] and g["dana"] < g["nag-asgd"]
+    parts.append(f"M={m}: DANA {g['dana']:.2e}, ASGD {g['asgd']:.2e}, NAG-ASGD {g['nag-asgd']:.2e}")
+  return ClaimResult(held, "gap RMS " + "; ".join(parts))
+
+
+def _gap_grows(summary: Summary) -> ClaimResult:
+  gaps = [(m, summary[f"asgd-M{m}"]["gap_rms"]) for m in _ms(summary)]
+  return ClaimResult(all(b > a for (_, a), (_, b) in zip(gaps, gaps[1:])),
+                     "ASGD gap RMS " + ", ".join(f"M={m}: {g:.2e}" for m, g in gaps))
+
+
+def _best_at_scale(summary: Summary) -> ClaimResult:
+  m = _ms(summary)[-1]
+  e = {k: summary[f"{k}-M{m}"]["error_pct"] for k in METHODS}
+  e = {k: (float("inf") if v is None or np.isnan(v) else v) for k, v in e.items()}
+  return ClaimResult(e["dana"] <= min(e["asgd"], e["nag-asgd"]),
+                     f"M={m}: DANA {e['dana']:.2f}%, ASGD {e['asgd']:.2f}%, NAG-ASGD {e['nag-asgd']:.2f}%")
+
+
+CLAIMS = [
+    Claim("dana-smaller-gap", "DANA's gap between read and applied parameters is smaller than ASGD's and "
+          "NAG-ASGD's at every M", _smaller_gap),
+    Claim("gap-grows", "the gap of momentum ASGD grows with the number of workers", _gap_grows),
+    Claim("dana-best-at-scale", "at the largest M, DANA ends with the lowest error of the three", _best_at_scale),
+]
+
+
+def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict[str, Any]], out: str) -> list[str]:
+  plt = _plots.pyplot()
+  fig, (ax_gap, ax_err) = plt.subplots(1, 2, figsize=(9, 3.5))
+  for method in METHODS:
+    sel = [r for r in rows if r["method"] == method]
+    ax_gap.plot([r["workers"] for r in sel], [r["gap_rms"] for r in sel], "o-", label=method)
+    ax_err.plot([r["workers"] for r in sel], [r["error_pct"] for r in sel], "o-", label=method)
+  for ax, ylabel in ((ax_gap, "gap RMS(theta_apply - theta_read)"), (ax_err, "final test error (%)")):
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("workers M")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend()
+  ax_gap.set_yscale("log")
+  fig.tight_layout()
+  path = f"{out}/gap_and_error.png"
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return [path, _plots.curves(records, out, "error_curves", panels=lambda spec: f"M = {spec['workers']}",
+                              label=lambda spec: spec["method"])]
+
+
+REPRODUCTION = Reproduction(
+    name="dana",
+    paper="Hakimi, Barkai, Gabel, Schuster: Taming Momentum in a Distributed Asynchronous Environment, arXiv 2019",
+    description="DANA, ASGD and NAG-ASGD (momentum 0.9) on ASP schedules of M workers; gap and final error.",
+    scales=SCALES, specs=specs, run=run, summarize=summarize, claims=CLAIMS, plots=plots,
+    columns=("key", "error_pct", "train_loss", "gap_rms", "mean_staleness"),
+    smoke=dict(steps=40, workers=[4], eval_every=20),
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+  from experiments.__main__ import main as cli
+
+  return cli(["run", REPRODUCTION.name, *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
