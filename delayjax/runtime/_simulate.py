@@ -69,9 +69,10 @@ class SimulationResult(NamedTuple):
     opt_state: the optimizer state after the last update.
     history: a :class:`History`.
     stats: how the run was executed: ``num_waves``, ``mean_wave_length``,
+      ``num_steps``, ``lanes`` (gradients per device per step),
       ``lane_utilization`` (fraction of computed gradients that were real
       rather than masked), ``num_slots`` (parameter copies per worker),
-      ``num_workers`` (after padding), ``num_devices``, ``chunk_size`` (waves
+      ``num_workers`` (after padding), ``num_devices``, ``chunk_size`` (steps
       per dispatch) and ``num_chunks``.
   """
 
@@ -250,13 +251,16 @@ def simulate(
 
   How it runs: the updates are split on the host into *waves* (see
   ``_waves.py``): runs ``[a, b)`` of updates whose contributions all read a
-  version :math:`\le a`, at most one per worker. A wave's gradients are
-  computed together (``vmap`` over workers, or ``shard_map`` over the
-  ``workers`` axis of ``mesh``, each device holding its workers' read
-  parameters); then a ``lax.scan`` applies its updates in order and stores
-  the reads they enable. Waves are padded to one shape and run ``chunk_size``
-  at a time in one compiled ``lax.scan`` per dispatch. A masked lane still
-  costs a gradient: ``stats["lane_utilization"]`` says how full the waves were.
+  version :math:`\le a`, at most one per worker, so their gradients are
+  independent. A wave's gradients are computed together in one or more
+  *steps* of ``lanes`` gradients per device (``vmap``; with ``mesh``, a
+  ``shard_map`` over its ``workers`` axis, each device computing and holding
+  the read parameters of its own workers, the gradients then all-gathered);
+  then a loop applies the wave's updates in order, storing the reads they
+  enable. Steps have one static shape (masked lanes where a wave has fewer
+  gradients) and run ``chunk_size`` at a time in one compiled ``lax.scan``
+  per dispatch, compiled once. A masked lane still costs a gradient:
+  ``stats["lane_utilization"]`` says how full the steps were.
 
   Args:
     loss_fn: ``loss_fn(params, batch) -> scalar`` (or ``(scalar, aux)`` with
@@ -291,7 +295,7 @@ def simulate(
     seed: seeds the minibatches (and the delays of a delay model); the same
       seed gives bit-identical results whatever the chunking or device count
       of the sampling.
-    chunk_size: waves per dispatch (and between checkpoints); default: about
+    chunk_size: steps per dispatch (and between checkpoints); default: about
       256, balanced so the last chunk is not mostly padding.
     checkpoint_dir: if given, the whole state is written there after every
       chunk (``simulate.msgpack``), and with ``resume`` a run finding a
@@ -536,8 +540,29 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
     return (loss / batches.astype(jnp.float32),
             jax.tree.map(lambda g: g / batches.astype(g.dtype), grad))
 
-  def gather(x):
-    return jax.lax.all_gather(x, AXIS, axis=0, tiled=True) if distributed else x
+  def gather(tree):
+    """All-gathers the lane axis of every leaf, with one collective per dtype.
+
+    Each collective is a rendezvous of all devices; a handful of them per
+    step would cost more than the data they move.
+    """
+    if not distributed:
+      return tree
+    leaves, treedef = jax.tree.flatten(tree)
+    out = [None] * len(leaves)
+    groups: dict[Any, list[int]] = {}
+    for i, x in enumerate(leaves):
+      groups.setdefault(jnp.dtype(x.dtype), []).append(i)
+    for dtype, members in groups.items():
+      wire = jnp.uint8 if dtype == jnp.bool_ else dtype
+      flat = jnp.concatenate([leaves[i].reshape(leaves[i].shape[0], -1).astype(wire) for i in members], axis=1)
+      flat = jax.lax.all_gather(flat, AXIS, axis=0, tiled=True)
+      start = 0
+      for i in members:
+        size = math.prod(leaves[i].shape[1:])
+        out[i] = flat[:, start:start + size].reshape((flat.shape[0],) + leaves[i].shape[1:]).astype(dtype)
+        start += size
+    return jax.tree.unflatten(treedef, out)
 
   def store(buf, pos, x):
     return buf.at[pos].set(x, mode="drop")
@@ -560,12 +585,12 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
         data, stale, lane["lane_update"], workers, lane["lane_draw"], lane["lane_batches"],
         shard_rows[local_rows(workers)], shard_sizes[local_rows(workers)])
     finite = jax.vmap(_all_finite)(grads)
-    pos = gather(lane["lane_pos"])
-    finite_all = gather(finite)
-    grad_buf = jax.tree.map(lambda b, g: store(b, pos, gather(g)), grad_buf, grads)
+    pos, finite_all, loss_all, grads_all, stale_all = gather(
+        (lane["lane_pos"], finite, loss, grads, stale if keep_stale else ()))
+    grad_buf = jax.tree.map(lambda b, g: store(b, pos, g), grad_buf, grads_all)
     if keep_stale:
-      stale_buf = jax.tree.map(lambda b, s: store(b, pos, gather(s)), stale_buf, stale)
-    loss_buf = store(loss_buf, pos, gather(loss))
+      stale_buf = jax.tree.map(lambda b, s: store(b, pos, s), stale_buf, stale_all)
+    loss_buf = store(loss_buf, pos, loss_all)
     finite_buf = store(finite_buf, pos, finite_all)
 
     def read(i, state):

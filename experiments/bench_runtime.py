@@ -1,0 +1,284 @@
+"""Throughput of ``dj.simulate`` against a synchronous loop, a Python-loop simulator, and on 8 devices.
+
+For an MLP (64-256-10) and a small CNN on scikit-learn digits, batch 32 per
+worker, and clusters of M in {4, 16, 64} workers (``dj.cluster.workers(M)``:
+exponential compute times) under ASP and SSP(3), it measures gradient
+evaluations per second (medians over chunks, rounds or blocks of pushes, so
+that other processes briefly sharing the CPUs skew them less) of
+
+- ``dj.simulate`` on one CPU device (compilation excluded: the first chunk is
+  left out);
+- (a) a plain synchronous Optax loop doing as many batch-32 gradient
+  evaluations (and updates) in one jitted ``lax.scan``;
+- (b) a straightforward simulator: a Python loop over pushes, one jitted
+  gradient-and-update per push on a copy of the stale parameters;
+- (c) ``dj.simulate`` on 8 CPU devices (``shard_map`` over a ``workers`` mesh),
+  run in a subprocess with ``--xla_force_host_platform_device_count=8``;
+
+and the peak memory of the compiled chunk against the synchronous loop's,
+from XLA's memory analysis (arguments + outputs + temporaries - aliased).
+Prints the ratios and writes them to ``experiments/results/bench_runtime.txt``.
+
+    python -m experiments.bench_runtime [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import delayjax as dj
+
+BATCH = 32
+RESULTS = os.path.join(os.path.dirname(__file__), "results", "bench_runtime.txt")
+
+
+def digits_data():
+  from sklearn.datasets import load_digits
+
+  x, y = load_digits(return_X_y=True)
+  return {"x": (x / 16.0).astype(np.float32), "y": y.astype(np.int32)}
+
+
+def mlp():
+  def init(key):
+    k1, k2 = jax.random.split(key)
+    return {"w1": jax.random.normal(k1, (64, 256)) * jnp.sqrt(2.0 / 64), "b1": jnp.zeros(256),
+            "w2": jax.random.normal(k2, (256, 10)) * jnp.sqrt(2.0 / 256), "b2": jnp.zeros(10)}
+
+  def loss_fn(params, batch):
+    h = jax.nn.relu(batch["x"] @ params["w1"] + params["b1"])
+    logits = h @ params["w2"] + params["b2"]
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+
+  return init, loss_fn
+
+
+def cnn():
+  """conv 3x3x8 - conv 3x3x16 stride 2 - dense 10, on 8x8 images.
+
+  The convolutions are written as patches times a matrix: XLA's CPU
+  convolutions are several times slower inside a loop (``lax.scan``) than at
+  the top level of a program, which would make every looped runtime here
+  look worse than a Python loop for reasons that have nothing to do with it.
+  """
+
+  def init(key):
+    k1, k2, k3 = jax.random.split(key, 3)
+    return {"c1": jax.random.normal(k1, (3, 3, 1, 8)) * jnp.sqrt(2.0 / 9), "b1": jnp.zeros(8),
+            "c2": jax.random.normal(k2, (3, 3, 8, 16)) * jnp.sqrt(2.0 / 72), "b2": jnp.zeros(16),
+            "w": jax.random.normal(k3, (256, 10)) * jnp.sqrt(1.0 / 256), "b": jnp.zeros(10)}
+
+  def conv(x, w, stride):
+    patches = jax.lax.conv_general_dilated_patches(x, (3, 3), (stride, stride), "SAME",
+                                                   dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    # Patches come channel-major (c, kh, kw): order the weights the same way.
+    return patches @ w.transpose(2, 0, 1, 3).reshape(-1, w.shape[-1])
+
+  def loss_fn(params, batch):
+    x = batch["x"].reshape(-1, 8, 8, 1)
+    x = jax.nn.relu(conv(x, params["c1"], 1) + params["b1"])
+    x = jax.nn.relu(conv(x, params["c2"], 2) + params["b2"])
+    logits = x.reshape(x.shape[0], -1) @ params["w"] + params["b"]
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+
+  return init, loss_fn
+
+
+MODELS = {"mlp": mlp, "cnn": cnn}
+PARADIGMS = {"asp": dj.cluster.asp, "ssp3": lambda: dj.cluster.ssp(3)}
+
+
+def peak_bytes(compiled) -> int:
+  m = compiled.memory_analysis()
+  return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes)
+
+
+def tx():
+  return optax.sgd(0.05)
+
+
+def schedule_for(paradigm: str, num_workers: int, num_updates: int):
+  return dj.cluster.simulate(PARADIGMS[paradigm](), dj.cluster.workers(num_workers), num_updates=num_updates,
+                             seed=0)
+
+
+def time_simulate(model: str, paradigm: str, num_workers: int, num_updates: int, mesh=None):
+  """Gradient evaluations per second of dj.simulate, compilation excluded; and the chunk's peak memory."""
+  init, loss_fn = MODELS[model]()
+  data = digits_data()
+  schedule = schedule_for(paradigm, num_workers, num_updates)
+  from delayjax.runtime._waves import plan_steps
+  devices = 1 if mesh is None else mesh.shape["workers"]
+  workers = -(-num_workers // devices) * devices
+  plan = plan_steps(schedule, workers, devices)
+  chunk_size = max(1, plan.num_steps // 8)
+  marks, memory = [], {}
+
+  def inspect(fn, args):
+    memory["peak"] = peak_bytes(fn.lower(*args).compile())
+
+  start = time.perf_counter()
+  result = dj.simulate(loss_fn, tx(), init(jax.random.key(0)), data, schedule, batch_size=BATCH, mesh=mesh,
+                       chunk_size=chunk_size, callback=lambda info: marks.append(
+                           (time.perf_counter(), info["updates_done"])), _inspect=inspect)
+  total = time.perf_counter() - start
+  # The median over chunks (the first, which compiles, left out): robust to
+  # other processes sharing the CPUs for a while.
+  rates = [int(schedule.num_batches[u0:u1].sum()) / (t1 - t0) for (t0, u0), (t1, u1) in zip(marks[:-1], marks[1:])]
+  return {"rate": float(np.median(rates)), "peak": memory["peak"], "total_s": total,
+          "utilization": result.stats["lane_utilization"], "lanes": result.stats["lanes"],
+          "mean_wave": result.stats["mean_wave_length"], "loss": float(result.history.loss[-50:].mean())}
+
+
+def time_sync(model: str, steps: int, rounds: int = 5):
+  """Synchronous Optax loop: `steps` batch-32 gradients and updates in one jitted lax.scan."""
+  init, loss_fn = MODELS[model]()
+  data = jax.tree.map(jnp.asarray, digits_data())
+  n = data["x"].shape[0]
+  opt = tx()
+
+  @jax.jit
+  def loop(params):
+    def step(carry, t):
+      params, state = carry
+      idx = dj.runtime.minibatch_indices(0, t, 0, 0, num_examples=n, batch_size=BATCH)
+      grads = jax.grad(loss_fn)(params, jax.tree.map(lambda x: x[idx], data))
+      updates, state = opt.update(grads, state, params)
+      return (optax.apply_updates(params, updates), state), None
+    return jax.lax.scan(step, (params, opt.init(params)), jnp.arange(steps, dtype=jnp.int32))[0][0]
+
+  params = init(jax.random.key(0))
+  peak = peak_bytes(loop.lower(params).compile())
+  jax.block_until_ready(loop(params))
+  times = []
+  for _ in range(rounds):
+    start = time.perf_counter()
+    jax.block_until_ready(loop(params))
+    times.append(time.perf_counter() - start)
+  return {"rate": steps / float(np.median(times)), "peak": peak}
+
+
+def time_python_loop(model: str, paradigm: str, num_workers: int, num_updates: int):
+  """The straightforward simulator: stale parameter copies in a deque, one jitted call per push."""
+  init, loss_fn = MODELS[model]()
+  data = jax.tree.map(jnp.asarray, digits_data())
+  n = data["x"].shape[0]
+  schedule = schedule_for(paradigm, num_workers, num_updates)
+  opt = tx()
+
+  @jax.jit
+  def push(params, state, stale, u, m, draw):
+    idx = dj.runtime.minibatch_indices(0, u, m, draw, num_examples=n, batch_size=BATCH)
+    grads = jax.grad(loss_fn)(stale, jax.tree.map(lambda x: x[idx], data))
+    updates, state = opt.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  params = init(jax.random.key(0))
+  state = opt.init(params)
+  depth = int(schedule.staleness.max()) + 1
+  versions = [params]  # versions[-1] is the current one; the deque keeps the last `depth`
+  offset = 0
+  drawn = np.zeros(schedule.num_workers, np.int64)
+  warm, block = 20, 50
+  marks = []
+  for u in range(schedule.num_updates):
+    if u >= warm and (u - warm) % block == 0:
+      jax.block_until_ready(params)
+      marks.append(time.perf_counter())
+    (m,) = np.flatnonzero(schedule.contributes[u])  # ASP and SSP: one push per update
+    stale = versions[int(schedule.read_version[u, m]) - offset]
+    params, state = push(params, state, stale, u, int(m), int(drawn[m]))
+    drawn[m] += 1
+    versions.append(params)
+    if len(versions) > depth:
+      versions.pop(0)
+      offset += 1
+  return {"rate": block / float(np.median(np.diff(marks)))}
+
+
+def child(args):
+  """Runs the 8-device measurements and prints one JSON line per configuration."""
+  mesh = jax.make_mesh((len(jax.devices()),), ("workers",))
+  for model, paradigm, m, updates in json.loads(args.child):
+    r = time_simulate(model, paradigm, m, updates, mesh=mesh)
+    print(json.dumps({"key": [model, paradigm, m], **r}), flush=True)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--quick", action="store_true", help="fewer updates and configurations")
+  parser.add_argument("--child", help=argparse.SUPPRESS)
+  args = parser.parse_args(argv)
+  if args.child:
+    return child(args)
+
+  workers = (4, 16, 64)
+  updates = {4: 1500, 16: 3000, 64: 6000} if not args.quick else {4: 600, 16: 1200, 64: 2400}
+  python_updates = 300 if args.quick else 800
+  configs = [(model, paradigm, m, updates[m]) for model in MODELS for paradigm in PARADIGMS for m in workers]
+
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  env["PYTHONPATH"] = os.pathsep.join([os.getcwd()] + [p for p in sys.path if p])
+  proc = subprocess.Popen([sys.executable, "-m", "experiments.bench_runtime", "--child", json.dumps(configs)],
+                          env=env, stdout=subprocess.PIPE, text=True)
+  eight_out, _ = proc.communicate()  # run first, alone, so the two do not share the CPUs
+  eight = {tuple(r["key"]): r for r in map(json.loads, eight_out.splitlines()) if r}
+
+  sync = {}
+  rows = []
+  for model, paradigm, m, num_updates in configs:
+    one = time_simulate(model, paradigm, m, num_updates)
+    if (model, num_updates) not in sync:
+      sync[model, num_updates] = time_sync(model, num_updates)
+    s = sync[model, num_updates]
+    py = time_python_loop(model, paradigm, m, python_updates)
+    e = eight.get((model, paradigm, m))
+    rows.append((model, paradigm, m, one, s, py, e))
+    print(f"{model} {paradigm} M={m}: simulate {one['rate']:.0f}/s, sync {s['rate']:.0f}/s, "
+          f"python {py['rate']:.0f}/s, 8 devices {e['rate'] if e else float('nan'):.0f}/s", flush=True)
+
+  lines = [
+      "dj.simulate throughput: gradient evaluations per second (batch 32), digits; "
+      "dj.cluster.workers(M) (exponential compute times), sgd",
+      f"jax {jax.__version__}, backend {jax.default_backend()}, {platform.processor() or platform.machine()}, "
+      f"{os.cpu_count()} CPUs; {'--quick' if args.quick else 'full'} run; compile time excluded",
+      "",
+      f"{'model':5s} {'sched':5s} {'M':>3s} {'updates':>7s} {'sim/s':>7s} {'sync/s':>7s} {'(a)sim/sync':>11s} "
+      f"{'py/s':>6s} {'(b)sim/py':>9s} {'8dev/s':>7s} {'(c)8/1':>6s} {'util':>5s} {'lanes':>5s} "
+      f"{'mem sim/sync':>12s}",
+  ]
+  for model, paradigm, m, one, s, py, e in rows:
+    eight_rate = e["rate"] if e else float("nan")
+    lines.append(
+        f"{model:5s} {paradigm:5s} {m:3d} {updates[m]:7d} {one['rate']:7.0f} {s['rate']:7.0f} "
+        f"{one['rate'] / s['rate']:11.2f} {py['rate']:6.0f} {one['rate'] / py['rate']:9.1f} {eight_rate:7.0f} "
+        f"{eight_rate / one['rate']:6.2f} {one['utilization']:5.2f} {one['lanes']:5d} "
+        f"{one['peak'] / s['peak']:12.1f}")
+  lines += [
+      "",
+      "(a) sync: one jitted lax.scan of as many batch-32 gradients + sgd updates; target >= 0.95",
+      "(b) py: Python loop over pushes, stale copies in a deque, one jitted gradient+update per push; target >= 3",
+      "(c) 8 CPU devices (shard_map over 'workers', subprocess) / 1 device",
+      "util: fraction of computed gradient lanes that were real (the rest masked); lanes: per step",
+      "mem: peak bytes of the compiled chunk / of the synchronous loop (XLA memory analysis)",
+  ]
+  text = "\n".join(lines) + "\n"
+  print(text)
+  os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
+  with open(RESULTS, "w") as f:
+    f.write(text)
+
+
+if __name__ == "__main__":
+  main()
