@@ -16,6 +16,7 @@ NAMES = (
     "momentum",
     "federated",
     "dana",
+    "delay_adaptive",
 )
 
 
