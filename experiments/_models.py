@@ -68,3 +68,49 @@ def resnet20(num_classes: int = 10) -> tuple[Callable[[jax.Array], Any], Callabl
 
   return init, apply
 
+
+
+class _DecoderBlock(nn.Module):
+  """Pre-norm causal self-attention and MLP."""
+
+  heads: int
+  width: int
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    mask = nn.make_causal_mask(jnp.ones(x.shape[:2], jnp.int32))
+    x = x + nn.SelfAttention(num_heads=self.heads)(nn.LayerNorm()(x), mask=mask)
+    h = nn.Dense(4 * self.width)(nn.LayerNorm()(x))
+    return x + nn.Dense(self.width)(nn.gelu(h))
+
+
+class TransformerLM(nn.Module):
+  """A small decoder-only Transformer language model with learned positions."""
+
+  vocab: int
+  width: int = 64
+  depth: int = 2
+  heads: int = 4
+  max_len: int = 64
+
+  @nn.compact
+  def __call__(self, tokens: jax.Array) -> jax.Array:
+    x = nn.Embed(self.vocab, self.width)(tokens)
+    x = x + nn.Embed(self.max_len, self.width)(jnp.arange(tokens.shape[-1]))
+    for _ in range(self.depth):
+      x = _DecoderBlock(self.heads, self.width)(x)
+    return nn.Dense(self.vocab)(nn.LayerNorm()(x))
+
+
+def transformer_lm(vocab: int, width: int, depth: int, heads: int, seq_len: int
+                   ) -> tuple[Callable[[jax.Array], Any], Callable[[Any, jax.Array], jax.Array]]:
+  """``(init(key) -> params, apply(params, tokens [B, T]) -> logits [B, T, vocab])``."""
+  model = TransformerLM(vocab, width, depth, heads, seq_len)
+
+  def init(key: jax.Array) -> Any:
+    return model.init(key, jnp.zeros((1, seq_len), jnp.int32))["params"]
+
+  def apply(params: Any, tokens: jax.Array) -> jax.Array:
+    return model.apply({"params": params}, tokens)
+
+  return init, apply

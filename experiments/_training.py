@@ -64,10 +64,10 @@ def simulate_record(task: Task, tx: optax.GradientTransformation, source: Any, *
                     final_state: Callable[[Any], None] | None = None) -> dict[str, Any]:
   """Trains ``task`` with ``tx`` under ``source`` (a Schedule or delay model) and returns the run record.
 
-  Record: ``metrics`` (final ``test_error`` and ``train_loss``, ``updates``,
+  Record: ``metrics`` (the final value of each of ``eval_fn``'s metrics, ``updates``,
   ``simulated_time``, ``mean_staleness``, ``max_staleness``, ``total_wait``),
-  ``curves`` (``update``, ``time``, ``test_error``, ``train_loss`` at every
-  evaluation) and ``staleness_hist``. A run whose parameters stopped being
+  ``curves`` (``update``, ``time`` and each metric at every evaluation) and
+  ``staleness_hist``. A run whose parameters stopped being
   finite keeps its NaN metrics (the table counts it as diverged).
   ``final_state``, if given, receives the optimizer state after the last
   update (for statistics a transformation accumulates in its state).
@@ -86,16 +86,14 @@ def simulate_record(task: Task, tx: optax.GradientTransformation, source: Any, *
   tau = np.asarray(h.staleness)
   record = {
       "metrics": {
-          "test_error": float(metrics["test_error"][-1]),
-          "train_loss": float(metrics["train_loss"][-1]),
+          **{name: float(values[-1]) for name, values in metrics.items()},
           "updates": int(h.update.shape[0]),
           "simulated_time": float(h.time[-1]),
           "mean_staleness": schedule.mean_staleness() if schedule is not None else float(tau.mean()),
           "max_staleness": int(tau.max()),
           "total_wait": float(np.sum(schedule.wait)) if schedule is not None else 0.0,
       },
-      "curves": {"update": h.eval_update, "time": h.eval_time,
-                 "test_error": metrics["test_error"], "train_loss": metrics["train_loss"]},
+      "curves": {"update": h.eval_update, "time": h.eval_time, **metrics},
       "staleness_hist": (schedule.staleness_histogram() if schedule is not None
                          else np.bincount(tau)),
   }

@@ -1,0 +1,179 @@
+"""Accumulating asynchronous updates for Transformers (Aji & Heafield 2019), on a generated corpus.
+
+Asynchronous Adam trains Transformers poorly: each stale gradient takes a
+full Adam step. Aji & Heafield sum several asynchronous gradients on the
+server and apply them as one step (``dj.accumulate_sum``), which restores
+convergence. A small decoder-only Transformer language model (Flax) learns a
+procedurally generated corpus (a sparse second-order Markov chain, no
+download) under four regimes, all computing the same number of gradients on
+M workers with gamma compute times:
+
+  sync          BSP: each update averages M fresh gradients, Adam
+  async         ASP: each push is an Adam step (``dj.async_adam``)
+  async-sum{k}  ASP: k pushes are summed, then one Adam step (``dj.accumulate_sum(adam, k)``)
+
+The held-out loss is compared with the corpus's own entropy rate (the best
+possible loss), which the generator knows.
+
+    python -m experiments run accumulation
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import delayjax as dj
+from experiments import _plots
+from experiments._datasets import markov_corpus
+from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows
+from experiments._models import transformer_lm
+from experiments._training import Task, simulate_record
+
+SCALES = {
+    "quick": dict(vocab=16, corpus_tokens=40_000, seq_len=32, width=64, depth=2, heads=4, steps=800, batch=16,
+                  lr=0.003, workers=8, sums=[4, 8], compute="gamma", seeds=1, eval_every=50),
+    "paper": dict(vocab=64, corpus_tokens=2_000_000, seq_len=128, width=256, depth=6, heads=8, steps=40_000,
+                  batch=64, lr=0.0005, workers=16, sums=[4, 8, 16], compute="gamma", seeds=1, eval_every=1000),
+}
+
+
+def specs(config: dict[str, Any]) -> list[dict[str, Any]]:
+  return ([{"key": "sync", "method": "sync"}, {"key": "async", "method": "async"}]
+          + [{"key": f"async-sum{k}", "method": "async-sum", "k": k} for k in config["sums"]])
+
+
+_TASKS: dict[tuple[Any, ...], Task] = {}
+
+
+def lm_task(config: dict[str, Any]) -> Task:
+  """Next-token prediction on windows of the corpus; the last 10% of the windows are held out."""
+  key = tuple(config[k] for k in ("vocab", "corpus_tokens", "seq_len", "width", "depth", "heads"))
+  if key not in _TASKS:
+    tokens = markov_corpus(config["corpus_tokens"], vocab=config["vocab"], seed=0)
+    length = config["seq_len"] + 1
+    windows = tokens[:(tokens.size // length) * length].reshape(-1, length)
+    split = int(0.9 * windows.shape[0])
+    train, test = windows[:split], jnp.asarray(windows[split:])
+    init, apply = transformer_lm(config["vocab"], config["width"], config["depth"], config["heads"],
+                                 config["seq_len"])
+
+    def token_loss(params, windows):
+      logits = apply(params, windows[:, :-1])
+      return optax.softmax_cross_entropy_with_integer_labels(logits, windows[:, 1:]), logits
+
+    def loss_fn(params, batch):
+      return token_loss(params, batch["tokens"])[0].mean()
+
+    def eval_fn(params):
+      loss, logits = token_loss(params, test)
+      error = jnp.mean(jnp.argmax(logits, -1) != test[:, 1:])
+      return {"test_loss": loss.mean().astype(jnp.float32), "test_error": error.astype(jnp.float32)}
+
+    _TASKS[key] = Task({"tokens": train}, loss_fn, eval_fn, lambda seed: init(jax.random.PRNGKey(seed)))
+  return _TASKS[key]
+
+
+def entropy_rate(config: dict[str, Any]) -> float:
+  """The empirical conditional entropy of the corpus given two tokens (nats): the loss floor."""
+  tokens = markov_corpus(config["corpus_tokens"], vocab=config["vocab"], seed=0)
+  v = config["vocab"]
+  counts = np.zeros((v, v, v))
+  np.add.at(counts, (tokens[:-2], tokens[1:-1], tokens[2:]), 1)
+  context = counts.sum(axis=-1, keepdims=True)
+  p = np.where(counts > 0, counts / np.maximum(context, 1), 1.0)
+  return float(-np.sum(counts * np.log(p)) / counts.sum())
+
+
+def optimizer(config: dict[str, Any], spec: dict[str, Any]) -> optax.GradientTransformation:
+  if spec["method"] == "async-sum":
+    return dj.accumulate_sum(optax.adam(config["lr"]), spec["k"])
+  return dj.async_adam(config["lr"])
+
+
+def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
+  workers = dj.cluster.workers(config["workers"], compute=config["compute"])
+  if spec["method"] == "sync":
+    sched = dj.cluster.simulate(dj.cluster.bsp(), workers, max(1, config["steps"] // config["workers"]), seed=seed)
+  else:
+    sched = dj.cluster.simulate(dj.cluster.asp(), workers, config["steps"], seed=seed)
+  every = max(1, config["eval_every"] * sched.num_updates // config["steps"])
+  record = simulate_record(lm_task(config), optimizer(config, spec), sched, seed=seed, batch_size=config["batch"],
+                           eval_every=every, progress=progress)
+  record["metrics"]["entropy_rate"] = entropy_rate(config)
+  return record
+
+
+def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+  rows = mean_rows(records, fields=("method", "k"))
+  for r in rows:
+    r["excess_loss"] = r["test_loss"] - r["entropy_rate"]
+  return rows
+
+
+def _excess(summary: Summary, key: str) -> float:
+  value = summary[key]["excess_loss"]
+  return float("inf") if value is None or np.isnan(value) else value
+
+
+def _async_hurts(summary: Summary) -> ClaimResult:
+  a, s = _excess(summary, "async"), _excess(summary, "sync")
+  return ClaimResult(a > s, f"held-out loss above the entropy rate: async {a:.4f}, sync {s:.4f}")
+
+
+def _sum_helps(summary: Summary) -> ClaimResult:
+  sums = {k: v["excess_loss"] for k, v in summary.items() if v["method"] == "async-sum"}
+  best = min(sums, key=lambda k: _excess(summary, k))
+  a = _excess(summary, "async")
+  return ClaimResult(_excess(summary, best) < a, f"excess loss: {best} {_excess(summary, best):.4f}, "
+                     f"async {a:.4f}")
+
+
+def _sum_matches_sync(summary: Summary) -> ClaimResult:
+  sums = [k for k, v in summary.items() if v["method"] == "async-sum"]
+  best = min(sums, key=lambda k: _excess(summary, k))
+  s = _excess(summary, "sync")
+  return ClaimResult(_excess(summary, best) <= s, f"excess loss: {best} {_excess(summary, best):.4f}, "
+                     f"sync {s:.4f}")
+
+
+CLAIMS = [
+    Claim("async-adam-hurts", "asynchronous Adam ends with a higher held-out loss than synchronous training",
+          _async_hurts),
+    Claim("summing-helps", "summing asynchronous gradients before the Adam step lowers the loss", _sum_helps),
+    Claim("summing-matches-sync", "with summing, asynchronous training is at least as good as synchronous "
+          "for the same number of gradients", _sum_matches_sync),
+]
+
+
+def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict[str, Any]], out: str) -> list[str]:
+  label = lambda spec: spec["key"]  # noqa: E731
+  return [_plots.curves(records, out, "loss_curves", y="test_loss", ylabel="held-out loss (nats)", label=label,
+                        xs=("update", "time")),
+          _plots.staleness_histograms([r for r in records if r["spec"]["method"] == "async"], out, label=label)]
+
+
+REPRODUCTION = Reproduction(
+    name="accumulation",
+    paper="Aji, Heafield: Making Asynchronous Stochastic Gradient Descent Work for Transformers, WNGT 2019",
+    description="A small Transformer LM on a generated corpus: synchronous, asynchronous Adam, and asynchronous "
+                "with k gradients summed per Adam step.",
+    scales=SCALES, specs=specs, run=run, summarize=summarize, claims=CLAIMS, plots=plots,
+    columns=("key", "test_loss", "excess_loss", "test_error", "updates", "mean_staleness"),
+    smoke=dict(steps=32, sums=[4], eval_every=16, corpus_tokens=4000, width=32, depth=1),
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+  from experiments.__main__ import main as cli
+
+  return cli(["run", REPRODUCTION.name, *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
