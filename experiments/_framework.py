@@ -274,9 +274,11 @@ def _cell(value: Any) -> Any:
 def mean_rows(records: list[dict[str, Any]], *, fields: Sequence[str] = ()) -> list[dict[str, Any]]:
   """One row per spec key (in first-seen order): the spec's ``fields`` and each metric's mean and std over seeds.
 
-  A metric ``m`` becomes ``m`` (mean of the finite values) and ``m_std``;
-  ``seeds`` counts the records and ``nonfinite`` those whose metric was not
-  finite (a diverged run).
+  A metric ``m`` becomes ``m`` (the mean over seeds: NaN if any seed's value
+  is missing or NaN, e.g. a diverged run or a target never reached, so that
+  no claim is decided on the lucky seeds alone) and ``m_std`` (over the
+  finite values); ``seeds`` counts the records and ``nonfinite`` the most
+  seeds any one metric was not finite for.
   """
   groups: dict[str, list[dict[str, Any]]] = {}
   for r in records:
@@ -292,7 +294,7 @@ def mean_rows(records: list[dict[str, Any]], *, fields: Sequence[str] = ()) -> l
       values = np.array([_num(g["metrics"].get(name)) for g in group], dtype=np.float64)
       finite = values[np.isfinite(values)]
       nonfinite = max(nonfinite, int(np.sum(~np.isfinite(values))))
-      row[name] = float(finite.mean()) if finite.size else float("nan")
+      row[name] = float(values.mean()) if finite.size == values.size else float("nan")
       row[f"{name}_std"] = float(finite.std()) if finite.size else float("nan")
     row["seeds"] = len(group)
     row["nonfinite"] = nonfinite

@@ -17,6 +17,7 @@ NAMES = (
     "federated",
     "dana",
     "delay_adaptive",
+    "async_local_sgd",
     "accumulation",
 )
 

@@ -100,6 +100,47 @@ def simulate_record(task: Task, tx: optax.GradientTransformation, source: Any, *
   return record
 
 
+def local_sgd_task(task: Task, local_steps: int, lr: float, steps_of_worker: Any = None) -> Task:
+  """``task`` whose "gradient" is a worker's pseudo-gradient ``x_read - x_local`` after local SGD steps.
+
+  ``dj.simulate`` computes one gradient of ``loss_fn`` per contribution; here
+  ``loss_fn`` runs ``local_steps`` SGD steps (step ``lr``) on consecutive
+  slices of its minibatch (``local_steps`` x the per-step batch) and returns
+  a surrogate whose gradient is exactly ``x_read - x_local`` (its value is
+  not a loss). With ``steps_of_worker`` (int ``[M]``), worker ``m`` takes only
+  its first ``steps_of_worker[m]`` steps; the data must then carry each
+  example's worker in a ``"worker"`` field (see :func:`per_worker_copies`).
+  """
+  table = None if steps_of_worker is None else jnp.asarray(steps_of_worker, jnp.int32)
+
+  def loss_fn(params, batch):
+    taken = local_steps if table is None else table[batch["worker"][0]]
+    chunks = jax.tree.map(lambda x: x.reshape((local_steps, -1) + x.shape[1:]), batch)
+
+    def step(p, inputs):
+      i, b = inputs
+      grads = jax.grad(task.loss_fn)(p, b)
+      return jax.tree.map(lambda w, g: jnp.where(i < taken, w - lr * g, w), p, grads), None
+
+    local, _ = jax.lax.scan(step, params, (jnp.arange(local_steps), chunks))
+    delta = jax.lax.stop_gradient(jax.tree.map(lambda n, o: n - o, local, params))
+    return -sum(jnp.vdot(p, d) for p, d in zip(jax.tree.leaves(params), jax.tree.leaves(delta)))
+
+  return task._replace(loss_fn=loss_fn)
+
+
+def per_worker_copies(data: dict[str, np.ndarray], num_workers: int) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+  """One copy of ``data`` per worker, tagged with a ``"worker"`` field, and the shards that give each its copy.
+
+  With ``sampling="shard"`` a loss then knows which worker computes it (each
+  worker still samples iid from the whole data set).
+  """
+  n = next(iter(data.values())).shape[0]
+  copies = {k: np.concatenate([v] * num_workers) for k, v in data.items()}
+  copies["worker"] = np.repeat(np.arange(num_workers, dtype=np.int32), n)
+  return copies, [np.arange(m * n, (m + 1) * n) for m in range(num_workers)]
+
+
 def within_time(schedule: dj.cluster.Schedule, budget: float) -> dj.cluster.Schedule:
   """The updates of ``schedule`` applied within ``budget`` simulated seconds (at least one)."""
   return schedule[:max(1, int(np.searchsorted(schedule.time, budget, side="right")))]

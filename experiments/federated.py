@@ -24,15 +24,13 @@ import math
 import sys
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
 import delayjax as dj
 from experiments import _plots
 from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows
-from experiments._training import Task, first_reach, simulate_record, task_for, within_time
+from experiments._training import first_reach, local_sgd_task, simulate_record, task_for, within_time
 
 # Config: FedAsync's mixing 0.6 with the polynomial rule a = 0.5; FedBuff's K = 5 of 10 clients.
 SCALES = {
@@ -59,22 +57,6 @@ def non_iid_shards(labels: np.ndarray, clients: int, classes_per_client: int, se
   return [np.concatenate([pieces[i] for i in row]) for row in deal]
 
 
-def local_training_task(task: Task, local_steps: int, client_lr: float) -> Task:
-  """``task`` whose loss has the gradient ``-(x_new - x_read)`` of ``local_steps`` SGD steps on the batch."""
-
-  def loss_fn(params, batch):
-    chunks = jax.tree.map(lambda x: x.reshape((local_steps, -1) + x.shape[1:]), batch)
-
-    def step(p, b):
-      return jax.tree.map(lambda w, g: w - client_lr * g, p, jax.grad(task.loss_fn)(p, b)), None
-
-    local, _ = jax.lax.scan(step, params, chunks)
-    delta = jax.lax.stop_gradient(jax.tree.map(lambda n, o: n - o, local, params))
-    return -sum(jnp.vdot(p, d) for p, d in zip(jax.tree.leaves(params), jax.tree.leaves(delta)))
-
-  return task._replace(loss_fn=loss_fn)
-
-
 def server(config: dict[str, Any], method: str) -> optax.GradientTransformation:
   """The server's rule; its input is a client's negative delta."""
   if method == "fedavg":
@@ -91,7 +73,7 @@ def _budget(config: dict[str, Any]) -> float:
 
 def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
   base = task_for(config)
-  task = local_training_task(base, config["local_steps"], config["client_lr"])
+  task = local_sgd_task(base, config["local_steps"], config["client_lr"])
   shards = non_iid_shards(base.data["y"], config["clients"], config["classes_per_client"], seed)
   workers = dj.cluster.workers(config["clients"], compute=config["compute"])
   budget = _budget(config)
@@ -155,7 +137,7 @@ REPRODUCTION = Reproduction(
                 "same simulated time.",
     scales=SCALES, specs=specs, run=run, summarize=summarize, claims=CLAIMS, plots=plots,
     columns=("key", "accuracy_pct", "time_to_target", "updates", "mean_staleness"),
-    smoke=dict(steps=10, local_steps=2, eval_points=3),
+    smoke=dict(steps=10, local_steps=2, eval_points=3, seeds=1),
 )
 
 

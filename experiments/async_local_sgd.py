@@ -1,0 +1,159 @@
+"""Asynchronous Local-SGD with delayed Nesterov momentum and dynamic local updates (Liu et al. 2024).
+
+Workers of unequal speed each take local SGD steps from the server model they
+read and push the pseudo-gradient ``x_read - x_local``; an outer optimizer on
+the server applies it. Synchronous Local-SGD (DiLoCo-style: BSP, outer
+Nesterov) waits for the slowest worker every round. Asynchronously, plain
+outer Nesterov momentum amplifies stale pushes; the paper's remedies:
+
+  delayed Nesterov (``dj.delayed_nesterov``): each push takes a plain step, and
+    the momentum is updated from the buffered mean of every N pushes;
+  DyLU (dynamic local updates): worker w takes floor(v_w / v_max * H) local
+    steps, so slow workers push as often as fast ones.
+
+All methods run for the same simulated time; a worker's time per push is
+proportional to its local steps over its speed.
+
+    python -m experiments run async_local_sgd
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any
+
+import numpy as np
+import optax
+
+import delayjax as dj
+from experiments import _plots
+from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows
+from experiments._training import (first_reach, local_sgd_task, per_worker_copies, simulate_record, task_for,
+                                   within_time)
+
+# Config: outer lr 0.7, momentum 0.9 (the defaults seen for delayed Nesterov); N = number of workers.
+SCALES = {
+    "quick": dict(data="digits", model="mlp", hidden=128, speeds=[1.0, 1.0, 1.0, 1.0, 0.5, 0.5, 0.25, 0.25],
+                  local_steps=8, batch=16, inner_lr=0.05, outer_lr=0.7, outer_momentum=0.9, time_budget=60.0,
+                  target_accuracy=0.95, compute="gamma", seeds=2, eval_points=30, steps=0),
+    "paper": dict(data="mnist", model="mlp", hidden=200, speeds=[1.0, 1.0, 1.0, 1.0, 0.5, 0.5, 0.25, 0.25],
+                  local_steps=50, batch=32, inner_lr=0.05, outer_lr=0.7, outer_momentum=0.9, time_budget=2000.0,
+                  target_accuracy=0.97, compute="gamma", seeds=2, eval_points=40, steps=0),
+}
+METHODS = ("sync-nesterov", "async-nesterov", "async-delayed-nesterov", "async-delayed-nesterov-dylu")
+
+
+def specs(config: dict[str, Any]) -> list[dict[str, Any]]:
+  return [{"key": m, "method": m} for m in METHODS]
+
+
+def local_steps(config: dict[str, Any], dylu: bool) -> np.ndarray:
+  """Local steps per worker: H for all, or DyLU's floor(v_w / v_max * H) (at least one)."""
+  speeds = np.asarray(config["speeds"], np.float64)
+  if not dylu:
+    return np.full(speeds.size, config["local_steps"], np.int64)
+  return np.maximum(1, np.floor(speeds / speeds.max() * config["local_steps"])).astype(np.int64)
+
+
+def outer(config: dict[str, Any], method: str) -> optax.GradientTransformation:
+  if method.startswith("async-delayed"):
+    return dj.delayed_nesterov(config["outer_lr"], config["outer_momentum"], buffer_size=len(config["speeds"]))
+  return optax.sgd(config["outer_lr"], momentum=config["outer_momentum"], nesterov=True)
+
+
+def _budget(config: dict[str, Any]) -> float:
+  return config["time_budget"] if not config["steps"] else config["steps"] / 100 * config["time_budget"]
+
+
+def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
+  method, speeds = spec["method"], np.asarray(config["speeds"], np.float64)
+  steps = local_steps(config, dylu=method.endswith("dylu"))
+  base = task_for(config)
+  data, shards = per_worker_copies(base.data, speeds.size)
+  task = local_sgd_task(base, config["local_steps"], config["inner_lr"], steps_of_worker=steps)._replace(data=data)
+  # H local steps take 1 s at speed 1, so a push costs (steps / H) / speed: DyLU's short rounds make slow
+  # workers push as often as fast ones.
+  workers = dj.cluster.workers(speeds.size, compute=config["compute"], speed=speeds * config["local_steps"] / steps)
+  budget = _budget(config)
+  paradigm = dj.cluster.bsp() if method.startswith("sync") else dj.cluster.asp()
+  longest = int(budget * speeds.size * 3) + 10
+  sched = within_time(dj.cluster.simulate(paradigm, workers, longest, seed=seed), budget)
+  record = simulate_record(task, outer(config, method), sched, seed=seed,
+                           batch_size=config["local_steps"] * config["batch"],
+                           eval_every=max(1, sched.num_updates // config["eval_points"]), progress=progress,
+                           sampling="shard", shards=shards)
+  reach = first_reach(record["curves"]["time"], record["curves"]["test_error"], 1 - config["target_accuracy"])
+  record["metrics"]["time_to_target"] = reach if math.isfinite(reach) else None
+  return record
+
+
+def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+  rows = mean_rows(records, fields=("method",))
+  for r in rows:
+    r["accuracy_pct"] = 100 * (1 - r["test_error"])
+  return rows
+
+
+def _time(summary: Summary, key: str) -> float:
+  t = summary[key]["time_to_target"]
+  return float("inf") if t is None or math.isnan(t) else t
+
+
+def _error(summary: Summary, key: str) -> float:
+  e = summary[key]["test_error"]
+  return float("inf") if e is None or math.isnan(e) else 100 * e
+
+
+def _delayed_beats_plain(summary: Summary) -> ClaimResult:
+  d, p = _error(summary, "async-delayed-nesterov"), _error(summary, "async-nesterov")
+  return ClaimResult(d < p, f"final error: delayed Nesterov {d:.2f}%, plain Nesterov {p:.2f}%")
+
+
+def _dylu_faster_than_sync(summary: Summary) -> ClaimResult:
+  a, s = _time(summary, "async-delayed-nesterov-dylu"), _time(summary, "sync-nesterov")
+  return ClaimResult(a < s, f"simulated seconds to the target: async + delayed Nesterov + DyLU {a:.1f}, "
+                     f"synchronous {s:.1f}")
+
+
+def _dylu_helps(summary: Summary) -> ClaimResult:
+  a, b = _time(summary, "async-delayed-nesterov-dylu"), _time(summary, "async-delayed-nesterov")
+  return ClaimResult(a < b, f"simulated seconds to the target: with DyLU {a:.1f}, without {b:.1f}")
+
+
+CLAIMS = [
+    Claim("delayed-beats-plain", "asynchronously, delayed Nesterov ends with lower error than plain outer "
+          "Nesterov momentum", _delayed_beats_plain),
+    Claim("async-beats-sync", "delayed Nesterov with DyLU reaches the target sooner in wall-clock time than "
+          "synchronous Local-SGD", _dylu_faster_than_sync),
+    Claim("dylu-helps", "DyLU reaches the target sooner than the same run with equal local steps", _dylu_helps),
+]
+
+
+def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict[str, Any]], out: str) -> list[str]:
+  label = lambda spec: spec["method"]  # noqa: E731
+  return [_plots.curves(records, out, "error_vs_time", label=label, xs=("time", "update")),
+          _plots.staleness_histograms([r for r in records if r["spec"]["method"] != "sync-nesterov"], out,
+                                      label=label)]
+
+
+REPRODUCTION = Reproduction(
+    name="async_local_sgd",
+    paper="Liu, Chhaparia, Douillard, Kale, Rusu, Shen, Szlam, Ranzato: Asynchronous Local-SGD Training for "
+          "Language Modeling, 2024",
+    description="Local-SGD on 8 workers of unequal speed: synchronous, asynchronous with plain or delayed "
+                "Nesterov outer momentum, and with DyLU; same simulated time.",
+    scales=SCALES, specs=specs, run=run, summarize=summarize, claims=CLAIMS, plots=plots,
+    columns=("key", "accuracy_pct", "time_to_target", "updates", "mean_staleness"),
+    smoke=dict(steps=10, local_steps=2, eval_points=3, seeds=1),
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+  from experiments.__main__ import main as cli
+
+  return cli(["run", REPRODUCTION.name, *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
