@@ -243,6 +243,7 @@ def simulate(
      stalest contribution (the lowest worker index among equally stale ones)
      and :math:`\tau_u = u - \text{read\_version}[u, m^*]`, the largest
      staleness of the update (an int32 scalar; ``worker`` is an int32 scalar).
+     An update without contributions leaves parameters and state untouched.
 
   With a delay model as ``source`` (the stale-read model), update :math:`t`
   has one contribution, read at version :math:`\max(0, t - d_t)`, from worker
@@ -287,14 +288,17 @@ def simulate(
       1), possibly spanning processes (``jax.distributed``); ``None`` runs on
       one device. When the number of workers is not a multiple of the axis
       size, idle workers are added (they never contribute; they do cost
-      masked gradients).
+      masked gradients). With several processes, every process makes the
+      same call, and the returned parameters and state are global arrays
+      replicated on all devices.
     eval_fn: ``eval_fn(params) -> pytree of arrays``, evaluated on the server
       parameters at version 0, every ``eval_every`` updates and at the end.
     eval_every: updates between evaluations; ``None``: only at the start and
       the end.
-    seed: seeds the minibatches (and the delays of a delay model); the same
-      seed gives bit-identical results whatever the chunking or device count
-      of the sampling.
+    seed: seeds the minibatches (and the delays of a delay model). Which
+      examples each gradient uses does not depend on ``chunk_size``,
+      ``lanes`` or the devices; the same seed and arguments give
+      bit-identical results.
     chunk_size: steps per dispatch (and between checkpoints); default: about
       256, balanced so the last chunk is not mostly padding.
     checkpoint_dir: if given, the whole state is written there after every
