@@ -40,7 +40,7 @@ class History(NamedTuple):
       (weighted by ``num_batches``), computed at their stale parameters; all
       contributions count, skipped ones included.
     staleness: int64 ``[U]``, the largest staleness among the update's
-      contributions.
+      contributions (-1 for an update without any).
     eval_update: int64 ``[E]``, the version (updates applied so far) each
       evaluation was made at: 0, every ``eval_every``-th, and the last.
     eval_time: float64 ``[E]``, simulated time of that version (the time of
