@@ -115,6 +115,8 @@ def _report(root: str, plots: bool = True, tables: bool = True) -> int:
   lines = ["| reproduction | claim | held | figures |", "|---|---|---|---|"]
   for directory in dirs:
     saved = _framework.load_results(directory)
+    if saved.get("reproduction") not in _registry.NAMES:
+      continue  # another tool's results.json (e.g. experiments.delayed_digits)
     repro = _registry.get(saved["reproduction"])
     config: dict[str, Any] = saved["config"]
     order = {s["key"]: i for i, s in enumerate(repro.specs(config))}

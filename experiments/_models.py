@@ -79,7 +79,7 @@ class _DecoderBlock(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     mask = nn.make_causal_mask(jnp.ones(x.shape[:2], jnp.int32))
-    x = x + nn.SelfAttention(num_heads=self.heads)(nn.LayerNorm()(x), mask=mask)
+    x = x + nn.MultiHeadDotProductAttention(num_heads=self.heads)(nn.LayerNorm()(x), mask=mask)
     h = nn.Dense(4 * self.width)(nn.LayerNorm()(x))
     return x + nn.Dense(self.width)(nn.gelu(h))
 
