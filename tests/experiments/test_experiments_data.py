@@ -101,3 +101,29 @@ def test_markov_corpus_is_learnable_and_deterministic():
   conditional = -np.nansum(joint * np.log(np.where(joint > 0, joint / np.maximum(context, 1e-12), 1)))
   unigram = np.bincount(tokens, minlength=16) / tokens.size
   assert conditional < 0.6 * -np.sum(unigram * np.log(unigram))
+
+
+def test_paper_scale_tasks_build_from_local_files(tmp_path, no_tfds):
+  import jax
+  import jax.numpy as jnp
+
+  from experiments._training import task_for
+
+  rng = np.random.default_rng(4)
+  _write_cifar(tmp_path / "cifar-10-batches-py", rng, per_batch=2)
+  cifar = task_for({"data": "cifar10", "model": "resnet20", "data_dir": str(tmp_path)})
+  params = cifar.init(0)
+  # ResNet-20 with 1x1 projection shortcuts: about 0.27 M parameters.
+  assert 0.26e6 < sum(x.size for x in jax.tree.leaves(params)) < 0.28e6
+  batch = jax.tree.map(lambda x: jnp.asarray(x[:4]), cifar.data)
+  loss, grads = jax.jit(jax.value_and_grad(cifar.loss_fn))(params, batch)
+  assert np.isfinite(float(loss)) and all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))
+  metrics = jax.jit(cifar.eval_fn)(params)
+  assert 0.0 <= float(metrics["test_error"]) <= 1.0
+
+  for key, name in _datasets.MNIST_FILES.items():
+    shape = (5, 28, 28) if key.startswith("x") else (5,)
+    _datasets.write_idx(str(tmp_path / name), rng.integers(0, 10, shape))
+  mnist = task_for({"data": "mnist", "model": "mlp", "hidden": [16], "data_dir": str(tmp_path)})
+  assert mnist.data["x"].shape == (5, 784)
+  assert np.isfinite(float(mnist.loss_fn(mnist.init(0), jax.tree.map(jnp.asarray, mnist.data))))
