@@ -23,8 +23,8 @@ from delayjax.runtime._waves import StepPlan, plan_steps
 from delayjax.transforms._hooks import read_params
 
 AXIS = "workers"
-# Server params, optimizer state, slots, the next step's lanes' slot contents, then the wave's
-# gradient, stale-params, loss and finiteness buffers.
+# Server params, optimizer state, slots, the parameters the next step's lanes compute at, then the
+# wave's gradient, stale-params, loss and finiteness buffers.
 CARRY_SPECS = (P(), P(), P(AXIS), P(AXIS), P(), P(), P(), P())
 _CHECKPOINT_FILE = "simulate.msgpack"
 
@@ -121,6 +121,18 @@ def _uses_stale_params(tx: optax.GradientTransformationExtraArgs, params: Any) -
   stale_vars = {id(v) for v in jaxpr.invars[:len(jax.tree.leaves(spec))]}
   used = [v for eqn in jaxpr.eqns for v in eqn.invars] + list(jaxpr.outvars)
   return any(id(v) in stale_vars for v in used)
+
+
+def _lanes_stale(opt_state: Any, params: Any, slots: Any, rows: jax.Array, workers: jax.Array, slot: jax.Array,
+                fresh: jax.Array) -> Any:
+  """The parameters each lane computes at: read now if ``fresh``, else from its worker's slot.
+
+  ``slots`` leaves are ``[rows, num_slots, ...]``; ``rows``, ``workers``,
+  ``slot`` and ``fresh`` have one entry per lane.
+  """
+  held = jax.vmap(lambda m, k: jax.tree.map(lambda x: x[m, k], slots))(rows, slot)
+  reads = jax.vmap(lambda m: read_params(opt_state, params, m))(workers)
+  return jax.tree.map(lambda r, h: jnp.where(_lead(fresh, r), r, h), reads, held)
 
 
 def _tree_where(pred: jax.Array, new: Any, old: Any) -> Any:
@@ -386,8 +398,11 @@ def simulate(
   # The carry: server state, each worker's read parameters, and the current
   # wave's gradients (a wave's steps may straddle two chunks).
   size = plan.buffer_size
-  carry = (params, opt_state, jax.tree.map(lambda x: buffer(x, num_workers, plan.num_slots), params),
-           jax.tree.map(lambda x: buffer(x, plan.lane_worker.shape[1]), params),
+  slots = jax.tree.map(lambda x: buffer(x, num_workers, plan.num_slots), params)
+  first = plan.tables(0, 1)
+  first_stale = jax.jit(_lanes_stale)(opt_state, params, slots, first["lane_worker"][0], first["lane_worker"][0],
+                                      first["lane_slot"][0], first["lane_fresh"][0])
+  carry = (params, opt_state, slots, jax.device_get(first_stale),
            jax.tree.map(lambda x: buffer(x, size), params), jax.tree.map(lambda x: buffer(x, size), params),
            np.zeros(size, np.float32), np.ones(size, bool))
   history: dict[str, list[Any]] = {"loss": [], "metrics": [], "nonfinite": []}
@@ -570,11 +585,11 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
         start += size
     return jax.tree.unflatten(treedef, out)
 
-  def store(buf, pos, x):
-    return buf.at[pos].set(x, mode="drop")
+  def store(buf, at, x):
+    return jax.lax.dynamic_update_slice_in_dim(buf, x, at, axis=0)
 
   def step(carry, tabs, data, shard_rows, shard_sizes):
-    params, opt_state, slots, held, grad_buf, stale_buf, loss_buf, finite_buf = carry
+    params, opt_state, slots, stale, grad_buf, stale_buf, loss_buf, finite_buf = carry
     lane, tab = tabs
     offset = jax.lax.axis_index(AXIS) * per_device if distributed else 0
 
@@ -584,20 +599,21 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
       rows = workers - offset
       return jnp.where((rows >= 0) & (rows < per_device), rows, per_device)
 
+    # `stale`, the parameters each lane computes at, was assembled at the end
+    # of the previous step (the server state has not changed since).
     workers = lane["lane_worker"]
-    fresh_reads = jax.vmap(lambda m: read_params(opt_state, params, m))(workers)
-    stale = jax.tree.map(lambda r, h: jnp.where(_lead(lane["lane_fresh"], r), r, h), fresh_reads, held)
     loss, grads = jax.vmap(lane_grad, in_axes=(None, 0, 0, 0, 0, 0, 0, 0))(
         data, stale, lane["lane_update"], workers, lane["lane_draw"], lane["lane_batches"],
         shard_rows[local_rows(workers)], shard_sizes[local_rows(workers)])
     finite = jax.vmap(_all_finite)(grads)
-    pos, finite_all, loss_all, grads_all, stale_all = gather(
-        (lane["lane_pos"], finite, loss, grads, stale if keep_stale else ()))
-    grad_buf = jax.tree.map(lambda b, g: store(b, pos, g), grad_buf, grads_all)
+    finite_all, loss_all, grads_all, stale_all = gather((finite, loss, grads, stale if keep_stale else ()))
+    # The step's lanes fill a contiguous block of the wave's buffers.
+    at = tab["buffer_offset"]
+    grad_buf = jax.tree.map(lambda b, g: store(b, at, g), grad_buf, grads_all)
     if keep_stale:
-      stale_buf = jax.tree.map(lambda b, s: store(b, pos, s), stale_buf, stale_all)
-    loss_buf = store(loss_buf, pos, loss_all)
-    finite_buf = store(finite_buf, pos, finite_all)
+      stale_buf = jax.tree.map(lambda b, s: store(b, at, s), stale_buf, stale_all)
+    loss_buf = store(loss_buf, at, loss_all)
+    finite_buf = store(finite_buf, at, finite_all)
 
     def read(i, state):
       params, opt_state, slots = state
@@ -662,11 +678,11 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
     metrics = jax.tree.map(lambda s: jnp.zeros((max_len,) + s.shape, s.dtype), metric_shapes)
     params, opt_state, slots, losses, metrics = jax.lax.fori_loop(
         0, tab["upd_count"], apply, (params, opt_state, slots, losses, metrics))
-    # The next step's held parameters are gathered last: a gather from the
-    # slots before writing them would make XLA copy the slots every step.
-    held = jax.vmap(lambda m, k: jax.tree.map(lambda x: x[m, k], slots))(
-        local_rows(lane["lane_next_worker"]), lane["lane_next_slot"])
-    carry = (params, opt_state, slots, held, grad_buf, stale_buf, loss_buf, finite_buf)
+    # The next step's parameters are assembled last: gathering from the slots
+    # before writing them would make XLA copy the slots every step.
+    stale = _lanes_stale(opt_state, params, slots, local_rows(lane["lane_next_worker"]), lane["lane_next_worker"],
+                        lane["lane_next_slot"], lane["lane_next_fresh"])
+    carry = (params, opt_state, slots, stale, grad_buf, stale_buf, loss_buf, finite_buf)
     return carry, (losses, metrics, finite_all)
 
   def chunk(carry, data, shard, lane_tabs, step_tabs):

@@ -46,8 +46,9 @@ class StepPlan:
     lane_fresh: the contribution reads the step's own version (no slot).
     lane_update, lane_draw, lane_batches: which minibatches (see
       ``minibatch_indices``); ``lane_batches = num_batches >= 1``.
-    lane_pos: where the gradient goes in the wave's gradient buffer
-      (padding: ``buffer_size``, dropped).
+  Where each step's gradients go, ``[T]``:
+    buffer_offset: lane ``l`` lands at row ``buffer_offset + l`` of the
+      wave's gradient buffer (steps of a wave fill consecutive blocks).
   Updates applied at the end of the step, ``[T]`` and ``[T, L]``:
     upd_count: how many (0 except in a wave's last step).
     upd_index: update index ``u``.
@@ -77,7 +78,7 @@ class StepPlan:
   lane_update: np.ndarray
   lane_draw: np.ndarray
   lane_batches: np.ndarray
-  lane_pos: np.ndarray
+  buffer_offset: np.ndarray
   upd_count: np.ndarray
   upd_index: np.ndarray
   upd_pos: np.ndarray
@@ -107,13 +108,14 @@ class StepPlan:
   def tables(self, first: int, count: int) -> dict[str, np.ndarray]:
     """The tables of steps ``first .. first + count - 1``, padded with empty steps.
 
-    Besides the fields, ``lane_next_worker`` and ``lane_next_slot`` name the
-    lanes of each following step, whose slots each step gathers last.
+    Besides the fields, ``lane_next_worker``, ``lane_next_slot`` and
+    ``lane_next_fresh`` describe the lanes of each following step, whose
+    parameters each step gathers last.
     """
     out = self._rows(first, count)
     following = self._rows(first + 1, count)
-    out["lane_next_worker"] = following["lane_worker"]
-    out["lane_next_slot"] = following["lane_slot"]
+    for name in ("worker", "slot", "fresh"):
+      out[f"lane_next_{name}"] = following[f"lane_{name}"]
     return out
 
   def _rows(self, first: int, count: int) -> dict[str, np.ndarray]:
@@ -124,8 +126,6 @@ class StepPlan:
       value = getattr(self, f.name)[first:first + count]
       if value.shape[0] < count:
         pad = np.zeros((count - value.shape[0],) + value.shape[1:], value.dtype)
-        if f.name == "lane_pos":
-          pad[...] = self.buffer_size
         if f.name == "lane_worker":
           pad[...] = self.lane_worker[0]
         value = np.concatenate([value, pad])
@@ -239,7 +239,6 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
   lane_update = np.zeros(shape, np.int32)
   lane_draw = np.zeros(shape, np.int32)
   lane_batches = np.ones(shape, np.int32)
-  lane_pos = np.full(shape, buffer_size, np.int32)
   lane_active[step, lane] = True
   lane_worker[step, lane] = cm
   lane_slot[step, lane] = slot
@@ -247,7 +246,7 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
   lane_update[step, lane] = cu
   lane_draw[step, lane] = draw
   lane_batches[step, lane] = cnb
-  lane_pos[step, lane] = pos
+  buffer_offset = ((np.arange(num_steps) - np.repeat(step_offset[:-1], steps_of_wave)) * width).astype(np.int32)
 
   # Updates, applied in their wave's last step.
   end_step = step_offset[1:] - 1
@@ -309,7 +308,7 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
       num_workers=num_workers, num_devices=num_devices, lanes=lanes, num_slots=num_slots,
       buffer_size=buffer_size, starts=starts, step_of_wave_end=end_step, lane_active=lane_active,
       lane_worker=lane_worker, lane_slot=lane_slot, lane_fresh=lane_fresh, lane_update=lane_update,
-      lane_draw=lane_draw, lane_batches=lane_batches, lane_pos=lane_pos, upd_count=upd_count,
+      lane_draw=lane_draw, lane_batches=lane_batches, buffer_offset=buffer_offset, upd_count=upd_count,
       upd_index=upd_index, upd_pos=upd_pos, upd_worker=upd_worker, upd_batches=upd_batches,
       upd_staleness=upd_staleness, read_begin=read_begin, read_end=read_end, read_first=read_first,
       read_worker=read_worker, read_slot=read_slot)
