@@ -54,6 +54,11 @@ def main(argv: list[str] | None = None) -> int:
   return _report(args.dir, plots=not args.no_plot)
 
 
+def run_one(name: str, argv: list[str] | None = None) -> int:
+  """``python -m experiments run NAME ARGV...``: what ``python -m experiments.NAME ARGV...`` does."""
+  return main(["run", name, *(sys.argv[1:] if argv is None else argv)])
+
+
 def _list() -> int:
   for repro in _registry.all_reproductions():
     quick = _framework.config_for(repro, "quick")

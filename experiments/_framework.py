@@ -302,6 +302,11 @@ def mean_rows(records: list[dict[str, Any]], *, fields: Sequence[str] = ()) -> l
   return rows
 
 
+def or_inf(value: Any) -> float:
+  """A metric for a "lower is better" comparison: missing or NaN (diverged, never reached) counts as ``inf``."""
+  return float("inf") if value is None or math.isnan(float(value)) else float(value)
+
+
 def _num(value: Any) -> float:
   return float("nan") if value is None else float(value)
 

@@ -20,7 +20,6 @@ possible loss), which the generator knows.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import jax
@@ -31,7 +30,7 @@ import optax
 import delayjax as dj
 from experiments import _plots
 from experiments._datasets import markov_corpus
-from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows
+from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, or_inf
 from experiments._models import transformer_lm
 from experiments._training import Task, simulate_record
 
@@ -117,8 +116,7 @@ def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dic
 
 
 def _excess(summary: Summary, key: str) -> float:
-  value = summary[key]["excess_loss"]
-  return float("inf") if value is None or np.isnan(value) else value
+  return or_inf(summary[key]["excess_loss"])
 
 
 def _async_hurts(summary: Summary) -> ClaimResult:
@@ -170,9 +168,10 @@ REPRODUCTION = Reproduction(
 
 
 def main(argv: list[str] | None = None) -> int:
-  from experiments.__main__ import main as cli
+  """Runs this reproduction with the CLI's options (``python -m experiments.NAME --help``)."""
+  from experiments.__main__ import run_one
 
-  return cli(["run", REPRODUCTION.name, *(sys.argv[1:] if argv is None else argv)])
+  return run_one(REPRODUCTION.name, argv)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ proportional to its local steps over its speed.
 from __future__ import annotations
 
 import math
-import sys
 from typing import Any
 
 import numpy as np
@@ -28,7 +27,7 @@ import optax
 
 import delayjax as dj
 from experiments import _plots
-from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows
+from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, or_inf
 from experiments._training import (first_reach, local_sgd_task, per_worker_copies, simulate_record, task_for,
                                    within_time)
 
@@ -96,13 +95,11 @@ def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dic
 
 
 def _time(summary: Summary, key: str) -> float:
-  t = summary[key]["time_to_target"]
-  return float("inf") if t is None or math.isnan(t) else t
+  return or_inf(summary[key]["time_to_target"])
 
 
 def _error(summary: Summary, key: str) -> float:
-  e = summary[key]["test_error"]
-  return float("inf") if e is None or math.isnan(e) else 100 * e
+  return 100 * or_inf(summary[key]["test_error"])
 
 
 def _delayed_beats_plain(summary: Summary) -> ClaimResult:
@@ -150,9 +147,10 @@ REPRODUCTION = Reproduction(
 
 
 def main(argv: list[str] | None = None) -> int:
-  from experiments.__main__ import main as cli
+  """Runs this reproduction with the CLI's options (``python -m experiments.NAME --help``)."""
+  from experiments.__main__ import run_one
 
-  return cli(["run", REPRODUCTION.name, *(sys.argv[1:] if argv is None else argv)])
+  return run_one(REPRODUCTION.name, argv)
 
 
 if __name__ == "__main__":

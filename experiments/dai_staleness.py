@@ -14,7 +14,6 @@ hidden layers on digits (quick) or MNIST (paper).
 from __future__ import annotations
 
 import math
-import sys
 from typing import Any
 
 import numpy as np
@@ -22,7 +21,7 @@ import optax
 
 import delayjax as dj
 from experiments import _plots
-from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows
+from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, or_inf
 from experiments._training import first_reach, simulate_record, task_for
 
 # Config: one learning rate per optimizer, the usual defaults for each.
@@ -70,8 +69,7 @@ def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dic
 
 
 def _normalized(summary: Summary, opt: str, depth: int, s: int) -> float:
-  value = summary[f"{opt}-d{depth}-s{s}"]["normalized"]
-  return float("inf") if value is None or math.isnan(value) else value
+  return or_inf(summary[f"{opt}-d{depth}-s{s}"]["normalized"])
 
 
 def _axes(summary: Summary) -> tuple[list[str], list[int], list[int]]:
@@ -153,9 +151,10 @@ REPRODUCTION = Reproduction(
 
 
 def main(argv: list[str] | None = None) -> int:
-  from experiments.__main__ import main as cli
+  """Runs this reproduction with the CLI's options (``python -m experiments.NAME --help``)."""
+  from experiments.__main__ import run_one
 
-  return cli(["run", REPRODUCTION.name, *(sys.argv[1:] if argv is None else argv)])
+  return run_one(REPRODUCTION.name, argv)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ computed at: for DANA the look-ahead) that ``dj.simulate`` passes it.
 
 from __future__ import annotations
 
-import sys
 from typing import Any, NamedTuple
 
 import jax
@@ -30,7 +29,7 @@ import optax
 
 import delayjax as dj
 from experiments import _plots
-from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows
+from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, or_inf
 from experiments._training import simulate_record, task_for
 
 SCALES = {
@@ -115,8 +114,7 @@ def _gap_grows(summary: Summary) -> ClaimResult:
 
 def _best_at_scale(summary: Summary) -> ClaimResult:
   m = _ms(summary)[-1]
-  e = {k: summary[f"{k}-M{m}"]["error_pct"] for k in METHODS}
-  e = {k: (float("inf") if v is None or np.isnan(v) else v) for k, v in e.items()}
+  e = {k: or_inf(summary[f"{k}-M{m}"]["error_pct"]) for k in METHODS}
   return ClaimResult(e["dana"] <= min(e["asgd"], e["nag-asgd"]),
                      f"M={m}: DANA {e['dana']:.2f}%, ASGD {e['asgd']:.2f}%, NAG-ASGD {e['nag-asgd']:.2f}%")
 
@@ -162,9 +160,10 @@ REPRODUCTION = Reproduction(
 
 
 def main(argv: list[str] | None = None) -> int:
-  from experiments.__main__ import main as cli
+  """Runs this reproduction with the CLI's options (``python -m experiments.NAME --help``)."""
+  from experiments.__main__ import run_one
 
-  return cli(["run", REPRODUCTION.name, *(sys.argv[1:] if argv is None else argv)])
+  return run_one(REPRODUCTION.name, argv)
 
 
 if __name__ == "__main__":

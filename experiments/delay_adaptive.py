@@ -17,8 +17,6 @@ to replay your own.
 
 from __future__ import annotations
 
-import math
-import sys
 from typing import Any
 
 import numpy as np
@@ -26,7 +24,7 @@ import optax
 
 import delayjax as dj
 from experiments import _plots
-from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows
+from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, or_inf
 from experiments._training import simulate_record, task_for
 
 # Config: gamma' and alpha' are the same for every method; "fixed-worst" derives its step from the trace.
@@ -87,8 +85,7 @@ def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dic
 
 
 def _loss(summary: Summary, key: str) -> float:
-  value = summary[key]["train_loss"]
-  return float("inf") if value is None or math.isnan(value) else value
+  return or_inf(summary[key]["train_loss"])
 
 
 def _beats_worst(policy: str):
@@ -134,9 +131,10 @@ REPRODUCTION = Reproduction(
 
 
 def main(argv: list[str] | None = None) -> int:
-  from experiments.__main__ import main as cli
+  """Runs this reproduction with the CLI's options (``python -m experiments.NAME --help``)."""
+  from experiments.__main__ import run_one
 
-  return cli(["run", REPRODUCTION.name, *(sys.argv[1:] if argv is None else argv)])
+  return run_one(REPRODUCTION.name, argv)
 
 
 if __name__ == "__main__":

@@ -14,14 +14,13 @@ and the total time the workers spent blocked.
 from __future__ import annotations
 
 import math
-import sys
 from typing import Any
 
 import optax
 
 import delayjax as dj
 from experiments import _plots
-from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows
+from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, or_inf
 from experiments._training import first_reach, simulate_record, task_for
 
 # Config: the paper's thresholds s_L = 3, s_U = 15; half the cluster is slower (0.8x and 0.6x). With a
@@ -73,18 +72,13 @@ def _row(summary: Summary, paradigm: str) -> dict[str, Any]:
   return next(r for r in summary.values() if r["paradigm"] == paradigm)
 
 
-def _time(row: dict[str, Any]) -> float:
-  t = row["time_to_target"]
-  return float("inf") if t is None or math.isnan(t) else t
-
-
 def _waits_less(summary: Summary) -> ClaimResult:
   d, s, b = (_row(summary, p)["total_wait"] for p in ("dssp", "ssp", "bsp"))
   return ClaimResult(d < s and d < b, f"total wait (worker-seconds): DSSP {d:.1f}, SSP {s:.1f}, BSP {b:.1f}")
 
 
 def _faster_to_target(summary: Summary) -> ClaimResult:
-  times = {p: _time(_row(summary, p)) for p in ("dssp", "ssp", "bsp", "asp")}
+  times = {p: or_inf(_row(summary, p)["time_to_target"]) for p in ("dssp", "ssp", "bsp", "asp")}
   held = times["dssp"] < times["ssp"] and times["dssp"] < times["bsp"]
   return ClaimResult(held, "simulated seconds to the target accuracy: "
                      + ", ".join(f"{p.upper()} {t:.1f}" for p, t in times.items()))
@@ -131,9 +125,10 @@ REPRODUCTION = Reproduction(
 
 
 def main(argv: list[str] | None = None) -> int:
-  from experiments.__main__ import main as cli
+  """Runs this reproduction with the CLI's options (``python -m experiments.NAME --help``)."""
+  from experiments.__main__ import run_one
 
-  return cli(["run", REPRODUCTION.name, *(sys.argv[1:] if argv is None else argv)])
+  return run_one(REPRODUCTION.name, argv)
 
 
 if __name__ == "__main__":

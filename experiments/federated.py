@@ -21,7 +21,6 @@ runs for the same simulated time.
 from __future__ import annotations
 
 import math
-import sys
 from typing import Any
 
 import numpy as np
@@ -29,7 +28,7 @@ import optax
 
 import delayjax as dj
 from experiments import _plots
-from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows
+from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, or_inf
 from experiments._training import first_reach, local_sgd_task, simulate_record, task_for, within_time
 
 # Config: FedAsync's mixing 0.6 with the polynomial rule a = 0.5; FedBuff's K = 5 of 10 clients.
@@ -98,8 +97,7 @@ def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dic
 
 
 def _time(summary: Summary, key: str) -> float:
-  t = summary[key]["time_to_target"]
-  return float("inf") if t is None or math.isnan(t) else t
+  return or_inf(summary[key]["time_to_target"])
 
 
 def _faster(method: str):
@@ -142,9 +140,10 @@ REPRODUCTION = Reproduction(
 
 
 def main(argv: list[str] | None = None) -> int:
-  from experiments.__main__ import main as cli
+  """Runs this reproduction with the CLI's options (``python -m experiments.NAME --help``)."""
+  from experiments.__main__ import run_one
 
-  return cli(["run", REPRODUCTION.name, *(sys.argv[1:] if argv is None else argv)])
+  return run_one(REPRODUCTION.name, argv)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ state, so running ``dj.simulate`` chunk by chunk is exact.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import jax
@@ -190,9 +189,10 @@ REPRODUCTION = Reproduction(
 
 
 def main(argv: list[str] | None = None) -> int:
-  from experiments.__main__ import main as cli
+  """Runs this reproduction with the CLI's options (``python -m experiments.NAME --help``)."""
+  from experiments.__main__ import run_one
 
-  return cli(["run", REPRODUCTION.name, *(sys.argv[1:] if argv is None else argv)])
+  return run_one(REPRODUCTION.name, argv)
 
 
 if __name__ == "__main__":

@@ -14,15 +14,13 @@ prediction, printed next to the measured best.
 
 from __future__ import annotations
 
-import math
-import sys
 from typing import Any
 
 import optax
 
 import delayjax as dj
 from experiments import _plots
-from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows
+from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, or_inf
 from experiments._training import simulate_record, task_for
 
 # Config: a small step, so that momentum matters; the grid reaches below zero.
@@ -62,8 +60,7 @@ def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dic
 
 
 def _loss(row: dict[str, Any]) -> float:
-  value = row["train_loss"]
-  return float("inf") if value is None or math.isnan(value) else value
+  return or_inf(row["train_loss"])
 
 
 def _best(rows: Any) -> dict[int, float]:
@@ -135,9 +132,10 @@ REPRODUCTION = Reproduction(
 
 
 def main(argv: list[str] | None = None) -> int:
-  from experiments.__main__ import main as cli
+  """Runs this reproduction with the CLI's options (``python -m experiments.NAME --help``)."""
+  from experiments.__main__ import run_one
 
-  return cli(["run", REPRODUCTION.name, *(sys.argv[1:] if argv is None else argv)])
+  return run_one(REPRODUCTION.name, argv)
 
 
 if __name__ == "__main__":
