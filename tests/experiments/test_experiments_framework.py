@@ -147,3 +147,53 @@ def test_dc_asgd_claims_follow_fabricated_numbers_both_ways():
 def test_a_claim_without_its_numbers_is_not_evaluated():
   result = dc_asgd.CLAIMS[0].evaluate({})
   assert result.held is None and "not evaluated" in result.figures
+
+
+def test_mean_is_nan_when_any_seed_is_missing():
+  records = [{"key": "a", "spec": {}, "metrics": {"t": 2.0}}, {"key": "a", "spec": {}, "metrics": {"t": None}},
+             {"key": "b", "spec": {}, "metrics": {"t": 1.0}}, {"key": "b", "spec": {}, "metrics": {"t": 3.0}}]
+  rows = {r["key"]: r for r in fw.mean_rows(records)}
+  assert np.isnan(rows["a"]["t"]) and rows["a"]["nonfinite"] == 1 and rows["a"]["t_std"] == 0.0
+  assert rows["b"]["t"] == 2.0 and rows["b"]["t_std"] == 1.0 and rows["b"]["nonfinite"] == 0
+  assert fw.or_inf(None) == float("inf") and fw.or_inf(float("nan")) == float("inf") and fw.or_inf(2) == 2.0
+
+
+def test_staleness_aware_claims_follow_fabricated_numbers_both_ways():
+  from experiments import staleness_aware
+
+  def summary(fixed, lrtau, stale):
+    rows = {}
+    for n in (1, 30):
+      rows[f"fixed-n{n}"] = {"n": n, "rule": "fixed", "error_pct": fixed[n], "mean_staleness": stale[n]}
+      rows[f"lrtau-n{n}"] = {"n": n, "rule": "lrtau", "error_pct": lrtau[n], "mean_staleness": stale[n]}
+    return rows
+
+  paper = summary({1: 18.0, 30: 90.0}, {1: 18.0, 30: 19.0}, {1: 1.0, 30: 29.0})
+  assert all(c.evaluate(paper).held for c in staleness_aware.CLAIMS)
+  opposite = summary({1: 18.0, 30: 19.0}, {1: 18.0, 30: 40.0}, {1: 1.0, 30: 5.0})
+  assert not any(c.evaluate(opposite).held for c in staleness_aware.CLAIMS)
+
+
+def test_dssp_claims_follow_fabricated_numbers_both_ways():
+  from experiments import dssp
+
+  def summary(wait, reach, acc):
+    return {p: {"paradigm": p, "total_wait": wait[p], "time_to_target": reach[p], "accuracy_pct": acc[p]}
+            for p in ("bsp", "asp", "ssp", "dssp")}
+
+  good = summary({"bsp": 90, "asp": 0, "ssp": 50, "dssp": 20}, {"bsp": 90, "asp": 40, "ssp": 60, "dssp": 45},
+                 {"bsp": 97, "asp": 95, "ssp": 97, "dssp": 97})
+  assert all(c.evaluate(good).held for c in dssp.CLAIMS)
+  # DSSP never reaching the target (None) counts as infinitely slow.
+  bad = summary({"bsp": 90, "asp": 0, "ssp": 50, "dssp": 70}, {"bsp": 90, "asp": 40, "ssp": 60, "dssp": None},
+                {"bsp": 97, "asp": 95, "ssp": 97, "dssp": 90})
+  assert not any(c.evaluate(bad).held for c in dssp.CLAIMS)
+
+
+def test_cli_set_parses_json_values():
+  from experiments.__main__ import _overrides
+
+  assert _overrides(["workers=[4, 8]", "lr=0.5", "compute=exponential", "trace=null"]) == {
+      "workers": [4, 8], "lr": 0.5, "compute": "exponential", "trace": None}
+  with pytest.raises(SystemExit, match="KEY=VALUE"):
+    _overrides(["lr"])
