@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import serialization
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -318,7 +319,8 @@ def simulate(
     checkpoint_dir: if given, the whole state is written there after every
       chunk (``simulate.msgpack``), and with ``resume`` a run finding a
       checkpoint of the same configuration continues from it, with a result
-      bit-identical to an uninterrupted run. Single-process runs only.
+      bit-identical to an uninterrupted run. With several processes, process
+      0 writes it, and every process must see the directory to resume.
     resume: whether to continue from a checkpoint found in ``checkpoint_dir``.
     skip_nonfinite: leave contributions whose gradient is not finite out of
       their update (the weights renormalized over the rest, the extra
@@ -360,9 +362,6 @@ def simulate(
         f"batch_size={batch_size} is larger than the data set ({num_examples} examples), which "
         f"sampling='epoch' does not allow.")
   num_devices = _workers_mesh(mesh)
-  multiprocess = mesh is not None and jax.process_count() > 1
-  if checkpoint_dir is not None and multiprocess:
-    raise ValueError("checkpoint_dir is only supported in single-process runs (jax.process_count() == 1).")
 
   schedule = _source_schedule(source, num_updates, seed)
   num_updates = schedule.num_updates
@@ -702,17 +701,29 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
   return jax.jit(chunk, donate_argnums=0)
 
 
+def _gathered(x: Any) -> np.ndarray:
+  """The whole value of a (possibly multi-process, sharded) array as NumPy."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    if x.sharding.is_fully_replicated:
+      return np.asarray(x.addressable_data(0))
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return np.asarray(jax.device_get(x))
+
+
 def _save(path: str, fingerprint: str, carry: Any, history: dict[str, list[Any]], chunks_done: int) -> None:
   record = {
       "fingerprint": fingerprint,
       "chunks_done": chunks_done,
-      "carry": [serialization.to_state_dict(x) for x in jax.device_get(carry)],
+      # A collective when the carry spans processes: every process takes part.
+      "carry": [serialization.to_state_dict(jax.tree.map(_gathered, x)) for x in carry],
       "loss": np.concatenate(history["loss"]) if history["loss"] else np.zeros(0, np.float32),
       "nonfinite": (np.concatenate(history["nonfinite"]).astype(np.int64) if history["nonfinite"]
                     else np.zeros((0, 2), np.int64)),
       "metrics": {str(i): np.concatenate(xs) for i, xs in
                   enumerate(zip(*[jax.tree.leaves(m) for m in history["metrics"]]))},
   }
+  if jax.process_index() != 0:
+    return
   os.makedirs(os.path.dirname(path), exist_ok=True)
   tmp = path + ".tmp"
   with open(tmp, "wb") as f:

@@ -1,7 +1,9 @@
 """One process of the two-process ``dj.simulate`` test (run by ``test_simulate.py``).
 
-Usage: ``python simulate_multiprocess.py PORT PROCESS_ID OUT.npz``. Each process
-has two CPU devices; together they form a 4-device ``workers`` mesh.
+Usage: ``python simulate_multiprocess.py PORT PROCESS_ID OUT.npz CHECKPOINT_DIR``.
+Each process has two CPU devices; together they form a 4-device ``workers``
+mesh. It runs the simulation once straight through, and once interrupted after
+its second chunk and resumed from a checkpoint; process 0 saves both results.
 """
 
 import os
@@ -15,7 +17,16 @@ jax.config.update("jax_cpu_collectives_implementation", "gloo")
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 
 
-def main(port: str, process_id: str, out: str) -> None:
+class Stop(Exception):
+  pass
+
+
+def stop_after_two(info):
+  if info["chunk"] == 1:
+    raise Stop
+
+
+def main(port: str, process_id: str, out: str, checkpoint_dir: str) -> None:
   jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
                              process_id=int(process_id))
   import numpy as np
@@ -27,10 +38,20 @@ def main(port: str, process_id: str, out: str) -> None:
 
   mesh = jax.make_mesh((4,), ("workers",), devices=jax.devices())
   loss_fn, tx, params, data, schedule, kwargs = multiprocess_case()
-  result = dj.simulate(loss_fn, tx, params, data, schedule, mesh=mesh, **kwargs)
-  leaves = [np.asarray(x.addressable_data(0)) for x in jax.tree.leaves(result.params)]
+  straight = dj.simulate(loss_fn, tx, params, data, schedule, mesh=mesh, **kwargs)
+  try:
+    dj.simulate(loss_fn, tx, params, data, schedule, mesh=mesh, checkpoint_dir=checkpoint_dir,
+                callback=stop_after_two, **kwargs)
+  except Stop:
+    pass
+  resumed = dj.simulate(loss_fn, tx, params, data, schedule, mesh=mesh, checkpoint_dir=checkpoint_dir, **kwargs)
+  arrays = {}
+  for name, result in (("straight", straight), ("resumed", resumed)):
+    arrays[f"{name}_loss"] = result.history.loss
+    for i, x in enumerate(jax.tree.leaves((result.params, result.opt_state))):
+      arrays[f"{name}_{i}"] = np.asarray(x.addressable_data(0))
   if int(process_id) == 0:
-    np.savez(out, loss=result.history.loss, *leaves)
+    np.savez(out, **arrays)
   jax.distributed.shutdown()
 
 

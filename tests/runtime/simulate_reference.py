@@ -184,4 +184,4 @@ def multiprocess_case():
   """The run shared by the two-process test and its single-process twin."""
   data, loss_fn, params = regression_problem(num_examples=64)
   schedule = hand_schedule(8, 40, spread=1.0, seed=5)
-  return loss_fn, probe(0.05, 8), params, data, schedule, dict(batch_size=4, seed=3, chunk_size=4)
+  return loss_fn, probe(0.05, 8), params, data, schedule, dict(batch_size=4, seed=3, chunk_size=2)
