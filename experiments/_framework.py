@@ -19,6 +19,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -27,6 +28,26 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 Progress = Callable[[int, int], None]  # (done, total) of the current run, for the inner progress bar
+
+
+class RunProgress:
+  """What one run gets from the framework: a progress callback and a folder for mid-run checkpoints.
+
+  Call it with ``(done, total)`` to move the run's progress bar. A run that
+  can checkpoint (``dj.simulate``'s ``checkpoint_dir``) writes to
+  ``checkpoint_dir``, which is unique to the run's configuration and seed, so
+  an interrupted run continues where it stopped; the framework deletes it
+  once the run's record is written.
+  """
+
+  def __init__(self, bar: Any, checkpoint_dir: str | None):
+    self.bar = bar
+    self.checkpoint_dir = checkpoint_dir
+
+  def __call__(self, done: int, total: int) -> None:
+    self.bar.total = total
+    self.bar.n = done
+    self.bar.refresh()
 Summary = Mapping[str, Mapping[str, Any]]  # row key -> that row's numbers (means over seeds)
 
 
@@ -68,7 +89,8 @@ class Reproduction:
     scales: scale name -> config (a JSON-serializable dict; ``steps`` is the
       length of each run, which ``--steps`` overrides for smoke tests).
     specs: config -> the run specs (dicts with a unique ``"key"``), without seeds.
-    run: ``run(config, spec, seed, progress) -> record`` (a JSON-serializable
+    run: ``run(config, spec, seed, progress) -> record``, ``progress`` a
+      :class:`RunProgress` (a JSON-serializable
       dict with ``"metrics"`` (scalars) and optionally ``"curves"`` (name ->
       list) and ``"staleness_hist"``).
     summarize: ``(config, records) -> rows`` (dicts with a ``"key"``), the
@@ -188,20 +210,16 @@ def execute(repro: Reproduction, config: Mapping[str, Any], out: str, *, first_s
     if record is None:
       bar.set_postfix_str(f"{spec['key']} seed {seed}")
       inner = tqdm(total=1, desc="  updates", file=sys.stderr, leave=False, disable=not verbose)
-
-      def progress(done: int, total: int, inner=inner) -> None:
-        inner.total = total
-        inner.n = done
-        inner.refresh()
-
+      checkpoints = os.path.join(out, "checkpoints", os.path.basename(path)[:-len(".json")] + f"__{stamp}")
       t0 = time.perf_counter()
-      record = dict(repro.run(config, spec, seed, progress))
+      record = dict(repro.run(config, spec, seed, RunProgress(inner, checkpoints)))
       inner.close()
       record.update(key=spec["key"], spec=spec, seed=seed, fingerprint=stamp,
                     seconds=time.perf_counter() - t0)
       # Fresh records take the JSON form too, so a resumed run summarizes exactly what a fresh one does.
       record = to_json(record)
       write_json(path, record)
+      shutil.rmtree(checkpoints, ignore_errors=True)
       ran += 1
     else:
       reused += 1

@@ -75,9 +75,11 @@ def simulate_record(task: Task, tx: optax.GradientTransformation, source: Any, *
   def callback(info: dict[str, Any]) -> None:
     progress(info["updates_done"], info["num_updates"])
 
+  # The framework's RunProgress names a per-run folder: an interrupted run resumes from its last chunk.
   result = dj.simulate(task.loss_fn, tx, task.init(seed), task.data, source, num_updates=num_updates,
                        batch_size=batch_size, eval_fn=task.eval_fn, eval_every=eval_every, seed=seed,
-                       sampling=sampling, shards=shards, skip_nonfinite=False, callback=callback)
+                       sampling=sampling, shards=shards, skip_nonfinite=False, callback=callback,
+                       checkpoint_dir=getattr(progress, "checkpoint_dir", None))
   if final_state is not None:
     final_state(result.opt_state)
   h = result.history

@@ -197,3 +197,40 @@ def test_cli_set_parses_json_values():
       "workers": [4, 8], "lr": 0.5, "compute": "exponential", "trace": None}
   with pytest.raises(SystemExit, match="KEY=VALUE"):
     _overrides(["lr"])
+
+
+class _Interrupt(Exception):
+  pass
+
+
+def test_an_interrupted_run_resumes_from_its_checkpoint(tmp_path):
+  import optax
+
+  import delayjax as dj
+  from experiments._training import simulate_record, task_for
+
+  task = task_for({"data": "digits", "model": "mlp", "hidden": 16})
+  bar = type("Bar", (), {"refresh": lambda self: None})()
+
+  def record(progress):
+    # Delay 0: every update is its own wave, so 600 updates take several chunks (checkpoints).
+    return simulate_record(task, optax.sgd(0.1), dj.delays.constant(0), num_updates=600, seed=3, batch_size=8,
+                           eval_every=100, progress=progress)
+
+  whole = record(fw.RunProgress(bar, None))
+  calls = []
+
+  def stop_after_first_chunk(done, total):
+    calls.append(done)
+    raise _Interrupt
+
+  stopping = type("Stopping", (fw.RunProgress,), {"__call__": lambda self, d, t: stop_after_first_chunk(d, t)})
+  with pytest.raises(_Interrupt):
+    record(stopping(bar, str(tmp_path / "ckpt")))
+  assert calls and calls[0] < 600 and os.listdir(tmp_path / "ckpt")
+  resumed_from = []
+  counting = type("Counting", (fw.RunProgress,), {"__call__": lambda self, d, t: resumed_from.append(d)})
+  resumed = record(counting(bar, str(tmp_path / "ckpt")))
+  assert resumed_from[0] > calls[0]  # the first chunk was not recomputed
+  assert fw.to_json(resumed["metrics"]) == fw.to_json(whole["metrics"])
+  np.testing.assert_array_equal(resumed["curves"]["test_error"], whole["curves"]["test_error"])
