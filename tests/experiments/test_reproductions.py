@@ -40,7 +40,8 @@ def test_reproduction_runs_resumes_and_reports(name, tmp_path, capsys):
   assert saved["reproduction"] == name and len(saved["rows"]) >= 1
   assert len(os.listdir(os.path.join(out, "runs"))) == len(specs) * saved["config"]["seeds"]
   # Mid-run checkpoints are removed once a run's record is written.
-  assert not os.listdir(os.path.join(out, "checkpoints")) if os.path.isdir(os.path.join(out, "checkpoints")) else True
+  checkpoints = os.path.join(out, "checkpoints")
+  assert not os.path.isdir(checkpoints) or not os.listdir(checkpoints)
   assert [c["claim"] for c in saved["claims"]] == [c.name for c in repro.claims]
   for claim in saved["claims"]:
     assert claim["held"] in (True, False, None) and claim["figures"]
