@@ -28,7 +28,7 @@ from experiments._training import first_reach, simulate_record, task_for
 SCALES = {
     "quick": dict(data="digits", model="mlp", hidden=128, steps=1200, batch=32, lr=0.05, momentum=0.5,
                   speeds=[1.0, 1.0, 1.0, 1.0, 0.8, 0.8, 0.6, 0.6], compute="gamma", s_lower=3, s_upper=15,
-                  target_accuracy=0.95, seeds=1, eval_every=40),
+                  target_accuracy=0.95, seeds=3, eval_every=40),
     "paper": dict(data="cifar10", model="resnet20", steps=62_500, batch=128, lr=0.1, momentum=0.9,
                   speeds=[1.0, 1.0, 1.0, 1.0, 0.8, 0.8, 0.6, 0.6], compute="gamma", s_lower=3, s_upper=15,
                   target_accuracy=0.85, seeds=1, eval_every=1000),
