@@ -1,9 +1,9 @@
 """Throughput of ``dj.simulate`` against a synchronous loop, a Python-loop simulator, and on 8 devices.
 
 For an MLP (64-256-10) and a small CNN on scikit-learn digits, batch 32 per
-worker, and clusters of M in {4, 16, 64} workers (``dj.cluster.workers(M)``:
-exponential compute times) under ASP and SSP(3), it measures gradient
-evaluations per second (medians over chunks, rounds or blocks of pushes, so
+worker, and clusters of M in {4, 16, 64} workers (``dj.cluster.workers(M)``)
+under ASP and SSP(3) with exponential compute times, and ASP with equal ones,
+it measures gradient evaluations per second (medians over chunks, rounds or blocks of pushes, so
 that other processes briefly sharing the CPUs skew them less) of
 
 - ``dj.simulate`` on one CPU device (compilation excluded: the first chunk is
@@ -96,7 +96,13 @@ def cnn():
 
 
 MODELS = {"mlp": mlp, "cnn": cnn}
-PARADIGMS = {"asp": dj.cluster.asp, "ssp3": lambda: dj.cluster.ssp(3)}
+# name -> (paradigm, compute-time model of dj.cluster.workers)
+PARADIGMS = {
+    "asp": (dj.cluster.asp, "exponential"),
+    "ssp3": (lambda: dj.cluster.ssp(3), "exponential"),
+    # Equal speeds: the best case, full waves of M gradients.
+    "asp=": (dj.cluster.asp, "constant"),
+}
 
 
 def peak_bytes(compiled) -> int:
@@ -109,7 +115,8 @@ def tx():
 
 
 def schedule_for(paradigm: str, num_workers: int, num_updates: int):
-  return dj.cluster.simulate(PARADIGMS[paradigm](), dj.cluster.workers(num_workers), num_updates=num_updates,
+  make, compute = PARADIGMS[paradigm]
+  return dj.cluster.simulate(make(), dj.cluster.workers(num_workers, compute=compute), num_updates=num_updates,
                              seed=0)
 
 
@@ -235,13 +242,11 @@ def main(argv=None):
   eight_out, _ = proc.communicate()  # run first, alone, so the two do not share the CPUs
   eight = {tuple(r["key"]): r for r in map(json.loads, eight_out.splitlines()) if r}
 
-  sync = {}
   rows = []
   for model, paradigm, m, num_updates in configs:
+    # Measured back to back for each configuration, so both see the same load.
     one = time_simulate(model, paradigm, m, num_updates)
-    if (model, num_updates) not in sync:
-      sync[model, num_updates] = time_sync(model, num_updates)
-    s = sync[model, num_updates]
+    s = time_sync(model, num_updates)
     py = time_python_loop(model, paradigm, m, python_updates)
     e = eight.get((model, paradigm, m))
     rows.append((model, paradigm, m, one, s, py, e))
@@ -249,8 +254,8 @@ def main(argv=None):
           f"python {py['rate']:.0f}/s, 8 devices {e['rate'] if e else float('nan'):.0f}/s", flush=True)
 
   lines = [
-      "dj.simulate throughput: gradient evaluations per second (batch 32), digits; "
-      "dj.cluster.workers(M) (exponential compute times), sgd",
+      "dj.simulate throughput: gradient evaluations per second (batch 32), digits, sgd; "
+      "dj.cluster.workers(M): asp, ssp3 with exponential compute times, asp= with equal (constant) ones",
       f"jax {jax.__version__}, backend {jax.default_backend()}, {platform.processor() or platform.machine()}, "
       f"{os.cpu_count()} CPUs; {'--quick' if args.quick else 'full'} run; compile time excluded",
       "",
@@ -269,10 +274,13 @@ def main(argv=None):
       "",
       "(a) sync: one jitted lax.scan of as many batch-32 gradients + sgd updates; target >= 0.95",
       "(b) py: Python loop over pushes, stale copies in a deque, one jitted gradient+update per push; target >= 3",
-      "(c) 8 CPU devices (shard_map over 'workers', subprocess) / 1 device",
+      "(c) 8 CPU devices (shard_map over 'workers', subprocess) / 1 device; the 8 virtual devices share the same",
+      "    CPU cores and each runs the replicated server loop: it pays only where gradients dominate",
       "util: fraction of computed gradient lanes that were real (the rest masked); lanes: per step",
       "mem: peak bytes of the compiled chunk / of the synchronous loop (XLA memory analysis)",
   ]
+  lines += ["", f"command: python -m experiments.bench_runtime{' --quick' if args.quick else ''} "
+            f"(rates are medians; on shared CPUs expect +-15%)"]
   text = "\n".join(lines) + "\n"
   print(text)
   os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
