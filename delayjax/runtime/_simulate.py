@@ -338,6 +338,19 @@ def simulate(
 
   Raises:
     ValueError, TypeError: on bad arguments, naming the argument.
+
+  Example::
+
+    >>> import jax.numpy as jnp, numpy as np, optax
+    >>> import delayjax as dj
+    >>> x = np.random.default_rng(0).normal(size=(256, 4)).astype(np.float32)
+    >>> data = {"x": x, "y": x @ np.arange(4, dtype=np.float32)}
+    >>> def loss_fn(w, batch):
+    ...   return jnp.mean((batch["x"] @ w - batch["y"]) ** 2)
+    >>> schedule = dj.cluster.simulate(dj.cluster.asp(), dj.cluster.workers(8), num_updates=500, seed=0)
+    >>> result = dj.simulate(loss_fn, optax.sgd(0.05), jnp.zeros(4), data, schedule, batch_size=16)
+    >>> bool(result.history.loss[-50:].mean() < 0.01), int(result.history.staleness.max()) > 0
+    (True, True)
   """
   batch_size = check_int("batch_size", batch_size, minimum=1)
   check_choice("sampling", sampling, SAMPLINGS)
