@@ -91,6 +91,20 @@ def test_matches_sequential_reference(name):
     assert result.stats["num_slots"] > 1  # the case the slots exist for is exercised
 
 
+@pytest.mark.parametrize("name", ["dana", "dc_asgd_staleness"])
+def test_package_transformations_match_reference(name):
+  """DANA's look-ahead reads (read_params) and DC-ASGD's stale_params, as the package defines them."""
+  data, loss_fn, params = regression_problem()
+  schedule = _cluster(dj.cluster.asp(), 5, 24, seed=3)
+  tx = (dj.dana(0.05, 0.9, num_workers=5) if name == "dana" else
+        optax.chain(dj.delay_compensation(lam=1.0, adaptive=True), dj.scale_by_staleness("inverse"),
+                    optax.sgd(0.05)))
+  result = dj.simulate(loss_fn, tx, params, data, schedule, batch_size=BATCH)
+  ref_params, ref_state, _, _, _ = reference(loss_fn, tx, params, data, schedule, batch_size=BATCH)
+  _assert_trees_close(result.params, ref_params, rtol=1e-5, atol=1e-6)
+  _assert_trees_close(result.opt_state, ref_state, rtol=1e-5, atol=1e-6)
+
+
 def test_stale_read_schedule_follows_the_delay_model():
   model = dj.delays.uniform(5)
   schedule = schedule_from_delays(model, 50, seed=3)
