@@ -9,6 +9,7 @@ from delayjax import cluster as cluster
 from delayjax import delays as delays
 from delayjax.runtime import apply_gradients as apply_gradients
 from delayjax.runtime import delayed as delayed
+from delayjax.runtime import dylu_local_steps as dylu_local_steps
 from delayjax.runtime import simulate as simulate
 from delayjax.transforms import accumulate_sum as accumulate_sum
 from delayjax.transforms import apam as apam
@@ -22,6 +23,7 @@ from delayjax.transforms import fed_async as fed_async
 from delayjax.transforms import fed_buff as fed_buff
 from delayjax.transforms import implicit_momentum as implicit_momentum
 from delayjax.transforms import read_params as read_params
+from delayjax.transforms import runtime_inputs as runtime_inputs
 from delayjax.transforms import scale_by_staleness as scale_by_staleness
 from delayjax.transforms import staleness_weight as staleness_weight
 from delayjax.transforms import zeno_plus_plus as zeno_plus_plus

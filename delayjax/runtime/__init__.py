@@ -3,7 +3,9 @@
 from delayjax.runtime._delayed import DelayedState as DelayedState
 from delayjax.runtime._delayed import delayed as delayed
 from delayjax.runtime._flax import apply_gradients as apply_gradients
+from delayjax.runtime._local import dylu_local_steps as dylu_local_steps
 from delayjax.runtime._sampling import minibatch_indices as minibatch_indices
+from delayjax.runtime._sampling import server_minibatch_indices as server_minibatch_indices
 from delayjax.runtime._simulate import History as History
 from delayjax.runtime._simulate import SimulationResult as SimulationResult
 from delayjax.runtime._simulate import simulate as simulate

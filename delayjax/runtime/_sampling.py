@@ -1,9 +1,12 @@
-"""Per-worker minibatch sampling: a pure function of (seed, update, worker, draw).
+"""Minibatch sampling: a pure function of (seed, update, worker, draw), or of (seed, update) for the server.
 
 The indices of a minibatch depend only on the seed and on which contribution
 they belong to, never on how the runtime groups gradients into waves, chunks
 or devices, so a run is reproducible and a slow reference can draw the very
-same minibatches by calling :func:`minibatch_indices`.
+same minibatches by calling :func:`minibatch_indices` (the workers') and
+:func:`server_minibatch_indices` (the one the server draws for an update's
+runtime inputs). The two use disjoint key streams, derived from the seed
+like the delays of a delay model (stream 0), so none of them share a key.
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 
 SAMPLINGS = ("iid", "epoch", "shard")
+# Key streams folded into the seed's key: 0 is a delay model's delays.
+_WORKER_STREAM = 1
+_SERVER_STREAM = 2
 
 
 def shard_table(shards: Sequence[Any] | None, num_examples: int, num_workers: int,
@@ -65,7 +71,7 @@ def minibatch_indices(seed: int, update: Any, worker: Any, draw: Any, *, num_exa
     update: the update the minibatch's gradient is applied at.
     worker: the worker that computes it.
     draw: how many minibatches this worker drew before this one (counting
-      every minibatch of multi-batch contributions).
+      every minibatch of multi-batch contributions and of every local step).
     num_examples: the data set size ``N``.
     batch_size: ``B``.
     sampling: ``"iid"``: ``B`` indices uniform on ``0..N-1`` with replacement,
@@ -74,14 +80,14 @@ def minibatch_indices(seed: int, update: Any, worker: Any, draw: Any, *, num_exa
       ``e`` is ``permutation(fold_in(fold_in(k, worker), e), N)``), positions
       ``draw * B .. draw * B + B - 1`` of it; ``"shard"``: ``B`` indices
       drawn with replacement from the worker's shard, keyed like ``"iid"``.
-      ``k`` is derived from ``seed`` alone.
+      ``k = fold_in(key(seed), 1)``.
     shard: for ``"shard"``, the worker's padded index row.
     shard_size: for ``"shard"``, how many entries of ``shard`` are real.
 
   Returns:
     int32 ``[batch_size]`` indices into the data's leading axis.
   """
-  base = jax.random.fold_in(jax.random.key(seed), 1)
+  base = jax.random.fold_in(jax.random.key(seed), _WORKER_STREAM)
   update = jnp.asarray(update, jnp.int32)
   worker = jnp.asarray(worker, jnp.int32)
   draw = jnp.asarray(draw, jnp.int32)
@@ -102,3 +108,18 @@ def minibatch_indices(seed: int, update: Any, worker: Any, draw: Any, *, num_exa
     picks = jax.random.randint(key, (batch_size,), 0, jnp.asarray(shard_size, jnp.int32), dtype=jnp.int32)
     return jnp.asarray(shard, jnp.int32)[picks]
   raise ValueError(f"sampling must be one of {', '.join(map(repr, SAMPLINGS))}; got {sampling!r}.")
+
+
+def server_minibatch_indices(seed: int, update: Any, *, num_examples: int, batch_size: int) -> jax.Array:
+  """The example indices (int32 ``[batch_size]``) of update ``update``'s server minibatch.
+
+  The server draws one minibatch per update for the runtime inputs of
+  ``dj.simulate`` (e.g. ``zeno_grad``): ``batch_size`` indices uniform on
+  ``0 .. num_examples - 1`` with replacement, from the key
+  ``fold_in(fold_in(key(seed), 2), update)``, whatever the workers'
+  ``sampling``. Its stream is disjoint from the workers' (whose base key is
+  ``fold_in(key(seed), 1)``), so it never repeats a contribution's draw.
+  """
+  key = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), _SERVER_STREAM),
+                           jnp.asarray(update, jnp.int32))
+  return jax.random.randint(key, (batch_size,), 0, num_examples, dtype=jnp.int32)

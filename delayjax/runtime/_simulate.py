@@ -19,15 +19,19 @@ from jax.sharding import PartitionSpec as P
 from delayjax import delays as delays_lib
 from delayjax._checks import check_choice, check_int
 from delayjax.cluster._schedule import Schedule
-from delayjax.runtime._sampling import SAMPLINGS, minibatch_indices, shard_table
+from delayjax.runtime._local import check_local_steps, local_pseudo_gradient
+from delayjax.runtime._sampling import SAMPLINGS, minibatch_indices, server_minibatch_indices, shard_table
 from delayjax.runtime._waves import StepPlan, plan_steps
-from delayjax.transforms._hooks import read_params
+from delayjax.transforms._hooks import read_params, runtime_inputs
 
 AXIS = "workers"
 # Server params, optimizer state, slots, the parameters the next step's lanes compute at, then the
 # wave's gradient, stale-params, loss and finiteness buffers.
 CARRY_SPECS = (P(), P(), P(AXIS), P(AXIS), P(), P(), P(), P())
 _CHECKPOINT_FILE = "simulate.msgpack"
+# The extra arguments simulate can compute when a transformation requests
+# them (dj.transforms.runtime_inputs); see _chunk_function's server_inputs.
+RUNTIME_INPUTS = ("zeno_grad",)
 
 
 class History(NamedTuple):
@@ -38,8 +42,9 @@ class History(NamedTuple):
     time: float64 ``[U]``, simulated time of each update (``Schedule.time``;
       the update index for delay models).
     loss: float32 ``[U]``, mean minibatch loss of the update's contributions
-      (weighted by ``num_batches``), computed at their stale parameters; all
-      contributions count, skipped ones included.
+      (weighted by ``num_batches``), computed at their stale parameters (with
+      local steps: the first local step's loss); all contributions count,
+      skipped ones included.
     staleness: int64 ``[U]``, the largest staleness among the update's
       contributions (-1 for an update without any).
     eval_update: int64 ``[E]``, the version (updates applied so far) each
@@ -110,13 +115,15 @@ def schedule_from_delays(model: delays_lib.DelayModel, num_updates: int, seed: i
                   wait=np.zeros(num_workers), paradigm=f"stale read, {model!r}")
 
 
-def _uses_stale_params(tx: optax.GradientTransformationExtraArgs, params: Any) -> bool:
+def _uses_stale_params(tx: optax.GradientTransformationExtraArgs, params: Any, inputs: tuple[str, ...]) -> bool:
   """Whether ``tx.update`` reads its ``stale_params`` argument at all (traced once, abstractly)."""
   spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)), params)
   state = jax.eval_shape(tx.init, spec)
 
   def update(stale, state, params):
-    return tx.update(params, state, params, staleness=jnp.int32(0), stale_params=stale, worker=jnp.int32(0))
+    # Every runtime input so far is shaped like params; params stands in for them.
+    return tx.update(params, state, params, staleness=jnp.int32(0), stale_params=stale, worker=jnp.int32(0),
+                     **{name: params for name in inputs})
 
   jaxpr = jax.make_jaxpr(update)(spec, state, spec).jaxpr
   stale_vars = {id(v) for v in jaxpr.invars[:len(jax.tree.leaves(spec))]}
@@ -150,6 +157,16 @@ def _all_finite(tree: Any) -> jax.Array:
 def _lead(mask: jax.Array, x: jax.Array) -> jax.Array:
   """``mask`` (leading axes of ``x``) broadcast against ``x``."""
   return mask.reshape(mask.shape + (1,) * (x.ndim - mask.ndim))
+
+
+def _check_runtime_inputs(opt_state: Any) -> tuple[str, ...]:
+  inputs = runtime_inputs(opt_state)
+  unknown = [name for name in inputs if name not in RUNTIME_INPUTS]
+  if unknown:
+    raise ValueError(
+        f"tx requests runtime inputs that dj.simulate cannot compute: {unknown}; it computes "
+        f"{', '.join(map(repr, RUNTIME_INPUTS))}.")
+  return inputs
 
 
 def _check_data(data: Any) -> int:
@@ -232,6 +249,8 @@ def simulate(
     skip_nonfinite: bool = False,
     lanes: int | None = None,
     callback: Callable[[dict[str, Any]], None] | None = None,
+    local_steps: int | Sequence[int] | np.ndarray | None = None,
+    local_optimizer: optax.GradientTransformation | None = None,
     _inspect: Callable[..., None] | None = None,
 ) -> SimulationResult:
   r"""Trains under a delay schedule exactly, computing independent gradients in parallel.
@@ -244,7 +263,18 @@ def simulate(
      ``read_params(s_v, w_v, m)`` (the server parameters unless a
      transformation such as DANA defines them), :math:`\tilde w_{u,m}`.
   2. It computes ``num_batches[u, m]`` fresh minibatch gradients of
-     ``loss_fn`` there and averages them, :math:`g_{u,m}`.
+     ``loss_fn`` there and averages them, :math:`g_{u,m}`. With
+     ``local_steps`` (local-SGD workers, DiLoCo-style), it instead starts
+     from :math:`w^{(0)} = \tilde w_{u,m}` with a fresh state
+     ``local_optimizer.init`` and takes :math:`H_m` = ``local_steps[m]``
+     steps :math:`w^{(h+1)} = w^{(h)} + d_h`, where :math:`d_h` is
+     ``local_optimizer``'s update for the mean of ``num_batches[u, m]``
+     fresh minibatch gradients at :math:`w^{(h)}`; it pushes the
+     pseudo-gradient :math:`g_{u,m} = \tilde w_{u,m} - w^{(H_m)}`, computed
+     as :math:`-(d_0 + \dots + d_{H_m - 1})` (equal up to rounding; for
+     :math:`H_m = 1` exactly :math:`-d_0`, so ``optax.sgd(1.0)`` as ``tx``
+     with one worker and ``local_optimizer=optax.sgd(lr)`` is plain SGD
+     with rate ``lr``, bit for bit).
   3. The server applies, in order,
 
      .. math::
@@ -259,6 +289,18 @@ def simulate(
      and :math:`\tau_u = u - \text{read\_version}[u, m^*]`, the largest
      staleness of the update (an int32 scalar; ``worker`` is an int32 scalar).
      An update without contributions leaves parameters and state untouched.
+  4. *Runtime inputs*: if a state inside ``tx``'s state requests extra
+     arguments through the ``runtime_inputs`` hook (see
+     :func:`delayjax.transforms.runtime_inputs`; Zeno++ does), each update
+     :math:`u` also passes them to ``tx.update``, computed at :math:`w_u` on
+     the update's *server minibatch* :math:`S_u`
+     (:func:`~delayjax.runtime._sampling.server_minibatch_indices`:
+     ``batch_size`` examples drawn uniformly with replacement from the whole
+     data, from a key stream of its own, whatever ``sampling`` is):
+     ``zeno_grad`` :math:`= \nabla_w \text{loss\_fn}(w_u, S_u)`. Inputs
+     that no state requests are never computed. Every future input that
+     needs a minibatch is to be computed on the same :math:`S_u` (e.g. an
+     SVRG snapshot gradient, or :math:`S_u`'s indices for SAGA).
 
   With a delay model as ``source`` (the stale-read model), update :math:`t`
   has one contribution, read at version :math:`\max(0, t - d_t)`, from worker
@@ -332,6 +374,19 @@ def simulate(
       per-step overhead.
     callback: called on the host after every chunk with a dict:
       ``updates_done``, ``num_updates``, ``chunk``, ``num_chunks``.
+    local_steps: ``None`` (workers push gradients), or :math:`H \ge 1`
+      local steps per contribution (step 2 above): an int for every worker
+      or one int per worker of the schedule (e.g.
+      :func:`~delayjax.runtime.dylu_local_steps`). Local step :math:`h` of a
+      contribution draws the ``num_batches`` minibatches a plain
+      contribution would, each worker's draws counting on through its local
+      steps (``draw`` of ``minibatch_indices``). Each lane runs its local
+      steps in a ``lax.scan`` of :math:`\max_m H_m` steps, masked beyond its
+      own :math:`H_m`, so per-worker :math:`H` costs the largest one.
+    local_optimizer: the workers' optimizer for local steps (e.g.
+      ``optax.sgd(0.1)``); required with ``local_steps``, its state is
+      initialized afresh for every contribution. ``tx`` is then the outer
+      (server) optimizer, e.g. ``dj.delayed_nesterov``.
 
   Returns:
     A :class:`SimulationResult`.
@@ -381,7 +436,11 @@ def simulate(
   num_workers = -(-schedule.num_workers // num_devices) * num_devices
   if lanes is not None:
     lanes = check_int("lanes", lanes, minimum=1)
-  plan = plan_steps(schedule, num_workers, num_devices, lanes)
+  worker_steps = check_local_steps(local_steps, local_optimizer, schedule.num_workers)
+  if worker_steps is not None:
+    # Padding workers never contribute; one step keeps their masked lanes cheap.
+    worker_steps = np.concatenate([worker_steps, np.ones(num_workers - schedule.num_workers, np.int64)])
+  plan = plan_steps(schedule, num_workers, num_devices, lanes, local_steps=worker_steps)
   if chunk_size is None:
     num_chunks = max(1, -(-plan.num_steps // 256))
     chunk_size = -(-plan.num_steps // num_chunks)
@@ -394,6 +453,7 @@ def simulate(
 
   tx = optax.with_extra_args_support(tx)
   opt_state = tx.init(params)
+  inputs = _check_runtime_inputs(opt_state)
   eval_points = _eval_points(num_updates, eval_every) if eval_fn is not None else np.zeros(0, np.int64)
   eval_flag = np.zeros(num_updates, bool)
   eval_flag[eval_points[eval_points > 0] - 1] = True
@@ -402,7 +462,8 @@ def simulate(
       loss_fn=loss_fn, has_aux=has_aux, tx=tx, params=params, eval_fn=eval_fn, seed=seed,
       num_examples=num_examples, batch_size=batch_size, sampling=sampling, plan=plan,
       skip_nonfinite=skip_nonfinite, always_applies=bool(np.all(schedule.contributes.any(axis=1))),
-      mesh=mesh)
+      mesh=mesh, inputs=inputs, local_steps=worker_steps,
+      local_optimizer=None if local_optimizer is None else optax.with_extra_args_support(local_optimizer))
 
   def buffer(x, *lead):
     return np.zeros(lead + np.shape(x), np.asarray(x).dtype)
@@ -423,7 +484,9 @@ def simulate(
       schedule, seed=seed, batch_size=batch_size, sampling=sampling, chunk_size=chunk_size,
       num_workers=num_workers, lanes=plan.lanes, skip_nonfinite=skip_nonfinite,
       eval_every=eval_every, has_eval=eval_fn is not None,
-      shards=None if shards is None else _fingerprint_shards(shards))
+      shards=None if shards is None else _fingerprint_shards(shards),
+      # Only when used, so checkpoints of runs without local steps stay valid.
+      **({} if worker_steps is None else {"local_steps": tuple(worker_steps.tolist())}))
   path = None if checkpoint_dir is None else os.path.join(os.fspath(checkpoint_dir), _CHECKPOINT_FILE)
   if path is not None and resume and os.path.exists(path):
     metric_tree = None if eval_fn is None else jax.tree.structure(jax.eval_shape(eval_fn, params))
@@ -532,7 +595,8 @@ def _placer(mesh: Any) -> Callable[[Any, P], Any]:
 
 
 def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples, batch_size, sampling,
-                    plan: StepPlan, skip_nonfinite, always_applies, mesh):
+                    plan: StepPlan, skip_nonfinite, always_applies, mesh, inputs: tuple[str, ...],
+                    local_steps: np.ndarray | None, local_optimizer):
   """Compiles one chunk: a ``lax.scan`` over steps, each computing a vector of gradients and
   (at the end of a wave) applying the wave's updates in order."""
   per_device = plan.num_workers // plan.num_devices
@@ -541,7 +605,9 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
   max_len = plan.upd_index.shape[1]
   distributed = mesh is not None
   metric_shapes = jax.eval_shape(eval_fn, params) if eval_fn is not None else ()
-  keep_stale = _uses_stale_params(tx, params)
+  keep_stale = _uses_stale_params(tx, params, inputs)
+  max_local = int(local_steps.max()) if local_steps is not None else 1
+  uniform_local = local_steps is None or bool(np.all(local_steps == max_local))
   # A static bound on the reads after one update: unrolled when small (the
   # common case), a loop otherwise.
   reads_per_update = int((plan.read_end - plan.read_begin).max()) if plan.read_end.size else 0
@@ -572,6 +638,33 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
     (loss, grad), _ = jax.lax.scan(body, zeros, jnp.arange(max_batches, dtype=jnp.int32))
     return (loss / batches.astype(jnp.float32),
             jax.tree.map(lambda g: g / batches.astype(g.dtype), grad))
+
+  def lane_push(data, stale, update, worker, draw, batches, shard_row, shard_size):
+    """A lane's contribution: its gradient, or with local steps its pseudo-gradient."""
+    if local_steps is None:
+      return lane_grad(data, stale, update, worker, draw, batches, shard_row, shard_size)
+
+    def step_grad(w, h):
+      # Local step h draws right after the minibatches of steps 0 .. h - 1.
+      return lane_grad(data, w, update, worker, draw + h * batches, batches, shard_row, shard_size)
+
+    steps = max_local if uniform_local else jnp.asarray(local_steps, jnp.int32)[worker]
+    return local_pseudo_gradient(step_grad, local_optimizer, stale, steps, max_local)
+
+  def server_inputs(data, params, update):
+    """The runtime inputs ``tx`` requested, at the server parameters ``params`` of ``update``.
+
+    Every input that needs a minibatch uses the update's one server minibatch.
+    """
+    if not inputs:
+      return {}
+    idx = server_minibatch_indices(seed, update, num_examples=num_examples, batch_size=batch_size)
+    batch = jax.tree.map(lambda x: x[idx], data)
+    out = {}
+    if "zeno_grad" in inputs:
+      grad = jax.grad(loss_fn, has_aux=has_aux)(params, batch)
+      out["zeno_grad"] = grad[0] if has_aux else grad
+    return out
 
   def gather(tree):
     """All-gathers the lane axis of every leaf, with one collective per dtype.
@@ -614,7 +707,7 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
     # `stale`, the parameters each lane computes at, was assembled at the end
     # of the previous step (the server state has not changed since).
     workers = lane["lane_worker"]
-    loss, grads = jax.vmap(lane_grad, in_axes=(None, 0, 0, 0, 0, 0, 0, 0))(
+    loss, grads = jax.vmap(lane_push, in_axes=(None, 0, 0, 0, 0, 0, 0, 0))(
         data, stale, lane["lane_update"], workers, lane["lane_draw"], lane["lane_batches"],
         shard_rows[local_rows(workers)], shard_sizes[local_rows(workers)])
     finite = jax.vmap(_all_finite)(grads)
@@ -662,7 +755,8 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
       # stale parameters are not even kept).
       stale_params = jax.tree.map(lambda b: b[positions[first]], stale_buf) if keep_stale else params
       updates, new_state = tx.update(grad, opt_state, params, staleness=staleness[first],
-                                     stale_params=stale_params, worker=tab["upd_worker"][i][first])
+                                     stale_params=stale_params, worker=tab["upd_worker"][i][first],
+                                     **server_inputs(data, params, tab["upd_index"][i]))
       new_params = optax.apply_updates(params, updates)
       if skip_nonfinite or not always_applies:
         applied = jnp.any(kept)

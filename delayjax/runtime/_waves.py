@@ -167,12 +167,15 @@ def _choose_lanes(counts: np.ndarray, per_device: int) -> int:
 
 
 def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
-               lanes: int | None = None) -> StepPlan:
+               lanes: int | None = None, local_steps: np.ndarray | None = None) -> StepPlan:
   """Splits ``schedule`` into waves and steps for ``num_workers`` workers on ``num_devices`` devices.
 
   ``num_workers`` is the schedule's, padded to a multiple of ``num_devices``
   (padding workers never contribute); ``lanes`` is the step width per device
-  (default: chosen to minimize computed lanes plus per-step overhead).
+  (default: chosen to minimize computed lanes plus per-step overhead);
+  ``local_steps`` (``[num_workers]``, default all 1): each contribution of
+  worker ``m`` draws ``num_batches * local_steps[m]`` minibatches, which
+  ``lane_draw`` counts.
   """
   num_updates = schedule.num_updates
   per_device = num_workers // num_devices
@@ -196,8 +199,9 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
     group_start = np.maximum.accumulate(np.where(new_worker, np.arange(n), 0))
   rank = np.empty(n, np.int64)
   rank[order] = np.arange(n) - group_start
-  nb_sorted = cnb[order]
-  drawn = np.cumsum(nb_sorted) - nb_sorted
+  draws = cnb if local_steps is None else cnb * np.asarray(local_steps, np.int64)[cm]
+  draws_sorted = draws[order]
+  drawn = np.cumsum(draws_sorted) - draws_sorted
   draw = np.empty(n, np.int64)
   draw[order] = drawn - drawn[group_start] if n else drawn
   # Slot k mod S is reused by contribution k + S, whose read must not come

@@ -14,8 +14,10 @@ from delayjax.transforms._dc_asgd import DelayCompensationState as DelayCompensa
 from delayjax.transforms._dc_asgd import delay_compensation as delay_compensation
 from delayjax.transforms._delayed_nesterov import DelayedNesterovState as DelayedNesterovState
 from delayjax.transforms._delayed_nesterov import delayed_nesterov as delayed_nesterov
+from delayjax.transforms._hooks import NeedsRuntimeInputs as NeedsRuntimeInputs
 from delayjax.transforms._hooks import ReadsParams as ReadsParams
 from delayjax.transforms._hooks import read_params as read_params
+from delayjax.transforms._hooks import runtime_inputs as runtime_inputs
 from delayjax.transforms._momentum import explicit_momentum as explicit_momentum
 from delayjax.transforms._momentum import implicit_momentum as implicit_momentum
 from delayjax.transforms._staleness import scale_by_staleness as scale_by_staleness

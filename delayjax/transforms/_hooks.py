@@ -48,3 +48,63 @@ def read_params(opt_state: Any, params: Any, worker: Any = 0) -> Any:
         f"at most one transformation in a chain may define the parameters workers read, found "
         f"{len(found)}: {[type(x).__name__ for x in found]}.")
   return found[0].read_params(params, worker) if found else params
+
+
+@runtime_checkable
+class NeedsRuntimeInputs(Protocol):
+  """An optimizer state whose transformation needs extra arguments the runtime must compute."""
+
+  def runtime_inputs(self) -> tuple[str, ...]:
+    ...
+
+
+def _needs_inputs(x: Any) -> bool:
+  return isinstance(x, NeedsRuntimeInputs) and not isinstance(x, type)
+
+
+def runtime_inputs(opt_state: Any) -> tuple[str, ...]:
+  """The extra arguments that transformations inside ``opt_state`` ask the runtime to compute.
+
+  A transformation whose ``update`` needs an argument that only the runtime
+  can compute (it needs the loss, the data or the server's parameters) keeps
+  a state object with a ``runtime_inputs(self) -> tuple[str, ...]`` method
+  naming those arguments; like ``read_params``, it is found anywhere inside an
+  optimizer state (chains, ``inject_hyperparams``, ``MultiSteps``, wrappers),
+  and here also inside another requesting state. ``dj.simulate`` computes
+  each requested argument once per update and passes it, by name, to
+  ``tx.update`` next to ``staleness``, ``stale_params`` and ``worker``; it
+  rejects names it does not know. The names it computes today:
+
+  - ``"zeno_grad"``: the minibatch gradient of the loss at the server
+    parameters the update is applied to, on the update's *server minibatch*
+    (see ``dj.simulate``), for Zeno++.
+
+  A new input (an SVRG snapshot gradient on the same server minibatch, the
+  example indices of that minibatch for SAGA) is added by giving it a name
+  here and a computation in the runtime; transformations then request it the
+  same way, and no runtime work is done for names nobody requests.
+
+  Args:
+    opt_state: an optimizer state, possibly nested.
+
+  Returns:
+    The requested names, sorted and without repeats (empty if none).
+  """
+  found: list[Any] = []
+
+  def visit(x: Any) -> bool:
+    # Called on every node while flattening, so nested requests are found too.
+    if _needs_inputs(x):
+      found.append(x)
+    return False
+
+  jax.tree.leaves(opt_state, is_leaf=visit)
+  names: set[str] = set()
+  for state in found:
+    requested = state.runtime_inputs()
+    if isinstance(requested, str) or not all(isinstance(n, str) for n in requested):
+      raise TypeError(
+          f"{type(state).__name__}.runtime_inputs() must return a tuple of argument names (str), got "
+          f"{requested!r}.")
+    names.update(requested)
+  return tuple(sorted(names))

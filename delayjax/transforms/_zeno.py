@@ -20,6 +20,10 @@ class ZenoState(NamedTuple):
   accepted: jax.Array  # shape=(), int32: candidates that passed the test
   inner_state: Any  # the inner optimizer's state, untouched by rejected candidates
 
+  def runtime_inputs(self) -> tuple[str, ...]:
+    # dj.simulate finds this (dj.transforms.runtime_inputs) and passes zeno_grad to every update.
+    return ("zeno_grad",)
+
 
 def _dot(a: Any, b: Any) -> jax.Array:
   return sum((jnp.vdot(x, y).astype(jnp.float32) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))),
@@ -61,8 +65,11 @@ def zeno_plus_plus(
   :math:`\rho` term uses the candidate's squared norm *before* rescaling,
   which this implementation follows; defaults ``rho = 0`` and ``eps = 0``
   are that script's. The paper's text could not be read with the search
-  tools available. Computing ``zeno_grad`` (the paper refreshes it only
-  every few updates, on a fresh validation batch) is the caller's job.
+  tools available. The paper refreshes the validation gradient only every
+  few updates, on a fresh validation batch; here it is the caller's input.
+  The state requests it through the ``runtime_inputs`` hook, so
+  ``dj.simulate`` computes it for every update (a gradient at the current
+  server parameters on a fresh minibatch); other loops pass it themselves.
 
   With ``normalize=False`` the candidate is not rescaled; with a large
   ``eps`` every candidate passes and the result is the inner optimizer's,

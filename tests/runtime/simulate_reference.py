@@ -4,7 +4,9 @@ The reference follows the schedule one update at a time, keeps every version's
 parameters and optimizer state, computes each contribution's gradient at the
 parameters its worker read (``read_params`` of that version's state), draws
 the same minibatches through ``minibatch_indices``, and applies the updates
-with the extra arguments ``simulate`` documents.
+with the extra arguments ``simulate`` documents. Local-SGD workers run their
+local steps one by one in a Python loop; runtime inputs are computed at each
+version's parameters on ``server_minibatch_indices``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 import optax
 
 import delayjax as dj
-from delayjax.runtime._sampling import minibatch_indices, shard_table
+from delayjax.runtime._sampling import minibatch_indices, server_minibatch_indices, shard_table
 
 
 def regression_problem(num_examples: int = 48, dim: int = 3, seed: int = 0):
@@ -66,17 +68,27 @@ def probe(learning_rate: float, num_workers: int):
 
 def reference(loss_fn, tx, params, data, schedule: dj.cluster.Schedule, *, batch_size: int,
               sampling: str = "iid", seed: int = 0, skip_nonfinite: bool = False, shards=None,
-              has_aux: bool = False):
-  """Returns (params, opt_state, losses [U], nonfinite [(u, m)], versions)."""
+              has_aux: bool = False, local_steps=None, local_optimizer=None):
+  """Returns (params, opt_state, losses [U], nonfinite [(u, m)], versions).
+
+  ``local_steps``: ``None`` or one int per worker, with ``local_optimizer``.
+  """
   tx = optax.with_extra_args_support(tx)
   num_examples = jax.tree.leaves(data)[0].shape[0]
   num_updates, num_workers = schedule.contributes.shape
   rows, sizes = (shard_table(shards, num_examples, num_workers, num_workers) if sampling == "shard"
                  else (np.zeros((num_workers, 1), np.int32), np.ones(num_workers, np.int32)))
   value_and_grad = jax.jit(jax.value_and_grad(loss_fn, has_aux=has_aux))
-  update = jax.jit(lambda g, s, p, tau, sp, m: tx.update(g, s, p, staleness=tau, stale_params=sp, worker=m))
+  update = jax.jit(lambda g, s, p, tau, sp, m, extra: tx.update(g, s, p, staleness=tau, stale_params=sp,
+                                                                 worker=m, **extra))
   reads = jax.jit(dj.read_params)
   versions = [(params, tx.init(params))]
+  inputs = dj.runtime_inputs(versions[0][1])
+  assert set(inputs) <= {"zeno_grad"}, inputs
+  grad_fn = jax.jit(jax.grad(loss_fn, has_aux=has_aux))
+  if local_steps is not None:
+    local_optimizer = optax.with_extra_args_support(local_optimizer)
+    local_update = jax.jit(local_optimizer.update)
   drawn = np.zeros(num_workers, np.int64)
   losses, nonfinite = [], []
   for u in range(num_updates):
@@ -89,21 +101,36 @@ def reference(loss_fn, tx, params, data, schedule: dj.cluster.Schedule, *, batch
       w_v, s_v = versions[v]
       w_read = reads(s_v, w_v, jnp.int32(m))
       nb = int(schedule.num_batches[u, m])
-      grads, batch_losses = [], []
-      for b in range(nb):
-        idx = minibatch_indices(seed, u, m, drawn[m] + b, num_examples=num_examples,
-                                batch_size=batch_size, sampling=sampling, shard=rows[m],
-                                shard_size=sizes[m])
-        out, g = value_and_grad(w_read, jax.tree.map(lambda x: jnp.asarray(x)[idx], data))
-        batch_losses.append(out[0] if has_aux else out)
-        grads.append(g)
-      drawn[m] += nb
-      g = jax.tree.map(lambda *gs: sum(gs[1:], gs[0]) / jnp.float32(nb), *grads)
+
+      def mean_gradient(w, first_draw):
+        grads, batch_losses = [], []
+        for b in range(nb):
+          idx = minibatch_indices(seed, u, m, first_draw + b, num_examples=num_examples,
+                                  batch_size=batch_size, sampling=sampling, shard=rows[m],
+                                  shard_size=sizes[m])
+          out, g = value_and_grad(w, jax.tree.map(lambda x: jnp.asarray(x)[idx], data))
+          batch_losses.append(out[0] if has_aux else out)
+          grads.append(g)
+        return sum(batch_losses) / nb, jax.tree.map(lambda *gs: sum(gs[1:], gs[0]) / jnp.float32(nb), *grads)
+
+      if local_steps is None:
+        loss, g = mean_gradient(w_read, drawn[m])
+        drawn[m] += nb
+      else:
+        # H local steps from the read parameters; the push is minus the sum of the local updates.
+        w, state, total = w_read, local_optimizer.init(w_read), jax.tree.map(jnp.zeros_like, w_read)
+        for h in range(int(local_steps[m])):
+          step_loss, step_grad = mean_gradient(w, drawn[m])
+          drawn[m] += nb
+          loss = step_loss if h == 0 else loss
+          delta, state = local_update(step_grad, state, w)
+          w = optax.apply_updates(w, delta)
+          total = jax.tree.map(lambda t, d: t + d, total, delta)
+        g = jax.tree.map(lambda t: -t, total)
       finite = all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(g))
       if not finite:
         nonfinite.append((u, m))
-      contributions.append(dict(m=m, tau=u - v, nb=nb, g=g, loss=sum(batch_losses) / nb, w_read=w_read,
-                                finite=finite))
+      contributions.append(dict(m=m, tau=u - v, nb=nb, g=g, loss=loss, w_read=w_read, finite=finite))
     total = sum(c["nb"] for c in contributions)
     losses.append(sum(np.float32(c["nb"] / total) * np.float32(c["loss"]) for c in contributions))
     kept = [c for c in contributions if c["finite"] or not skip_nonfinite]
@@ -115,7 +142,13 @@ def reference(loss_fn, tx, params, data, schedule: dj.cluster.Schedule, *, batch
         jax.tree.map(lambda x, c=c: (jnp.float32(c["nb"]) / jnp.float32(kept_total)) * x, c["g"])
         for c in kept])
     stalest = sorted(kept, key=lambda c: (-c["tau"], c["m"]))[0]
-    updates, s_new = update(g, s_u, w_u, jnp.int32(stalest["tau"]), stalest["w_read"], jnp.int32(stalest["m"]))
+    extra = {}
+    if "zeno_grad" in inputs:
+      idx = server_minibatch_indices(seed, u, num_examples=num_examples, batch_size=batch_size)
+      out = grad_fn(w_u, jax.tree.map(lambda x: jnp.asarray(x)[idx], data))
+      extra["zeno_grad"] = out[0] if has_aux else out
+    updates, s_new = update(g, s_u, w_u, jnp.int32(stalest["tau"]), stalest["w_read"], jnp.int32(stalest["m"]),
+                            extra)
     versions.append((optax.apply_updates(w_u, updates), s_new))
   params_out, state_out = versions[-1]
   return params_out, state_out, np.asarray(losses, np.float32), nonfinite, versions

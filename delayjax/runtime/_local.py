@@ -1,0 +1,97 @@
+"""Local-SGD workers: a contribution is the pseudo-gradient of several local optimizer steps."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from delayjax._checks import check_int
+
+
+def dylu_local_steps(speeds: Sequence[float] | np.ndarray, max_steps: int) -> np.ndarray:
+  r"""DyLU's local steps per worker: proportional to its speed, the fastest taking ``max_steps``.
+
+  .. math::  H_w = \max\left(1, \left\lfloor \frac{v_w}{\max_{w'} v_{w'}}\, H \right\rfloor\right)
+
+  so that slow workers push after fewer local steps, as fast ones do after
+  ``H``, and their pseudo-gradients are less stale.
+
+  Args:
+    speeds: :math:`v_w > 0`, one per worker (e.g. inverse mean compute times).
+    max_steps: :math:`H \ge 1`, the fastest worker's local steps.
+
+  Returns:
+    int64 ``[M]``, for ``dj.simulate(..., local_steps=...)``.
+
+  Raises:
+    ValueError: if ``speeds`` is not a non-empty 1-D array of finite positive
+      numbers, or ``max_steps < 1``.
+
+  References:
+    Liu, Chhaparia, Douillard, Kale, Rusu, Shen, Szlam, Ranzato,
+    `Asynchronous Local-SGD Training for Language Modeling
+    <https://arxiv.org/abs/2401.09135>`_, 2024 (Dynamic Local Updates).
+  """
+  max_steps = check_int("max_steps", max_steps, minimum=1)
+  v = np.asarray(speeds, np.float64)
+  if v.ndim != 1 or v.size == 0 or not np.all(np.isfinite(v)) or np.any(v <= 0):
+    raise ValueError(f"speeds must be a non-empty 1-D array of finite numbers > 0, got {speeds!r}.")
+  return np.maximum(1, np.floor(v / v.max() * max_steps)).astype(np.int64)
+
+
+def check_local_steps(local_steps: int | Sequence[int] | np.ndarray | None,
+                      local_optimizer: optax.GradientTransformation | None,
+                      num_workers: int) -> np.ndarray | None:
+  """``local_steps`` as int64 ``[num_workers]`` (or ``None`` without local steps), or raises naming it."""
+  if local_steps is None:
+    if local_optimizer is not None:
+      raise ValueError("local_optimizer is only used with local_steps; got local_steps=None.")
+    return None
+  if local_optimizer is None:
+    raise ValueError("local_steps needs a local_optimizer (e.g. optax.sgd(0.1)); got local_optimizer=None.")
+  if not isinstance(local_optimizer, optax.GradientTransformation):
+    raise TypeError(
+        f"local_optimizer must be an optax.GradientTransformation, got {type(local_optimizer).__name__}.")
+  if np.ndim(local_steps) == 0:
+    steps = np.full(num_workers, check_int("local_steps", local_steps, minimum=1), np.int64)
+  else:
+    given = list(local_steps)
+    if len(given) != num_workers:
+      raise ValueError(
+          f"local_steps must be an int or hold one entry per worker ({num_workers}), got {len(given)} entries.")
+    steps = np.asarray([check_int(f"local_steps[{m}]", h, minimum=1) for m, h in enumerate(given)], np.int64)
+  return steps
+
+
+def local_pseudo_gradient(step_grad: Callable[[Any, jax.Array], tuple[jax.Array, Any]],
+                          local_optimizer: optax.GradientTransformationExtraArgs, read: Any,
+                          steps: jax.Array, max_steps: int) -> tuple[jax.Array, Any]:
+  """Runs ``steps`` local optimizer steps from ``read``; returns the first step's loss and the pseudo-gradient.
+
+  ``step_grad(w, h) -> (loss, grad)`` is local step ``h``'s minibatch
+  gradient at ``w``. The loop runs ``max_steps`` (static) times, steps
+  ``h >= steps`` masked, so lanes with different ``steps`` share one shape.
+  The pseudo-gradient ``read - w_local`` is formed as ``-(d_0 + ... + d_{H-1})``
+  of the local updates ``d_h``, summed in that order: equal to it up to
+  rounding, and exactly ``-d_0`` for one step, so one step of ``optax.sgd``
+  under an outer ``optax.sgd(1.0)`` is plain SGD bit for bit.
+  """
+  masked = not (isinstance(steps, int) and steps == max_steps)
+
+  def body(carry, h):
+    w, state, total = carry
+    loss, grad = step_grad(w, h)
+    delta, new_state = local_optimizer.update(grad, state, w)
+    new = (optax.apply_updates(w, delta), new_state, jax.tree.map(jnp.add, total, delta))
+    if masked:
+      new = jax.tree.map(lambda n, o: jnp.where(h < steps, n, o), new, carry)
+    return new, loss
+
+  zeros = jax.tree.map(jnp.zeros_like, read)
+  (_, _, total), losses = jax.lax.scan(body, (read, local_optimizer.init(read), zeros),
+                                       jnp.arange(max_steps, dtype=jnp.int32))
+  return losses[0], jax.tree.map(jnp.negative, total)

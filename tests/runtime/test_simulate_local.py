@@ -1,0 +1,107 @@
+"""Local-SGD workers: dj.simulate's pseudo-gradients against the sequential reference, DyLU, bad input."""
+
+import os
+import sys
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+import delayjax as dj
+
+sys.path.insert(0, os.path.dirname(__file__))
+from simulate_reference import hand_schedule, probe, reference, regression_problem, round_robin  # noqa: E402
+
+BATCH = 4
+
+
+def _assert_trees_close(a, b, **tol):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), **tol)
+
+
+def test_one_worker_one_local_step_is_plain_sgd_bit_for_bit():
+  data, loss_fn, params = regression_problem()
+  schedule = round_robin(1, 20)
+  local = dj.simulate(loss_fn, optax.sgd(1.0), params, data, schedule, batch_size=BATCH, seed=2,
+                      local_steps=1, local_optimizer=optax.sgd(0.05))
+  plain = dj.simulate(loss_fn, optax.sgd(0.05), params, data, schedule, batch_size=BATCH, seed=2)
+  for x, y in zip(jax.tree.leaves(local.params), jax.tree.leaves(plain.params), strict=True):
+    np.testing.assert_array_equal(x, y)
+  np.testing.assert_array_equal(local.history.loss, plain.history.loss)
+
+
+CASES = {
+    # name: (schedule, local_steps, outer tx, local optimizer)
+    "asp_constant": (lambda: dj.cluster.simulate(dj.cluster.asp(), dj.cluster.workers(4), num_updates=20, seed=1),
+                     3, lambda m: probe(0.5, m), lambda: optax.sgd(0.05)),
+    "ssp_per_worker": (lambda: dj.cluster.simulate(dj.cluster.ssp(1), dj.cluster.workers(4), num_updates=20, seed=2),
+                       [1, 4, 2, 3], lambda m: dj.delayed_nesterov(0.7, 0.5, buffer_size=2),
+                       lambda: optax.sgd(0.05, momentum=0.5)),
+    # Several minibatches per local step, and pushes that arrive after the next read (several slots).
+    "grouped_multibatch_latency": (lambda: hand_schedule(3, 20, group=2, max_batches=2, latency=1.5, seed=3),
+                                   [2, 1, 3], lambda m: probe(0.5, m), lambda: optax.sgd(0.05)),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_local_steps_match_reference(name):
+  make_schedule, steps, make_tx, make_local = CASES[name]
+  data, loss_fn, params = regression_problem()
+  schedule = make_schedule()
+  tx = make_tx(schedule.num_workers)
+  result = dj.simulate(loss_fn, tx, params, data, schedule, batch_size=BATCH, seed=4, local_steps=steps,
+                       local_optimizer=make_local())
+  assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(result.params))
+  per_worker = np.broadcast_to(steps, (schedule.num_workers,))
+  ref_params, ref_state, ref_loss, _, _ = reference(loss_fn, tx, params, data, schedule, batch_size=BATCH, seed=4,
+                                                    local_steps=per_worker, local_optimizer=make_local())
+  _assert_trees_close(result.params, ref_params, rtol=1e-5, atol=1e-6)
+  _assert_trees_close(result.opt_state, ref_state, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(result.history.loss, ref_loss, rtol=1e-5, atol=1e-6)
+  if name == "grouped_multibatch_latency":
+    assert result.stats["num_slots"] > 1 and schedule.num_batches.max() > 1
+
+
+def test_per_worker_local_steps_on_eight_devices():
+  data, loss_fn, params = regression_problem()
+  schedule = dj.cluster.simulate(dj.cluster.asp(), dj.cluster.workers(6), num_updates=24, seed=5)
+  steps = [1, 2, 3, 1, 2, 3]
+  kwargs = dict(batch_size=BATCH, local_steps=steps, local_optimizer=optax.sgd(0.05))
+  single = dj.simulate(loss_fn, probe(0.5, 8), params, data, schedule, **kwargs)
+  multi = dj.simulate(loss_fn, probe(0.5, 8), params, data, schedule, mesh=jax.make_mesh((8,), ("workers",)),
+                      **kwargs)
+  assert multi.stats["num_devices"] == 8
+  _assert_trees_close(multi.params, single.params, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(multi.history.loss, single.history.loss, rtol=1e-5, atol=1e-6)
+
+
+def test_dylu_local_steps_formula():
+  speeds = np.array([2.0, 1.0, 0.7, 0.05, 1.9])
+  steps = dj.dylu_local_steps(speeds, 10)
+  np.testing.assert_array_equal(steps, [10, 5, 3, 1, 9])  # floor(v / 2 * 10), at least 1
+  np.testing.assert_array_equal(steps, np.maximum(1, np.floor(speeds / speeds.max() * 10)))
+  assert steps.dtype == np.int64
+  np.testing.assert_array_equal(dj.dylu_local_steps([3, 3], 4), [4, 4])
+  with pytest.raises(ValueError, match="max_steps must be an integer >= 1, got 0"):
+    dj.dylu_local_steps(speeds, 0)
+  with pytest.raises(ValueError, match="speeds must be a non-empty 1-D array of finite numbers > 0"):
+    dj.dylu_local_steps([1.0, 0.0], 4)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(local_steps=0, local_optimizer=optax.sgd(0.1)), ValueError, r"local_steps must be an integer >= 1, got 0"),
+    (dict(local_steps=[1, 2, 0, 1], local_optimizer=optax.sgd(0.1)), ValueError,
+     r"local_steps\[2\] must be an integer >= 1, got 0"),
+    (dict(local_steps=[1, 2], local_optimizer=optax.sgd(0.1)), ValueError,
+     r"local_steps must be an int or hold one entry per worker \(4\), got 2 entries"),
+    (dict(local_steps=2.5, local_optimizer=optax.sgd(0.1)), TypeError, r"local_steps must be an integer"),
+    (dict(local_steps=2), ValueError, r"local_steps needs a local_optimizer"),
+    (dict(local_optimizer=optax.sgd(0.1)), ValueError, r"local_optimizer is only used with local_steps"),
+    (dict(local_steps=2, local_optimizer="sgd"), TypeError, r"local_optimizer must be an optax.GradientTransformation"),
+])
+def test_bad_local_arguments(kwargs, error, match):
+  data, loss_fn, params = regression_problem()
+  with pytest.raises(error, match=match):
+    dj.simulate(loss_fn, optax.sgd(1.0), params, data, round_robin(4, 8), **kwargs)
