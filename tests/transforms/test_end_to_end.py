@@ -90,16 +90,22 @@ def test_async_adam_and_apam():
 
 
 def test_zeno_plus_plus_with_a_validation_gradient():
-  """The runtime does not compute zeno_grad; a wrapper computes it at the current params."""
-  zeno = dj.zeno_plus_plus(0.05, rho=0.001)
-  validation = jax.tree.map(lambda a: a[:32], DATA)
-
-  def update(updates, state, params=None, **extra):
-    return zeno.update(updates, state, params, zeno_grad=jax.grad(loss_fn)(params, validation), **extra)
-
-  result = run(optax.GradientTransformationExtraArgs(zeno.init, update), dj.delays.uniform(3))
+  """Zeno++'s state requests zeno_grad, which dj.simulate computes at the current params for every update."""
+  result = run(dj.zeno_plus_plus(0.05, rho=0.001), dj.delays.uniform(3))
   assert_trains(result)
   assert 0 < int(result.opt_state.accepted) <= STEPS
+  # Accepting everything, unscaled, it is its inner SGD.
+  assert_same_params(run(dj.zeno_plus_plus(0.05, eps=1e9, normalize=False), dj.delays.constant(0)),
+                     reference("sgd"))
+
+
+def test_delayed_nesterov_as_outer_optimizer_of_local_sgd_workers():
+  """Asynchronous Local-SGD: four workers take DyLU's local steps and push pseudo-gradients."""
+  steps = dj.dylu_local_steps([1.0, 0.5, 0.8, 0.3], max_steps=4)
+  result = dj.simulate(loss_fn, dj.delayed_nesterov(0.7, 0.5, buffer_size=4), PARAMS, DATA,
+                       dj.delays.constant(3), num_updates=STEPS, batch_size=16, seed=1,
+                       local_steps=steps, local_optimizer=optax.sgd(0.02))
+  assert_trains(result)
 
 
 def test_delay_adaptive_sgd():
