@@ -315,7 +315,8 @@ def simulate(
   ``shard_map`` over its ``workers`` axis, each device computing and holding
   the read parameters of its own workers, the gradients then all-gathered);
   then a loop applies the wave's updates in order, storing the reads they
-  enable. Steps have one static shape (masked lanes where a wave has fewer
+  enable; runtime inputs are computed in that loop, right before their
+  update (with ``mesh``, by every device, as the update itself is). Steps have one static shape (masked lanes where a wave has fewer
   gradients) and run ``chunk_size`` at a time in one compiled ``lax.scan``
   per dispatch, compiled once. A masked lane still costs a gradient:
   ``stats["lane_utilization"]`` says how full the steps were.
@@ -385,8 +386,10 @@ def simulate(
       own :math:`H_m`, so per-worker :math:`H` costs the largest one.
     local_optimizer: the workers' optimizer for local steps (e.g.
       ``optax.sgd(0.1)``); required with ``local_steps``, its state is
-      initialized afresh for every contribution. ``tx`` is then the outer
-      (server) optimizer, e.g. ``dj.delayed_nesterov``.
+      initialized afresh for every contribution, and it is given no extra
+      arguments. ``tx`` is then the outer (server) optimizer, e.g.
+      ``dj.delayed_nesterov``, and receives the pseudo-gradients with the
+      extra arguments above.
 
   Returns:
     A :class:`SimulationResult`.

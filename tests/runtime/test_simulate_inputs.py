@@ -83,3 +83,15 @@ def test_zeno_plus_plus_matches_reference(inner):
   _assert_trees_close(result.params, ref_params, rtol=1e-5, atol=1e-6)
   _assert_trees_close(result.opt_state, ref_state, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(result.history.loss, ref_loss, rtol=1e-5, atol=1e-6)
+
+
+def test_zeno_plus_plus_on_eight_devices():
+  """Every device computes zeno_grad in the replicated server loop; the run is the one-device run."""
+  data, loss_fn, params = regression_problem()
+  schedule = hand_schedule(6, 24, seed=22)
+  tx = dj.zeno_plus_plus(0.05, rho=0.002)
+  single = dj.simulate(loss_fn, tx, params, data, schedule, batch_size=BATCH)
+  multi = dj.simulate(loss_fn, tx, params, data, schedule, batch_size=BATCH, mesh=jax.make_mesh((8,), ("workers",)))
+  assert multi.stats["num_devices"] == 8
+  np.testing.assert_array_equal(multi.opt_state.accepted, single.opt_state.accepted)
+  _assert_trees_close(multi.params, single.params, rtol=1e-5, atol=1e-6)
