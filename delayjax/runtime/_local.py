@@ -31,6 +31,11 @@ def dylu_local_steps(speeds: Sequence[float] | np.ndarray, max_steps: int) -> np
     ValueError: if ``speeds`` is not a non-empty 1-D array of finite positive
       numbers, or ``max_steps < 1``.
 
+  Examples:
+    >>> import delayjax as dj
+    >>> dj.dylu_local_steps([2.0, 1.0, 0.3, 0.1], max_steps=8)  # floor(8 v / 2), at least 1
+    array([8, 4, 1, 1])
+
   References:
     Liu, Chhaparia, Douillard, Kale, Rusu, Shen, Szlam, Ranzato,
     `Asynchronous Local-SGD Training for Language Modeling
