@@ -120,7 +120,7 @@ REPRODUCTION = Reproduction(
                 "waiting time.",
     scales=SCALES, specs=specs, run=run, summarize=summarize, claims=CLAIMS, plots=plots,
     columns=("key", "accuracy_pct", "time_to_target", "simulated_time", "total_wait", "mean_staleness"),
-    smoke=dict(steps=64, eval_every=16),
+    smoke=dict(steps=64, eval_every=16, seeds=1),
 )
 
 
