@@ -60,7 +60,8 @@ def classification_task(split: Any, apply: Callable[[Any, jax.Array], jax.Array]
 
 def simulate_record(task: Task, tx: optax.GradientTransformation, source: Any, *, seed: int,
                     batch_size: int, eval_every: int, progress: Progress, num_updates: int | None = None,
-                    sampling: str = "iid", shards: Any = None,
+                    sampling: str = "iid", shards: Any = None, local_steps: Any = None,
+                    local_optimizer: optax.GradientTransformation | None = None,
                     final_state: Callable[[Any], None] | None = None) -> dict[str, Any]:
   """Trains ``task`` with ``tx`` under ``source`` (a Schedule or delay model) and returns the run record.
 
@@ -69,6 +70,9 @@ def simulate_record(task: Task, tx: optax.GradientTransformation, source: Any, *
   ``curves`` (``update``, ``time`` and each metric at every evaluation) and
   ``staleness_hist``. A run whose parameters stopped being
   finite keeps its NaN metrics (the table counts it as diverged).
+  With ``local_steps`` and ``local_optimizer`` the workers run local SGD and
+  push pseudo-gradients (``dj.simulate``'s local-SGD mode; ``batch_size`` is
+  then the batch of one local step).
   ``final_state``, if given, receives the optimizer state after the last
   update (for statistics a transformation accumulates in its state).
   """
@@ -79,6 +83,7 @@ def simulate_record(task: Task, tx: optax.GradientTransformation, source: Any, *
   result = dj.simulate(task.loss_fn, tx, task.init(seed), task.data, source, num_updates=num_updates,
                        batch_size=batch_size, eval_fn=task.eval_fn, eval_every=eval_every, seed=seed,
                        sampling=sampling, shards=shards, skip_nonfinite=False, callback=callback,
+                       local_steps=local_steps, local_optimizer=local_optimizer,
                        checkpoint_dir=getattr(progress, "checkpoint_dir", None))
   if final_state is not None:
     final_state(result.opt_state)
@@ -100,47 +105,6 @@ def simulate_record(task: Task, tx: optax.GradientTransformation, source: Any, *
                          else np.bincount(tau)),
   }
   return record
-
-
-def local_sgd_task(task: Task, local_steps: int, lr: float, steps_of_worker: Any = None) -> Task:
-  """``task`` whose "gradient" is a worker's pseudo-gradient ``x_read - x_local`` after local SGD steps.
-
-  ``dj.simulate`` computes one gradient of ``loss_fn`` per contribution; here
-  ``loss_fn`` runs ``local_steps`` SGD steps (step ``lr``) on consecutive
-  slices of its minibatch (``local_steps`` x the per-step batch) and returns
-  a surrogate whose gradient is exactly ``x_read - x_local`` (its value is
-  not a loss). With ``steps_of_worker`` (int ``[M]``), worker ``m`` takes only
-  its first ``steps_of_worker[m]`` steps; the data must then carry each
-  example's worker in a ``"worker"`` field (see :func:`per_worker_copies`).
-  """
-  table = None if steps_of_worker is None else jnp.asarray(steps_of_worker, jnp.int32)
-
-  def loss_fn(params, batch):
-    taken = local_steps if table is None else table[batch["worker"][0]]
-    chunks = jax.tree.map(lambda x: x.reshape((local_steps, -1) + x.shape[1:]), batch)
-
-    def step(p, inputs):
-      i, b = inputs
-      grads = jax.grad(task.loss_fn)(p, b)
-      return jax.tree.map(lambda w, g: jnp.where(i < taken, w - lr * g, w), p, grads), None
-
-    local, _ = jax.lax.scan(step, params, (jnp.arange(local_steps), chunks))
-    delta = jax.lax.stop_gradient(jax.tree.map(lambda n, o: n - o, local, params))
-    return -sum(jnp.vdot(p, d) for p, d in zip(jax.tree.leaves(params), jax.tree.leaves(delta)))
-
-  return task._replace(loss_fn=loss_fn)
-
-
-def per_worker_copies(data: dict[str, np.ndarray], num_workers: int) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
-  """One copy of ``data`` per worker, tagged with a ``"worker"`` field, and the shards that give each its copy.
-
-  With ``sampling="shard"`` a loss then knows which worker computes it (each
-  worker still samples iid from the whole data set).
-  """
-  n = next(iter(data.values())).shape[0]
-  copies = {k: np.concatenate([v] * num_workers) for k, v in data.items()}
-  copies["worker"] = np.repeat(np.arange(num_workers, dtype=np.int32), n)
-  return copies, [np.arange(m * n, (m + 1) * n) for m in range(num_workers)]
 
 
 def within_time(schedule: dj.cluster.Schedule, budget: float) -> dj.cluster.Schedule:

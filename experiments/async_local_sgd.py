@@ -28,8 +28,7 @@ import optax
 import delayjax as dj
 from experiments import _plots
 from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, or_inf
-from experiments._training import (first_reach, local_sgd_task, per_worker_copies, simulate_record, task_for,
-                                   within_time)
+from experiments._training import first_reach, simulate_record, task_for, within_time
 
 # Config: outer lr 0.7, momentum 0.9 (the defaults seen for delayed Nesterov); N = number of workers.
 SCALES = {
@@ -49,10 +48,9 @@ def specs(config: dict[str, Any]) -> list[dict[str, Any]]:
 
 def local_steps(config: dict[str, Any], dylu: bool) -> np.ndarray:
   """Local steps per worker: H for all, or DyLU's floor(v_w / v_max * H) (at least one)."""
-  speeds = np.asarray(config["speeds"], np.float64)
-  if not dylu:
-    return np.full(speeds.size, config["local_steps"], np.int64)
-  return np.maximum(1, np.floor(speeds / speeds.max() * config["local_steps"])).astype(np.int64)
+  if dylu:
+    return dj.dylu_local_steps(config["speeds"], config["local_steps"])
+  return np.full(len(config["speeds"]), config["local_steps"], np.int64)
 
 
 def outer(config: dict[str, Any], method: str) -> optax.GradientTransformation:
@@ -68,9 +66,6 @@ def _budget(config: dict[str, Any]) -> float:
 def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
   method, speeds = spec["method"], np.asarray(config["speeds"], np.float64)
   steps = local_steps(config, dylu=method.endswith("dylu"))
-  base = task_for(config)
-  data, shards = per_worker_copies(base.data, speeds.size)
-  task = local_sgd_task(base, config["local_steps"], config["inner_lr"], steps_of_worker=steps)._replace(data=data)
   # H local steps take 1 s at speed 1, so a push costs (steps / H) / speed: DyLU's short rounds make slow
   # workers push as often as fast ones.
   workers = dj.cluster.workers(speeds.size, compute=config["compute"], speed=speeds * config["local_steps"] / steps)
@@ -78,10 +73,9 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> di
   paradigm = dj.cluster.bsp() if method.startswith("sync") else dj.cluster.asp()
   longest = int(budget * speeds.size * 3) + 10
   sched = within_time(dj.cluster.simulate(paradigm, workers, longest, seed=seed), budget)
-  record = simulate_record(task, outer(config, method), sched, seed=seed,
-                           batch_size=config["local_steps"] * config["batch"],
+  record = simulate_record(task_for(config), outer(config, method), sched, seed=seed, batch_size=config["batch"],
                            eval_every=max(1, sched.num_updates // config["eval_points"]), progress=progress,
-                           sampling="shard", shards=shards)
+                           local_steps=steps, local_optimizer=optax.sgd(config["inner_lr"]))
   reach = first_reach(record["curves"]["time"], record["curves"]["test_error"], 1 - config["target_accuracy"])
   record["metrics"]["time_to_target"] = reach if math.isfinite(reach) else None
   return record

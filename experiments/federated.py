@@ -8,12 +8,11 @@ SGD steps on its own data and pushes the delta ``x_new - x_read``:
   fedasync  ASP: each delta is mixed in at once, x <- x + a s(tau) (x_new - x)   (Xie et al. 2019)
   fedbuff   ASP: staleness-weighted deltas are buffered, one server step per K  (Nguyen et al. 2022)
 
-How local training runs under ``dj.simulate``: a client's "gradient" is the
-negative delta. ``loss_fn`` runs the local steps on the client's minibatch
-(``local_steps`` x ``batch`` examples drawn from its shard) and returns a
-surrogate whose gradient is exactly ``-(x_new - x_read)``; the server
-transformations receive the delta through ``optax.scale(-1)``. Every method
-runs for the same simulated time.
+Local training runs in ``dj.simulate``'s local-SGD mode (``local_steps``,
+``local_optimizer``): each contribution takes its local steps on minibatches
+of its client's shard and pushes the pseudo-gradient ``x_read - x_new``, the
+negative delta; the server transformations receive the delta through
+``optax.scale(-1)``. Every method runs for the same simulated time.
 
     python -m experiments run federated
 """
@@ -29,7 +28,7 @@ import optax
 import delayjax as dj
 from experiments import _plots
 from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, or_inf
-from experiments._training import first_reach, local_sgd_task, simulate_record, task_for, within_time
+from experiments._training import first_reach, simulate_record, task_for, within_time
 
 # Config: FedAsync's mixing 0.6 with the polynomial rule a = 0.5; FedBuff's K = 5 of 10 clients.
 SCALES = {
@@ -71,19 +70,18 @@ def _budget(config: dict[str, Any]) -> float:
 
 
 def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
-  base = task_for(config)
-  task = local_sgd_task(base, config["local_steps"], config["client_lr"])
-  shards = non_iid_shards(base.data["y"], config["clients"], config["classes_per_client"], seed)
+  task = task_for(config)
+  shards = non_iid_shards(task.data["y"], config["clients"], config["classes_per_client"], seed)
   workers = dj.cluster.workers(config["clients"], compute=config["compute"])
   budget = _budget(config)
   paradigm = dj.cluster.bsp() if spec["method"] == "fedavg" else dj.cluster.asp()
   # Enough updates to pass the budget (ASP applies about `clients` per second with mean-1 s times).
   longest = int(budget * config["clients"] * 2) + 10
   sched = within_time(dj.cluster.simulate(paradigm, workers, longest, seed=seed), budget)
-  record = simulate_record(task, server(config, spec["method"]), sched, seed=seed,
-                           batch_size=config["local_steps"] * config["batch"],
+  record = simulate_record(task, server(config, spec["method"]), sched, seed=seed, batch_size=config["batch"],
                            eval_every=max(1, sched.num_updates // config["eval_points"]), progress=progress,
-                           sampling="shard", shards=shards)
+                           sampling="shard", shards=shards, local_steps=config["local_steps"],
+                           local_optimizer=optax.sgd(config["client_lr"]))
   reach = first_reach(record["curves"]["time"], record["curves"]["test_error"], 1 - config["target_accuracy"])
   record["metrics"]["time_to_target"] = reach if math.isfinite(reach) else None
   return record
