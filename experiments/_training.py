@@ -112,6 +112,14 @@ def within_time(schedule: dj.cluster.Schedule, budget: float) -> dj.cluster.Sche
   return schedule[:max(1, int(np.searchsorted(schedule.time, budget, side="right")))]
 
 
+def with_time_to_target(record: dict[str, Any], target_accuracy: float) -> dict[str, Any]:
+  """Adds ``time_to_target``: the simulated seconds until the test accuracy first reached the target
+  (``None``, which the tables show as NaN, if it never did)."""
+  reach = first_reach(record["curves"]["time"], record["curves"]["test_error"], 1.0 - target_accuracy)
+  record["metrics"]["time_to_target"] = reach if np.isfinite(reach) else None
+  return record
+
+
 def first_reach(x: Any, y: Any, target: float) -> float:
   """The first ``x`` at which ``y <= target`` (``inf`` if never): e.g. updates to reach a target error."""
   x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)

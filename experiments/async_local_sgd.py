@@ -19,7 +19,6 @@ proportional to its local steps over its speed.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -28,7 +27,7 @@ import optax
 import delayjax as dj
 from experiments import _plots
 from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, or_inf
-from experiments._training import first_reach, simulate_record, task_for, within_time
+from experiments._training import simulate_record, task_for, with_time_to_target, within_time
 
 # Config: outer lr 0.7, momentum 0.9 (the defaults seen for delayed Nesterov); N = number of workers.
 SCALES = {
@@ -76,9 +75,7 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> di
   record = simulate_record(task_for(config), outer(config, method), sched, seed=seed, batch_size=config["batch"],
                            eval_every=max(1, sched.num_updates // config["eval_points"]), progress=progress,
                            local_steps=steps, local_optimizer=optax.sgd(config["inner_lr"]))
-  reach = first_reach(record["curves"]["time"], record["curves"]["test_error"], 1 - config["target_accuracy"])
-  record["metrics"]["time_to_target"] = reach if math.isfinite(reach) else None
-  return record
+  return with_time_to_target(record, config["target_accuracy"])
 
 
 def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:

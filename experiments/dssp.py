@@ -13,7 +13,6 @@ and the total time the workers spent blocked.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import optax
@@ -21,7 +20,7 @@ import optax
 import delayjax as dj
 from experiments import _plots
 from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, or_inf
-from experiments._training import first_reach, simulate_record, task_for
+from experiments._training import simulate_record, task_for, with_time_to_target
 
 # Config: the paper's thresholds s_L = 3, s_U = 15; half the cluster is slower (0.8x and 0.6x). With a
 # 4x-slower worker the gap exceeds s_U almost always, and DSSP behaves like SSP (a first quick run showed it).
@@ -55,10 +54,7 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> di
   every = max(1, config["eval_every"] * sched.num_updates // config["steps"])
   record = simulate_record(task_for(config), tx, sched, seed=seed, batch_size=config["batch"],
                            eval_every=every, progress=progress)
-  curves = record["curves"]
-  reach = first_reach(curves["time"], curves["test_error"], 1.0 - config["target_accuracy"])
-  record["metrics"]["time_to_target"] = reach if math.isfinite(reach) else None
-  return record
+  return with_time_to_target(record, config["target_accuracy"])
 
 
 def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:

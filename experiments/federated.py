@@ -19,7 +19,6 @@ negative delta; the server transformations receive the delta through
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -28,7 +27,7 @@ import optax
 import delayjax as dj
 from experiments import _plots
 from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, or_inf
-from experiments._training import first_reach, simulate_record, task_for, within_time
+from experiments._training import simulate_record, task_for, with_time_to_target, within_time
 
 # Config: FedAsync's mixing 0.6 with the polynomial rule a = 0.5; FedBuff's K = 5 of 10 clients.
 SCALES = {
@@ -82,9 +81,7 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> di
                            eval_every=max(1, sched.num_updates // config["eval_points"]), progress=progress,
                            sampling="shard", shards=shards, local_steps=config["local_steps"],
                            local_optimizer=optax.sgd(config["client_lr"]))
-  reach = first_reach(record["curves"]["time"], record["curves"]["test_error"], 1 - config["target_accuracy"])
-  record["metrics"]["time_to_target"] = reach if math.isfinite(reach) else None
-  return record
+  return with_time_to_target(record, config["target_accuracy"])
 
 
 def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
