@@ -659,8 +659,6 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
 
     Every input that needs a minibatch uses the update's one server minibatch.
     """
-    if not inputs:
-      return {}
     idx = server_minibatch_indices(seed, update, num_examples=num_examples, batch_size=batch_size)
     batch = jax.tree.map(lambda x: x[idx], data)
     out = {}
@@ -757,9 +755,10 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
       # Transformations that ignore stale_params are given params (and the
       # stale parameters are not even kept).
       stale_params = jax.tree.map(lambda b: b[positions[first]], stale_buf) if keep_stale else params
+      # Without requests the update's index is not even read: the default program is unchanged.
+      extra = server_inputs(data, params, tab["upd_index"][i]) if inputs else {}
       updates, new_state = tx.update(grad, opt_state, params, staleness=staleness[first],
-                                     stale_params=stale_params, worker=tab["upd_worker"][i][first],
-                                     **server_inputs(data, params, tab["upd_index"][i]))
+                                     stale_params=stale_params, worker=tab["upd_worker"][i][first], **extra)
       new_params = optax.apply_updates(params, updates)
       if skip_nonfinite or not always_applies:
         applied = jnp.any(kept)
