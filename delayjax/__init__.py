@@ -27,5 +27,7 @@ from delayjax.transforms import runtime_inputs as runtime_inputs
 from delayjax.transforms import scale_by_staleness as scale_by_staleness
 from delayjax.transforms import staleness_weight as staleness_weight
 from delayjax.transforms import zeno_plus_plus as zeno_plus_plus
+from delayjax.transforms import saga as saga
+from delayjax.transforms import svrg as svrg
 
 __version__ = "0.1.0"

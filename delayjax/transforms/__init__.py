@@ -24,3 +24,8 @@ from delayjax.transforms._staleness import scale_by_staleness as scale_by_stalen
 from delayjax.transforms._staleness import staleness_weight as staleness_weight
 from delayjax.transforms._zeno import ZenoState as ZenoState
 from delayjax.transforms._zeno import zeno_plus_plus as zeno_plus_plus
+from delayjax.transforms._variance_reduction import SagaScalarsState as SagaScalarsState
+from delayjax.transforms._variance_reduction import SagaState as SagaState
+from delayjax.transforms._variance_reduction import SvrgState as SvrgState
+from delayjax.transforms._variance_reduction import saga as saga
+from delayjax.transforms._variance_reduction import svrg as svrg

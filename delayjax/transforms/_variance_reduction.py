@@ -1,0 +1,339 @@
+"""Variance-reduced gradient estimators: SVRG (AsySVRG) and SAGA (ASAGA)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from delayjax._checks import check_choice, check_int
+
+SAGA_TABLES = ("gradients", "scalars")
+
+
+class SvrgState(NamedTuple):
+  """State of :func:`svrg`."""
+
+  snapshot: Any  # pytree like params: the snapshot parameters w~ of the current epoch
+  full_grad: Any  # pytree like params: mu, the full gradient at the snapshot
+  num_snapshots: jax.Array  # shape=(), int32: snapshots taken so far (0: no full gradient yet)
+
+  def runtime_inputs(self) -> tuple[str, ...]:
+    # A runtime must compute the snapshot gradient on the contribution's own minibatch; dj.simulate
+    # refuses names it cannot compute, which is better than a missing-argument error mid-trace.
+    return ("snapshot_grad",)
+
+
+class SagaState(NamedTuple):
+  """State of :func:`saga`."""
+
+  table: Any  # pytree of [num_samples, *shape] per leaf ("gradients"), or float32 [num_samples] ("scalars")
+  table_sum: Any  # pytree like params: the sum over samples of the stored gradients
+  count: jax.Array  # shape=(), int32: updates applied so far
+
+  def runtime_inputs(self) -> tuple[str, ...]:
+    return ("sample_grads", "sample_indices")
+
+
+class SagaScalarsState(SagaState):
+  """State of :func:`saga` with ``table="scalars"`` (the table is float32 ``[num_samples]``)."""
+
+  def runtime_inputs(self) -> tuple[str, ...]:
+    return ("sample_features", "sample_indices", "sample_scalars")
+
+
+def _missing(transform: str, name: str, what: str) -> ValueError:
+  return ValueError(
+      f"{transform} needs the extra argument {name}= ({what}); a hand-written loop must pass it to update().")
+
+
+def _check_like(name: str, tree: Any, updates: Any) -> None:
+  if jax.tree.structure(tree) != jax.tree.structure(updates):
+    raise ValueError(
+        f"{name} must have the structure of the updates {jax.tree.structure(updates)}; got "
+        f"{jax.tree.structure(tree)}.")
+  for x, g in zip(jax.tree.leaves(tree), jax.tree.leaves(updates)):
+    if jnp.shape(x) != jnp.shape(g):
+      raise ValueError(f"{name} leaves must have the shapes of the updates; got {jnp.shape(x)} for {jnp.shape(g)}.")
+
+
+def svrg() -> optax.GradientTransformationExtraArgs:
+  r"""Stochastic variance-reduced gradient (SVRG), also under staleness (AsySVRG).
+
+  The output is a gradient estimate; chain a step after it, e.g.
+  ``optax.chain(dj.svrg(), optax.sgd(lr))``. For a finite sum
+  :math:`F(w) = \frac1n \sum_i f_i(w)`, an epoch fixes snapshot parameters
+  :math:`\tilde w` and the full gradient :math:`\mu = \nabla F(\tilde w)`;
+  each update of the epoch turns the minibatch gradient :math:`g = \nabla
+  f_B(\hat w)` (``updates``, computed at the parameters :math:`\hat w` a
+  worker read: the current ones when synchronous, stale ones under delays)
+  into
+
+  .. math::
+
+    v = \nabla f_B(\hat w) - \nabla f_B(\tilde w) + \mu
+
+  where :math:`\nabla f_B(\tilde w)` is the extra argument ``snapshot_grad``:
+  the gradient *on the same minibatch* :math:`B` at the snapshot. Since
+  :math:`\mathbb E_B \nabla f_B(\tilde w) = \mu`, :math:`v` is an unbiased
+  estimate of :math:`\nabla F(\hat w)` whose variance vanishes as
+  :math:`\hat w` and :math:`\tilde w` approach the optimum.
+
+  Epochs: an update that receives ``full_grad`` (and ``refresh`` true, the
+  default) first starts a new epoch, :math:`\tilde w \leftarrow w` (the
+  ``params`` of that update, the last iterate: Johnson & Zhang's option I,
+  as in AsySVRG) and :math:`\mu \leftarrow` ``full_grad``, which the caller
+  computed at those parameters; its ``snapshot_grad`` is then at the new
+  snapshot, i.e. at ``params``. The textbook epoch is: take a snapshot with
+  the full gradient, then :math:`m` updates with ``snapshot_grad`` computed
+  at ``state.snapshot``. Under ``jit``/``lax.scan`` pass ``full_grad`` at
+  every update and a traced boolean ``refresh`` to choose when it is taken.
+  The first update must take a snapshot: before any, eager calls raise and
+  traced ones return NaN.
+
+  Asynchronous form (AsySVRG): with delays, ``updates`` is the gradient at
+  the stale read :math:`\hat w` and ``snapshot_grad`` the gradient of the same
+  minibatch at the snapshot held in the state when the update is applied, so
+  that :math:`v` stays unbiased for :math:`\nabla F(\hat w)`; the step is then
+  applied to the current parameters by the chained optimizer.
+
+  Args:
+    (none): the estimator has no hyperparameters; the step size belongs to
+      the chained optimizer.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` that needs ``params`` and
+    the extra argument ``snapshot_grad`` (a pytree like the updates), and
+    takes ``full_grad`` (a pytree like the updates) and ``refresh`` (a bool
+    scalar) to start an epoch.
+
+  Examples:
+    >>> import jax.numpy as jnp, optax
+    >>> import delayjax as dj
+    >>> tx = optax.chain(dj.svrg(), optax.sgd(0.5))
+    >>> w = jnp.array([1.0, 2.0])
+    >>> state = tx.init(w)
+    >>> # epoch start: snapshot = w, mu = full gradient there; v = g - g + mu = mu
+    >>> u, state = tx.update(jnp.array([3.0, 0.0]), state, w, snapshot_grad=jnp.array([3.0, 0.0]),
+    ...                      full_grad=jnp.array([1.0, 1.0]))
+    >>> u
+    Array([-0.5, -0.5], dtype=float32)
+    >>> u, state = tx.update(jnp.array([2.0, 4.0]), state, w + u, snapshot_grad=jnp.array([1.0, 0.0]))
+    >>> u  # -0.5 * ([2, 4] - [1, 0] + [1, 1])
+    Array([-1. , -2.5], dtype=float32)
+
+  References:
+    Johnson, Zhang, `Accelerating Stochastic Gradient Descent using Predictive
+    Variance Reduction
+    <https://papers.nips.cc/paper/4937-accelerating-stochastic-gradient-descent-using-predictive-variance-reduction>`_,
+    NeurIPS 2013.
+
+    Zhao, Li, `Fast Asynchronous Parallel Stochastic Gradient Descent: A Lock-Free
+    Approach with Convergence Guarantee <https://arxiv.org/abs/1508.05711>`_, AAAI 2016.
+  """
+
+  def init_fn(params):
+    return SvrgState(snapshot=jax.tree.map(jnp.array, params), full_grad=jax.tree.map(jnp.zeros_like, params),
+                     num_snapshots=jnp.zeros([], jnp.int32))
+
+  def update_fn(updates, state, params=None, *, snapshot_grad=None, full_grad=None, refresh=None, **extra_args):
+    del extra_args
+    if snapshot_grad is None:
+      raise _missing("svrg", "snapshot_grad", "the gradient of the same minibatch at the snapshot parameters, "
+                     "a pytree like the updates")
+    _check_like("snapshot_grad", snapshot_grad, updates)
+    snapshot, mu, num = state.snapshot, state.full_grad, state.num_snapshots
+    if full_grad is not None:
+      if params is None:
+        raise ValueError("svrg needs params when full_grad= is given: they become the new snapshot.")
+      _check_like("full_grad", full_grad, updates)
+      take = jnp.asarray(True if refresh is None else refresh)
+      if take.shape != () or take.dtype != jnp.bool_:
+        raise ValueError(f"refresh must be a bool scalar, got dtype {take.dtype} and shape {take.shape}.")
+      mu = jax.tree.map(lambda new, old: jnp.where(take, new.astype(old.dtype), old), full_grad, mu)
+      snapshot = jax.tree.map(lambda new, old: jnp.where(take, new.astype(old.dtype), old), params, snapshot)
+      num = num + take.astype(jnp.int32)
+    elif refresh is not None:
+      raise ValueError("svrg got refresh= without full_grad=; a snapshot needs the full gradient at params.")
+    if not isinstance(num, jax.core.Tracer) and int(num) == 0:
+      raise ValueError(
+          "svrg has no full gradient yet: the first update must pass full_grad= (the full gradient at params) "
+          "to take the first snapshot.")
+    ready = num > 0
+    out = jax.tree.map(
+        lambda g, gs, m: jnp.where(ready, g - gs.astype(g.dtype) + m.astype(g.dtype), jnp.full_like(g, jnp.nan)),
+        updates, snapshot_grad, mu)
+    return out, SvrgState(snapshot=snapshot, full_grad=mu, num_snapshots=num)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _sample_indices(sample_indices: Any, num_samples: int) -> tuple[jax.Array, bool]:
+  """int32 indices of shape [b] and whether a scalar (one sample) was given."""
+  if sample_indices is None:
+    raise _missing("saga", "sample_indices", "int32 index or indices in [0, num_samples) of the minibatch")
+  if not jnp.issubdtype(jnp.result_type(sample_indices), jnp.integer):
+    raise TypeError(f"sample_indices must be integers, got dtype {jnp.result_type(sample_indices)}.")
+  ndim = jnp.ndim(sample_indices)
+  if ndim > 1:
+    raise ValueError(f"sample_indices must be a scalar or a 1-d array, got shape {jnp.shape(sample_indices)}.")
+  if not isinstance(sample_indices, jax.core.Tracer):
+    concrete = np.asarray(sample_indices)
+    if concrete.size and (concrete.min() < 0 or concrete.max() >= num_samples):
+      raise ValueError(
+          f"sample_indices must be in [0, num_samples) = [0, {num_samples}); got values in "
+          f"[{concrete.min()}, {concrete.max()}].")
+  idx = jnp.asarray(sample_indices, jnp.int32)
+  return (idx[None] if ndim == 0 else idx), ndim == 0
+
+
+def _check_batch(name: str, tree: Any, updates: Any, batch: int) -> None:
+  if jax.tree.structure(tree) != jax.tree.structure(updates):
+    raise ValueError(
+        f"{name} must have the structure of the updates {jax.tree.structure(updates)}; got "
+        f"{jax.tree.structure(tree)}.")
+  for x, g in zip(jax.tree.leaves(tree), jax.tree.leaves(updates)):
+    if jnp.shape(x) != (batch,) + jnp.shape(g):
+      raise ValueError(
+          f"{name} leaves must have shape [len(sample_indices), *update_shape] = {(batch,) + jnp.shape(g)}; got "
+          f"{jnp.shape(x)} (a batch size that differs from sample_indices, or a wrong leaf shape).")
+
+
+def saga(num_samples: int, *, table: str = "gradients") -> optax.GradientTransformationExtraArgs:
+  r"""SAGA: a table of the last gradient of every sample (also under staleness: ASAGA).
+
+  The output is a gradient estimate; chain a step after it, e.g.
+  ``optax.chain(dj.saga(n), optax.sgd(lr))``. For a finite sum
+  :math:`F(w) = \frac1n \sum_{i=0}^{n-1} f_i(w)` the state keeps
+  :math:`\alpha_i`, the gradient of :math:`f_i` last seen, and their sum.
+  An update on the minibatch :math:`B = (i_1, \dots, i_b)`
+  (``sample_indices``) with gradient :math:`g` (``updates``, the minibatch
+  mean :math:`\frac1b\sum_j \nabla f_{i_j}(\hat w)` at the parameters
+  :math:`\hat w` a worker read) gives
+
+  .. math::
+
+    v = g - \frac1b \sum_{j=1}^{b} \alpha_{i_j} + \frac1n \sum_{i=0}^{n-1} \alpha_i,
+    \qquad \alpha_{i_j} \leftarrow \nabla f_{i_j}(\hat w)
+
+  with the table read *before* it is written. For :math:`b = 1` and
+  :math:`\hat w = w` this is the SAGA of Defazio et al.; with stale reads it
+  is ASAGA (Leblond et al.), whose table entries are the gradients at the
+  parameters each worker read. Whatever part of ``updates`` is not in the
+  table (e.g. a regularizer's gradient) passes through unchanged. The table
+  starts at zero. If an index repeats within a minibatch, its last
+  occurrence is stored.
+
+  Table forms:
+
+  * ``table="gradients"``: one gradient per sample, ``[num_samples, *shape]``
+    per leaf. Extra arguments: ``sample_indices`` (int, ``[b]`` or a scalar)
+    and ``sample_grads`` (pytree like the updates with a leading ``[b]``
+    axis; may be omitted for a scalar index, when it is ``updates``).
+  * ``table="scalars"``: for generalized linear models, where
+    :math:`\nabla f_i(w) = s_i\, a_i` with a scalar :math:`s_i` (e.g.
+    :math:`\phi_i'(x_i^\top w)`) and a fixed data pytree :math:`a_i` (e.g.
+    :math:`x_i`), the table holds the :math:`n` scalars (float32) and the
+    stored gradient is :math:`\alpha_i = s_i a_i`. Extra arguments:
+    ``sample_indices``, ``sample_scalars`` (``[b]``) and ``sample_features``
+    (pytree like the updates with a leading ``[b]`` axis).
+
+  Args:
+    num_samples: :math:`n`, the number of terms of the finite sum (``>= 1``).
+    table: ``"gradients"`` or ``"scalars"``.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` that needs the extra
+    arguments of its table form.
+
+  Raises:
+    ValueError: at update, for a missing extra argument, a batch size or
+      leaf shape that does not match ``sample_indices``, or (when the indices
+      are concrete) an index outside ``[0, num_samples)``.
+
+  Examples:
+    >>> import jax.numpy as jnp, optax
+    >>> import delayjax as dj
+    >>> tx = optax.chain(dj.saga(2), optax.sgd(1.0))
+    >>> w = jnp.zeros(1)
+    >>> state = tx.init(w)
+    >>> u, state = tx.update(jnp.array([4.0]), state, w, sample_indices=0)
+    >>> u  # -(4 - 0 + 0)
+    Array([-4.], dtype=float32)
+    >>> u, state = tx.update(jnp.array([2.0]), state, w, sample_indices=1)
+    >>> u  # -(2 - 0 + (4 + 0) / 2)
+    Array([-4.], dtype=float32)
+
+  References:
+    Defazio, Bach, Lacoste-Julien, `SAGA: A Fast Incremental Gradient Method
+    With Support for Non-Strongly Convex Composite Objectives
+    <https://arxiv.org/abs/1407.0202>`_, NeurIPS 2014.
+
+    Leblond, Pedregosa, Lacoste-Julien, `ASAGA: Asynchronous Parallel SAGA
+    <https://arxiv.org/abs/1606.04809>`_, AISTATS 2017.
+  """
+  n = check_int("num_samples", num_samples, minimum=1)
+  check_choice("table", table, SAGA_TABLES)
+  scalars = table == "scalars"
+  state_type = SagaScalarsState if scalars else SagaState
+
+  def init_fn(params):
+    if scalars:
+      tab = jnp.zeros([n], jnp.float32)
+    else:
+      tab = jax.tree.map(lambda p: jnp.zeros((n,) + jnp.shape(p), jnp.result_type(p)), params)
+    return state_type(table=tab, table_sum=jax.tree.map(jnp.zeros_like, params), count=jnp.zeros([], jnp.int32))
+
+  def update_fn(updates, state, params=None, *, sample_indices=None, sample_grads=None, sample_scalars=None,
+                sample_features=None, **extra_args):
+    del params, extra_args
+    idx, single = _sample_indices(sample_indices, n)
+    b = idx.shape[0]
+    # Only the last occurrence of a repeated index writes, so the table and its sum stay consistent.
+    later = jnp.triu(jnp.ones((b, b), jnp.bool_), k=1)
+    last = ~jnp.any((idx[:, None] == idx[None, :]) & later, axis=1)
+    if scalars:
+      if sample_scalars is None:
+        raise _missing("saga", "sample_scalars", "the new per-sample scalars s_i, shape [b]")
+      if sample_features is None:
+        raise _missing("saga", "sample_features", "the per-sample data a_i with grad f_i = s_i a_i, leading axis [b]")
+      s_new = jnp.asarray(sample_scalars).astype(jnp.float32)
+      if single and s_new.ndim == 0:
+        s_new = s_new[None]
+      if s_new.shape != (b,):
+        raise ValueError(f"sample_scalars must have shape [len(sample_indices)] = ({b},); got {s_new.shape}.")
+      if single:
+        sample_features = jax.tree.map(lambda a, g: a[None] if jnp.ndim(a) == jnp.ndim(g) else a, sample_features,
+                                       updates)
+      _check_batch("sample_features", sample_features, updates, b)
+      s_old = state.table[idx]
+      delta = jnp.where(last, s_new - s_old, 0.0)
+
+      def weighted_mean(s, a):
+        return jnp.tensordot(s.astype(a.dtype), a, axes=1) / jnp.asarray(b, a.dtype)
+
+      old_mean = jax.tree.map(lambda a: weighted_mean(s_old, a), sample_features)
+      added = jax.tree.map(lambda a: jnp.tensordot(delta.astype(a.dtype), a, axes=1), sample_features)
+      new_table = state.table.at[idx].add(delta)
+    else:
+      if sample_grads is None:
+        if not single:
+          raise _missing("saga", "sample_grads", "the per-sample gradients of the minibatch, leading axis [b]")
+        sample_grads = jax.tree.map(lambda g: g[None], updates)
+      _check_batch("sample_grads", sample_grads, updates, b)
+      old = jax.tree.map(lambda t: t[idx], state.table)
+      diff = jax.tree.map(lambda new, o: jnp.where(last.reshape((b,) + (1,) * (o.ndim - 1)), new.astype(o.dtype) - o,
+                                                   jnp.zeros_like(o)), sample_grads, old)
+      old_mean = jax.tree.map(lambda o: jnp.mean(o, axis=0), old)
+      added = jax.tree.map(lambda d: jnp.sum(d, axis=0), diff)
+      new_table = jax.tree.map(lambda t, d: t.at[idx].add(d), state.table, diff)
+    out = jax.tree.map(
+        lambda g, o, s: g - o.astype(g.dtype) + (s / jnp.asarray(n, s.dtype)).astype(g.dtype),
+        updates, old_mean, state.table_sum)
+    new_sum = jax.tree.map(lambda s, a: s + a.astype(s.dtype), state.table_sum, added)
+    return out, state_type(table=new_table, table_sum=new_sum, count=optax.safe_increment(state.count))
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
