@@ -128,11 +128,11 @@ def svrg() -> optax.GradientTransformationExtraArgs:
   References:
     Johnson, Zhang, `Accelerating Stochastic Gradient Descent using Predictive
     Variance Reduction
-    <https://papers.nips.cc/paper/4937-accelerating-stochastic-gradient-descent-using-predictive-variance-reduction>`_,
+    <https://proceedings.neurips.cc/paper_files/paper/2013/hash/ac1dd209cbcc5e5d1c6e28598e8cbbe8-Abstract.html>`_,
     NeurIPS 2013.
 
     Zhao, Li, `Fast Asynchronous Parallel Stochastic Gradient Descent: A Lock-Free
-    Approach with Convergence Guarantee <https://arxiv.org/abs/1508.05711>`_, AAAI 2016.
+    Approach with Convergence Guarantee <https://doi.org/10.1609/aaai.v30i1.10305>`_, AAAI 2016.
   """
 
   def init_fn(params):
