@@ -29,5 +29,9 @@ from delayjax.transforms import staleness_weight as staleness_weight
 from delayjax.transforms import zeno_plus_plus as zeno_plus_plus
 from delayjax.transforms import saga as saga
 from delayjax.transforms import svrg as svrg
+from delayjax.transforms import prox_box as prox_box
+from delayjax.transforms import prox_elastic_net as prox_elastic_net
+from delayjax.transforms import prox_l1 as prox_l1
+from delayjax.transforms import proximal as proximal
 
 __version__ = "0.1.0"

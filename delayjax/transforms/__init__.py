@@ -29,3 +29,8 @@ from delayjax.transforms._variance_reduction import SagaState as SagaState
 from delayjax.transforms._variance_reduction import SvrgState as SvrgState
 from delayjax.transforms._variance_reduction import saga as saga
 from delayjax.transforms._variance_reduction import svrg as svrg
+from delayjax.transforms._proximal import ProximalState as ProximalState
+from delayjax.transforms._proximal import prox_box as prox_box
+from delayjax.transforms._proximal import prox_elastic_net as prox_elastic_net
+from delayjax.transforms._proximal import prox_l1 as prox_l1
+from delayjax.transforms._proximal import proximal as proximal

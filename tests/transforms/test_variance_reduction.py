@@ -161,14 +161,17 @@ def test_saga_scalar_table_matches_full_table_saga_on_logistic_regression():
 # ---------------------------------------------------------------- stale reads: linear convergence vs the SGD floor
 
 
-def stale_read_run(method, tau, a, b, eta, epochs, seed=0):
-  """Update t applies a gradient computed at the parameters of version max(t - tau, 0) (stale read)."""
+def stale_read_run(method, tau, a, b, eta, epochs, seed=0, after=None):
+  """Update t applies a gradient computed at the parameters of version max(t - tau, 0) (stale read).
+
+  ``after`` is chained after the step (a proximal step).
+  """
   n, d = a.shape
   steps = epochs * n
   grad_i, full_grad = jax_grads(a, b)
   picks = jnp.asarray(np.random.default_rng(seed).integers(0, n, size=steps), jnp.int32)
   base = {"sgd": optax.identity(), "svrg": dj.svrg(), "saga": dj.saga(n)}[method]
-  tx = optax.chain(base, optax.sgd(eta))
+  tx = optax.chain(base, optax.sgd(eta), after or optax.identity())
   w0 = jnp.zeros(d, jnp.float32)
 
   def body(carry, t):
@@ -316,3 +319,40 @@ def test_saga_bad_input():
   with pytest.raises(ValueError, match=r"sample_scalars must have shape"):
     scalars.update(w, s_state, w, sample_indices=jnp.array([0, 1]), sample_scalars=jnp.ones(3),
                    sample_features=jnp.ones((2, 2)))
+
+
+# ---------------------------------------------------------------- proximal forms: Prox-SVRG, ProxSAGA under stale reads
+
+
+def elastic_net_problem():
+  a, b, hess, _ = least_squares(n=100, d=4, seed=4)
+  l1 = float(np.median(np.abs(a.T @ b / len(b))))
+  lip = np.linalg.eigvalsh(hess)[-1]
+  w = np.zeros(a.shape[1])
+  for _ in range(5000):  # ISTA in float64: a contraction with factor about 1 - mu / L per iteration
+    z = w - np_full_grad(a, b, w) / lip
+    w = np.sign(z) * np.maximum(np.abs(z) - l1 / lip, 0.0)
+  return a, b, l1, w
+
+
+@pytest.mark.parametrize("tau", [0, 16])
+def test_proximal_variance_reduction_reaches_the_elastic_net_optimum_under_stale_reads(tau):
+  a, b, l1, w_star = elastic_net_problem()
+  # The optimum is sparse but not zero, and satisfies the optimality conditions of F + l1 |w|_1.
+  grad = np_full_grad(a, b, w_star)
+  zero = w_star == 0
+  assert 0 < zero.sum() < len(w_star)
+  np.testing.assert_allclose(grad[~zero], -l1 * np.sign(w_star[~zero]), atol=1e-12)
+  assert np.all(np.abs(grad[zero]) <= l1)
+
+  def objective(w):
+    return 0.5 * np.mean((a @ w - b) ** 2) + 0.5 * LAM * w @ w + l1 * np.abs(w).sum()
+
+  eta = 1.0 / (5.0 * (np.max(np.sum(a * a, axis=1)) + LAM))
+  after = dj.proximal(dj.prox_l1(l1), eta)
+  for method in ("svrg", "saga"):
+    w = stale_read_run(method, tau, a, b, eta, 30, after=after)
+    assert objective(w) - objective(w_star) < 1e-8, method
+    np.testing.assert_array_equal(w[zero], 0.0)  # soft thresholding gives exact zeros
+  sgd = stale_read_run("sgd", tau, a, b, eta, 30, after=after)
+  assert objective(sgd) - objective(w_star) > 1e-3
