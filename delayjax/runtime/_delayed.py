@@ -153,11 +153,11 @@ def delayed(
   if not isinstance(inner, optax.GradientTransformation):
     raise TypeError(f"inner must be an optax.GradientTransformation, got {type(inner).__name__}.")
   seed = check_int("seed", seed)
+  if not isinstance(store_stale_params, bool):
+    raise TypeError(f"store_stale_params must be a bool, got {store_stale_params!r}.")
   if isinstance(delays, Schedule):
     return replay(optax.with_extra_args_support(inner), delays)
   model = delays_lib.check_model("delays", delays)
-  if not isinstance(store_stale_params, bool):
-    raise TypeError(f"store_stale_params must be a bool, got {store_stale_params!r}.")
   inner = optax.with_extra_args_support(inner)
   num_slots = model.max_delay + 1
   num_steps = 1 if model.is_constant else num_slots

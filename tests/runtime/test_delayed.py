@@ -324,6 +324,8 @@ def test_linen_train_state_with_apply_gradients_helper():
     (lambda: dj.delayed("sgd", delays.constant(1)), TypeError, "inner must be an optax.GradientTransformation"),
     (lambda: dj.delayed(optax.sgd(0.1), 3), TypeError, "delays must be a delay model"),
     (lambda: dj.delayed(optax.sgd(0.1), delays.constant(1), seed=1.5), TypeError, "seed must be an integer"),
+    (lambda: dj.delayed(optax.sgd(0.1), delays.constant(1), store_stale_params=1), TypeError,
+     "store_stale_params must be a bool"),
     (lambda: dj.delayed(optax.sgd(0.1), delays.per_leaf({"x": delays.constant(1)})).init({"w": jnp.ones(1)}),
      ValueError, "not a prefix of the parameter tree"),
 ])
