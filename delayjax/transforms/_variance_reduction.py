@@ -100,6 +100,14 @@ def svrg() -> optax.GradientTransformationExtraArgs:
   that :math:`v` stays unbiased for :math:`\nabla F(\hat w)`; the step is then
   applied to the current parameters by the chained optimizer.
 
+  Runtimes: ``dj.simulate`` cannot compute ``snapshot_grad`` yet (the state
+  requests it through the ``runtime_inputs`` hook, so ``dj.simulate`` refuses
+  this transformation with a clear error rather than running it wrongly), and
+  ``dj.delayed`` delays ``updates`` but passes extra arguments through at
+  apply time, so it would pair a gradient with another minibatch's
+  ``snapshot_grad``: with delays, write the loop (the tests' stale-read loop
+  is one).
+
   Args:
     (none): the estimator has no hyperparameters; the step size belongs to
       the chained optimizer.
@@ -225,7 +233,12 @@ def saga(num_samples: int, *, table: str = "gradients") -> optax.GradientTransfo
   parameters each worker read. Whatever part of ``updates`` is not in the
   table (e.g. a regularizer's gradient) passes through unchanged. The table
   starts at zero. If an index repeats within a minibatch, its last
-  occurrence is stored.
+  occurrence is stored. Indices are checked when concrete; traced ones are
+  not (JAX's indexing applies: negative indices wrap around, other
+  out-of-range reads are clamped and writes dropped).
+  As for :func:`svrg`, ``dj.simulate`` refuses it (it cannot compute the
+  per-sample inputs yet) and ``dj.delayed`` would pair a delayed gradient
+  with the wrong indices: with delays, write the loop.
 
   Table forms:
 
