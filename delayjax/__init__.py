@@ -22,16 +22,16 @@ from delayjax.transforms import explicit_momentum as explicit_momentum
 from delayjax.transforms import fed_async as fed_async
 from delayjax.transforms import fed_buff as fed_buff
 from delayjax.transforms import implicit_momentum as implicit_momentum
-from delayjax.transforms import read_params as read_params
-from delayjax.transforms import runtime_inputs as runtime_inputs
-from delayjax.transforms import scale_by_staleness as scale_by_staleness
-from delayjax.transforms import staleness_weight as staleness_weight
-from delayjax.transforms import zeno_plus_plus as zeno_plus_plus
-from delayjax.transforms import saga as saga
-from delayjax.transforms import svrg as svrg
 from delayjax.transforms import prox_box as prox_box
 from delayjax.transforms import prox_elastic_net as prox_elastic_net
 from delayjax.transforms import prox_l1 as prox_l1
 from delayjax.transforms import proximal as proximal
+from delayjax.transforms import read_params as read_params
+from delayjax.transforms import runtime_inputs as runtime_inputs
+from delayjax.transforms import saga as saga
+from delayjax.transforms import scale_by_staleness as scale_by_staleness
+from delayjax.transforms import staleness_weight as staleness_weight
+from delayjax.transforms import svrg as svrg
+from delayjax.transforms import zeno_plus_plus as zeno_plus_plus
 
 __version__ = "0.1.0"
