@@ -19,6 +19,7 @@ NAMES = (
     "delay_adaptive",
     "async_local_sgd",
     "accumulation",
+    "variance_reduction",
 )
 
 
