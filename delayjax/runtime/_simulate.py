@@ -777,6 +777,8 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
         _, _, slots = jax.lax.fori_loop(begin, end, read, (params, opt_state, slots))
       losses = losses.at[i].set(loss)
       if eval_fn is not None:
+        # A cond, not a where: evaluation is costly and due only every eval_every updates, and its
+        # predicate comes from the host tables, the same on every device.
         value = jax.lax.cond(tab["upd_eval"][i], eval_fn,
                              lambda p: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes), params)
         metrics = jax.tree.map(lambda m, v: m.at[i].set(v), metrics, value)
