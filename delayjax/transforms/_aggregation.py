@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from delayjax._checks import check_float, check_int
+from delayjax.transforms._extra_args import check_like_updates, require_extra
 from delayjax.transforms._staleness import Rule, broadcast_staleness, scale_by_staleness, staleness_weight
 
 
@@ -105,14 +106,6 @@ def accumulate_sum(
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-def _require(fn: str, name: str, value: Any) -> Any:
-  if value is None:
-    raise ValueError(
-        f"{fn} needs the extra argument {name}=; the delayjax runtimes pass it, a hand-written loop must "
-        f"pass it to update().")
-  return value
-
-
 def fed_async(
     mixing: float = 0.9,
     rule: Rule = "constant",
@@ -176,12 +169,9 @@ def fed_async(
 
   def update_fn(updates, state, params=None, *, staleness=None, stale_params=None, **extra_args):
     del extra_args
-    params = _require("fed_async", "params", params)
-    stale_params = _require("fed_async", "stale_params", stale_params)
-    if jax.tree.structure(stale_params) != jax.tree.structure(updates):
-      raise ValueError(
-          f"stale_params must have the structure of the updates {jax.tree.structure(updates)}; got "
-          f"{jax.tree.structure(stale_params)}.")
+    params = require_extra("fed_async", "params", params)
+    stale_params = require_extra("fed_async", "stale_params", stale_params)
+    check_like_updates("stale_params", stale_params, updates)
     taus = broadcast_staleness(staleness, updates)
 
     def mix(delta, x, x_read, tau):

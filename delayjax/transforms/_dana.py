@@ -10,6 +10,7 @@ import optax
 
 from delayjax._checks import check_float, check_int
 from delayjax.transforms._dc_asgd import delay_compensation
+from delayjax.transforms._extra_args import check_worker
 from delayjax.transforms._hyperparams import LearningRate, check_positive_rate, descend, rate_at
 
 
@@ -27,16 +28,6 @@ class DanaState(NamedTuple):
         lambda p, v: p - self.lookahead.astype(p.dtype) * jnp.sum(v, axis=0).astype(p.dtype), params, self.momentum)
 
 
-def _check_worker(worker: Any, num_workers: int) -> jax.Array:
-  if worker is None:
-    raise ValueError(
-        "dana needs the extra argument worker= (int32 scalar, the pushing worker); the delayjax runtimes pass "
-        "it, a hand-written loop must pass it to update().")
-  if not isinstance(worker, jax.core.Tracer) and not 0 <= int(worker) < num_workers:
-    raise ValueError(f"worker must be in [0, {num_workers}), got {int(worker)}.")
-  return jnp.asarray(worker, jnp.int32)
-
-
 def _scale_by_dana(learning_rate: LearningRate, momentum: float, num_workers: int):
   def init_fn(params):
     return DanaState(
@@ -46,7 +37,7 @@ def _scale_by_dana(learning_rate: LearningRate, momentum: float, num_workers: in
 
   def update_fn(updates, state, params=None, *, worker=None, **extra_args):
     del params, extra_args
-    m = _check_worker(worker, num_workers)
+    m = check_worker("dana", worker, num_workers)
     # Same arithmetic as optax.sgd(lr, momentum): v <- g + gamma v, u = -lr v.
     new_v = jax.tree.map(lambda g, v: g + momentum * v[m], updates, state.momentum)
     step = rate_at(learning_rate, state.count)

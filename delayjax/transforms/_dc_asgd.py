@@ -9,20 +9,13 @@ import jax.numpy as jnp
 import optax
 
 from delayjax._checks import check_float, check_int
+from delayjax.transforms._extra_args import check_like_updates, check_worker, require_extra
 
 
 class DelayCompensationState(NamedTuple):
   """State of :func:`delay_compensation`."""
 
   mean_square: Any  # pytree like params ([num_workers, *shape] per leaf when per-worker); () when not adaptive
-
-
-def _require(name: str, value: Any) -> Any:
-  if value is None:
-    raise ValueError(
-        f"delay_compensation needs the extra argument {name}=; the delayjax runtimes pass it, a hand-written "
-        f"loop must pass it to update().")
-  return value
 
 
 def delay_compensation(
@@ -115,22 +108,16 @@ def delay_compensation(
 
   def update_fn(updates, state, params=None, *, stale_params=None, worker=None, **extra_args):
     del extra_args
-    params = _require("params", params)
-    stale_params = _require("stale_params", stale_params)
-    if jax.tree.structure(stale_params) != jax.tree.structure(updates):
-      raise ValueError(
-          f"stale_params must have the structure of the updates {jax.tree.structure(updates)}; got "
-          f"{jax.tree.structure(stale_params)}.")
+    params = require_extra("delay_compensation", "params", params)
+    stale_params = require_extra("delay_compensation", "stale_params", stale_params)
+    check_like_updates("stale_params", stale_params, updates)
     diff = jax.tree.map(lambda w, w_bak: w - w_bak, params, stale_params)
     if not adaptive:
       out = jax.tree.map(lambda g, d: g + lam * g * g * d, updates, diff)
       return out, state
 
     if per_worker:
-      worker = _require("worker", worker)
-      if not isinstance(worker, jax.core.Tracer) and not 0 <= int(worker) < num_workers:
-        raise ValueError(f"worker must be in [0, {num_workers}), got {int(worker)}.")
-      m = jnp.asarray(worker, jnp.int32)
+      m = check_worker("delay_compensation", worker, num_workers)
       old = jax.tree.map(lambda ms: ms[m], state.mean_square)
     else:
       old = state.mean_square

@@ -10,6 +10,7 @@ import numpy as np
 import optax
 
 from delayjax._checks import check_choice, check_int
+from delayjax.transforms._extra_args import check_like_updates, require_extra
 
 SAGA_TABLES = ("gradients", "scalars")
 
@@ -43,21 +44,6 @@ class SagaScalarsState(SagaState):
 
   def runtime_inputs(self) -> tuple[str, ...]:
     return ("sample_features", "sample_indices", "sample_scalars")
-
-
-def _missing(transform: str, name: str, what: str) -> ValueError:
-  return ValueError(
-      f"{transform} needs the extra argument {name}= ({what}); a hand-written loop must pass it to update().")
-
-
-def _check_like(name: str, tree: Any, updates: Any) -> None:
-  if jax.tree.structure(tree) != jax.tree.structure(updates):
-    raise ValueError(
-        f"{name} must have the structure of the updates {jax.tree.structure(updates)}; got "
-        f"{jax.tree.structure(tree)}.")
-  for x, g in zip(jax.tree.leaves(tree), jax.tree.leaves(updates)):
-    if jnp.shape(x) != jnp.shape(g):
-      raise ValueError(f"{name} leaves must have the shapes of the updates; got {jnp.shape(x)} for {jnp.shape(g)}.")
 
 
 def svrg() -> optax.GradientTransformationExtraArgs:
@@ -149,15 +135,15 @@ def svrg() -> optax.GradientTransformationExtraArgs:
 
   def update_fn(updates, state, params=None, *, snapshot_grad=None, full_grad=None, refresh=None, **extra_args):
     del extra_args
-    if snapshot_grad is None:
-      raise _missing("svrg", "snapshot_grad", "the gradient of the same minibatch at the snapshot parameters, "
-                     "a pytree like the updates")
-    _check_like("snapshot_grad", snapshot_grad, updates)
+    require_extra("svrg", "snapshot_grad", snapshot_grad,
+                  "the gradient of the same minibatch at the snapshot parameters, a pytree like the updates",
+                  runtime_passes=False)
+    check_like_updates("snapshot_grad", snapshot_grad, updates)
     snapshot, mu, num = state.snapshot, state.full_grad, state.num_snapshots
     if full_grad is not None:
       if params is None:
         raise ValueError("svrg needs params when full_grad= is given: they become the new snapshot.")
-      _check_like("full_grad", full_grad, updates)
+      check_like_updates("full_grad", full_grad, updates)
       take = jnp.asarray(True if refresh is None else refresh)
       if take.shape != () or take.dtype != jnp.bool_:
         raise ValueError(f"refresh must be a bool scalar, got dtype {take.dtype} and shape {take.shape}.")
@@ -181,8 +167,8 @@ def svrg() -> optax.GradientTransformationExtraArgs:
 
 def _sample_indices(sample_indices: Any, num_samples: int) -> tuple[jax.Array, bool]:
   """int32 indices of shape [b] and whether a scalar (one sample) was given."""
-  if sample_indices is None:
-    raise _missing("saga", "sample_indices", "int32 index or indices in [0, num_samples) of the minibatch")
+  require_extra("saga", "sample_indices", sample_indices,
+                "int32 index or indices in [0, num_samples) of the minibatch", runtime_passes=False)
   if not jnp.issubdtype(jnp.result_type(sample_indices), jnp.integer):
     raise TypeError(f"sample_indices must be integers, got dtype {jnp.result_type(sample_indices)}.")
   ndim = jnp.ndim(sample_indices)
@@ -309,10 +295,10 @@ def saga(num_samples: int, *, table: str = "gradients") -> optax.GradientTransfo
     later = jnp.triu(jnp.ones((b, b), jnp.bool_), k=1)
     last = ~jnp.any((idx[:, None] == idx[None, :]) & later, axis=1)
     if scalars:
-      if sample_scalars is None:
-        raise _missing("saga", "sample_scalars", "the new per-sample scalars s_i, shape [b]")
-      if sample_features is None:
-        raise _missing("saga", "sample_features", "the per-sample data a_i with grad f_i = s_i a_i, leading axis [b]")
+      require_extra("saga", "sample_scalars", sample_scalars, "the new per-sample scalars s_i, shape [b]",
+                    runtime_passes=False)
+      require_extra("saga", "sample_features", sample_features,
+                    "the per-sample data a_i with grad f_i = s_i a_i, leading axis [b]", runtime_passes=False)
       s_new = jnp.asarray(sample_scalars).astype(jnp.float32)
       if single and s_new.ndim == 0:
         s_new = s_new[None]
@@ -334,7 +320,8 @@ def saga(num_samples: int, *, table: str = "gradients") -> optax.GradientTransfo
     else:
       if sample_grads is None:
         if not single:
-          raise _missing("saga", "sample_grads", "the per-sample gradients of the minibatch, leading axis [b]")
+          require_extra("saga", "sample_grads", sample_grads,
+                        "the per-sample gradients of the minibatch, leading axis [b]", runtime_passes=False)
         sample_grads = jax.tree.map(lambda g: g[None], updates)
       _check_batch("sample_grads", sample_grads, updates, b)
       old = jax.tree.map(lambda t: t[idx], state.table)

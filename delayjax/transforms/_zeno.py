@@ -10,6 +10,7 @@ import optax
 
 from delayjax._checks import check_float
 from delayjax.transforms._aggregation import _tree_select
+from delayjax.transforms._extra_args import check_like_updates, require_extra
 from delayjax.transforms._hyperparams import check_positive_rate
 
 
@@ -118,14 +119,9 @@ def zeno_plus_plus(
     return ZenoState(count=zero, accepted=zero, inner_state=inner.init(params))
 
   def update_fn(updates, state, params=None, *, zeno_grad=None, **extra_args):
-    if zeno_grad is None:
-      raise ValueError(
-          "zeno_plus_plus needs the extra argument zeno_grad= (the gradient of a validation batch at the "
-          "current params, a pytree like the updates).")
-    if jax.tree.structure(zeno_grad) != jax.tree.structure(updates):
-      raise ValueError(
-          f"zeno_grad must have the structure of the updates {jax.tree.structure(updates)}; got "
-          f"{jax.tree.structure(zeno_grad)}.")
+    require_extra("zeno_plus_plus", "zeno_grad", zeno_grad,
+                  "the gradient of a validation batch at the current params, a pytree like the updates")
+    check_like_updates("zeno_grad", zeno_grad, updates)
     g_sq = _dot(updates, updates)
     if normalize:
       v_norm = jnp.sqrt(_dot(zeno_grad, zeno_grad))
