@@ -20,6 +20,8 @@ from delayjax.transforms._hooks import read_params as read_params
 from delayjax.transforms._hooks import runtime_inputs as runtime_inputs
 from delayjax.transforms._momentum import explicit_momentum as explicit_momentum
 from delayjax.transforms._momentum import implicit_momentum as implicit_momentum
+from delayjax.transforms._prox_asaga import ProxAsagaState as ProxAsagaState
+from delayjax.transforms._prox_asaga import prox_asaga as prox_asaga
 from delayjax.transforms._proximal import ProximalState as ProximalState
 from delayjax.transforms._proximal import prox_box as prox_box
 from delayjax.transforms._proximal import prox_elastic_net as prox_elastic_net
