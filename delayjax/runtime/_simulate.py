@@ -22,16 +22,24 @@ from delayjax.cluster._schedule import Schedule
 from delayjax.runtime._local import check_local_steps, local_pseudo_gradient
 from delayjax.runtime._sampling import SAMPLINGS, minibatch_indices, server_minibatch_indices, shard_table
 from delayjax.runtime._waves import StepPlan, plan_steps
-from delayjax.transforms._hooks import read_params, runtime_inputs
+from delayjax.transforms._hooks import read_params, requesting_states, runtime_inputs
 
 AXIS = "workers"
 # Server params, optimizer state, slots, the parameters the next step's lanes compute at, then the
-# wave's gradient, stale-params, loss and finiteness buffers.
-CARRY_SPECS = (P(), P(), P(AXIS), P(AXIS), P(), P(), P(), P())
+# wave's payload (gradients and per-contribution inputs), stale-params, loss and finiteness
+# buffers, and whether an SVRG snapshot is still due.
+CARRY_SPECS = (P(), P(), P(AXIS), P(AXIS), P(), P(), P(), P(), P())
 _CHECKPOINT_FILE = "simulate.msgpack"
 # The extra arguments simulate can compute when a transformation requests
-# them (dj.transforms.runtime_inputs); see _chunk_function's server_inputs.
-RUNTIME_INPUTS = ("zeno_grad",)
+# them (dj.transforms.runtime_inputs). Server inputs are computed at the
+# server parameters right before their update (_chunk_function's
+# server_inputs); lane inputs by each contribution's lane, on its own
+# minibatch (minibatch_payload), and reduced per update.
+SERVER_INPUTS = ("full_grad", "zeno_grad")
+LANE_INPUTS = ("sample_grads", "sample_indices", "sample_mask", "snapshot_grad")
+RUNTIME_INPUTS = tuple(sorted(SERVER_INPUTS + LANE_INPUTS))
+# Payload entries that are averaged over an update's contributions like the gradient.
+_MIXED = ("grad", "snapshot_grad")
 
 
 class History(NamedTuple):
@@ -115,15 +123,50 @@ def schedule_from_delays(model: delays_lib.DelayModel, num_updates: int, seed: i
                   wait=np.zeros(num_workers), paradigm=f"stale read, {model!r}")
 
 
-def _uses_stale_params(tx: optax.GradientTransformationExtraArgs, params: Any, inputs: tuple[str, ...]) -> bool:
+def _payload_like(params: Any, inputs: tuple[str, ...], samples: int) -> dict[str, Any]:
+  """Zeros shaped like one contribution's payload: its gradient and the lane inputs ``inputs`` need.
+
+  ``samples``: the examples a contribution draws (per-example entries).
+  """
+  def zeros(lead):
+    return jax.tree.map(lambda x: np.zeros(lead + np.shape(x), jnp.result_type(x)), params)
+
+  out = {"grad": zeros(())}
+  if "snapshot_grad" in inputs:
+    out["snapshot_grad"] = zeros(())
+  if "sample_grads" in inputs:
+    out["sample_grads"] = zeros((samples,))
+    out["sample_indices"] = np.zeros((samples,), np.int32)
+    out["sample_valid"] = np.zeros((samples,), bool)
+  return out
+
+
+def _input_examples(params: Any, inputs: tuple[str, ...], samples: int) -> dict[str, Any]:
+  """Stand-ins for the runtime inputs ``inputs``, with their shapes and dtypes."""
+  payload = _payload_like(params, inputs, samples)
+  out = {}
+  for name in inputs:
+    if name in ("zeno_grad", "full_grad"):
+      out[name] = params
+    elif name == "sample_mask":
+      out[name] = np.ones((samples,), bool)
+    else:
+      out[name] = payload[name]
+  if "full_grad" in inputs:
+    out["refresh"] = np.asarray(True)
+  return out
+
+
+def _uses_stale_params(tx: optax.GradientTransformationExtraArgs, params: Any, inputs: tuple[str, ...],
+                       samples: int) -> bool:
   """Whether ``tx.update`` reads its ``stale_params`` argument at all (traced once, abstractly)."""
   spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)), params)
   state = jax.eval_shape(tx.init, spec)
 
   def update(stale, state, params):
-    # Every runtime input so far is shaped like params; params stands in for them.
+    extra = jax.tree.map(jnp.asarray, _input_examples(params, inputs, samples))
     return tx.update(params, state, params, staleness=jnp.int32(0), stale_params=stale, worker=jnp.int32(0),
-                     **{name: params for name in inputs})
+                     **extra)
 
   jaxpr = jax.make_jaxpr(update)(spec, state, spec).jaxpr
   stale_vars = {id(v) for v in jaxpr.invars[:len(jax.tree.leaves(spec))]}
@@ -159,14 +202,30 @@ def _lead(mask: jax.Array, x: jax.Array) -> jax.Array:
   return mask.reshape(mask.shape + (1,) * (x.ndim - mask.ndim))
 
 
-def _check_runtime_inputs(opt_state: Any) -> tuple[str, ...]:
+def _check_runtime_inputs(opt_state: Any, local: bool) -> tuple[str, ...]:
   inputs = runtime_inputs(opt_state)
   unknown = [name for name in inputs if name not in RUNTIME_INPUTS]
   if unknown:
     raise ValueError(
         f"tx requests runtime inputs that dj.simulate cannot compute: {unknown}; it computes "
         f"{', '.join(map(repr, RUNTIME_INPUTS))}.")
+  per_contribution = [name for name in inputs if name in LANE_INPUTS]
+  if local and per_contribution:
+    raise ValueError(
+        f"local_steps: tx requests per-contribution inputs {per_contribution} (variance reduction), which "
+        f"are defined for gradients, not for local-SGD pseudo-gradients; pass local_steps=None.")
+  if "snapshot_grad" in inputs and "full_grad" not in inputs:
+    raise ValueError("tx requests snapshot_grad without full_grad; an SVRG snapshot needs both (see dj.svrg).")
+  if "snapshot_grad" in inputs and len(requesting_states(opt_state, "snapshot_grad")) != 1:
+    raise ValueError(
+        f"tx: at most one transformation in a chain may request snapshot_grad (one SVRG snapshot); found "
+        f"{len(requesting_states(opt_state, 'snapshot_grad'))}.")
   return inputs
+
+
+def _snapshot_params(opt_state: Any) -> Any:
+  """The SVRG snapshot held in ``opt_state`` (see ``dj.svrg``)."""
+  return requesting_states(opt_state, "snapshot_grad")[0].snapshot_params()
 
 
 def _check_data(data: Any) -> int:
@@ -251,6 +310,7 @@ def simulate(
     callback: Callable[[dict[str, Any]], None] | None = None,
     local_steps: int | Sequence[int] | np.ndarray | None = None,
     local_optimizer: optax.GradientTransformation | None = None,
+    snapshot_every: int | None = None,
     _inspect: Callable[..., None] | None = None,
 ) -> SimulationResult:
   r"""Trains under a delay schedule exactly, computing independent gradients in parallel.
@@ -291,16 +351,45 @@ def simulate(
      An update without contributions leaves parameters and state untouched.
   4. *Runtime inputs*: if a state inside ``tx``'s state requests extra
      arguments through the ``runtime_inputs`` hook (see
-     :func:`delayjax.transforms.runtime_inputs`; Zeno++ does), each update
-     :math:`u` also passes them to ``tx.update``, computed at :math:`w_u` on
-     the update's *server minibatch* :math:`S_u`
-     (:func:`~delayjax.runtime._sampling.server_minibatch_indices`:
-     ``batch_size`` examples drawn uniformly with replacement from the whole
-     data, from a key stream of its own, whatever ``sampling`` is):
-     ``zeno_grad`` :math:`= \nabla_w \text{loss\_fn}(w_u, S_u)`. Inputs
-     that no state requests are never computed. Every future input that
-     needs a minibatch is to be computed on the same :math:`S_u` (e.g. an
-     SVRG snapshot gradient, or :math:`S_u`'s indices for SAGA).
+     :func:`delayjax.transforms.runtime_inputs`), each update :math:`u` also
+     passes them to ``tx.update``. Inputs that no state requests are never
+     computed.
+
+     * ``zeno_grad`` (Zeno++) :math:`= \nabla_w \text{loss\_fn}(w_u,
+       S_u)`, at :math:`w_u` on the update's *server minibatch* :math:`S_u`
+       (:func:`~delayjax.runtime._sampling.server_minibatch_indices`:
+       ``batch_size`` examples drawn uniformly with replacement from the
+       whole data, from a key stream of its own, whatever ``sampling`` is).
+     * ``full_grad`` and ``refresh`` (SVRG epochs, ``dj.svrg``): epochs
+       start at the updates :math:`u \equiv 0 \pmod E`, :math:`E` =
+       ``snapshot_every``; there ``refresh`` is true and ``full_grad``
+       :math:`= \nabla_w \text{loss\_fn}(w_u, \text{data})`, the whole data
+       as one batch (so ``loss_fn`` must be a mean over its batch); elsewhere
+       ``refresh`` is false and ``full_grad`` zeros. An update that is not
+       applied (no contributions kept) cannot take its snapshot; the next
+       applied one gets ``refresh`` instead, at the same parameters. So the
+       snapshot of update :math:`u` is always :math:`w_{e}`, :math:`e` the
+       start of :math:`u`'s epoch, and the full gradient is taken there.
+     * ``snapshot_grad`` (``dj.svrg``): each contribution's mean gradient
+       over *its own* minibatches at the snapshot :math:`w_e` of its
+       update's epoch (which the requesting state gives through
+       ``snapshot_params()``), averaged over the update's contributions with
+       the gradient's weights. Waves are cut at epoch starts, so every
+       contribution's lane already knows its snapshot: this costs one more
+       gradient per minibatch, computed in parallel with the first.
+     * ``sample_indices``, ``sample_grads``, ``sample_mask`` (``dj.saga``,
+       ``table="gradients"``): the examples of the update's contributions,
+       stalest contribution first, each in draw order; per-example gradients
+       :math:`\nabla_w \text{loss\_fn}(\tilde w_{u,m}, \{x_i\})` at the
+       parameters the worker read (each example as a batch of one); and
+       which entries count (the lanes' static shape pads every contribution
+       to the most minibatches any draws, and skipped contributions count
+       as absent). The minibatch gradient itself is still
+       ``loss_fn``'s on the whole minibatch. SAGA's scalar table is not
+       computed (its per-example scalars are model specific).
+
+     The variance-reduction inputs are for plain gradient contributions:
+     they are refused with ``local_steps``.
 
   With a delay model as ``source`` (the stale-read model), update :math:`t`
   has one contribution, read at version :math:`\max(0, t - d_t)`, from worker
@@ -390,6 +479,11 @@ def simulate(
       arguments. ``tx`` is then the outer (server) optimizer, e.g.
       ``dj.delayed_nesterov``, and receives the pseudo-gradients with the
       extra arguments above.
+    snapshot_every: :math:`E`, updates per SVRG epoch, when ``tx`` requests
+      ``full_grad`` (``dj.svrg``); default :math:`\lceil 2N /
+      \text{batch\_size} \rceil` (Johnson & Zhang's :math:`m = 2n`
+      single-example updates); an error for a ``tx`` that does not request
+      it.
 
   Returns:
     A :class:`SimulationResult`.
@@ -433,6 +527,8 @@ def simulate(
         f"batch_size={batch_size} is larger than the data set ({num_examples} examples), which "
         f"sampling='epoch' does not allow.")
   num_devices = _workers_mesh(mesh)
+  if snapshot_every is not None:
+    snapshot_every = check_int("snapshot_every", snapshot_every, minimum=1)
 
   schedule = _source_schedule(source, num_updates, seed)
   num_updates = schedule.num_updates
@@ -443,7 +539,22 @@ def simulate(
   if worker_steps is not None:
     # Padding workers never contribute; one step keeps their masked lanes cheap.
     worker_steps = np.concatenate([worker_steps, np.ones(num_workers - schedule.num_workers, np.int64)])
-  plan = plan_steps(schedule, num_workers, num_devices, lanes, local_steps=worker_steps)
+
+  tx = optax.with_extra_args_support(tx)
+  opt_state = tx.init(params)
+  inputs = _check_runtime_inputs(opt_state, local=worker_steps is not None)
+  if "full_grad" in inputs:
+    # Johnson & Zhang's m = 2n single-example updates per epoch, in minibatches.
+    epoch = snapshot_every or -(-2 * num_examples // batch_size)
+    epoch_starts = np.arange(0, num_updates, epoch)
+  elif snapshot_every is not None:
+    raise ValueError(
+        f"snapshot_every={snapshot_every} is only used when tx requests full_grad (dj.svrg); tx requests "
+        f"{list(inputs) or 'no runtime inputs'}.")
+  else:
+    epoch, epoch_starts = None, None
+  # Every lane of a wave then computes its snapshot gradient at the same snapshot.
+  plan = plan_steps(schedule, num_workers, num_devices, lanes, local_steps=worker_steps, wave_starts=epoch_starts)
   if chunk_size is None:
     num_chunks = max(1, -(-plan.num_steps // 256))
     chunk_size = -(-plan.num_steps // num_chunks)
@@ -454,9 +565,6 @@ def simulate(
   else:
     shard_rows, shard_sizes = np.zeros((num_workers, 1), np.int32), np.ones(num_workers, np.int32)
 
-  tx = optax.with_extra_args_support(tx)
-  opt_state = tx.init(params)
-  inputs = _check_runtime_inputs(opt_state)
   eval_points = _eval_points(num_updates, eval_every) if eval_fn is not None else np.zeros(0, np.int64)
   eval_flag = np.zeros(num_updates, bool)
   eval_flag[eval_points[eval_points > 0] - 1] = True
@@ -465,7 +573,7 @@ def simulate(
       loss_fn=loss_fn, has_aux=has_aux, tx=tx, params=params, eval_fn=eval_fn, seed=seed,
       num_examples=num_examples, batch_size=batch_size, sampling=sampling, plan=plan,
       skip_nonfinite=skip_nonfinite, always_applies=bool(np.all(schedule.contributes.any(axis=1))),
-      mesh=mesh, inputs=inputs, local_steps=worker_steps,
+      mesh=mesh, inputs=inputs, local_steps=worker_steps, max_batches=_max_batches(plan),
       local_optimizer=None if local_optimizer is None else optax.with_extra_args_support(local_optimizer))
 
   def buffer(x, *lead):
@@ -474,13 +582,14 @@ def simulate(
   # The carry: server state, each worker's read parameters, and the current
   # wave's gradients (a wave's steps may straddle two chunks).
   size = plan.buffer_size
+  payload = _payload_like(params, inputs, _max_batches(plan) * batch_size)
   slots = jax.tree.map(lambda x: buffer(x, num_workers, plan.num_slots), params)
   first = plan.tables(0, 1)
   first_stale = jax.jit(_lanes_stale)(opt_state, params, slots, first["lane_worker"][0], first["lane_worker"][0],
                                       first["lane_slot"][0], first["lane_fresh"][0])
   carry = (params, opt_state, slots, jax.device_get(first_stale),
-           jax.tree.map(lambda x: buffer(x, size), params), jax.tree.map(lambda x: buffer(x, size), params),
-           np.zeros(size, np.float32), np.ones(size, bool))
+           jax.tree.map(lambda x: buffer(x, size), payload), jax.tree.map(lambda x: buffer(x, size), params),
+           np.zeros(size, np.float32), np.ones(size, bool), np.asarray(False))
   history: dict[str, list[Any]] = {"loss": [], "metrics": [], "nonfinite": []}
   first_chunk = 0
   fingerprint = _fingerprint(
@@ -489,7 +598,8 @@ def simulate(
       eval_every=eval_every, has_eval=eval_fn is not None,
       shards=None if shards is None else _fingerprint_shards(shards),
       # Only when used, so checkpoints of runs without local steps stay valid.
-      **({} if worker_steps is None else {"local_steps": tuple(worker_steps.tolist())}))
+      **({} if worker_steps is None else {"local_steps": tuple(worker_steps.tolist())}),
+      **({} if epoch is None else {"snapshot_every": epoch}))
   path = None if checkpoint_dir is None else os.path.join(os.fspath(checkpoint_dir), _CHECKPOINT_FILE)
   if path is not None and resume and os.path.exists(path):
     metric_tree = None if eval_fn is None else jax.tree.structure(jax.eval_shape(eval_fn, params))
@@ -508,6 +618,9 @@ def simulate(
     tables = plan.tables(chunk * chunk_size, chunk_size)
     valid = np.arange(plan.upd_index.shape[1]) < tables["upd_count"][:, None]
     tables["upd_eval"] = eval_flag[tables["upd_index"]] & valid
+    if epoch is not None:
+      tables["upd_refresh"] = (tables["upd_index"] % epoch == 0) & valid
+      tables["snap_fresh"] = plan.starts[plan.wave_of_step(chunk * chunk_size, chunk_size)] % epoch == 0
     lane_tabs = {k: put(v, P(None, AXIS)) for k, v in tables.items() if k.startswith("lane_")}
     step_tabs = {k: put(v, P()) for k, v in tables.items() if not k.startswith("lane_")}
     if _inspect is not None:
@@ -556,7 +669,14 @@ def simulate(
       "chunk_size": chunk_size,
       "num_chunks": num_chunks,
   }
+  if epoch is not None:
+    stats["snapshot_every"] = epoch
   return SimulationResult(params_out, opt_state_out, hist, stats)
+
+
+def _max_batches(plan: StepPlan) -> int:
+  """The most minibatches one contribution draws (every lane draws that many, masked beyond its own)."""
+  return int(plan.lane_batches.max()) if plan.lane_batches.size else 1
 
 
 def _eval_points(num_updates: int, eval_every: int | None) -> np.ndarray:
@@ -599,72 +719,103 @@ def _placer(mesh: Any) -> Callable[[Any, P], Any]:
 
 def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples, batch_size, sampling,
                     plan: StepPlan, skip_nonfinite, always_applies, mesh, inputs: tuple[str, ...],
-                    local_steps: np.ndarray | None, local_optimizer):
+                    local_steps: np.ndarray | None, local_optimizer, max_batches: int):
   """Compiles one chunk: a ``lax.scan`` over steps, each computing a vector of gradients and
   (at the end of a wave) applying the wave's updates in order."""
   per_device = plan.num_workers // plan.num_devices
-  max_batches = int(plan.lane_batches.max()) if plan.lane_batches.size else 1
+  samples = max_batches * batch_size
   num_contrib = plan.upd_worker.shape[2]
   max_len = plan.upd_index.shape[1]
   distributed = mesh is not None
   metric_shapes = jax.eval_shape(eval_fn, params) if eval_fn is not None else ()
-  keep_stale = _uses_stale_params(tx, params, inputs)
+  keep_stale = _uses_stale_params(tx, params, inputs, num_contrib * samples)
+  svrg = "snapshot_grad" in inputs
+  per_example = "sample_grads" in inputs
   max_local = int(local_steps.max()) if local_steps is not None else 1
   uniform_local = local_steps is None or bool(np.all(local_steps == max_local))
   # A static bound on the reads after one update: unrolled when small (the
   # common case), a loop otherwise.
   reads_per_update = int((plan.read_end - plan.read_begin).max()) if plan.read_end.size else 0
 
-  def minibatch_grad(data, stale, update, worker, draw, shard_row, shard_size, b):
+  def grad_at(w, batch):
+    out = jax.grad(loss_fn, has_aux=has_aux)(w, batch)
+    return out[0] if has_aux else out
+
+  def minibatch_payload(data, stale, snap, update, worker, draw, shard_row, shard_size, b):
+    """One minibatch's loss, its summed entries (gradients) and its per-example entries."""
     idx = minibatch_indices(seed, update, worker, draw + b, num_examples=num_examples,
                             batch_size=batch_size, sampling=sampling, shard=shard_row,
                             shard_size=shard_size)
-    out, grad = jax.value_and_grad(loss_fn, has_aux=has_aux)(stale, jax.tree.map(lambda x: x[idx], data))
+    batch = jax.tree.map(lambda x: x[idx], data)
+    out, grad = jax.value_and_grad(loss_fn, has_aux=has_aux)(stale, batch)
     loss = out[0] if has_aux else out
-    return jnp.asarray(loss).astype(jnp.float32), grad
+    summed, stacked = {"grad": grad}, {}
+    if svrg:
+      # The same minibatch at the snapshot: g_B(w_read) - g_B(w_snap) + mu stays unbiased.
+      summed["snapshot_grad"] = grad_at(snap, batch)
+    if per_example:
+      # Each example as a batch of one: f_i is loss_fn on example i alone.
+      stacked["sample_grads"] = jax.vmap(lambda ex: grad_at(stale, jax.tree.map(lambda x: x[None], ex)))(batch)
+      stacked["sample_indices"] = idx.astype(jnp.int32)
+    return jnp.asarray(loss).astype(jnp.float32), summed, stacked
 
-  def lane_grad(data, stale, update, worker, draw, batches, shard_row, shard_size):
+  def lane_grad(data, stale, snap, update, worker, draw, batches, shard_row, shard_size):
+    """A lane's mean loss and payload: the mean gradient over its ``batches`` minibatches, plus
+    the lane inputs (averaged like it, or one entry per example drawn)."""
     if max_batches == 1:
-      return minibatch_grad(data, stale, update, worker, draw, shard_row, shard_size, 0)
+      loss, summed, stacked = minibatch_payload(data, stale, snap, update, worker, draw, shard_row, shard_size, 0)
+      valid = jnp.ones((batch_size,), jnp.bool_)
+    else:
+      # Every lane draws max_batches minibatches and keeps its first `batches`:
+      # one static shape for all lanes.
+      def body(acc, b):
+        loss, summed, stacked = minibatch_payload(data, stale, snap, update, worker, draw, shard_row, shard_size, b)
+        keep = b < batches
+        acc_loss, acc_summed = acc
+        acc_loss = acc_loss + jnp.where(keep, loss, 0.0)
+        acc_summed = jax.tree.map(lambda a, g: a + jnp.where(keep, g, jnp.zeros((), g.dtype)), acc_summed, summed)
+        return (acc_loss, acc_summed), stacked
 
-    # Every lane draws max_batches minibatches and keeps its first `batches`:
-    # one static shape for all lanes.
-    def body(acc, b):
-      loss, grad = minibatch_grad(data, stale, update, worker, draw, shard_row, shard_size, b)
-      keep = b < batches
-      acc_loss, acc_grad = acc
-      acc_loss = acc_loss + jnp.where(keep, loss, 0.0)
-      acc_grad = jax.tree.map(lambda a, g: a + jnp.where(keep, g, jnp.zeros((), g.dtype)), acc_grad, grad)
-      return (acc_loss, acc_grad), None
+      zero_sums = {k: jax.tree.map(jnp.zeros_like, stale) for k in (["grad", "snapshot_grad"] if svrg else ["grad"])}
+      (loss, summed), stacked = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zero_sums),
+                                             jnp.arange(max_batches, dtype=jnp.int32))
+      loss = loss / batches.astype(jnp.float32)
+      summed = jax.tree.map(lambda g: g / batches.astype(g.dtype), summed)
+      stacked = jax.tree.map(lambda x: x.reshape((samples,) + x.shape[2:]), stacked)
+      valid = jnp.repeat(jnp.arange(max_batches) < batches, batch_size)
+    if per_example:
+      stacked["sample_valid"] = valid
+    return loss, {**summed, **stacked}
 
-    zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, stale))
-    (loss, grad), _ = jax.lax.scan(body, zeros, jnp.arange(max_batches, dtype=jnp.int32))
-    return (loss / batches.astype(jnp.float32),
-            jax.tree.map(lambda g: g / batches.astype(g.dtype), grad))
-
-  def lane_push(data, stale, update, worker, draw, batches, shard_row, shard_size):
+  def lane_push(data, stale, snap, update, worker, draw, batches, shard_row, shard_size):
     """A lane's contribution: its gradient, or with local steps its pseudo-gradient."""
     if local_steps is None:
-      return lane_grad(data, stale, update, worker, draw, batches, shard_row, shard_size)
+      return lane_grad(data, stale, snap, update, worker, draw, batches, shard_row, shard_size)
 
     def step_grad(w, h):
       # Local step h draws right after the minibatches of steps 0 .. h - 1.
-      return lane_grad(data, w, update, worker, draw + h * batches, batches, shard_row, shard_size)
+      loss, payload = lane_grad(data, w, snap, update, worker, draw + h * batches, batches, shard_row, shard_size)
+      return loss, payload["grad"]
 
     steps = max_local if uniform_local else jnp.asarray(local_steps, jnp.int32)[worker]
-    return local_pseudo_gradient(step_grad, local_optimizer, stale, steps, max_local)
+    loss, pseudo = local_pseudo_gradient(step_grad, local_optimizer, stale, steps, max_local)
+    return loss, {"grad": pseudo}
 
-  def server_inputs(data, params, update):
-    """The runtime inputs ``tx`` requested, at the server parameters ``params`` of ``update``.
+  def server_inputs(data, params, update, refresh):
+    """The server inputs ``tx`` requested, at the server parameters ``params`` of ``update``.
 
     Every input that needs a minibatch uses the update's one server minibatch.
     """
-    idx = server_minibatch_indices(seed, update, num_examples=num_examples, batch_size=batch_size)
-    batch = jax.tree.map(lambda x: x[idx], data)
     out = {}
     if "zeno_grad" in inputs:
-      grad = jax.grad(loss_fn, has_aux=has_aux)(params, batch)
-      out["zeno_grad"] = grad[0] if has_aux else grad
+      idx = server_minibatch_indices(seed, update, num_examples=num_examples, batch_size=batch_size)
+      out["zeno_grad"] = grad_at(params, jax.tree.map(lambda x: x[idx], data))
+    if "full_grad" in inputs:
+      # A cond, not a where: the full gradient costs a pass over the data and is due once an epoch;
+      # its predicate comes from the host tables, the same on every device.
+      out["full_grad"] = jax.lax.cond(refresh, lambda p: grad_at(p, data),
+                                      lambda p: jax.tree.map(jnp.zeros_like, p), params)
+      out["refresh"] = refresh
     return out
 
   def gather(tree):
@@ -695,7 +846,7 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
     return jax.lax.dynamic_update_slice_in_dim(buf, x, at, axis=0)
 
   def step(carry, tabs, data, shard_rows, shard_sizes):
-    params, opt_state, slots, stale, grad_buf, stale_buf, loss_buf, finite_buf = carry
+    params, opt_state, slots, stale, payload_buf, stale_buf, loss_buf, finite_buf, snapshot_due = carry
     lane, tab = tabs
     offset = jax.lax.axis_index(AXIS) * per_device if distributed else 0
 
@@ -708,14 +859,20 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
     # `stale`, the parameters each lane computes at, was assembled at the end
     # of the previous step (the server state has not changed since).
     workers = lane["lane_worker"]
-    loss, grads = jax.vmap(lane_push, in_axes=(None, 0, 0, 0, 0, 0, 0, 0))(
-        data, stale, lane["lane_update"], workers, lane["lane_draw"], lane["lane_batches"],
+    if svrg:
+      # The step's wave lies in one epoch; a snapshot taken at its first update (or still due
+      # because no update has been applied since the epoch began) is the current parameters.
+      snap = _tree_where(tab["snap_fresh"] | snapshot_due, params, _snapshot_params(opt_state))
+    else:
+      snap = ()
+    loss, payload = jax.vmap(lane_push, in_axes=(None, 0, None, 0, 0, 0, 0, 0, 0))(
+        data, stale, snap, lane["lane_update"], workers, lane["lane_draw"], lane["lane_batches"],
         shard_rows[local_rows(workers)], shard_sizes[local_rows(workers)])
-    finite = jax.vmap(_all_finite)(grads)
-    finite_all, loss_all, grads_all, stale_all = gather((finite, loss, grads, stale if keep_stale else ()))
+    finite = jax.vmap(_all_finite)({k: v for k, v in payload.items() if k in _MIXED + ("sample_grads",)})
+    finite_all, loss_all, payload_all, stale_all = gather((finite, loss, payload, stale if keep_stale else ()))
     # The step's lanes fill a contiguous block of the wave's buffers.
     at = tab["buffer_offset"]
-    grad_buf = jax.tree.map(lambda b, g: store(b, at, g), grad_buf, grads_all)
+    payload_buf = jax.tree.map(lambda b, g: store(b, at, g), payload_buf, payload_all)
     if keep_stale:
       stale_buf = jax.tree.map(lambda b, s: store(b, at, s), stale_buf, stale_all)
     loss_buf = store(loss_buf, at, loss_all)
@@ -734,7 +891,7 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
     _, _, slots = jax.lax.fori_loop(0, tab["read_first"], read, (params, opt_state, slots))
 
     def apply(i, state):
-      params, opt_state, slots, losses, metrics = state
+      params, opt_state, slots, losses, metrics, snapshot_due = state
       positions, batches, staleness = tab["upd_pos"][i], tab["upd_batches"][i], tab["upd_staleness"][i]
       present = batches > 0
       kept = present & finite_buf[positions] if skip_nonfinite else present
@@ -746,7 +903,7 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
                            * buf[positions[k]], jnp.zeros((), buf.dtype)) for k in range(num_contrib)]
         return sum(terms[1:], terms[0])
 
-      grad = jax.tree.map(mix, grad_buf)
+      mixed = {k: jax.tree.map(mix, payload_buf[k]) for k in _MIXED if k in payload_buf}
       all_batches = jnp.maximum(jnp.sum(batches), 1).astype(jnp.float32)
       loss = sum(jnp.where(present[k], batches[k].astype(jnp.float32) / all_batches * loss_buf[positions[k]],
                            0.0) for k in range(num_contrib))
@@ -756,14 +913,31 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
       # stale parameters are not even kept).
       stale_params = jax.tree.map(lambda b: b[positions[first]], stale_buf) if keep_stale else params
       # Without requests the update's index is not even read: the default program is unchanged.
-      extra = server_inputs(data, params, tab["upd_index"][i]) if inputs else {}
-      updates, new_state = tx.update(grad, opt_state, params, staleness=staleness[first],
+      refresh = (tab["upd_refresh"][i] | snapshot_due) if "full_grad" in inputs else None
+      extra = server_inputs(data, params, tab["upd_index"][i], refresh) if inputs else {}
+      if svrg:
+        extra["snapshot_grad"] = mixed["snapshot_grad"]
+      if per_example:
+        # The examples of all contributions, stalest first; those of absent or skipped
+        # contributions and of draws beyond a contribution's own batches are masked.
+        def joined(buf):
+          return jnp.concatenate([buf[positions[k]] for k in range(num_contrib)])
+
+        extra["sample_indices"] = joined(payload_buf["sample_indices"])
+        extra["sample_grads"] = jax.tree.map(joined, payload_buf["sample_grads"])
+        extra["sample_mask"] = jnp.concatenate(
+            [kept[k] & payload_buf["sample_valid"][positions[k]] for k in range(num_contrib)])
+      updates, new_state = tx.update(mixed["grad"], opt_state, params, staleness=staleness[first],
                                      stale_params=stale_params, worker=tab["upd_worker"][i][first], **extra)
       new_params = optax.apply_updates(params, updates)
       if skip_nonfinite or not always_applies:
         applied = jnp.any(kept)
         new_params = _tree_where(applied, new_params, params)
         new_state = _tree_where(applied, new_state, opt_state)
+        if refresh is not None:
+          # An update left out cannot take its epoch's snapshot: the next applied one takes it, at
+          # the same parameters.
+          snapshot_due = refresh & ~applied
       params, opt_state = new_params, new_state
       begin, end = tab["read_begin"][i], tab["read_end"][i]
       if reads_per_update <= 2:
@@ -782,17 +956,17 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
         value = jax.lax.cond(tab["upd_eval"][i], eval_fn,
                              lambda p: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes), params)
         metrics = jax.tree.map(lambda m, v: m.at[i].set(v), metrics, value)
-      return params, opt_state, slots, losses, metrics
+      return params, opt_state, slots, losses, metrics, snapshot_due
 
     losses = jnp.zeros((max_len,), jnp.float32)
     metrics = jax.tree.map(lambda s: jnp.zeros((max_len,) + s.shape, s.dtype), metric_shapes)
-    params, opt_state, slots, losses, metrics = jax.lax.fori_loop(
-        0, tab["upd_count"], apply, (params, opt_state, slots, losses, metrics))
+    params, opt_state, slots, losses, metrics, snapshot_due = jax.lax.fori_loop(
+        0, tab["upd_count"], apply, (params, opt_state, slots, losses, metrics, snapshot_due))
     # The next step's parameters are assembled last: gathering from the slots
     # before writing them would make XLA copy the slots every step.
     stale = _lanes_stale(opt_state, params, slots, local_rows(lane["lane_next_worker"]), lane["lane_next_worker"],
                         lane["lane_next_slot"], lane["lane_next_fresh"])
-    carry = (params, opt_state, slots, stale, grad_buf, stale_buf, loss_buf, finite_buf)
+    carry = (params, opt_state, slots, stale, payload_buf, stale_buf, loss_buf, finite_buf, snapshot_due)
     return carry, (losses, metrics, finite_all)
 
   def chunk(carry, data, shard, lane_tabs, step_tabs):

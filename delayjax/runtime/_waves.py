@@ -105,6 +105,11 @@ class StepPlan:
     """Fraction of computed lanes that carry a real gradient (the rest are masked)."""
     return float(self.lane_active.mean()) if self.lane_active.size else 0.0
 
+  def wave_of_step(self, first: int, count: int) -> np.ndarray:
+    """The wave of steps ``first .. first + count - 1`` (padding steps: the last wave)."""
+    steps = np.arange(first, first + count)
+    return np.minimum(np.searchsorted(self.step_of_wave_end, steps), max(self.num_waves - 1, 0))
+
   def tables(self, first: int, count: int) -> dict[str, np.ndarray]:
     """The tables of steps ``first .. first + count - 1``, padded with empty steps.
 
@@ -134,18 +139,18 @@ class StepPlan:
 
 
 def _waves(schedule: Schedule, cu: np.ndarray, cm: np.ndarray, cv: np.ndarray,
-           first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+           first: np.ndarray, cuts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   """Greedy waves: cut before an update that needs a version newer than the wave's start,
-  or a second gradient from a worker already in the wave."""
+  a second gradient from a worker already in the wave, or one of ``cuts`` (bool ``[U]``)."""
   num_updates = schedule.num_updates
   wave_of_update = np.empty(num_updates, np.int64)
   starts = [0]
   last_wave = [-1] * schedule.num_workers
   wave = start = 0
-  vs, ms, bounds = cv.tolist(), cm.tolist(), first.tolist()
+  vs, ms, bounds, cut = cv.tolist(), cm.tolist(), first.tolist(), cuts.tolist()
   for u in range(num_updates):
     lo, hi = bounds[u], bounds[u + 1]
-    if u > start and any(vs[c] > start or last_wave[ms[c]] == wave for c in range(lo, hi)):
+    if u > start and (cut[u] or any(vs[c] > start or last_wave[ms[c]] == wave for c in range(lo, hi))):
       wave += 1
       start = u
       starts.append(u)
@@ -167,7 +172,8 @@ def _choose_lanes(counts: np.ndarray, per_device: int) -> int:
 
 
 def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
-               lanes: int | None = None, local_steps: np.ndarray | None = None) -> StepPlan:
+               lanes: int | None = None, local_steps: np.ndarray | None = None,
+               wave_starts: np.ndarray | None = None) -> StepPlan:
   """Splits ``schedule`` into waves and steps for ``num_workers`` workers on ``num_devices`` devices.
 
   ``num_workers`` is the schedule's, padded to a multiple of ``num_devices``
@@ -175,7 +181,8 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
   (default: chosen to minimize computed lanes plus per-step overhead);
   ``local_steps`` (``[num_workers]``, default all 1): each contribution of
   worker ``m`` draws ``num_batches * local_steps[m]`` minibatches, which
-  ``lane_draw`` counts.
+  ``lane_draw`` counts; ``wave_starts``: updates that must begin a wave (e.g.
+  the epoch starts of SVRG, whose lanes then all share one snapshot).
   """
   num_updates = schedule.num_updates
   per_device = num_workers // num_devices
@@ -185,7 +192,10 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
   n = cu.size
   per_update = np.bincount(cu, minlength=num_updates)
   first = np.concatenate([[0], np.cumsum(per_update)])
-  wave_of_update, starts = _waves(schedule, cu, cm, cv, first)
+  cuts = np.zeros(num_updates, bool)
+  if wave_starts is not None:
+    cuts[np.asarray(wave_starts, np.int64)] = True
+  wave_of_update, starts = _waves(schedule, cu, cm, cv, first, cuts)
   num_waves = starts.shape[0] - 1
   cw = wave_of_update[cu]
   compute_at = starts[cw]  # the version each gradient is computed at

@@ -73,16 +73,23 @@ def runtime_inputs(opt_state: Any) -> tuple[str, ...]:
   and here also inside another requesting state. ``dj.simulate`` computes
   each requested argument once per update and passes it, by name, to
   ``tx.update`` next to ``staleness``, ``stale_params`` and ``worker``; it
-  rejects names it does not know. The names it computes today:
+  rejects names it does not know. The names it computes today (``dj.simulate``
+  documents each exactly):
 
   - ``"zeno_grad"``: the minibatch gradient of the loss at the server
-    parameters the update is applied to, on the update's *server minibatch*
-    (see ``dj.simulate``), for Zeno++.
+    parameters the update is applied to, on the update's *server minibatch*,
+    for Zeno++.
+  - ``"full_grad"`` (with ``refresh``): the full-data gradient at the server
+    parameters at the start of each SVRG epoch; ``"snapshot_grad"``: each
+    contribution's minibatch gradient at the snapshot, which the requesting
+    state gives through a ``snapshot_params()`` method (``dj.svrg``).
+  - ``"sample_indices"``, ``"sample_grads"``, ``"sample_mask"``: the
+    examples of the update's contributions, their per-example gradients at
+    the parameters their workers read, and which entries count (``dj.saga``).
 
-  A new input (an SVRG snapshot gradient on the same server minibatch, the
-  example indices of that minibatch for SAGA) is added by giving it a name
-  here and a computation in the runtime; transformations then request it the
-  same way, and no runtime work is done for names nobody requests.
+  A new input is added by giving it a name here and a computation in the
+  runtime; transformations then request it the same way, and no runtime work
+  is done for names nobody requests.
 
   Args:
     opt_state: an optimizer state, possibly nested.
@@ -90,6 +97,14 @@ def runtime_inputs(opt_state: Any) -> tuple[str, ...]:
   Returns:
     The requested names, sorted and without repeats (empty if none).
   """
+  names: set[str] = set()
+  for state in _requesting(opt_state):
+    names.update(_requested(state))
+  return tuple(sorted(names))
+
+
+def _requesting(opt_state: Any) -> list[Any]:
+  """Every state inside ``opt_state`` that requests runtime inputs, outermost first."""
   found: list[Any] = []
 
   def visit(x: Any) -> bool:
@@ -99,12 +114,18 @@ def runtime_inputs(opt_state: Any) -> tuple[str, ...]:
     return False
 
   jax.tree.leaves(opt_state, is_leaf=visit)
-  names: set[str] = set()
-  for state in found:
-    requested = state.runtime_inputs()
-    if isinstance(requested, str) or not all(isinstance(n, str) for n in requested):
-      raise TypeError(
-          f"{type(state).__name__}.runtime_inputs() must return a tuple of argument names (str), got "
-          f"{requested!r}.")
-    names.update(requested)
-  return tuple(sorted(names))
+  return found
+
+
+def _requested(state: Any) -> tuple[str, ...]:
+  requested = state.runtime_inputs()
+  if isinstance(requested, str) or not all(isinstance(n, str) for n in requested):
+    raise TypeError(
+        f"{type(state).__name__}.runtime_inputs() must return a tuple of argument names (str), got "
+        f"{requested!r}.")
+  return tuple(requested)
+
+
+def requesting_states(opt_state: Any, name: str) -> list[Any]:
+  """The states inside ``opt_state`` that request the runtime input ``name``."""
+  return [state for state in _requesting(opt_state) if name in _requested(state)]

@@ -23,9 +23,13 @@ class SvrgState(NamedTuple):
   num_snapshots: jax.Array  # shape=(), int32: snapshots taken so far (0: no full gradient yet)
 
   def runtime_inputs(self) -> tuple[str, ...]:
-    # A runtime must compute the snapshot gradient on the contribution's own minibatch; dj.simulate
-    # refuses names it cannot compute, which is better than a missing-argument error mid-trace.
-    return ("snapshot_grad",)
+    # The snapshot gradient must be computed on each contribution's own minibatch, and the full
+    # gradient at epoch starts: only the runtime has the loss and the data.
+    return ("full_grad", "snapshot_grad")
+
+  def snapshot_params(self) -> Any:
+    """The snapshot parameters at which a runtime computes ``snapshot_grad``."""
+    return self.snapshot
 
 
 class SagaState(NamedTuple):
@@ -36,14 +40,14 @@ class SagaState(NamedTuple):
   count: jax.Array  # shape=(), int32: updates applied so far
 
   def runtime_inputs(self) -> tuple[str, ...]:
-    return ("sample_grads", "sample_indices")
+    return ("sample_grads", "sample_indices", "sample_mask")
 
 
 class SagaScalarsState(SagaState):
   """State of :func:`saga` with ``table="scalars"`` (the table is float32 ``[num_samples]``)."""
 
   def runtime_inputs(self) -> tuple[str, ...]:
-    return ("sample_features", "sample_indices", "sample_scalars")
+    return ("sample_features", "sample_indices", "sample_mask", "sample_scalars")
 
 
 def svrg() -> optax.GradientTransformationExtraArgs:
@@ -86,13 +90,14 @@ def svrg() -> optax.GradientTransformationExtraArgs:
   that :math:`v` stays unbiased for :math:`\nabla F(\hat w)`; the step is then
   applied to the current parameters by the chained optimizer.
 
-  Runtimes: ``dj.simulate`` cannot compute ``snapshot_grad`` yet (the state
-  requests it through the ``runtime_inputs`` hook, so ``dj.simulate`` refuses
-  this transformation with a clear error rather than running it wrongly), and
-  ``dj.delayed`` delays ``updates`` but passes extra arguments through at
-  apply time, so it would pair a gradient with another minibatch's
-  ``snapshot_grad``: with delays, write the loop (the tests' stale-read loop
-  is one).
+  Runtimes: the state requests ``full_grad`` and ``snapshot_grad`` through
+  the ``runtime_inputs`` hook, and ``dj.simulate`` computes them with any
+  delay source: epochs every ``snapshot_every`` updates, the full gradient
+  at each epoch start, and every contribution's snapshot gradient on its own
+  minibatch, in its worker's lane (AsySVRG). ``dj.delayed`` delays
+  ``updates`` but passes extra arguments through at apply time, so it would
+  pair a gradient with another minibatch's ``snapshot_grad``: use
+  ``dj.simulate``, or write the loop.
 
   Args:
     (none): the estimator has no hyperparameters; the step size belongs to
@@ -184,6 +189,20 @@ def _sample_indices(sample_indices: Any, num_samples: int) -> tuple[jax.Array, b
   return (idx[None] if ndim == 0 else idx), ndim == 0
 
 
+def _sample_mask(sample_mask: Any, batch: int, single: bool) -> jax.Array:
+  """bool ``[b]``: which minibatch entries count (all of them by default)."""
+  if sample_mask is None:
+    return jnp.ones((batch,), jnp.bool_)
+  mask = jnp.asarray(sample_mask)
+  if mask.dtype != jnp.bool_:
+    raise TypeError(f"sample_mask must be a bool array, got dtype {mask.dtype}.")
+  if single and mask.ndim == 0:
+    mask = mask[None]
+  if mask.shape != (batch,):
+    raise ValueError(f"sample_mask must have shape [len(sample_indices)] = ({batch},); got {mask.shape}.")
+  return mask
+
+
 def _check_batch(name: str, tree: Any, updates: Any, batch: int) -> None:
   if jax.tree.structure(tree) != jax.tree.structure(updates):
     raise ValueError(
@@ -221,10 +240,14 @@ def saga(num_samples: int, *, table: str = "gradients") -> optax.GradientTransfo
   starts at zero. If an index repeats within a minibatch, its last
   occurrence is stored. Indices are checked when concrete; traced ones are
   not (JAX's indexing applies: negative indices wrap around, other
-  out-of-range reads are clamped and writes dropped).
-  As for :func:`svrg`, ``dj.simulate`` refuses it (it cannot compute the
-  per-sample inputs yet) and ``dj.delayed`` would pair a delayed gradient
-  with the wrong indices: with delays, write the loop.
+  out-of-range reads are clamped and writes dropped). The optional
+  ``sample_mask`` (bool ``[b]``) leaves entries out: they are neither read
+  nor written, and the means above run over the kept entries only (a
+  runtime pads minibatches to one static shape this way).
+  ``dj.simulate`` computes the inputs of ``table="gradients"`` (per-example
+  gradients at the parameters each worker read: ASAGA with the table held by
+  the server); ``dj.delayed`` would pair a delayed gradient with the wrong
+  indices.
 
   Table forms:
 
@@ -239,6 +262,7 @@ def saga(num_samples: int, *, table: str = "gradients") -> optax.GradientTransfo
     stored gradient is :math:`\alpha_i = s_i a_i`. Extra arguments:
     ``sample_indices``, ``sample_scalars`` (``[b]``) and ``sample_features``
     (pytree like the updates with a leading ``[b]`` axis).
+  * Both forms take ``sample_mask``.
 
   Args:
     num_samples: :math:`n`, the number of terms of the finite sum (``>= 1``).
@@ -287,13 +311,21 @@ def saga(num_samples: int, *, table: str = "gradients") -> optax.GradientTransfo
     return state_type(table=tab, table_sum=jax.tree.map(jnp.zeros_like, params), count=jnp.zeros([], jnp.int32))
 
   def update_fn(updates, state, params=None, *, sample_indices=None, sample_grads=None, sample_scalars=None,
-                sample_features=None, **extra_args):
+                sample_features=None, sample_mask=None, **extra_args):
     del params, extra_args
     idx, single = _sample_indices(sample_indices, n)
     b = idx.shape[0]
-    # Only the last occurrence of a repeated index writes, so the table and its sum stay consistent.
-    later = jnp.triu(jnp.ones((b, b), jnp.bool_), k=1)
-    last = ~jnp.any((idx[:, None] == idx[None, :]) & later, axis=1)
+    keep = _sample_mask(sample_mask, b, single)
+    # Only the last kept occurrence of a repeated index writes, so the table and its sum stay consistent.
+    later = jnp.triu(jnp.ones((b, b), jnp.bool_), k=1) & keep[None, :]
+    last = keep & ~jnp.any((idx[:, None] == idx[None, :]) & later, axis=1)
+    count = jnp.maximum(jnp.sum(keep.astype(jnp.int32)), 1)
+
+    def kept_mean(weights, a):
+      # Mean over the kept samples of weights_j * a_j (a leading [b] axis).
+      w = jnp.where(keep, weights, jnp.zeros((), weights.dtype)).astype(a.dtype)
+      return jnp.tensordot(w, a, axes=1) / count.astype(a.dtype)
+
     if scalars:
       require_extra("saga", "sample_scalars", sample_scalars, "the new per-sample scalars s_i, shape [b]",
                     runtime_passes=False)
@@ -310,11 +342,7 @@ def saga(num_samples: int, *, table: str = "gradients") -> optax.GradientTransfo
       _check_batch("sample_features", sample_features, updates, b)
       s_old = state.table[idx]
       delta = jnp.where(last, s_new - s_old, 0.0)
-
-      def weighted_mean(s, a):
-        return jnp.tensordot(s.astype(a.dtype), a, axes=1) / jnp.asarray(b, a.dtype)
-
-      old_mean = jax.tree.map(lambda a: weighted_mean(s_old, a), sample_features)
+      old_mean = jax.tree.map(lambda a: kept_mean(s_old, a), sample_features)
       added = jax.tree.map(lambda a: jnp.tensordot(delta.astype(a.dtype), a, axes=1), sample_features)
       new_table = state.table.at[idx].add(delta)
     else:
@@ -327,7 +355,7 @@ def saga(num_samples: int, *, table: str = "gradients") -> optax.GradientTransfo
       old = jax.tree.map(lambda t: t[idx], state.table)
       diff = jax.tree.map(lambda new, o: jnp.where(last.reshape((b,) + (1,) * (o.ndim - 1)), new.astype(o.dtype) - o,
                                                    jnp.zeros_like(o)), sample_grads, old)
-      old_mean = jax.tree.map(lambda o: jnp.mean(o, axis=0), old)
+      old_mean = jax.tree.map(lambda o: kept_mean(jnp.ones((b,), o.dtype), o), old)
       added = jax.tree.map(lambda d: jnp.sum(d, axis=0), diff)
       new_table = jax.tree.map(lambda t, d: t.at[idx].add(d), state.table, diff)
     out = jax.tree.map(

@@ -5,8 +5,13 @@ parameters and optimizer state, computes each contribution's gradient at the
 parameters its worker read (``read_params`` of that version's state), draws
 the same minibatches through ``minibatch_indices``, and applies the updates
 with the extra arguments ``simulate`` documents. Local-SGD workers run their
-local steps one by one in a Python loop; runtime inputs are computed at each
-version's parameters on ``server_minibatch_indices``.
+local steps one by one in a Python loop; server inputs are computed at each
+version's parameters on ``server_minibatch_indices``. Variance reduction:
+the SVRG snapshot of update ``u`` is the version at which ``u``'s epoch began
+(``snapshot_every``), the full gradient is taken over the whole data there,
+and a snapshot that an update left out could not take is taken by the next
+applied one; SAGA is given exactly the examples of the kept contributions
+(no padding), with their per-example gradients.
 """
 
 from __future__ import annotations
@@ -68,7 +73,7 @@ def probe(learning_rate: float, num_workers: int):
 
 def reference(loss_fn, tx, params, data, schedule: dj.cluster.Schedule, *, batch_size: int,
               sampling: str = "iid", seed: int = 0, skip_nonfinite: bool = False, shards=None,
-              has_aux: bool = False, local_steps=None, local_optimizer=None):
+              has_aux: bool = False, local_steps=None, local_optimizer=None, snapshot_every=None):
   """Returns (params, opt_state, losses [U], nonfinite [(u, m)], versions).
 
   ``local_steps``: ``None`` or one int per worker, with ``local_optimizer``.
@@ -84,8 +89,17 @@ def reference(loss_fn, tx, params, data, schedule: dj.cluster.Schedule, *, batch
   reads = jax.jit(dj.read_params)
   versions = [(params, tx.init(params))]
   inputs = dj.runtime_inputs(versions[0][1])
-  assert set(inputs) <= {"zeno_grad"}, inputs
+  assert set(inputs) <= {"zeno_grad", "full_grad", "snapshot_grad", "sample_grads", "sample_indices",
+                         "sample_mask"}, inputs
   grad_fn = jax.jit(jax.grad(loss_fn, has_aux=has_aux))
+
+  def grad_at(w, batch):
+    out = grad_fn(w, batch)
+    return out[0] if has_aux else out
+
+  if "full_grad" in inputs:
+    epoch = snapshot_every or -(-2 * num_examples // batch_size)
+  snapshot_due = False
   if local_steps is not None:
     local_optimizer = optax.with_extra_args_support(local_optimizer)
     local_update = jax.jit(local_optimizer.update)
@@ -111,10 +125,30 @@ def reference(loss_fn, tx, params, data, schedule: dj.cluster.Schedule, *, batch
           out, g = value_and_grad(w, jax.tree.map(lambda x: jnp.asarray(x)[idx], data))
           batch_losses.append(out[0] if has_aux else out)
           grads.append(g)
+          samples.extend(np.asarray(idx).tolist())
         return sum(batch_losses) / nb, jax.tree.map(lambda *gs: sum(gs[1:], gs[0]) / jnp.float32(nb), *grads)
+
+      def mean_gradient_at(w, first_draw):
+        # The same minibatches as mean_gradient's, at other parameters.
+        grads = []
+        for b in range(nb):
+          idx = minibatch_indices(seed, u, m, first_draw + b, num_examples=num_examples,
+                                  batch_size=batch_size, sampling=sampling, shard=rows[m],
+                                  shard_size=sizes[m])
+          grads.append(grad_at(w, jax.tree.map(lambda x: jnp.asarray(x)[idx], data)))
+        return jax.tree.map(lambda *gs: sum(gs[1:], gs[0]) / jnp.float32(nb), *grads)
+
+      samples = []
+      extras = {}
 
       if local_steps is None:
         loss, g = mean_gradient(w_read, drawn[m])
+        if "snapshot_grad" in inputs:
+          extras["snapshot_grad"] = mean_gradient_at(versions[u - u % epoch][0], drawn[m])
+        if "sample_grads" in inputs:
+          extras["samples"] = samples
+          extras["sample_grads"] = [grad_at(w_read, jax.tree.map(lambda x: jnp.asarray(x)[i:i + 1], data))
+                                    for i in samples]
         drawn[m] += nb
       else:
         # H local steps from the read parameters; the push is minus the sum of the local updates.
@@ -130,19 +164,36 @@ def reference(loss_fn, tx, params, data, schedule: dj.cluster.Schedule, *, batch
       finite = all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(g))
       if not finite:
         nonfinite.append((u, m))
-      contributions.append(dict(m=m, tau=u - v, nb=nb, g=g, loss=loss, w_read=w_read, finite=finite))
+      contributions.append(dict(m=m, tau=u - v, nb=nb, g=g, loss=loss, w_read=w_read, finite=finite, **extras))
     total = sum(c["nb"] for c in contributions)
     losses.append(sum(np.float32(c["nb"] / total) * np.float32(c["loss"]) for c in contributions))
     kept = [c for c in contributions if c["finite"] or not skip_nonfinite]
+    refresh = "full_grad" in inputs and (u % epoch == 0 or snapshot_due)
     if not kept:
+      snapshot_due = refresh
       versions.append((w_u, s_u))
       continue
+    snapshot_due = False
     kept_total = sum(c["nb"] for c in kept)
-    g = jax.tree.map(lambda *gs: sum(gs), *[
-        jax.tree.map(lambda x, c=c: (jnp.float32(c["nb"]) / jnp.float32(kept_total)) * x, c["g"])
-        for c in kept])
-    stalest = sorted(kept, key=lambda c: (-c["tau"], c["m"]))[0]
+
+    def mean_of(name):
+      return jax.tree.map(lambda *gs: sum(gs), *[
+          jax.tree.map(lambda x, c=c: (jnp.float32(c["nb"]) / jnp.float32(kept_total)) * x, c[name])
+          for c in kept])
+
+    g = mean_of("g")
+    stalest_first = sorted(kept, key=lambda c: (-c["tau"], c["m"]))
+    stalest = stalest_first[0]
     extra = {}
+    if "full_grad" in inputs:
+      extra["refresh"] = jnp.asarray(refresh)
+      extra["full_grad"] = grad_at(w_u, data) if refresh else jax.tree.map(jnp.zeros_like, w_u)
+    if "snapshot_grad" in inputs:
+      extra["snapshot_grad"] = mean_of("snapshot_grad")
+    if "sample_grads" in inputs:
+      extra["sample_indices"] = jnp.asarray([i for c in stalest_first for i in c["samples"]], jnp.int32)
+      extra["sample_grads"] = jax.tree.map(lambda *gs: jnp.stack(gs),
+                                           *[gi for c in stalest_first for gi in c["sample_grads"]])
     if "zeno_grad" in inputs:
       idx = server_minibatch_indices(seed, u, num_examples=num_examples, batch_size=batch_size)
       out = grad_fn(w_u, jax.tree.map(lambda x: jnp.asarray(x)[idx], data))

@@ -252,16 +252,34 @@ def test_dtypes_are_preserved(dtype):
       assert all(x.dtype == dtype for x in jax.tree.leaves(u))
 
 
-def test_states_request_their_inputs_and_simulate_refuses_them_clearly():
+def test_states_request_their_inputs():
   w = jnp.zeros(2)
-  assert dj.runtime_inputs(optax.chain(dj.svrg(), optax.sgd(0.1)).init(w)) == ("snapshot_grad",)
-  assert dj.runtime_inputs(dj.saga(3).init(w)) == ("sample_grads", "sample_indices")
+  assert dj.runtime_inputs(optax.chain(dj.svrg(), optax.sgd(0.1)).init(w)) == ("full_grad", "snapshot_grad")
+  assert dj.runtime_inputs(dj.saga(3).init(w)) == ("sample_grads", "sample_indices", "sample_mask")
   assert dj.runtime_inputs(dj.saga(3, table="scalars").init(w)) == (
-      "sample_features", "sample_indices", "sample_scalars")
-  data = {"x": jnp.ones((8, 2)), "y": jnp.ones(8)}
-  with pytest.raises(ValueError, match=r"cannot compute: \['snapshot_grad'\]"):
-    dj.simulate(lambda p, batch: jnp.mean((batch["x"] @ p - batch["y"]) ** 2), optax.chain(dj.svrg(), optax.sgd(0.1)),
-                w, data, dj.delays.constant(1), num_updates=2, batch_size=2)
+      "sample_features", "sample_indices", "sample_mask", "sample_scalars")
+
+
+@pytest.mark.parametrize("table", ["gradients", "scalars"])
+def test_saga_mask_equals_leaving_the_entries_out(table):
+  """Masked entries are neither read nor written: the same as a minibatch without them."""
+  rng = np.random.default_rng(3)
+  w = jnp.asarray(rng.standard_normal(3), jnp.float32)
+  tx = dj.saga(6, table=table)
+  full_idx = jnp.array([1, 4, 1, 2, 4], jnp.int32)  # repeats, one of them masked as the last occurrence
+  mask = jnp.array([True, False, True, True, False])
+  keep = np.flatnonzero(np.asarray(mask))
+  state_a = state_b = tx.init(w)
+  for _ in range(3):
+    grads = jnp.asarray(rng.standard_normal((5, 3)), jnp.float32)
+    scalars = jnp.asarray(rng.standard_normal(5), jnp.float32)
+    g = jnp.asarray(rng.standard_normal(3), jnp.float32)
+    extra = ({"sample_grads": grads} if table == "gradients" else {"sample_scalars": scalars, "sample_features": grads})
+    u_a, state_a = tx.update(g, state_a, w, sample_indices=full_idx, sample_mask=mask, **extra)
+    u_b, state_b = tx.update(g, state_b, w, sample_indices=full_idx[keep], **jax.tree.map(lambda x: x[keep], extra))
+    np.testing.assert_allclose(u_a, u_b, rtol=1e-6, atol=1e-6)
+    for a, b in zip(jax.tree.leaves(state_a), jax.tree.leaves(state_b), strict=True):
+      np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
 
 
 # ---------------------------------------------------------------- bad input
@@ -319,6 +337,11 @@ def test_saga_bad_input():
   with pytest.raises(ValueError, match=r"sample_scalars must have shape"):
     scalars.update(w, s_state, w, sample_indices=jnp.array([0, 1]), sample_scalars=jnp.ones(3),
                    sample_features=jnp.ones((2, 2)))
+  with pytest.raises(TypeError, match=r"sample_mask must be a bool array, got dtype int32"):
+    tx.update(w, state, w, sample_indices=0, sample_mask=jnp.array([1]))
+  with pytest.raises(ValueError, match=r"sample_mask must have shape \[len\(sample_indices\)\] = \(2,\); got \(3,\)"):
+    tx.update(w, state, w, sample_indices=jnp.array([0, 1]), sample_grads=jnp.zeros((2, 2)),
+              sample_mask=jnp.ones(3, bool))
 
 
 # ---------------------------------------------------------------- proximal forms: Prox-SVRG, ProxSAGA under stale reads
