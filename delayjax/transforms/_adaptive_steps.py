@@ -59,13 +59,27 @@ def delay_adaptive_sgd(
 
   Source and status: the step-size principle (steps of each delay window
   bounded) is the paper's, as its abstract states ("learning rates that
-  depend on the actual time-varying delays"); the two policies above are
-  the "Adaptive 1" and "Adaptive 2" of its section 3 **as recalled, not
-  verified**: the paper's text could not be read with the search tools
-  available. The property the tests pin — a nonzero step never takes its
-  window over :math:`\alpha'`, and fresh gradients get :math:`\gamma'` —
-  holds for these rules by construction. For PIAG and Async-BCD the paper takes
-  :math:`\alpha'` proportional to :math:`1/L`.
+  depend on the actual time-varying delays"), and the names "Adaptive 1"
+  and "Adaptive 2" for its two policies are confirmed by the authors'
+  delay-trace repository (github.com/xuyangwu/Delay-data, README: PIAG and
+  Async-BCD run with "Adaptive 1, Adaptive2"); a published summary of
+  the paper (liner.com/review/delayadaptive-stepsizes-for-asynchronous-learning)
+  confirms that both "adhere to a general step-size principle". The exact form of the two
+  policies above — the window sum :math:`S_k` over steps
+  :math:`k - \tau_k, \dots, k - 1` (the step's own term not in
+  :math:`S_k`, so that a nonzero step keeps the window including itself
+  within :math:`\alpha'`), the threshold :math:`\alpha' - \gamma'` of
+  Adaptive 1 and the clipping of Adaptive 2 — is **as recalled, not
+  verified** against the paper's section 3: its text could not be read
+  with the search tools available (searched: the title, arXiv 2202.08550
+  and its ar5iv page, the ICML proceedings, the formulas of the policies,
+  citing papers and the authors' repositories, in web pages,
+  documentation, code and issues; only the abstract, the first page and
+  summaries came back). The property the tests pin — a nonzero step never
+  takes its window over :math:`\alpha'`, and fresh gradients get
+  :math:`\gamma'` — holds for these rules by construction. For PIAG and
+  Async-BCD the paper takes :math:`\alpha'` proportional to :math:`1/L`
+  (also as recalled).
 
   Args:
     max_step: :math:`\gamma' > 0`, the step of a fresh gradient.

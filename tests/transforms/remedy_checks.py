@@ -50,3 +50,17 @@ def assert_chain_and_unknown_extra_args(tx: optax.GradientTransformation, params
   chained = optax.chain(tx, optax.identity())
   with_unknown, _ = chained.update(grads, chained.init(params), params, unknown_argument=3, **extra)
   jax.tree.map(np.testing.assert_array_equal, alone, with_unknown)
+
+
+def assert_same_updates_as(tx: optax.GradientTransformation, ref: optax.GradientTransformation, extra: dict,
+                           steps: int = 4) -> None:
+  """``tx`` (given ``extra``) and its synchronous reference ``ref`` give the same updates, bit for bit, step after
+  step, on random gradients, with the parameters moving as ``tx`` moves them."""
+  params = params_tree()
+  s, r = tx.init(params), ref.init(params)
+  for i in range(steps):
+    g = random_like(params, i)
+    u, s = tx.update(g, s, params, **extra)
+    v, r = ref.update(g, r, params)
+    jax.tree.map(np.testing.assert_array_equal, u, v)
+    params = optax.apply_updates(params, u)
