@@ -16,6 +16,7 @@ from delayjax.transforms import accumulate_sum as accumulate_sum
 from delayjax.transforms import apam as apam
 from delayjax.transforms import async_adam as async_adam
 from delayjax.transforms import dana as dana
+from delayjax.transforms import dana_slim as dana_slim
 from delayjax.transforms import delay_adaptive_sgd as delay_adaptive_sgd
 from delayjax.transforms import delay_compensation as delay_compensation
 from delayjax.transforms import delayed_nesterov as delayed_nesterov

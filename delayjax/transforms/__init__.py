@@ -8,8 +8,10 @@ from delayjax.transforms._aggregation import fed_async as fed_async
 from delayjax.transforms._aggregation import fed_buff as fed_buff
 from delayjax.transforms._async_adam import apam as apam
 from delayjax.transforms._async_adam import async_adam as async_adam
+from delayjax.transforms._dana import DanaSlimState as DanaSlimState
 from delayjax.transforms._dana import DanaState as DanaState
 from delayjax.transforms._dana import dana as dana
+from delayjax.transforms._dana import dana_slim as dana_slim
 from delayjax.transforms._dc_asgd import DelayCompensationState as DelayCompensationState
 from delayjax.transforms._dc_asgd import delay_compensation as delay_compensation
 from delayjax.transforms._delayed_nesterov import DelayedNesterovState as DelayedNesterovState

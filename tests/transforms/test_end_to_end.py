@@ -77,6 +77,17 @@ def test_dana_reads_are_nesterov_iterates_with_one_worker():
   assert_trains(run(dj.dana(0.02, 0.5, num_workers=4), dj.delays.constant(3)))
 
 
+def test_dana_slim_is_nesterov_with_one_worker_and_dana_zero_with_four():
+  """DANA-Slim's workers read the parameters themselves; those are DANA-Zero's look-ahead reads."""
+  assert_same_params(run(dj.dana_slim(0.05, 0.5, num_workers=1), dj.delays.constant(0)), reference("nesterov"))
+  slim = run(dj.dana_slim(0.02, 0.5, num_workers=4), dj.delays.constant(3))
+  assert_trains(slim)
+  zero = run(dj.dana(0.02, 0.5, num_workers=4), dj.delays.constant(3))
+  np.testing.assert_allclose(slim.history.loss, zero.history.loss, rtol=1e-4, atol=1e-6)
+  lookahead = dj.read_params(zero.opt_state, zero.params, worker=0)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), slim.params, lookahead)
+
+
 def test_delayed_nesterov():
   assert_same_params(run(dj.delayed_nesterov(0.05, 0.5, buffer_size=1), dj.delays.constant(0)),
                      reference("nesterov"))
