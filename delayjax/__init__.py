@@ -24,6 +24,8 @@ from delayjax.transforms import explicit_momentum as explicit_momentum
 from delayjax.transforms import fed_async as fed_async
 from delayjax.transforms import fed_buff as fed_buff
 from delayjax.transforms import implicit_momentum as implicit_momentum
+from delayjax.transforms import mindthestep as mindthestep
+from delayjax.transforms import mindthestep_weight as mindthestep_weight
 from delayjax.transforms import prox_asaga as prox_asaga
 from delayjax.transforms import prox_box as prox_box
 from delayjax.transforms import prox_elastic_net as prox_elastic_net

@@ -20,6 +20,8 @@ from delayjax.transforms._hooks import NeedsRuntimeInputs as NeedsRuntimeInputs
 from delayjax.transforms._hooks import ReadsParams as ReadsParams
 from delayjax.transforms._hooks import read_params as read_params
 from delayjax.transforms._hooks import runtime_inputs as runtime_inputs
+from delayjax.transforms._mindthestep import mindthestep as mindthestep
+from delayjax.transforms._mindthestep import mindthestep_weight as mindthestep_weight
 from delayjax.transforms._momentum import explicit_momentum as explicit_momentum
 from delayjax.transforms._momentum import implicit_momentum as implicit_momentum
 from delayjax.transforms._prox_asaga import ProxAsagaState as ProxAsagaState

@@ -119,6 +119,12 @@ def test_delayed_nesterov_as_outer_optimizer_of_local_sgd_workers():
   assert_trains(result)
 
 
+def test_mindthestep():
+  assert_same_params(run(dj.mindthestep(0.05, 1, target_momentum=0.0), dj.delays.constant(0)), reference("sgd"))
+  # Four round-robin workers (constant(3)) damped from the modelled implicit momentum 0.75 to 0.5.
+  assert_trains(run(dj.mindthestep(0.05, 4, target_momentum=0.5), dj.delays.constant(3)))
+
+
 def test_delay_adaptive_sgd():
   assert_same_params(run(dj.delay_adaptive_sgd(0.05, 0.1), dj.delays.constant(0)), reference("sgd"))
   assert_trains(run(dj.delay_adaptive_sgd(0.05, 0.1), dj.delays.uniform(4)))

@@ -61,6 +61,7 @@ OPTIMIZERS = {
     "zeno_plus_plus": lambda learning_rate: dj.zeno_plus_plus(learning_rate, rho=0.01),
     "delay_adaptive_sgd": lambda learning_rate: dj.delay_adaptive_sgd(learning_rate, 3 * learning_rate),
     "dana_slim": lambda learning_rate: dj.dana_slim(learning_rate, 0.5, num_workers=3),
+    "mindthestep": lambda learning_rate: dj.mindthestep(learning_rate, 4, target_momentum=0.5),
 }
 
 
