@@ -15,10 +15,13 @@ Three methods take the same constant step ``eta = step_scale / L_max``
 per-sample smoothness constant): SGD, SVRG in the AsySVRG form and SAGA in
 the ASAGA form (``dj.svrg`` and ``dj.saga`` chained with ``optax.sgd(eta)``).
 
-Asynchrony is simulated by stale reads, the protocol of
-``tests/transforms/test_variance_reduction.py`` (``dj.simulate`` cannot feed
-SVRG/SAGA their per-sample inputs yet): update ``t`` computes its gradient at
-the parameters of version ``t - d_t`` and applies it to version ``t``. The
+Asynchrony is simulated by stale reads, in a hand-written loop specialized
+to these linear models (about four times faster here than ``dj.simulate``,
+whose general per-example gradients and minibatch machinery a batch of one
+does not need; ``tests/runtime/test_simulate_variance_reduction.py`` shows
+the same convergence through ``dj.simulate``): update ``t`` computes its
+gradient at the parameters of version ``t - d_t`` and applies it to version
+``t``. The
 delays ``d_t`` are i.i.d. uniform on ``{0, ..., tau}`` (``delay="uniform"``,
 the default) or always ``tau`` (``delay="constant"``), capped at ``t``. For
 AsySVRG the workers synchronize at each epoch's full gradient (Zhao & Li), so
@@ -35,11 +38,10 @@ where SGD and SAGA cost ``n``, so the table also reports gradient evaluations.
 
 Precision: everything runs in float64 (``jax.enable_x64`` as a context
 manager inside :func:`run` only, never globally), since suboptimality below
-1e-8 on an objective of order 1 is beyond float32. ``f*`` is computed once
-per run in float64 with NumPy by Newton's method (damped by backtracking, to a
-gradient norm below 1e-13; for least squares Newton is one linear solve, and
-``f(w) - f*`` is evaluated there as ``(w - w*)' H (w - w*) / 2``, without
-cancellation). Each run is one compiled ``lax.scan`` over an epoch's updates,
+1e-8 on an objective of order 1 is beyond float32. The problems, ``f*`` and
+``f(w) - f*`` come from ``dj.problems`` (damped Newton in float64 NumPy to a
+gradient norm of 1e-12, cached on disk; for least squares ``f(w) - f*`` is
+``(w - w*)' H (w - w*) / 2``, without cancellation). Each run is one compiled ``lax.scan`` over an epoch's updates,
 called once per epoch (one compile per problem, method and tau).
 
 Cost: on CPU, XLA copies SAGA's ``[n, d]`` table at every update inside
@@ -97,68 +99,16 @@ GRAD_EVALS_PER_EPOCH = {"sgd": 1, "svrg": 3, "saga": 1}  # in units of n
 # ---------------------------------------------------------------- problems and their optimum (float64, NumPy)
 
 
-def problem_data(config: dict[str, Any], name: str) -> tuple[np.ndarray, np.ndarray, float]:
-  """Features ``x`` float64 [n, d], targets ``y`` float64 [n] (+-1 for logistic), and lam."""
+def problem(config: dict[str, Any], name: str) -> dj.problems.FiniteSum:
+  """The finite sum ``name`` (dense features, float64)."""
   if name == "digits_logreg":
-    from sklearn.datasets import load_digits
-
-    pixels, digit = load_digits(return_X_y=True)
-    pixels = pixels.astype(np.float64)
-    keep = pixels.std(axis=0) > 0
-    x = (pixels[:, keep] - pixels[:, keep].mean(axis=0)) / pixels[:, keep].std(axis=0)
-    x = np.concatenate([x, np.ones((len(x), 1))], axis=1)
-    x /= np.linalg.norm(x, axis=1, keepdims=True)
-    return x, np.where(digit < 5, 1.0, -1.0), float(config["lam_logreg"])
+    return dj.problems.digits(lam=float(config["lam_logreg"]))
   if name == "least_squares":
     rng = np.random.default_rng(20160212)
     x = rng.standard_normal((config["lsq_n"], config["lsq_d"]))
     y = x @ rng.standard_normal(config["lsq_d"]) + config["lsq_noise"] * rng.standard_normal(config["lsq_n"])
-    return x, y, float(config["lam_lsq"])
+    return dj.problems.FiniteSum("least_squares", y, float(config["lam_lsq"]), features=x)
   raise ValueError(f"problem must be one of {PROBLEMS}, got {name!r}.")
-
-
-def _logistic(x: np.ndarray, y: np.ndarray, lam: float, w: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
-  z = y * (x @ w)
-  f = float(np.mean(np.logaddexp(0.0, -z)) + 0.5 * lam * w @ w)
-  s = -y / (1.0 + np.exp(z))  # d/d(x.w) of log(1 + exp(-y x.w))
-  p = 1.0 / (1.0 + np.exp(-z))
-  hess = (x * (p * (1.0 - p))[:, None]).T @ x / len(y) + lam * np.eye(x.shape[1])
-  return f, x.T @ s / len(y) + lam * w, hess
-
-
-def optimum(name: str, x: np.ndarray, y: np.ndarray, lam: float) -> tuple[np.ndarray, float, np.ndarray]:
-  """``w*``, ``f*`` and the Hessian at ``w*``, by Newton's method in float64 (one solve for least squares)."""
-  n, d = x.shape
-  if name == "least_squares":
-    hess = x.T @ x / n + lam * np.eye(d)
-    w = np.linalg.solve(hess, x.T @ y / n)
-    return w, float(0.5 * np.mean((x @ w - y) ** 2) + 0.5 * lam * w @ w), hess
-  w = np.zeros(d)
-  for _ in range(100):
-    f, g, hess = _logistic(x, y, lam, w)
-    if np.linalg.norm(g) < 1e-13:
-      break
-    step, direction = 1.0, np.linalg.solve(hess, g)
-    while _logistic(x, y, lam, w - step * direction)[0] > f - 0.25 * step * g @ direction and step > 1e-8:
-      step *= 0.5
-    w = w - step * direction
-  else:
-    raise RuntimeError(f"Newton's method did not converge on {name}: gradient norm {np.linalg.norm(g):.3g}.")
-  return w, f, hess
-
-
-def suboptimality(name: str, x: np.ndarray, y: np.ndarray, lam: float, w: np.ndarray, w_star: np.ndarray,
-                  f_star: float, hess: np.ndarray) -> float:
-  if name == "least_squares":
-    e = w - w_star
-    return float(0.5 * e @ hess @ e)
-  return _logistic(x, y, lam, w)[0] - f_star
-
-
-def smoothness(name: str, x: np.ndarray, lam: float) -> float:
-  """L_max: the largest per-sample smoothness constant, |x_i|^2 (least squares) or |x_i|^2 / 4 (logistic), + lam."""
-  sq = float(np.max(np.sum(x * x, axis=1)))
-  return (sq if name == "least_squares" else sq / 4.0) + lam
 
 
 # ---------------------------------------------------------------- one run: stale reads in a compiled lax.scan
@@ -240,9 +190,10 @@ def epochs_to(curve: np.ndarray, target: float) -> float:
 
 def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
   name, method, tau = spec["problem"], spec["method"], int(spec["tau"])
-  x_np, y_np, lam = problem_data(config, name)
-  w_star, f_star, hess = optimum(name, x_np, y_np, lam)
-  l_max = smoothness(name, x_np, lam)
+  finite_sum = problem(config, name)
+  x_np, y_np, lam = finite_sum.features, finite_sum.targets, finite_sum.lam
+  solution = dj.problems.optimum(finite_sum)
+  l_max = finite_sum.smoothness().l_max
   eta = config["step_scale"] / l_max
   epochs = _epochs(config)
   if config["delay"] not in ("uniform", "constant"):
@@ -259,7 +210,7 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> di
       w, state, buf, t = epoch(w, state, buf, t, jax.random.fold_in(key, e))
       iterates.append(np.asarray(w, np.float64))
       progress(e + 1, epochs)
-  curve = np.array([suboptimality(name, x_np, y_np, lam, v, w_star, f_star, hess) for v in iterates])
+  curve = np.array([dj.problems.suboptimality(finite_sum, v, solution=solution) for v in iterates])
   curve = np.where(np.isfinite(curve), np.maximum(curve, 0.0), np.nan)
   to_target = epochs_to(curve, config["target"])
   tail = curve[len(curve) // 2:]
@@ -269,7 +220,8 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> di
           "tail_min_subopt": float(np.min(tail)) if np.all(np.isfinite(tail)) else float("nan"),
           "epochs_to_target": to_target,
           "grad_evals_to_target": to_target * GRAD_EVALS_PER_EPOCH[method],
-          "step": eta, "l_max": l_max, "mu": float(np.linalg.eigvalsh(hess)[0]), "f_star": f_star,
+          "step": eta, "l_max": l_max, "mu": float(np.linalg.eigvalsh(finite_sum.hessian(solution.w))[0]),
+          "f_star": solution.value,
           "n": int(x_np.shape[0]), "d": int(x_np.shape[1]),
       },
       "curves": {"epoch": list(range(epochs + 1)), "suboptimality": curve.tolist()},

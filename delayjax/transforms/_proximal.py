@@ -121,8 +121,9 @@ def proximal(prox: ProxFn, learning_rate: float | optax.Schedule) -> optax.Gradi
   :func:`svrg` it is Prox-SVRG (Xiao & Zhang), and under stale reads
   AsyProx-SVRG's update (Meng et al.). The smooth part's gradients must not
   include :math:`R`. The prox is applied to the whole parameter vector at
-  every update (the dense form): ProxASAGA's sparse, per-coordinate
-  reweighted prox for sparse data is not implemented.
+  every update (the dense form); for sparse data, ProxASAGA's
+  per-coordinate reweighted update on each sample's support is
+  :func:`~delayjax.transforms.prox_asaga`.
 
   Args:
     prox: ``(x, step) -> prox_{step R}(x)`` on pytrees, e.g. :func:`prox_l1`,

@@ -198,3 +198,17 @@ def test_bad_variance_reduction_arguments():
                 num_updates=4)
   with pytest.raises(ValueError, match=r"at most one transformation in a chain may request snapshot_grad"):
     dj.simulate(loss_fn, optax.chain(dj.svrg(), dj.svrg(), optax.sgd(0.1)), params, data, source, num_updates=4)
+
+
+def test_sparse_and_dense_finite_sums_give_the_same_asynchronous_runs():
+  """dj.problems' padded-CSR data runs through dj.simulate's per-example inputs like its dense twin."""
+  sparse = dj.problems.make_sparse("logistic", 40, 12, 3, lam=0.01, seed=3)
+  dense = dj.problems.FiniteSum("logistic", sparse.targets, sparse.lam,
+                                features=dj.problems.to_dense(sparse.indices, sparse.values, 12))
+  schedule = hand_schedule(3, 30, group=2, seed=36)
+  w0 = jnp.zeros(12)
+  for tx, kw in ((_svrg(optax.sgd(0.5)), dict(snapshot_every=10)), (_saga(40, optax.sgd(0.5)), {})):
+    runs = [dj.simulate(p.loss_fn, tx, w0, p.data(), schedule, batch_size=2, seed=1, **kw) for p in (sparse, dense)]
+    _assert_trees_close(runs[0].params, runs[1].params, rtol=1e-5, atol=1e-6)
+    _assert_trees_close(runs[0].opt_state, runs[1].opt_state, rtol=1e-5, atol=1e-6)
+    assert np.abs(np.asarray(runs[0].params)).max() > 1e-2  # it moved
