@@ -36,7 +36,9 @@ _CHECKPOINT_FILE = "simulate.msgpack"
 # server_inputs); lane inputs by each contribution's lane, on its own
 # minibatch (minibatch_payload), and reduced per update.
 SERVER_INPUTS = ("full_grad", "zeno_grad")
-LANE_INPUTS = ("sample_grads", "sample_indices", "sample_mask", "snapshot_grad")
+LANE_INPUTS = ("sample_features", "sample_grads", "sample_indices", "sample_mask", "sample_scalars", "snapshot_grad")
+# Per-example payload entries: one row per example a contribution draws.
+_PER_EXAMPLE = ("sample_features", "sample_grads", "sample_scalars")
 RUNTIME_INPUTS = tuple(sorted(SERVER_INPUTS + LANE_INPUTS))
 # Payload entries that are averaged over an update's contributions like the gradient.
 _MIXED = ("grad", "snapshot_grad")
@@ -123,27 +125,55 @@ def schedule_from_delays(model: delays_lib.DelayModel, num_updates: int, seed: i
                   wait=np.zeros(num_workers), paradigm=f"stale read, {model!r}")
 
 
-def _payload_like(params: Any, inputs: tuple[str, ...], samples: int) -> dict[str, Any]:
+def _payload_like(params: Any, inputs: tuple[str, ...], samples: int, terms: Any = None) -> dict[str, Any]:
   """Zeros shaped like one contribution's payload: its gradient and the lane inputs ``inputs`` need.
 
-  ``samples``: the examples a contribution draws (per-example entries).
+  ``samples``: the examples a contribution draws (per-example entries);
+  ``terms``: the shapes of ``sample_terms``' output for one example.
   """
-  def zeros(lead):
-    return jax.tree.map(lambda x: np.zeros(lead + np.shape(x), jnp.result_type(x)), params)
+  def zeros(tree, lead):
+    return jax.tree.map(lambda x: np.zeros(lead + np.shape(x), jnp.result_type(x)), tree)
 
-  out = {"grad": zeros(())}
+  out = {"grad": zeros(params, ())}
   if "snapshot_grad" in inputs:
-    out["snapshot_grad"] = zeros(())
+    out["snapshot_grad"] = zeros(params, ())
   if "sample_grads" in inputs:
-    out["sample_grads"] = zeros((samples,))
+    out["sample_grads"] = zeros(params, (samples,))
+  if "sample_scalars" in inputs:
+    out["sample_scalars"], out["sample_features"] = zeros(tuple(terms), (samples,))
+  if "sample_indices" in inputs:
     out["sample_indices"] = np.zeros((samples,), np.int32)
     out["sample_valid"] = np.zeros((samples,), bool)
   return out
 
 
-def _input_examples(params: Any, inputs: tuple[str, ...], samples: int) -> dict[str, Any]:
+def _terms_spec(sample_terms: Callable[..., Any], params: Any, data: Any, batch_size: int) -> tuple[Any, Any]:
+  """The shapes of one example's ``(scalar, features)`` from ``sample_terms``, checked on a minibatch."""
+  batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct((batch_size,) + np.shape(x)[1:], jnp.result_type(x)), data)
+  out = jax.eval_shape(sample_terms, params, batch)
+  if not (isinstance(out, tuple) and len(out) == 2):
+    raise TypeError(f"sample_terms must return a pair (scalars, features); got {jax.tree.structure(out)}.")
+  scalars, features = out
+  if not isinstance(scalars, jax.ShapeDtypeStruct) or scalars.shape != (batch_size,):
+    raise ValueError(
+        f"sample_terms: scalars must have shape [batch] = ({batch_size},); got "
+        f"{getattr(scalars, 'shape', jax.tree.structure(scalars))}.")
+  if jax.tree.structure(features) != jax.tree.structure(params):
+    raise ValueError(
+        f"sample_terms: features must have the structure of params {jax.tree.structure(params)}; got "
+        f"{jax.tree.structure(features)}.")
+  for a, p in zip(jax.tree.leaves(features), jax.tree.leaves(params)):
+    if a.shape != (batch_size,) + np.shape(p):
+      raise ValueError(
+          f"sample_terms: feature leaves must have shape [batch, *param_shape] = {(batch_size,) + np.shape(p)}; "
+          f"got {a.shape}.")
+  one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), (scalars, features))
+  return one
+
+
+def _input_examples(params: Any, inputs: tuple[str, ...], samples: int, terms: Any = None) -> dict[str, Any]:
   """Stand-ins for the runtime inputs ``inputs``, with their shapes and dtypes."""
-  payload = _payload_like(params, inputs, samples)
+  payload = _payload_like(params, inputs, samples, terms)
   out = {}
   for name in inputs:
     if name in ("zeno_grad", "full_grad"):
@@ -158,13 +188,13 @@ def _input_examples(params: Any, inputs: tuple[str, ...], samples: int) -> dict[
 
 
 def _uses_stale_params(tx: optax.GradientTransformationExtraArgs, params: Any, inputs: tuple[str, ...],
-                       samples: int) -> bool:
+                       samples: int, terms: Any) -> bool:
   """Whether ``tx.update`` reads its ``stale_params`` argument at all (traced once, abstractly)."""
   spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)), params)
   state = jax.eval_shape(tx.init, spec)
 
   def update(stale, state, params):
-    extra = jax.tree.map(jnp.asarray, _input_examples(params, inputs, samples))
+    extra = jax.tree.map(jnp.asarray, _input_examples(params, inputs, samples, terms))
     return tx.update(params, state, params, staleness=jnp.int32(0), stale_params=stale, worker=jnp.int32(0),
                      **extra)
 
@@ -202,7 +232,7 @@ def _lead(mask: jax.Array, x: jax.Array) -> jax.Array:
   return mask.reshape(mask.shape + (1,) * (x.ndim - mask.ndim))
 
 
-def _check_runtime_inputs(opt_state: Any, local: bool) -> tuple[str, ...]:
+def _check_runtime_inputs(opt_state: Any, local: bool, has_terms: bool) -> tuple[str, ...]:
   inputs = runtime_inputs(opt_state)
   unknown = [name for name in inputs if name not in RUNTIME_INPUTS]
   if unknown:
@@ -214,6 +244,18 @@ def _check_runtime_inputs(opt_state: Any, local: bool) -> tuple[str, ...]:
     raise ValueError(
         f"local_steps: tx requests per-contribution inputs {per_contribution} (variance reduction), which "
         f"are defined for gradients, not for local-SGD pseudo-gradients; pass local_steps=None.")
+  unmasked = [type(x).__name__ for name in ("sample_grads", "sample_scalars")
+              for x in requesting_states(opt_state, name) if "sample_mask" not in x.runtime_inputs()]
+  if unmasked:
+    raise ValueError(
+        f"tx: {unmasked} request per-example inputs without sample_mask; dj.simulate pads every update's "
+        f"examples to one static shape and masks the padding, so it feeds per-example inputs only to "
+        f"transformations that take sample_mask (dj.saga). Run the others (e.g. dj.prox_asaga) in a loop.")
+  if ("sample_scalars" in inputs) != has_terms:
+    raise ValueError(
+        "sample_terms is required when tx requests sample_scalars (dj.saga(table='scalars')), and only "
+        f"then; tx requests {list(inputs) or 'no runtime inputs'} and sample_terms is "
+        f"{'given' if has_terms else 'None'}.")
   if "snapshot_grad" in inputs and "full_grad" not in inputs:
     raise ValueError("tx requests snapshot_grad without full_grad; an SVRG snapshot needs both (see dj.svrg).")
   if "snapshot_grad" in inputs and len(requesting_states(opt_state, "snapshot_grad")) != 1:
@@ -311,6 +353,7 @@ def simulate(
     local_steps: int | Sequence[int] | np.ndarray | None = None,
     local_optimizer: optax.GradientTransformation | None = None,
     snapshot_every: int | None = None,
+    sample_terms: Callable[[Any, Any], tuple[Any, Any]] | None = None,
     _inspect: Callable[..., None] | None = None,
 ) -> SimulationResult:
   r"""Trains under a delay schedule exactly, computing independent gradients in parallel.
@@ -385,8 +428,11 @@ def simulate(
        which entries count (the lanes' static shape pads every contribution
        to the most minibatches any draws, and skipped contributions count
        as absent). The minibatch gradient itself is still
-       ``loss_fn``'s on the whole minibatch. SAGA's scalar table is not
-       computed (its per-example scalars are model specific).
+       ``loss_fn``'s on the whole minibatch.
+     * ``sample_scalars`` and ``sample_features`` (``dj.saga``,
+       ``table="scalars"``, for generalized linear models): ``sample_terms(
+       w_read, minibatch)``'s scalars and features of the same examples,
+       with ``sample_indices`` and ``sample_mask`` as above.
 
      The variance-reduction inputs are for plain gradient contributions:
      they are refused with ``local_steps``.
@@ -484,6 +530,12 @@ def simulate(
       \text{batch\_size} \rceil` (Johnson & Zhang's :math:`m = 2n`
       single-example updates); an error for a ``tx`` that does not request
       it.
+    sample_terms: ``sample_terms(params, batch) -> (scalars [b], features)``
+      with :math:`\nabla f_i = s_i a_i` (plus terms outside the table, such
+      as a regularizer's), ``features`` a pytree like ``params`` with a
+      leading ``[b]`` axis, e.g. ``dj.problems.FiniteSum.per_sample``;
+      required when ``tx`` requests ``sample_scalars``
+      (``dj.saga(n, table="scalars")``), and only then.
 
   Returns:
     A :class:`SimulationResult`.
@@ -513,6 +565,8 @@ def simulate(
     eval_every = check_int("eval_every", eval_every, minimum=1)
   if chunk_size is not None:
     chunk_size = check_int("chunk_size", chunk_size, minimum=1)
+  if sample_terms is not None and not callable(sample_terms):
+    raise TypeError(f"sample_terms must be callable or None, got {type(sample_terms).__name__}.")
   if eval_fn is not None and not callable(eval_fn):
     raise TypeError(f"eval_fn must be callable or None, got {type(eval_fn).__name__}.")
   if not callable(loss_fn):
@@ -542,7 +596,8 @@ def simulate(
 
   tx = optax.with_extra_args_support(tx)
   opt_state = tx.init(params)
-  inputs = _check_runtime_inputs(opt_state, local=worker_steps is not None)
+  inputs = _check_runtime_inputs(opt_state, local=worker_steps is not None, has_terms=sample_terms is not None)
+  terms = None if sample_terms is None else _terms_spec(sample_terms, params, data, batch_size)
   if "full_grad" in inputs:
     # Johnson & Zhang's m = 2n single-example updates per epoch, in minibatches.
     epoch = snapshot_every or -(-2 * num_examples // batch_size)
@@ -574,6 +629,7 @@ def simulate(
       num_examples=num_examples, batch_size=batch_size, sampling=sampling, plan=plan,
       skip_nonfinite=skip_nonfinite, always_applies=bool(np.all(schedule.contributes.any(axis=1))),
       mesh=mesh, inputs=inputs, local_steps=worker_steps, max_batches=_max_batches(plan),
+      sample_terms=sample_terms, terms=terms,
       local_optimizer=None if local_optimizer is None else optax.with_extra_args_support(local_optimizer))
 
   def buffer(x, *lead):
@@ -582,7 +638,7 @@ def simulate(
   # The carry: server state, each worker's read parameters, and the current
   # wave's gradients (a wave's steps may straddle two chunks).
   size = plan.buffer_size
-  payload = _payload_like(params, inputs, _max_batches(plan) * batch_size)
+  payload = _payload_like(params, inputs, _max_batches(plan) * batch_size, terms)
   slots = jax.tree.map(lambda x: buffer(x, num_workers, plan.num_slots), params)
   first = plan.tables(0, 1)
   first_stale = jax.jit(_lanes_stale)(opt_state, params, slots, first["lane_worker"][0], first["lane_worker"][0],
@@ -719,7 +775,7 @@ def _placer(mesh: Any) -> Callable[[Any, P], Any]:
 
 def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples, batch_size, sampling,
                     plan: StepPlan, skip_nonfinite, always_applies, mesh, inputs: tuple[str, ...],
-                    local_steps: np.ndarray | None, local_optimizer, max_batches: int):
+                    local_steps: np.ndarray | None, local_optimizer, max_batches: int, sample_terms, terms):
   """Compiles one chunk: a ``lax.scan`` over steps, each computing a vector of gradients and
   (at the end of a wave) applying the wave's updates in order."""
   per_device = plan.num_workers // plan.num_devices
@@ -728,9 +784,9 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
   max_len = plan.upd_index.shape[1]
   distributed = mesh is not None
   metric_shapes = jax.eval_shape(eval_fn, params) if eval_fn is not None else ()
-  keep_stale = _uses_stale_params(tx, params, inputs, num_contrib * samples)
+  keep_stale = _uses_stale_params(tx, params, inputs, num_contrib * samples, terms)
   svrg = "snapshot_grad" in inputs
-  per_example = "sample_grads" in inputs
+  per_example = "sample_indices" in inputs
   max_local = int(local_steps.max()) if local_steps is not None else 1
   uniform_local = local_steps is None or bool(np.all(local_steps == max_local))
   # A static bound on the reads after one update: unrolled when small (the
@@ -753,9 +809,12 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
     if svrg:
       # The same minibatch at the snapshot: g_B(w_read) - g_B(w_snap) + mu stays unbiased.
       summed["snapshot_grad"] = grad_at(snap, batch)
-    if per_example:
+    if "sample_grads" in inputs:
       # Each example as a batch of one: f_i is loss_fn on example i alone.
       stacked["sample_grads"] = jax.vmap(lambda ex: grad_at(stale, jax.tree.map(lambda x: x[None], ex)))(batch)
+    if "sample_scalars" in inputs:
+      stacked["sample_scalars"], stacked["sample_features"] = sample_terms(stale, batch)
+    if per_example:
       stacked["sample_indices"] = idx.astype(jnp.int32)
     return jnp.asarray(loss).astype(jnp.float32), summed, stacked
 
@@ -868,7 +927,7 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
     loss, payload = jax.vmap(lane_push, in_axes=(None, 0, None, 0, 0, 0, 0, 0, 0))(
         data, stale, snap, lane["lane_update"], workers, lane["lane_draw"], lane["lane_batches"],
         shard_rows[local_rows(workers)], shard_sizes[local_rows(workers)])
-    finite = jax.vmap(_all_finite)({k: v for k, v in payload.items() if k in _MIXED + ("sample_grads",)})
+    finite = jax.vmap(_all_finite)({k: v for k, v in payload.items() if k in _MIXED + _PER_EXAMPLE})
     finite_all, loss_all, payload_all, stale_all = gather((finite, loss, payload, stale if keep_stale else ()))
     # The step's lanes fill a contiguous block of the wave's buffers.
     at = tab["buffer_offset"]
@@ -924,7 +983,7 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
           return jnp.concatenate([buf[positions[k]] for k in range(num_contrib)])
 
         extra["sample_indices"] = joined(payload_buf["sample_indices"])
-        extra["sample_grads"] = jax.tree.map(joined, payload_buf["sample_grads"])
+        extra.update({k: jax.tree.map(joined, payload_buf[k]) for k in _PER_EXAMPLE if k in payload_buf})
         extra["sample_mask"] = jnp.concatenate(
             [kept[k] & payload_buf["sample_valid"][positions[k]] for k in range(num_contrib)])
       updates, new_state = tx.update(mixed["grad"], opt_state, params, staleness=staleness[first],

@@ -23,7 +23,7 @@ class ProxAsagaState(NamedTuple):
   count: jax.Array  # shape=(), int32: updates applied so far (indexes a learning-rate schedule)
 
   def runtime_inputs(self) -> tuple[str, ...]:
-    # Like dj.saga(table="scalars"): only a hand-written loop can compute them, and dj.simulate must say so.
+    # No sample_mask: dj.simulate, which pads per-example inputs and masks the padding, refuses it clearly.
     return ("sample_features", "sample_indices", "sample_scalars")
 
 
@@ -129,9 +129,10 @@ def prox_asaga(num_samples: int, learning_rate: float | optax.Schedule, prox: Pr
   padding), and optionally ``stale_params`` (:math:`\hat w`; default
   ``params``). The values of ``updates`` are not used (pass e.g. the
   gradient or zeros): the sparse step needs only :math:`s_i`; the output
-  has ``updates``' dtype. Indices are checked when concrete. As for
-  ``dj.saga``, ``dj.simulate`` refuses it (it cannot compute the per-sample
-  inputs yet): with delays, write the loop.
+  has ``updates``' dtype. Indices are checked when concrete.
+  ``dj.simulate`` refuses it with a clear error: it feeds per-example inputs
+  padded to a static shape with a ``sample_mask``, and this update takes
+  one unpadded sample (with delays, write the loop, as the tests do).
 
   Args:
     num_samples: :math:`n` (``>= 1``).

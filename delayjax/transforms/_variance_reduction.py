@@ -244,10 +244,11 @@ def saga(num_samples: int, *, table: str = "gradients") -> optax.GradientTransfo
   ``sample_mask`` (bool ``[b]``) leaves entries out: they are neither read
   nor written, and the means above run over the kept entries only (a
   runtime pads minibatches to one static shape this way).
-  ``dj.simulate`` computes the inputs of ``table="gradients"`` (per-example
-  gradients at the parameters each worker read: ASAGA with the table held by
-  the server); ``dj.delayed`` would pair a delayed gradient with the wrong
-  indices.
+  ``dj.simulate`` computes the inputs at the parameters each worker read
+  (ASAGA, with the table held by the server): per-example gradients for
+  ``table="gradients"``, and for ``table="scalars"`` the scalars and
+  features of its ``sample_terms`` argument; ``dj.delayed`` would pair a
+  delayed gradient with the wrong indices.
 
   Table forms:
 

@@ -73,7 +73,8 @@ def probe(learning_rate: float, num_workers: int):
 
 def reference(loss_fn, tx, params, data, schedule: dj.cluster.Schedule, *, batch_size: int,
               sampling: str = "iid", seed: int = 0, skip_nonfinite: bool = False, shards=None,
-              has_aux: bool = False, local_steps=None, local_optimizer=None, snapshot_every=None):
+              has_aux: bool = False, local_steps=None, local_optimizer=None, snapshot_every=None,
+              sample_terms=None):
   """Returns (params, opt_state, losses [U], nonfinite [(u, m)], versions).
 
   ``local_steps``: ``None`` or one int per worker, with ``local_optimizer``.
@@ -90,7 +91,7 @@ def reference(loss_fn, tx, params, data, schedule: dj.cluster.Schedule, *, batch
   versions = [(params, tx.init(params))]
   inputs = dj.runtime_inputs(versions[0][1])
   assert set(inputs) <= {"zeno_grad", "full_grad", "snapshot_grad", "sample_grads", "sample_indices",
-                         "sample_mask"}, inputs
+                         "sample_mask", "sample_scalars", "sample_features"}, inputs
   grad_fn = jax.jit(jax.grad(loss_fn, has_aux=has_aux))
 
   def grad_at(w, batch):
@@ -145,10 +146,15 @@ def reference(loss_fn, tx, params, data, schedule: dj.cluster.Schedule, *, batch
         loss, g = mean_gradient(w_read, drawn[m])
         if "snapshot_grad" in inputs:
           extras["snapshot_grad"] = mean_gradient_at(versions[u - u % epoch][0], drawn[m])
-        if "sample_grads" in inputs:
+        if "sample_indices" in inputs:
           extras["samples"] = samples
+        if "sample_grads" in inputs:
           extras["sample_grads"] = [grad_at(w_read, jax.tree.map(lambda x: jnp.asarray(x)[i:i + 1], data))
                                     for i in samples]
+        if "sample_scalars" in inputs:
+          terms = [sample_terms(w_read, jax.tree.map(lambda x: jnp.asarray(x)[i:i + 1], data)) for i in samples]
+          extras["sample_scalars"] = [t[0][0] for t in terms]
+          extras["sample_features"] = [jax.tree.map(lambda a: a[0], t[1]) for t in terms]
         drawn[m] += nb
       else:
         # H local steps from the read parameters; the push is minus the sum of the local updates.
@@ -190,10 +196,11 @@ def reference(loss_fn, tx, params, data, schedule: dj.cluster.Schedule, *, batch
       extra["full_grad"] = grad_at(w_u, data) if refresh else jax.tree.map(jnp.zeros_like, w_u)
     if "snapshot_grad" in inputs:
       extra["snapshot_grad"] = mean_of("snapshot_grad")
-    if "sample_grads" in inputs:
+    if "sample_indices" in inputs:
       extra["sample_indices"] = jnp.asarray([i for c in stalest_first for i in c["samples"]], jnp.int32)
-      extra["sample_grads"] = jax.tree.map(lambda *gs: jnp.stack(gs),
-                                           *[gi for c in stalest_first for gi in c["sample_grads"]])
+    for name in ("sample_grads", "sample_scalars", "sample_features"):
+      if name in inputs:
+        extra[name] = jax.tree.map(lambda *gs: jnp.stack(gs), *[gi for c in stalest_first for gi in c[name]])
     if "zeno_grad" in inputs:
       idx = server_minibatch_indices(seed, u, num_examples=num_examples, batch_size=batch_size)
       out = grad_fn(w_u, jax.tree.map(lambda x: jnp.asarray(x)[idx], data))

@@ -193,9 +193,23 @@ def test_bad_variance_reduction_arguments():
   with pytest.raises(ValueError, match=r"local_steps: tx requests per-contribution inputs \['snapshot_grad'\]"):
     dj.simulate(loss_fn, _svrg(), params, data, source, num_updates=4, local_steps=2,
                 local_optimizer=optax.sgd(0.1))
-  with pytest.raises(ValueError, match=r"cannot compute: \['sample_features', 'sample_scalars'\]"):
+  with pytest.raises(ValueError, match=r"sample_terms is required when tx requests sample_scalars"):
     dj.simulate(loss_fn, optax.chain(dj.saga(48, table="scalars"), optax.sgd(0.1)), params, data, source,
                 num_updates=4)
+  with pytest.raises(ValueError, match=r"and only then; tx requests no runtime inputs and sample_terms is given"):
+    dj.simulate(loss_fn, optax.sgd(0.1), params, data, source, num_updates=4, sample_terms=lambda w, b: None)
+  sparse = dj.problems.make_sparse("logistic", 16, 4, 2, lam=0.1, seed=0)
+  with pytest.raises(ValueError, match=r"\['ProxAsagaState'\] request per-example inputs without sample_mask"):
+    dj.simulate(sparse.loss_fn, dj.prox_asaga(16, 0.1, dj.prox_l1(0.01), support_counts=sparse.support_counts()),
+                jnp.zeros(4), sparse.data(), source, num_updates=4, batch_size=1, sample_terms=sparse.per_sample)
+  problem = dj.problems.make_dense("logistic", 16, 3, lam=0.1, seed=0)
+  scalar_saga = optax.chain(dj.saga(16, table="scalars"), optax.sgd(0.1))
+  for terms, match in ((lambda w, b: problem.per_sample(w, b).scalars, "must return a pair"),
+                       (lambda w, b: (jnp.zeros(3), problem.per_sample(w, b).features), r"scalars must have shape"),
+                       (lambda w, b: (problem.per_sample(w, b).scalars, {"a": b["x"]}), "structure of params")):
+    with pytest.raises((TypeError, ValueError), match=match):
+      dj.simulate(problem.loss_fn, scalar_saga, jnp.zeros(3), problem.data(), source, num_updates=4,
+                  batch_size=BATCH, sample_terms=terms)
   with pytest.raises(ValueError, match=r"at most one transformation in a chain may request snapshot_grad"):
     dj.simulate(loss_fn, optax.chain(dj.svrg(), dj.svrg(), optax.sgd(0.1)), params, data, source, num_updates=4)
 
@@ -212,3 +226,24 @@ def test_sparse_and_dense_finite_sums_give_the_same_asynchronous_runs():
     _assert_trees_close(runs[0].params, runs[1].params, rtol=1e-5, atol=1e-6)
     _assert_trees_close(runs[0].opt_state, runs[1].opt_state, rtol=1e-5, atol=1e-6)
     assert np.abs(np.asarray(runs[0].params)).max() > 1e-2  # it moved
+
+
+@pytest.mark.parametrize("name", ["async", "grouped"])
+def test_saga_scalar_table_matches_the_reference_and_the_gradient_table(name):
+  """With sample_terms (dj.problems' per_sample), the n-scalar table follows the reference, and
+  without a regularizer (lam = 0: both tables then hold the same gradients s_i x_i) it gives the
+  run of the full gradient table."""
+  problem = dj.problems.make_dense("least_squares", 40, 4, lam=0.0, seed=2)
+  schedule = _schedule(name)
+  w0 = jnp.zeros(4)
+  kw = dict(batch_size=BATCH, seed=3)
+  scalar = optax.chain(dj.saga(40, table="scalars"), optax.sgd(0.05))
+  table = optax.chain(dj.saga(40), optax.sgd(0.05))
+  result = dj.simulate(problem.loss_fn, scalar, w0, problem.data(), schedule, sample_terms=problem.per_sample, **kw)
+  ref_params, ref_state, _, _, _ = reference(problem.loss_fn, scalar, w0, problem.data(), schedule,
+                                             sample_terms=problem.per_sample, **kw)
+  _assert_trees_close(result.params, ref_params, rtol=2e-5, atol=2e-6)
+  _assert_trees_close(result.opt_state, ref_state, rtol=2e-5, atol=2e-6)
+  full = dj.simulate(problem.loss_fn, table, w0, problem.data(), schedule, **kw)
+  _assert_trees_close(result.params, full.params, rtol=2e-5, atol=2e-6)
+  assert np.abs(np.asarray(full.params)).max() > 0.1
