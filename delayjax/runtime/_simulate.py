@@ -26,8 +26,8 @@ from delayjax.transforms._hooks import read_params, requesting_states, runtime_i
 
 AXIS = "workers"
 # Server params, optimizer state, slots, the parameters the next step's lanes compute at, then the
-# wave's payload (gradients and per-contribution inputs), stale-params, loss and finiteness
-# buffers, and whether an SVRG snapshot is still due.
+# payload buffer (gradients and per-contribution inputs), stale-params, loss and finiteness
+# buffers of the gradients waiting for their update, and whether an SVRG snapshot is still due.
 CARRY_SPECS = (P(), P(), P(AXIS), P(AXIS), P(), P(), P(), P(), P())
 _CHECKPOINT_FILE = "simulate.msgpack"
 # The extra arguments simulate can compute when a transformation requests
@@ -84,7 +84,8 @@ class SimulationResult(NamedTuple):
     params: the server parameters after the last update.
     opt_state: the optimizer state after the last update.
     history: a :class:`History`.
-    stats: how the run was executed: ``num_waves``, ``mean_wave_length``,
+    stats: how the run was executed: ``num_waves`` and ``mean_wave_length``
+      (the schedule's waves, see below: how much of it is parallel),
       ``num_steps``, ``lanes`` (gradients per device per step),
       ``lane_utilization`` (fraction of computed gradients that were real
       rather than masked), ``num_slots`` (parameter copies per worker),
@@ -417,9 +418,12 @@ def simulate(
        over *its own* minibatches at the snapshot :math:`w_e` of its
        update's epoch (which the requesting state gives through
        ``snapshot_params()``), averaged over the update's contributions with
-       the gradient's weights. Waves are cut at epoch starts, so every
-       contribution's lane already knows its snapshot: this costs one more
-       gradient per minibatch, computed in parallel with the first.
+       the gradient's weights. A contribution's gradients are computed once
+       its update's epoch has begun (a step at version :math:`V` computes
+       only contributions to updates :math:`u \ge V` whose epoch started
+       by :math:`V`: the epoch of :math:`V`), so its lane knows the
+       snapshot: this costs one more gradient per minibatch, computed in
+       parallel with the first.
      * ``sample_indices``, ``sample_grads``, ``sample_mask`` (``dj.saga``,
        ``table="gradients"``): the examples of the update's contributions,
        stalest contribution first, each in draw order; per-example gradients
@@ -442,19 +446,22 @@ def simulate(
   :math:`t \bmod (\text{max\_delay} + 1)` (see :func:`schedule_from_delays`),
   so its staleness is :math:`\min(d_t, t)`.
 
-  How it runs: the updates are split on the host into *waves* (see
-  ``_waves.py``): runs ``[a, b)`` of updates whose contributions all read a
-  version :math:`\le a`, at most one per worker, so their gradients are
-  independent. A wave's gradients are computed together in one or more
-  *steps* of ``lanes`` gradients per device (``vmap``; with ``mesh``, a
-  ``shard_map`` over its ``workers`` axis, each device computing and holding
-  the read parameters of its own workers, the gradients then all-gathered);
-  then a loop applies the wave's updates in order, storing the reads they
-  enable; runtime inputs are computed in that loop, right before their
-  update (with ``mesh``, by every device, as the update itself is). Steps have one static shape (masked lanes where a wave has fewer
-  gradients) and run ``chunk_size`` at a time in one compiled ``lax.scan``
-  per dispatch, compiled once. A masked lane still costs a gradient:
-  ``stats["lane_utilization"]`` says how full the steps were.
+  How it runs: the schedule's *waves* are runs ``[a, b)`` of updates whose
+  contributions all read a version :math:`\le a`, at most one per worker, so
+  their gradients are independent. The host plans *steps* (see
+  ``_waves.py``): each computes ``lanes`` gradients per device (``vmap``;
+  with ``mesh``, a ``shard_map`` over its ``workers`` axis, each device
+  computing and holding the read parameters of its own workers, the
+  gradients then all-gathered) of contributions already read, earliest
+  update first, possibly across waves (a gradient computed ahead waits in a
+  buffer for its update); then a loop applies, in order, the updates whose
+  gradients are all computed, storing the reads they enable; runtime inputs
+  are computed in that loop, right before their update (with ``mesh``, by
+  every device, as the update itself is). Steps have one static shape
+  (masked lanes where fewer gradients are ready) and run ``chunk_size`` at a
+  time in one compiled ``lax.scan`` per dispatch, compiled once. A masked
+  lane still costs a gradient: ``stats["lane_utilization"]`` says how full
+  the steps were.
 
   Args:
     loss_fn: ``loss_fn(params, batch) -> scalar`` (or ``(scalar, aux)`` with
@@ -601,15 +608,16 @@ def simulate(
   if "full_grad" in inputs:
     # Johnson & Zhang's m = 2n single-example updates per epoch, in minibatches.
     epoch = snapshot_every or -(-2 * num_examples // batch_size)
-    epoch_starts = np.arange(0, num_updates, epoch)
   elif snapshot_every is not None:
     raise ValueError(
         f"snapshot_every={snapshot_every} is only used when tx requests full_grad (dj.svrg); tx requests "
         f"{list(inputs) or 'no runtime inputs'}.")
   else:
-    epoch, epoch_starts = None, None
-  # Every lane of a wave then computes its snapshot gradient at the same snapshot.
-  plan = plan_steps(schedule, num_workers, num_devices, lanes, local_steps=worker_steps, wave_starts=epoch_starts)
+    epoch = None
+  # A contribution is computed once its update's epoch has begun, so every lane of a step computes
+  # its snapshot gradient at the step's snapshot.
+  plan = plan_steps(schedule, num_workers, num_devices, lanes, local_steps=worker_steps,
+                    not_before=None if epoch is None else np.arange(num_updates) // epoch * epoch)
   if chunk_size is None:
     num_chunks = max(1, -(-plan.num_steps // 256))
     chunk_size = -(-plan.num_steps // num_chunks)
@@ -635,8 +643,8 @@ def simulate(
   def buffer(x, *lead):
     return np.zeros(lead + np.shape(x), np.asarray(x).dtype)
 
-  # The carry: server state, each worker's read parameters, and the current
-  # wave's gradients (a wave's steps may straddle two chunks).
+  # The carry: server state, each worker's read parameters, and the gradients
+  # waiting for their update (they may straddle chunks).
   size = plan.buffer_size
   payload = _payload_like(params, inputs, _max_batches(plan) * batch_size, terms)
   slots = jax.tree.map(lambda x: buffer(x, num_workers, plan.num_slots), params)
@@ -676,7 +684,7 @@ def simulate(
     tables["upd_eval"] = eval_flag[tables["upd_index"]] & valid
     if epoch is not None:
       tables["upd_refresh"] = (tables["upd_index"] % epoch == 0) & valid
-      tables["snap_fresh"] = plan.starts[plan.wave_of_step(chunk * chunk_size, chunk_size)] % epoch == 0
+      tables["snap_fresh"] = plan.version_of_step(chunk * chunk_size, chunk_size) % epoch == 0
     lane_tabs = {k: put(v, P(None, AXIS)) for k, v in tables.items() if k.startswith("lane_")}
     step_tabs = {k: put(v, P()) for k, v in tables.items() if not k.startswith("lane_")}
     if _inspect is not None:
@@ -777,7 +785,7 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
                     plan: StepPlan, skip_nonfinite, always_applies, mesh, inputs: tuple[str, ...],
                     local_steps: np.ndarray | None, local_optimizer, max_batches: int, sample_terms, terms):
   """Compiles one chunk: a ``lax.scan`` over steps, each computing a vector of gradients and
-  (at the end of a wave) applying the wave's updates in order."""
+  applying, in order, the updates whose gradients are all computed."""
   per_device = plan.num_workers // plan.num_devices
   samples = max_batches * batch_size
   num_contrib = plan.upd_worker.shape[2]
@@ -919,8 +927,8 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
     # of the previous step (the server state has not changed since).
     workers = lane["lane_worker"]
     if svrg:
-      # The step's wave lies in one epoch; a snapshot taken at its first update (or still due
-      # because no update has been applied since the epoch began) is the current parameters.
+      # The step's lanes are all in the epoch of its version V; if V starts it (or the epoch's
+      # snapshot is still due: no update applied since it began), the snapshot is the current parameters.
       snap = _tree_where(tab["snap_fresh"] | snapshot_due, params, _snapshot_params(opt_state))
     else:
       snap = ()
@@ -929,7 +937,7 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
         shard_rows[local_rows(workers)], shard_sizes[local_rows(workers)])
     finite = jax.vmap(_all_finite)({k: v for k, v in payload.items() if k in _MIXED + _PER_EXAMPLE})
     finite_all, loss_all, payload_all, stale_all = gather((finite, loss, payload, stale if keep_stale else ()))
-    # The step's lanes fill a contiguous block of the wave's buffers.
+    # The step's lanes fill a contiguous block of the buffers.
     at = tab["buffer_offset"]
     payload_buf = jax.tree.map(lambda b, g: store(b, at, g), payload_buf, payload_all)
     if keep_stale:
@@ -945,7 +953,7 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
       slots = jax.tree.map(lambda s, v: s.at[row, tab["read_slot"][i]].set(v, mode="drop"), slots, value)
       return params, opt_state, slots
 
-    # Reads of this version for later waves come first in the list; they are
+    # Reads of this version for later steps come first in the list; they are
     # stored only now, after the gradients that may still have needed a slot.
     _, _, slots = jax.lax.fori_loop(0, tab["read_first"], read, (params, opt_state, slots))
 

@@ -3,21 +3,21 @@
 Everything here is NumPy on the host; the device loop in ``_simulate.py``
 only follows the tables built here.
 
-A *wave* covers the updates ``[start, stop)``; waves are formed greedily so
-that every contribution to those updates was computed at a version
-``<= start`` and no worker contributes twice. All its gradients can then be
-computed while the server holds version ``start`` (every read they need has
-happened), and its updates applied in order afterwards.
-
-A wave's gradients are packed into *steps* of ``lanes`` gradients per device
-(one ``vmap`` each); a wave with more contributions than that takes several
-steps, all at the same server version, and its updates are applied in the
-last one. Packing keeps the masked (wasted) lanes few when waves vary in size,
-as they do when workers have random speeds.
+The device loop runs *steps*: each computes ``lanes`` gradients per device
+(one ``vmap``) at the current server version ``V``, then applies, in order,
+every update from ``V`` on whose gradients have all been computed. Any
+contribution whose read has happened (read version ``<= V``) may be computed,
+however far ahead its update is, so steps are filled earliest update first
+(``_schedule_steps``) and lanes are rarely masked, even when workers have
+random speeds and the schedule's *waves* (maximal runs of updates whose
+contributions all read a version no newer than the run's start, one per worker:
+what a whole step could compute at once) vary in size. Gradients computed
+ahead wait in a buffer until their update.
 
 Each worker keeps its read parameters in one of ``num_slots`` slots (its
-``k``-th contribution uses slot ``k mod num_slots``). One slot is enough when
-a worker never reads again before its previous gradient has been computed;
+``k``-th contribution uses slot ``k mod num_slots``) when the version it read
+is left behind before its gradient is computed. One slot is enough when a
+worker never reads again before its previous gradient has been computed;
 schedules where a worker reads while an older push is still on its way to
 the server get more.
 """
@@ -25,6 +25,7 @@ the server get more.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 
 import numpy as np
 
@@ -48,9 +49,10 @@ class StepPlan:
       ``minibatch_indices``); ``lane_batches = num_batches >= 1``.
   Where each step's gradients go, ``[T]``:
     buffer_offset: lane ``l`` lands at row ``buffer_offset + l`` of the
-      wave's gradient buffer (steps of a wave fill consecutive blocks).
+      gradient buffer (a block of ``lanes * devices`` rows none of whose
+      gradients still waits for its update).
   Updates applied at the end of the step, ``[T]`` and ``[T, L]``:
-    upd_count: how many (0 except in a wave's last step).
+    upd_count: how many.
     upd_index: update index ``u``.
     upd_pos, upd_worker, upd_batches, upd_staleness: ``[T, L, K]``, the
       update's contributions stalest first (ties: lowest worker), padded
@@ -69,8 +71,7 @@ class StepPlan:
   lanes: int
   num_slots: int
   buffer_size: int
-  starts: np.ndarray  # int64 [W + 1]: wave starts, then num_updates
-  step_of_wave_end: np.ndarray  # int64 [W]: the step that applies each wave's updates
+  starts: np.ndarray  # int64 [W + 1]: wave starts, then num_updates (statistics only)
   lane_active: np.ndarray
   lane_worker: np.ndarray
   lane_slot: np.ndarray
@@ -91,7 +92,7 @@ class StepPlan:
   read_worker: np.ndarray
   read_slot: np.ndarray
 
-  _META = ("num_workers", "num_devices", "lanes", "num_slots", "buffer_size", "starts", "step_of_wave_end")
+  _META = ("num_workers", "num_devices", "lanes", "num_slots", "buffer_size", "starts")
 
   @property
   def num_waves(self) -> int:
@@ -105,10 +106,10 @@ class StepPlan:
     """Fraction of computed lanes that carry a real gradient (the rest are masked)."""
     return float(self.lane_active.mean()) if self.lane_active.size else 0.0
 
-  def wave_of_step(self, first: int, count: int) -> np.ndarray:
-    """The wave of steps ``first .. first + count - 1`` (padding steps: the last wave)."""
-    steps = np.arange(first, first + count)
-    return np.minimum(np.searchsorted(self.step_of_wave_end, steps), max(self.num_waves - 1, 0))
+  def version_of_step(self, first: int, count: int) -> np.ndarray:
+    """The server version (updates applied before it) of steps ``first .. first + count - 1``."""
+    before = np.concatenate([[0], np.cumsum(self.upd_count)])
+    return before[np.minimum(np.arange(first, first + count), self.num_steps)]
 
   def tables(self, first: int, count: int) -> dict[str, np.ndarray]:
     """The tables of steps ``first .. first + count - 1``, padded with empty steps.
@@ -139,18 +140,18 @@ class StepPlan:
 
 
 def _waves(schedule: Schedule, cu: np.ndarray, cm: np.ndarray, cv: np.ndarray,
-           first: np.ndarray, cuts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+           first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   """Greedy waves: cut before an update that needs a version newer than the wave's start,
-  a second gradient from a worker already in the wave, or one of ``cuts`` (bool ``[U]``)."""
+  or a second gradient from a worker already in the wave."""
   num_updates = schedule.num_updates
   wave_of_update = np.empty(num_updates, np.int64)
   starts = [0]
   last_wave = [-1] * schedule.num_workers
   wave = start = 0
-  vs, ms, bounds, cut = cv.tolist(), cm.tolist(), first.tolist(), cuts.tolist()
+  vs, ms, bounds = cv.tolist(), cm.tolist(), first.tolist()
   for u in range(num_updates):
     lo, hi = bounds[u], bounds[u + 1]
-    if u > start and (cut[u] or any(vs[c] > start or last_wave[ms[c]] == wave for c in range(lo, hi))):
+    if u > start and any(vs[c] > start or last_wave[ms[c]] == wave for c in range(lo, hi)):
       wave += 1
       start = u
       starts.append(u)
@@ -160,12 +161,124 @@ def _waves(schedule: Schedule, cu: np.ndarray, cm: np.ndarray, cv: np.ndarray,
   return wave_of_update, np.asarray(starts + [num_updates], np.int64)
 
 
-def _choose_lanes(counts: np.ndarray, per_device: int) -> int:
-  """The lanes per device that minimize (steps) x (lanes + per-step overhead)."""
+def _schedule_steps(cu: np.ndarray, cv: np.ndarray, ready: np.ndarray, device: np.ndarray, num_devices: int,
+                    lanes: int, per_update: np.ndarray, rank: np.ndarray, order: np.ndarray, num_slots: int | None):
+  """Assigns every contribution a step and lane, and every update the step that applies it.
+
+  Steps are built one at a time at the server version ``V`` (updates applied
+  so far). Each device computes up to ``lanes`` of the contributions already
+  read and ready (``ready``, a version ``>=`` the read version, ``<= V``) and
+  not yet computed, earliest update first
+  (ties: lowest worker); the step then applies every update from ``V`` on
+  whose contributions have all been computed. A contribution computed at its
+  own read version reads the server state directly (*fresh*); one whose
+  version is about to be left behind, uncomputed, is stored in its worker's
+  slot ``rank mod num_slots`` at that version: before the step's updates
+  (reads of ``V``) or right after update ``v - 1`` (reads of a version ``v``
+  the step passes through).
+
+  Returns ``None`` if a slot would be overwritten before the contribution
+  that used it was computed (more slots are needed); without ``num_slots``,
+  only the step count matters and slots are not checked. Otherwise returns
+  ``compute_step``, ``lane_of`` (within its device), ``fresh`` (per
+  contribution), ``apply_step`` (per update), and per step the number of
+  reads of its own version and its reads as ``(contribution, after)`` pairs
+  (``after``: the update they follow, ``-1`` for the step's own version).
+  """
+  n, num_updates = cu.size, per_update.size
+  prev = np.full(n, -1, np.int64)  # the contribution that used the same slot before
+  if num_slots is not None:
+    where = np.empty(n, np.int64)
+    where[order] = np.arange(n)
+    reuse = rank >= num_slots
+    prev[reuse] = order[where[reuse] - num_slots]
+  by_read = np.argsort(cv, kind="stable")
+  read_bounds = np.searchsorted(cv[by_read], np.arange(num_updates + 2)).tolist()
+  by_ready = np.argsort(ready, kind="stable").tolist()
+  ready_l = ready.tolist()
+  by_read, cu_l, cv_l, dev_l, prev_l = by_read.tolist(), cu.tolist(), cv.tolist(), device.tolist(), prev.tolist()
+  remaining = per_update.tolist()
+  heaps: list[list[tuple[int, int]]] = [[] for _ in range(num_devices)]
+  compute_step = [-1] * n
+  lane_of = [0] * n
+  fresh = [False] * n
+  apply_step = [0] * num_updates
+  read_first_of: list[int] = []
+  reads: list[list[tuple[int, int]]] = []
+  version = released = step = 0
+  while version < num_updates:
+    # Contributions come sorted by update, then worker: the index orders ties.
+    while released < n and ready_l[by_ready[released]] <= version:
+      c = by_ready[released]
+      heapq.heappush(heaps[dev_l[c]], (cu_l[c], c))
+      released += 1
+    for heap in heaps:
+      for lane in range(min(lanes, len(heap))):
+        _, c = heapq.heappop(heap)
+        compute_step[c], lane_of[c], fresh[c] = step, lane, cv_l[c] == version
+        remaining[cu_l[c]] -= 1
+    new = version
+    while new < num_updates and remaining[new] == 0:
+      new += 1
+    entries: list[tuple[int, int]] = []
+    first = 0
+    for v in range(version, new):
+      for i in range(read_bounds[v], read_bounds[v + 1]):
+        c = by_read[i]
+        if compute_step[c] >= 0:
+          continue
+        if prev_l[c] >= 0 and compute_step[prev_l[c]] < 0:
+          return None
+        entries.append((c, -1 if v == version else v - 1))
+        first += v == version
+    for u in range(version, new):
+      apply_step[u] = step
+    read_first_of.append(first)
+    reads.append(entries)
+    version = new
+    step += 1
+  return (np.asarray(compute_step, np.int64), np.asarray(lane_of, np.int64), np.asarray(fresh, bool),
+          np.asarray(apply_step, np.int64), read_first_of, reads)
+
+
+def _buffer_blocks(compute_step: np.ndarray, cu: np.ndarray, apply_step: np.ndarray,
+                   num_steps: int) -> tuple[np.ndarray, int]:
+  """Each step's block of the gradient buffer: the lowest one whose gradients have all been applied."""
+  # A block is busy from its step through the step applying its last update.
+  busy_through = np.arange(num_steps)
+  if cu.size:
+    np.maximum.at(busy_through, compute_step, apply_step[cu])
+  block_of_step = np.zeros(num_steps, np.int64)
+  free_after: list[int] = []  # per block: the last step it is busy
+  for s, last in enumerate(busy_through.tolist()):
+    for b, until in enumerate(free_after):
+      if until < s:
+        break
+    else:
+      b = len(free_after)
+      free_after.append(0)
+    free_after[b] = last
+    block_of_step[s] = b
+  return block_of_step, max(len(free_after), 1)
+
+
+def _choose_lanes(cu: np.ndarray, cv: np.ndarray, ready: np.ndarray, device: np.ndarray, num_devices: int,
+                  per_device: int, per_update: np.ndarray) -> int:
+  """The lanes per device that minimize (steps) x (lanes + per-step overhead).
+
+  Every width up to 8 is tried, then widths about 25% apart: each try plans
+  the whole schedule.
+  """
+  candidates = set(range(1, min(per_device, 8) + 1)) | {per_device}
+  width = 8.0
+  while width < per_device:
+    candidates.add(int(round(width)))
+    width *= 1.25
   best, best_cost = 1, np.inf
-  for lanes in range(1, per_device + 1):
-    steps = np.maximum(1, (-(-counts // lanes)).max(axis=1))
-    cost = steps.sum() * (lanes + _STEP_COST)
+  empty = np.zeros(0, np.int64)
+  for lanes in sorted(candidates):
+    steps = len(_schedule_steps(cu, cv, ready, device, num_devices, lanes, per_update, empty, empty, None)[4])
+    cost = steps * (lanes + _STEP_COST)
     if cost < best_cost:
       best, best_cost = lanes, cost
   return best
@@ -173,16 +286,18 @@ def _choose_lanes(counts: np.ndarray, per_device: int) -> int:
 
 def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
                lanes: int | None = None, local_steps: np.ndarray | None = None,
-               wave_starts: np.ndarray | None = None) -> StepPlan:
-  """Splits ``schedule`` into waves and steps for ``num_workers`` workers on ``num_devices`` devices.
+               not_before: np.ndarray | None = None) -> StepPlan:
+  """Splits ``schedule`` into steps for ``num_workers`` workers on ``num_devices`` devices.
 
   ``num_workers`` is the schedule's, padded to a multiple of ``num_devices``
   (padding workers never contribute); ``lanes`` is the step width per device
   (default: chosen to minimize computed lanes plus per-step overhead);
   ``local_steps`` (``[num_workers]``, default all 1): each contribution of
   worker ``m`` draws ``num_batches * local_steps[m]`` minibatches, which
-  ``lane_draw`` counts; ``wave_starts``: updates that must begin a wave (e.g.
-  the epoch starts of SVRG, whose lanes then all share one snapshot).
+  ``lane_draw`` counts; ``not_before`` (``[num_updates]``, default 0): the
+  earliest server version at which a contribution to each update may be
+  computed, besides its read (e.g. its SVRG epoch's start, so that every
+  lane of a step is in the step's epoch and shares its snapshot).
   """
   num_updates = schedule.num_updates
   per_device = num_workers // num_devices
@@ -192,13 +307,7 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
   n = cu.size
   per_update = np.bincount(cu, minlength=num_updates)
   first = np.concatenate([[0], np.cumsum(per_update)])
-  cuts = np.zeros(num_updates, bool)
-  if wave_starts is not None:
-    cuts[np.asarray(wave_starts, np.int64)] = True
-  wave_of_update, starts = _waves(schedule, cu, cm, cv, first, cuts)
-  num_waves = starts.shape[0] - 1
-  cw = wave_of_update[cu]
-  compute_at = starts[cw]  # the version each gradient is computed at
+  _, starts = _waves(schedule, cu, cm, cv, first)
 
   # Per-worker order: rank k, minibatches drawn before, slot k mod S.
   order = np.lexsort((cu, cm))
@@ -214,36 +323,28 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
   drawn = np.cumsum(draws_sorted) - draws_sorted
   draw = np.empty(n, np.int64)
   draw[order] = drawn - drawn[group_start] if n else drawn
-  # Slot k mod S is reused by contribution k + S, whose read must not come
-  # before contribution k's gradient is computed (at the same version is fine:
-  # a wave stores reads of its own version after computing).
-  num_slots = 1
-  v_sorted, at_sorted = cv[order], compute_at[order]
-  while n > num_slots and np.any((m_sorted[num_slots:] == m_sorted[:-num_slots])
-                                 & (v_sorted[num_slots:] < at_sorted[:-num_slots])):
-    num_slots += 1
-  slot = rank % num_slots
-  fresh = cv == compute_at
-
-  # Pack each wave's contributions into steps, per device, in worker order.
   device = cm // per_device
-  counts = np.zeros((num_waves, num_devices), np.int64)
-  np.add.at(counts, (cw, device), 1)
+  ready = cv if not_before is None else np.maximum(cv, np.asarray(not_before, np.int64)[cu])
   if lanes is None:
-    lanes = _choose_lanes(counts, per_device)
-  steps_of_wave = np.maximum(1, (-(-counts // lanes)).max(axis=1))
-  step_offset = np.concatenate([[0], np.cumsum(steps_of_wave)])
-  num_steps = int(step_offset[-1])
+    lanes = _choose_lanes(cu, cv, ready, device, num_devices, per_device, per_update)
+  # The fewest slots per worker that the steps never need to overwrite while
+  # still in use.
+  num_slots = 1
+  while (sched := _schedule_steps(cu, cv, ready, device, num_devices, lanes, per_update, rank, order,
+                                  num_slots)) is None:
+    num_slots += 1
+  compute_step, lane_of, fresh, apply_step, read_first_of, reads = sched
+  slot = rank % num_slots
+  num_steps = int(apply_step.max()) + 1 if num_updates else 1
   width = lanes * num_devices
-  by_wave_device = np.lexsort((cm, device, cw))
-  key = cw[by_wave_device] * num_devices + device[by_wave_device]
-  key_first = np.searchsorted(key, key)
-  j = np.empty(n, np.int64)
-  j[by_wave_device] = np.arange(n) - key_first
-  step = step_offset[cw] + j // lanes
-  lane = device * lanes + j % lanes
-  pos = (j // lanes) * width + lane  # position in the wave's gradient buffer
-  buffer_size = int(steps_of_wave.max()) * width
+  lane = device * lanes + lane_of
+
+  # Each step writes its gradients to a block of `width` rows of the buffer:
+  # the lowest block none of whose gradients still waits for its update.
+  block_of_step, num_blocks = _buffer_blocks(compute_step, cu, apply_step, num_steps)
+  buffer_offset = (block_of_step * width).astype(np.int32)
+  pos = buffer_offset[compute_step] + lane if n else np.zeros(0, np.int64)
+  buffer_size = num_blocks * width
 
   shape = (num_steps, width)
   lane_active = np.zeros(shape, bool)
@@ -253,25 +354,22 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
   lane_update = np.zeros(shape, np.int32)
   lane_draw = np.zeros(shape, np.int32)
   lane_batches = np.ones(shape, np.int32)
-  lane_active[step, lane] = True
-  lane_worker[step, lane] = cm
-  lane_slot[step, lane] = slot
-  lane_fresh[step, lane] = fresh
-  lane_update[step, lane] = cu
-  lane_draw[step, lane] = draw
-  lane_batches[step, lane] = cnb
-  buffer_offset = ((np.arange(num_steps) - np.repeat(step_offset[:-1], steps_of_wave)) * width).astype(np.int32)
+  lane_active[compute_step, lane] = True
+  lane_worker[compute_step, lane] = cm
+  lane_slot[compute_step, lane] = slot
+  lane_fresh[compute_step, lane] = fresh
+  lane_update[compute_step, lane] = cu
+  lane_draw[compute_step, lane] = draw
+  lane_batches[compute_step, lane] = cnb
 
-  # Updates, applied in their wave's last step.
-  end_step = step_offset[1:] - 1
-  lengths = np.diff(starts)
-  max_len = int(lengths.max()) if num_waves else 1
-  position = np.arange(num_updates) - starts[wave_of_update]
-  ustep = end_step[wave_of_update]
-  upd_count = np.zeros(num_steps, np.int32)
-  upd_count[end_step] = lengths
+  # Updates, in order, each in the step that computes its last gradient (or
+  # later, behind an earlier update still waiting).
+  upd_count = np.bincount(apply_step, minlength=num_steps).astype(np.int32)
+  max_len = max(int(upd_count.max()) if num_updates else 1, 1)
+  step_first = np.concatenate([[0], np.cumsum(upd_count)])
+  position = np.arange(num_updates) - step_first[apply_step]
   upd_index = np.zeros((num_steps, max_len), np.int32)
-  upd_index[ustep, position] = np.arange(num_updates)
+  upd_index[apply_step, position] = np.arange(num_updates)
   max_contrib = max(int(per_update.max()) if num_updates else 1, 1)
   kshape = (num_steps, max_len, max_contrib)
   upd_pos = np.zeros(kshape, np.int32)
@@ -283,44 +381,35 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
   # update's staleness, stale parameters and worker.
   by_update = np.lexsort((cm, -staleness, cu))
   k = np.arange(n) - first[cu[by_update]]
-  rows = (ustep[cu[by_update]], position[cu[by_update]], k)
+  rows = (apply_step[cu[by_update]], position[cu[by_update]], k)
   upd_pos[rows] = pos[by_update]
   upd_worker[rows] = cm[by_update]
   upd_batches[rows] = cnb[by_update]
   upd_staleness[rows] = staleness[by_update]
 
-  # Reads through a slot: of a wave's start version (after its gradients),
-  # or of version v right after update v - 1 (inside v's wave).
-  stored = ~fresh
-  sv, sm, ss = cv[stored], cm[stored], slot[stored]
-  read_wave = np.searchsorted(starts[:-1], sv, side="right") - 1
-  after = np.where(starts[read_wave] == sv, -1, sv - 1)  # -1: at the wave start
-  r_order = np.lexsort((sm, after, read_wave))
-  read_wave, after, sm, ss = read_wave[r_order], after[r_order], sm[r_order], ss[r_order]
-  per_wave_reads = np.bincount(read_wave, minlength=num_waves)
-  max_reads = max(int(per_wave_reads.max()) if sv.size else 0, 1)
-  r_first = np.concatenate([[0], np.cumsum(per_wave_reads)])
-  r_index = np.arange(sv.size) - r_first[read_wave]
-  rstep = end_step[read_wave]
+  # Reads through a slot, per step: first those of the step's own version
+  # (after its gradients, before its updates), then those of version u + 1
+  # right after update u.
+  max_reads = max([len(r) for r in reads] + [1])
   read_worker = np.full((num_steps, max_reads), num_workers, np.int32)
   read_slot = np.zeros((num_steps, max_reads), np.int32)
-  read_worker[rstep, r_index] = sm
-  read_slot[rstep, r_index] = ss
   read_first = np.zeros(num_steps, np.int32)
-  np.add.at(read_first, rstep[after < 0], 1)
-  # Entries for update u are contiguous (sorted by `after`): begin = first
-  # index with after >= u, end = first with after > u, within the wave.
   read_begin = np.zeros((num_steps, max_len), np.int32)
   read_end = np.zeros((num_steps, max_len), np.int32)
-  global_after = np.where(after < 0, -1, after)
-  sort_key = read_wave * (num_updates + 1) + (global_after + 1)
-  u_key = wave_of_update * (num_updates + 1) + (np.arange(num_updates) + 1)
-  read_begin[ustep, position] = np.searchsorted(sort_key, u_key, side="left") - r_first[wave_of_update]
-  read_end[ustep, position] = np.searchsorted(sort_key, u_key, side="right") - r_first[wave_of_update]
+  for s, entries in enumerate(reads):
+    read_first[s] = read_first_of[s]
+    for i, (c, after) in enumerate(entries):
+      read_worker[s, i] = cm[c]
+      read_slot[s, i] = slot[c]
+    if entries:
+      afters = np.asarray([a for _, a in entries], np.int64)
+      us = upd_index[s, :upd_count[s]]
+      read_begin[s, :upd_count[s]] = np.searchsorted(afters, us, side="left")
+      read_end[s, :upd_count[s]] = np.searchsorted(afters, us, side="right")
 
   return StepPlan(
       num_workers=num_workers, num_devices=num_devices, lanes=lanes, num_slots=num_slots,
-      buffer_size=buffer_size, starts=starts, step_of_wave_end=end_step, lane_active=lane_active,
+      buffer_size=buffer_size, starts=starts, lane_active=lane_active,
       lane_worker=lane_worker, lane_slot=lane_slot, lane_fresh=lane_fresh, lane_update=lane_update,
       lane_draw=lane_draw, lane_batches=lane_batches, buffer_offset=buffer_offset, upd_count=upd_count,
       upd_index=upd_index, upd_pos=upd_pos, upd_worker=upd_worker, upd_batches=upd_batches,

@@ -198,7 +198,7 @@ def test_resume_is_bit_identical(tmp_path):
     dj.simulate(loss_fn, tx, params, data, schedule, checkpoint_dir=tmp_path, **{**kwargs, "seed": 5})
 
 
-def test_same_seed_is_bit_identical_and_chunking_does_not_matter():
+def test_same_seed_is_bit_identical_and_chunking_and_lanes_do_not_matter():
   data, loss_fn, params = regression_problem()
   schedule = _cluster(dj.cluster.ssp(2), 4, 30, seed=11)
   tx = probe(0.05, 4)
@@ -207,6 +207,11 @@ def test_same_seed_is_bit_identical_and_chunking_does_not_matter():
   c = dj.simulate(loss_fn, tx, params, data, schedule, batch_size=BATCH, seed=8)
   _assert_trees_equal(a.params, b.params)
   np.testing.assert_array_equal(a.history.loss, b.history.loss)
+  # Nor does how many gradients a step computes (which changes which step computes each).
+  for lanes in (1, 3):
+    d = dj.simulate(loss_fn, tx, params, data, schedule, batch_size=BATCH, seed=7, lanes=lanes)
+    _assert_trees_equal(a.params, d.params)
+    np.testing.assert_array_equal(a.history.loss, d.history.loss)
   assert not np.array_equal(a.history.loss, c.history.loss)
 
 
