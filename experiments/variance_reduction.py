@@ -44,12 +44,10 @@ gradient norm of 1e-12, cached on disk; for least squares ``f(w) - f*`` is
 ``(w - w*)' H (w - w*) / 2``, without cancellation). Each run is one compiled ``lax.scan`` over an epoch's updates,
 called once per epoch (one compile per problem, method and tau).
 
-Cost: on CPU, XLA copies SAGA's ``[n, d]`` table at every update inside
-the scan (measured: about 1.7 ms per update for a 20000 x 200 float64 table,
-the same with a hand-written ``dynamic_update_slice``), so SAGA's time grows
-with ``n * d`` per update; the paper scale's least-squares problem (2000 x
-100) is sized for that. A larger problem wants ``dj.saga(n, table="scalars")``
-(``n`` numbers; its table is float32, not used here).
+Cost: ``dj.saga`` writes its ``[n, d]`` table in place inside the scan, so
+an update costs about twice an SGD update whatever ``n``
+(``python -m experiments.bench_saga``); ``dj.saga(n, table="scalars")``
+would keep ``n`` numbers instead (its table is float32, not used here).
 
 Claims (thresholds in the config): (1) SVRG and SAGA reach suboptimality
 below ``target`` (1e-8) within the epoch budget at every tau; (2) SGD with

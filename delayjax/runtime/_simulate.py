@@ -168,8 +168,7 @@ def _terms_spec(sample_terms: Callable[..., Any], params: Any, data: Any, batch_
       raise ValueError(
           f"sample_terms: feature leaves must have shape [batch, *param_shape] = {(batch_size,) + np.shape(p)}; "
           f"got {a.shape}.")
-  one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), (scalars, features))
-  return one
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), (scalars, features))
 
 
 def _input_examples(params: Any, inputs: tuple[str, ...], samples: int, terms: Any = None) -> dict[str, Any]:

@@ -345,7 +345,6 @@ def saga(num_samples: int, *, table: str = "gradients") -> optax.GradientTransfo
       delta = jnp.where(last, s_new - s_old, 0.0)
       old_mean = jax.tree.map(lambda a: kept_mean(s_old, a), sample_features)
       added = jax.tree.map(lambda a: jnp.tensordot(delta.astype(a.dtype), a, axes=1), sample_features)
-      new_table = state.table.at[idx].add(delta)
     else:
       if sample_grads is None:
         if not single:
@@ -358,11 +357,20 @@ def saga(num_samples: int, *, table: str = "gradients") -> optax.GradientTransfo
                                                    jnp.zeros_like(o)), sample_grads, old)
       old_mean = jax.tree.map(lambda o: kept_mean(jnp.ones((b,), o.dtype), o), old)
       added = jax.tree.map(lambda d: jnp.sum(d, axis=0), diff)
-      new_table = jax.tree.map(lambda t, d: t.at[idx].add(d), state.table, diff)
     out = jax.tree.map(
         lambda g, o, s: g - o.astype(g.dtype) + (s / jnp.asarray(n, s.dtype)).astype(g.dtype),
         updates, old_mean, state.table_sum)
     new_sum = jax.tree.map(lambda s, a: s + a.astype(s.dtype), state.table_sum, added)
+    # Inside a loop (lax.scan, a runtime's update loop), XLA writes the table in place only if it can
+    # tell that every read of its old rows comes first; otherwise it copies the whole table at every
+    # update (n x d numbers for one row's change). Write indices that depend on what was read give
+    # it that order; they equal idx (min(idx, n or n + 1) changes no index, in range or not).
+    order = jnp.isnan(sum(jnp.sum(x.astype(jnp.float32)) for x in jax.tree.leaves((out, new_sum))))
+    write = jnp.minimum(idx, n + order.astype(jnp.int32))
+    if scalars:
+      new_table = state.table.at[write].add(delta)
+    else:
+      new_table = jax.tree.map(lambda t, d: t.at[write].add(d), state.table, diff)
     return out, state_type(table=new_table, table_sum=new_sum, count=optax.safe_increment(state.count))
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
