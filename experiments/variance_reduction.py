@@ -46,7 +46,7 @@ called once per epoch (one compile per problem, method and tau).
 
 Cost: ``dj.saga`` writes its ``[n, d]`` table in place inside the scan, so
 an update costs about twice an SGD update whatever ``n``
-(``python -m experiments.bench_saga``); ``dj.saga(n, table="scalars")``
+(``python -m experiments.bench_tables``); ``dj.saga(n, table="scalars")``
 would keep ``n`` numbers instead (its table is float32, not used here).
 
 Claims (thresholds in the config): (1) SVRG and SAGA reach suboptimality

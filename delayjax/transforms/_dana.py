@@ -11,6 +11,7 @@ import optax
 from delayjax._checks import check_float, check_int
 from delayjax.transforms._dc_asgd import delay_compensation
 from delayjax.transforms._extra_args import check_worker
+from delayjax.transforms._rows import written_row
 from delayjax.transforms._hyperparams import LearningRate, check_positive_rate, descend, rate_at
 
 
@@ -39,13 +40,13 @@ def _scale_by_dana(learning_rate: LearningRate, momentum: float, num_workers: in
     del params, extra_args
     m = check_worker("dana", worker, num_workers)
     # Same arithmetic as optax.sgd(lr, momentum): v <- g + gamma v, u = -lr v.
-    new_v = jax.tree.map(lambda g, v: g + momentum * v[m], updates, state.momentum)
+    table = written_row(state.momentum, m, lambda v: jax.tree.map(lambda g, row: g + momentum * row, updates, v))
     step = rate_at(learning_rate, state.count)
-    out = jax.tree.map(lambda v: descend(step, v), new_v)
+    out = jax.tree.map(lambda v: descend(step, v[m]), table)
     count = optax.safe_increment(state.count)
     new_state = DanaState(
         count=count,
-        momentum=jax.tree.map(lambda v, row: v.at[m].set(row), state.momentum, new_v),
+        momentum=table,
         lookahead=jnp.asarray(rate_at(learning_rate, count) * momentum, jnp.float32))
     return out, new_state
 
@@ -69,13 +70,13 @@ def _scale_by_dana_slim(learning_rate: LearningRate, momentum: float, num_worker
     del params, extra_args
     m = check_worker("dana_slim", worker, num_workers)
     # Worker side, the arithmetic of optax.sgd(lr, momentum, nesterov=True): v <- g + gamma v, push g + gamma v.
-    new_v = jax.tree.map(lambda g, v: g + momentum * v[m], updates, state.momentum)
-    pushed = jax.tree.map(lambda g, v: g + momentum * v, updates, new_v)
+    table = written_row(state.momentum, m, lambda v: jax.tree.map(lambda g, row: g + momentum * row, updates, v))
+    pushed = jax.tree.map(lambda g, v: g + momentum * v[m], updates, table)
     # Server side: a plain SGD step on what the worker pushed.
     out = jax.tree.map(lambda d: descend(rate_at(learning_rate, state.count), d), pushed)
     new_state = DanaSlimState(
         count=optax.safe_increment(state.count),
-        momentum=jax.tree.map(lambda v, row: v.at[m].set(row), state.momentum, new_v))
+        momentum=table)
     return out, new_state
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)

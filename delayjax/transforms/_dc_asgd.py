@@ -10,6 +10,7 @@ import optax
 
 from delayjax._checks import check_float, check_int
 from delayjax.transforms._extra_args import check_like_updates, check_worker, require_extra
+from delayjax.transforms._rows import written_row
 
 
 class DelayCompensationState(NamedTuple):
@@ -116,15 +117,16 @@ def delay_compensation(
       out = jax.tree.map(lambda g, d: g + lam * g * g * d, updates, diff)
       return out, state
 
+    def mean_square(old):
+      return jax.tree.map(lambda ms, g: mu * ms + (1.0 - mu) * g * g, old, updates)
+
     if per_worker:
       m = check_worker("delay_compensation", worker, num_workers)
-      old = jax.tree.map(lambda ms: ms[m], state.mean_square)
+      table = written_row(state.mean_square, m, mean_square)
+      new = jax.tree.map(lambda ms: ms[m], table)
     else:
-      old = state.mean_square
-    new = jax.tree.map(lambda ms, g: mu * ms + (1.0 - mu) * g * g, old, updates)
+      new = table = mean_square(state.mean_square)
     out = jax.tree.map(lambda g, d, ms: g + lam / jnp.sqrt(ms + eps) * g * g * d, updates, diff, new)
-    if per_worker:
-      new = jax.tree.map(lambda ms, row: ms.at[m].set(row), state.mean_square, new)
-    return out, DelayCompensationState(mean_square=new)
+    return out, DelayCompensationState(mean_square=table)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -11,6 +11,7 @@ import optax
 
 from delayjax._checks import check_choice, check_int
 from delayjax.transforms._extra_args import check_like_updates, require_extra
+from delayjax.transforms._rows import after_reads
 
 SAGA_TABLES = ("gradients", "scalars")
 
@@ -361,12 +362,8 @@ def saga(num_samples: int, *, table: str = "gradients") -> optax.GradientTransfo
         lambda g, o, s: g - o.astype(g.dtype) + (s / jnp.asarray(n, s.dtype)).astype(g.dtype),
         updates, old_mean, state.table_sum)
     new_sum = jax.tree.map(lambda s, a: s + a.astype(s.dtype), state.table_sum, added)
-    # Inside a loop (lax.scan, a runtime's update loop), XLA writes the table in place only if it can
-    # tell that every read of its old rows comes first; otherwise it copies the whole table at every
-    # update (n x d numbers for one row's change). Write indices that depend on what was read give
-    # it that order; they equal idx (min(idx, n or n + 1) changes no index, in range or not).
-    order = jnp.isnan(sum(jnp.sum(x.astype(jnp.float32)) for x in jax.tree.leaves((out, new_sum))))
-    write = jnp.minimum(idx, n + order.astype(jnp.int32))
+    # Written after everything read from the table, so the table is written in place.
+    write = after_reads(idx, n, out, new_sum)
     if scalars:
       new_table = state.table.at[write].add(delta)
     else:
