@@ -14,16 +14,16 @@ the time per step and the ratio to plain SGD, and writes them to
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
-import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 import delayjax as dj
+from experiments._bench import best_times, publish
 from experiments.data import digits
 from experiments.delayed_digits import init_mlp, loss_fn
 
@@ -66,14 +66,7 @@ def main(argv=None):
   x, y = jnp.asarray(data.x_train), jnp.asarray(data.y_train)
   params = init_mlp(jax.random.PRNGKey(0), (64, 256, 10))
   loops = {name: make_loop(tx, x, y, args.steps, args.batch) for name, tx in variants().items()}
-  for loop in loops.values():
-    jax.block_until_ready(loop(params))
-  best = {name: np.inf for name in loops}
-  for _ in range(args.rounds):
-    for name, loop in loops.items():
-      start = time.perf_counter()
-      jax.block_until_ready(loop(params))
-      best[name] = min(best[name], time.perf_counter() - start)
+  best = best_times({name: functools.partial(loop, params) for name, loop in loops.items()}, args.rounds)
 
   base = best["optax.sgd"]
   lines = [
@@ -86,11 +79,7 @@ def main(argv=None):
   ]
   for name, seconds in best.items():
     lines.append(f"{name:<45} {1e6 * seconds / args.steps:>9.1f} {seconds / base:>20.3f}")
-  text = "\n".join(lines)
-  print(text)
-  os.makedirs(os.path.dirname(args.out), exist_ok=True)
-  with open(args.out, "w") as f:
-    f.write(text + "\n")
+  publish(lines, args.out)
 
 
 if __name__ == "__main__":

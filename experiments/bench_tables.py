@@ -23,16 +23,16 @@ microseconds per update and the ratio to the baseline, and writes them to
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
-import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 import delayjax as dj
+from experiments._bench import best_times, publish
 
 DIM = 200
 WORKERS, PARAMS = 64, 50_000
@@ -107,15 +107,9 @@ def main(argv=None):
   for name, tx in worker_loops.items():
     loops[name] = make_worker_loop(tx, args.updates)
     baseline[name] = "sgd with momentum, M=64"
-  starts = {name: jnp.zeros(PARAMS if name in worker_loops else DIM) for name in loops}
-  for name, loop in loops.items():
-    jax.block_until_ready(loop(starts[name]))
-  best = {name: np.inf for name in loops}
-  for _ in range(args.rounds):
-    for name, loop in loops.items():
-      start = time.perf_counter()
-      jax.block_until_ready(loop(starts[name]))
-      best[name] = min(best[name], time.perf_counter() - start)
+  runs = {name: functools.partial(loop, jnp.zeros(PARAMS if name in worker_loops else DIM))
+          for name, loop in loops.items()}
+  best = best_times(runs, args.rounds)
 
   lines = [
       f"Table updates: SAGA on ridge regression (d = {DIM}, one example per update) and per-worker tables "
@@ -129,11 +123,7 @@ def main(argv=None):
     lines.append(f"{name:<34} {1e6 * seconds / args.updates:>10.2f} {seconds / best[baseline[name]]:>22.2f}")
   lines += ["", "baselines: sgd at the same n; sgd with momentum for the worker tables",
             "command: python -m experiments.bench_tables"]
-  text = "\n".join(lines)
-  print(text)
-  os.makedirs(os.path.dirname(args.out), exist_ok=True)
-  with open(args.out, "w") as f:
-    f.write(text + "\n")
+  publish(lines, args.out)
 
 
 if __name__ == "__main__":
