@@ -33,6 +33,8 @@ from delayjax.cluster._schedule import Schedule
 
 # Per-step overhead, in lane-equivalents, used to choose the step width.
 _STEP_COST = 1.0
+# Updates planned per candidate width when choosing it.
+_CHOICE_UPDATES = 20_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,8 +269,14 @@ def _choose_lanes(cu: np.ndarray, cv: np.ndarray, ready: np.ndarray, device: np.
   """The lanes per device that minimize (steps) x (lanes + per-step overhead).
 
   Every width up to 8 is tried, then widths about 25% apart: each try plans
-  the whole schedule.
+  the schedule's first ``_CHOICE_UPDATES`` updates (a long schedule's
+  beginning stands for the rest; planning all of it once per width would
+  cost seconds per 1e5 updates).
   """
+  if per_update.size > _CHOICE_UPDATES:
+    keep = cu < _CHOICE_UPDATES
+    cu, cv, ready, device = cu[keep], cv[keep], ready[keep], device[keep]
+    per_update = per_update[:_CHOICE_UPDATES]
   candidates = set(range(1, min(per_device, 8) + 1)) | {per_device}
   width = 8.0
   while width < per_device:
