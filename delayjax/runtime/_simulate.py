@@ -354,6 +354,7 @@ def simulate(
     local_optimizer: optax.GradientTransformation | None = None,
     snapshot_every: int | None = None,
     sample_terms: Callable[[Any, Any], tuple[Any, Any]] | None = None,
+    full_batch_size: int | None = None,
     _inspect: Callable[..., None] | None = None,
 ) -> SimulationResult:
   r"""Trains under a delay schedule exactly, computing independent gradients in parallel.
@@ -407,7 +408,8 @@ def simulate(
        start at the updates :math:`u \equiv 0 \pmod E`, :math:`E` =
        ``snapshot_every``; there ``refresh`` is true and ``full_grad``
        :math:`= \nabla_w \text{loss\_fn}(w_u, \text{data})`, the whole data
-       as one batch (so ``loss_fn`` must be a mean over its batch); elsewhere
+       as one batch (so ``loss_fn`` must be a mean over its batch), or the
+       same mean over chunks of ``full_batch_size`` examples; elsewhere
        ``refresh`` is false and ``full_grad`` zeros. An update that is not
        applied (no contributions kept) cannot take its snapshot; the next
        applied one gets ``refresh`` instead, at the same parameters. So the
@@ -536,6 +538,10 @@ def simulate(
       \text{batch\_size} \rceil` (Johnson & Zhang's :math:`m = 2n`
       single-example updates); an error for a ``tx`` that does not request
       it.
+    full_batch_size: compute SVRG's full gradient over chunks of this many
+      examples (``lax.map``; the chunk gradients weighted by their share of
+      the data), to bound its memory; default: all the data as one batch.
+      Like ``snapshot_every``, only with a ``tx`` that requests ``full_grad``.
     sample_terms: ``sample_terms(params, batch) -> (scalars [b], features)``
       with :math:`\nabla f_i = s_i a_i` (plus terms outside the table, such
       as a regularizer's), ``features`` a pytree like ``params`` with a
@@ -589,6 +595,8 @@ def simulate(
   num_devices = _workers_mesh(mesh)
   if snapshot_every is not None:
     snapshot_every = check_int("snapshot_every", snapshot_every, minimum=1)
+  if full_batch_size is not None:
+    full_batch_size = check_int("full_batch_size", full_batch_size, minimum=1)
 
   schedule = _source_schedule(source, num_updates, seed)
   num_updates = schedule.num_updates
@@ -607,9 +615,11 @@ def simulate(
   if "full_grad" in inputs:
     # Johnson & Zhang's m = 2n single-example updates per epoch, in minibatches.
     epoch = snapshot_every or -(-2 * num_examples // batch_size)
-  elif snapshot_every is not None:
+  elif snapshot_every is not None or full_batch_size is not None:
+    name, value = ("snapshot_every", snapshot_every) if snapshot_every is not None else (
+        "full_batch_size", full_batch_size)
     raise ValueError(
-        f"snapshot_every={snapshot_every} is only used when tx requests full_grad (dj.svrg); tx requests "
+        f"{name}={value} is only used when tx requests full_grad (dj.svrg); tx requests "
         f"{list(inputs) or 'no runtime inputs'}.")
   else:
     epoch = None
@@ -636,7 +646,7 @@ def simulate(
       num_examples=num_examples, batch_size=batch_size, sampling=sampling, plan=plan,
       skip_nonfinite=skip_nonfinite, always_applies=bool(np.all(schedule.contributes.any(axis=1))),
       mesh=mesh, inputs=inputs, local_steps=worker_steps, max_batches=_max_batches(plan),
-      sample_terms=sample_terms, terms=terms,
+      sample_terms=sample_terms, terms=terms, full_batch_size=full_batch_size,
       local_optimizer=None if local_optimizer is None else optax.with_extra_args_support(local_optimizer))
 
   def buffer(x, *lead):
@@ -662,7 +672,7 @@ def simulate(
       shards=None if shards is None else _fingerprint_shards(shards),
       # Only when used, so checkpoints of runs without local steps stay valid.
       **({} if worker_steps is None else {"local_steps": tuple(worker_steps.tolist())}),
-      **({} if epoch is None else {"snapshot_every": epoch}))
+      **({} if epoch is None else {"snapshot_every": epoch, "full_batch_size": full_batch_size}))
   path = None if checkpoint_dir is None else os.path.join(os.fspath(checkpoint_dir), _CHECKPOINT_FILE)
   if path is not None and resume and os.path.exists(path):
     metric_tree = None if eval_fn is None else jax.tree.structure(jax.eval_shape(eval_fn, params))
@@ -782,7 +792,8 @@ def _placer(mesh: Any) -> Callable[[Any, P], Any]:
 
 def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples, batch_size, sampling,
                     plan: StepPlan, skip_nonfinite, always_applies, mesh, inputs: tuple[str, ...],
-                    local_steps: np.ndarray | None, local_optimizer, max_batches: int, sample_terms, terms):
+                    local_steps: np.ndarray | None, local_optimizer, max_batches: int, sample_terms, terms,
+                    full_batch_size: int | None):
   """Compiles one chunk: a ``lax.scan`` over steps, each computing a vector of gradients and
   applying, in order, the updates whose gradients are all computed."""
   per_device = plan.num_workers // plan.num_devices
@@ -803,6 +814,21 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
   def grad_at(w, batch):
     out = jax.grad(loss_fn, has_aux=has_aux)(w, batch)
     return out[0] if has_aux else out
+
+  def full_gradient(w, data):
+    """The gradient of ``loss_fn`` over all the data: at once, or by ``full_batch_size`` examples."""
+    if full_batch_size is None or full_batch_size >= num_examples:
+      return grad_at(w, data)
+    # Chunks of the mean loss, weighted by their share of the examples: the mean over all of them.
+    whole, rest = divmod(num_examples, full_batch_size)
+    chunks = jax.tree.map(lambda x: x[:whole * full_batch_size].reshape((whole, full_batch_size) + x.shape[1:]),
+                          data)
+    total = jax.lax.map(lambda chunk: grad_at(w, chunk), chunks)
+    total = jax.tree.map(lambda g: jnp.sum(g, axis=0) * jnp.asarray(full_batch_size / num_examples, g.dtype), total)
+    if rest:
+      tail = grad_at(w, jax.tree.map(lambda x: x[whole * full_batch_size:], data))
+      total = jax.tree.map(lambda t, g: t + g * jnp.asarray(rest / num_examples, g.dtype), total, tail)
+    return total
 
   def minibatch_payload(data, stale, snap, update, worker, draw, shard_row, shard_size, b):
     """One minibatch's loss, its summed entries (gradients) and its per-example entries."""
@@ -879,7 +905,7 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
     if "full_grad" in inputs:
       # A cond, not a where: the full gradient costs a pass over the data and is due once an epoch;
       # its predicate comes from the host tables, the same on every device.
-      out["full_grad"] = jax.lax.cond(refresh, lambda p: grad_at(p, data),
+      out["full_grad"] = jax.lax.cond(refresh, lambda p: full_gradient(p, data),
                                       lambda p: jax.tree.map(jnp.zeros_like, p), params)
       out["refresh"] = refresh
     return out

@@ -95,6 +95,19 @@ def test_variance_reduction_passes_the_other_extra_arguments_through():
     _assert_trees_close(result.params, ref_params, rtol=2e-5, atol=2e-6)
 
 
+@pytest.mark.parametrize("full_batch_size", [7, 16, 48])
+def test_full_gradient_by_chunks_is_the_full_gradient(full_batch_size):
+  """Chunks of 7 (6 of them and a rest of 6), 16 (3, no rest) or all 48 examples give the same run."""
+  data, loss_fn, params = regression_problem()
+  schedule = hand_schedule(4, 30, spread=1.0, seed=37)
+  kw = dict(batch_size=BATCH, seed=2, snapshot_every=6)
+  whole = dj.simulate(loss_fn, _svrg(), params, data, schedule, **kw)
+  chunked = dj.simulate(loss_fn, _svrg(), params, data, schedule, full_batch_size=full_batch_size, **kw)
+  _assert_trees_close(chunked.opt_state[0].full_grad, whole.opt_state[0].full_grad, rtol=1e-5, atol=1e-6)
+  _assert_trees_close(chunked.params, whole.params, rtol=1e-5, atol=1e-6)
+  assert np.abs(np.asarray(whole.opt_state[0].full_grad["w"])).max() > 1e-3
+
+
 def test_a_snapshot_left_out_with_its_update_is_taken_by_the_next_applied_one():
   """Updates without contributions change nothing, so an epoch start among them cannot take its
   snapshot; the next applied update takes it, at the same parameters, and the lanes in between
@@ -188,6 +201,10 @@ def test_bad_variance_reduction_arguments():
   source = dj.delays.constant(1)
   with pytest.raises(ValueError, match=r"snapshot_every=4 is only used when tx requests full_grad"):
     dj.simulate(loss_fn, optax.sgd(0.1), params, data, source, num_updates=4, snapshot_every=4)
+  with pytest.raises(ValueError, match=r"full_batch_size=8 is only used when tx requests full_grad"):
+    dj.simulate(loss_fn, optax.sgd(0.1), params, data, source, num_updates=4, full_batch_size=8)
+  with pytest.raises(ValueError, match=r"full_batch_size must be"):
+    dj.simulate(loss_fn, _svrg(), params, data, source, num_updates=4, full_batch_size=0)
   with pytest.raises(ValueError, match=r"snapshot_every must be"):
     dj.simulate(loss_fn, _svrg(), params, data, source, num_updates=4, snapshot_every=0)
   with pytest.raises(ValueError, match=r"local_steps: tx requests per-contribution inputs \['snapshot_grad'\]"):
