@@ -99,6 +99,14 @@ class SimulationResult(NamedTuple):
   stats: dict[str, Any]
 
 
+def _stale_read_delays(model: delays_lib.DelayModel, num_updates: int, seed: int) -> np.ndarray:
+  """int64 ``[num_updates, G]``: every update's delay, per model of a ``per_leaf`` tree (``G = 1`` otherwise)."""
+  key = jax.random.fold_in(jax.random.key(seed), 0)
+  steps = jnp.arange(num_updates, dtype=jnp.int32)
+  draw = jax.jit(jax.vmap(lambda t: model.sample(jax.random.fold_in(key, t), t)))
+  return np.stack([np.asarray(d) for d in jax.tree.leaves(draw(steps))], axis=1).astype(np.int64)
+
+
 def schedule_from_delays(model: delays_lib.DelayModel, num_updates: int, seed: int) -> Schedule:
   """The stale-read model as a schedule of ``max_delay + 1`` round-robin workers.
 
@@ -106,16 +114,12 @@ def schedule_from_delays(model: delays_lib.DelayModel, num_updates: int, seed: i
   computed at version ``max(0, t - d_t)`` with ``d_t = model.sample(fold_in(k,
   t), t)`` (``k`` derived from ``seed``); its time is ``t``. With
   ``constant(tau)`` this is the round-robin cluster of ``tau + 1`` workers.
+  With a ``per_leaf`` model, ``d_t`` is the largest of its models' draws (the
+  earliest read: ``read_version`` carries the update's largest staleness);
+  ``dj.simulate`` reads each model's leaves at their own version.
   """
   delays_lib.check_model("source", model)
-  if isinstance(model, delays_lib.PerLeaf):
-    raise ValueError(
-        "source: per-leaf delay models are not supported by dj.simulate (every contribution reads "
-        "whole parameters at one version); use dj.delayed for per-leaf delays.")
-  key = jax.random.fold_in(jax.random.key(seed), 0)
-  steps = jnp.arange(num_updates, dtype=jnp.int32)
-  draw = jax.jit(jax.vmap(lambda t: model.sample(jax.random.fold_in(key, t), t)))
-  delays = np.asarray(draw(steps)).astype(np.int64)
+  delays = _stale_read_delays(model, num_updates, seed).max(axis=1)
   num_workers = model.max_delay + 1
   t = np.arange(num_updates)
   contributes = np.zeros((num_updates, num_workers), bool)
@@ -124,6 +128,23 @@ def schedule_from_delays(model: delays_lib.DelayModel, num_updates: int, seed: i
   read_version[t, t % num_workers] = np.maximum(0, t - delays)
   return Schedule(time=t.astype(np.float64), contributes=contributes, read_version=read_version,
                   wait=np.zeros(num_workers), paradigm=f"stale read, {model!r}")
+
+
+def _leaf_reads(source: Any, schedule: Schedule, params: Any,
+                seed: int) -> tuple[np.ndarray | None, tuple[int, ...] | None]:
+  """For a ``per_leaf`` source: each group's read versions ``[U, M, G]`` and each parameter leaf's group."""
+  if not isinstance(source, delays_lib.PerLeaf):
+    return None, None
+  delays_lib.leaf_models(source, params)  # a clear error if its tree is not a prefix of params
+  models, treedef = jax.tree.flatten(source.models, is_leaf=lambda x: isinstance(x, delays_lib.DelayModel))
+  if len(models) == 1:
+    return None, None
+  groups = jax.tree.map(lambda g, sub: jax.tree.map(lambda _: g, sub), treedef.unflatten(range(len(models))), params)
+  u = np.arange(schedule.num_updates)
+  delays = _stale_read_delays(source, schedule.num_updates, seed)
+  versions = np.full(schedule.contributes.shape + (len(models),), -1, np.int64)
+  versions[u, u % schedule.num_workers] = np.maximum(0, u[:, None] - delays)
+  return versions, tuple(jax.tree.leaves(groups))
 
 
 def _payload_like(params: Any, inputs: tuple[str, ...], samples: int, terms: Any = None) -> dict[str, Any]:
@@ -205,15 +226,24 @@ def _uses_stale_params(tx: optax.GradientTransformationExtraArgs, params: Any, i
 
 
 def _lanes_stale(opt_state: Any, params: Any, slots: Any, rows: jax.Array, workers: jax.Array, slot: jax.Array,
-                fresh: jax.Array) -> Any:
+                fresh: jax.Array, leaf_groups: tuple[int, ...] | None = None) -> Any:
   """The parameters each lane computes at: read now if ``fresh``, else from its worker's slot.
 
   ``slots`` leaves are ``[rows, num_slots, ...]``; ``rows``, ``workers``,
-  ``slot`` and ``fresh`` have one entry per lane.
+  ``slot`` have one entry per lane, ``fresh`` one per lane and group of
+  leaves (``leaf_groups``: each parameter leaf's group; ``None``: one group).
   """
   held = jax.vmap(lambda m, k: jax.tree.map(lambda x: x[m, k], slots))(rows, slot)
   reads = jax.vmap(lambda m: read_params(opt_state, params, m))(workers)
-  return jax.tree.map(lambda r, h: jnp.where(_lead(fresh, r), r, h), reads, held)
+  return _map_groups(lambda g, r, h: jnp.where(_lead(fresh[:, g], r), r, h), leaf_groups, reads, held)
+
+
+def _map_groups(fn: Callable[..., Any], leaf_groups: tuple[int, ...] | None, *trees: Any) -> Any:
+  """``jax.tree.map(fn(group, *leaves), *trees)``, with each leaf's group (0 for all without groups)."""
+  leaves = [jax.tree.leaves(t) for t in trees]
+  groups = leaf_groups or (0,) * len(leaves[0])
+  out = [fn(g, *xs) for g, *xs in zip(groups, *leaves, strict=True)]
+  return jax.tree.unflatten(jax.tree.structure(trees[0]), out)
 
 
 def _tree_where(pred: jax.Array, new: Any, old: Any) -> Any:
@@ -445,7 +475,14 @@ def simulate(
   With a delay model as ``source`` (the stale-read model), update :math:`t`
   has one contribution, read at version :math:`\max(0, t - d_t)`, from worker
   :math:`t \bmod (\text{max\_delay} + 1)` (see :func:`schedule_from_delays`),
-  so its staleness is :math:`\min(d_t, t)`.
+  so its staleness is :math:`\min(d_t, t)`. With ``dj.delays.per_leaf``
+  (layer-wise staleness, e.g. a pipeline's stages or Diversely Stale
+  Parameters), each model of its tree draws its own :math:`d_{t,g}`, and the
+  leaves it covers are read at version :math:`\max(0, t - d_{t,g})`: the
+  gradient is computed at parameters assembled from several versions (with a
+  read hook such as DANA's, each group from that hook's answer at its
+  version), and ``staleness`` is a pytree like ``params`` with each leaf's
+  :math:`t - \text{version}`; ``history.staleness`` holds the largest.
 
   How it runs: the schedule's *waves* are runs ``[a, b)`` of updates whose
   contributions all read a version :math:`\le a`, at most one per worker, so
@@ -475,7 +512,7 @@ def simulate(
     data: a pytree of arrays sharing a leading dimension ``N``, kept on every
       device.
     source: a ``dj.cluster.Schedule`` or a delay model from ``dj.delays``
-      (not ``per_leaf``).
+      (``per_leaf`` too, its tree a prefix of ``params``).
     num_updates: updates to run; a schedule's first ``num_updates`` are used
       (default: all of it); required for a delay model.
     batch_size: examples per minibatch.
@@ -599,6 +636,7 @@ def simulate(
     full_batch_size = check_int("full_batch_size", full_batch_size, minimum=1)
 
   schedule = _source_schedule(source, num_updates, seed)
+  group_versions, leaf_groups = _leaf_reads(source, schedule, params, seed)
   num_updates = schedule.num_updates
   num_workers = -(-schedule.num_workers // num_devices) * num_devices
   if lanes is not None:
@@ -626,7 +664,8 @@ def simulate(
   # A contribution is computed once its update's epoch has begun, so every lane of a step computes
   # its snapshot gradient at the step's snapshot.
   plan = plan_steps(schedule, num_workers, num_devices, lanes, local_steps=worker_steps,
-                    not_before=None if epoch is None else np.arange(num_updates) // epoch * epoch)
+                    not_before=None if epoch is None else np.arange(num_updates) // epoch * epoch,
+                    group_versions=group_versions)
   if chunk_size is None:
     num_chunks = max(1, -(-plan.num_steps // 256))
     chunk_size = -(-plan.num_steps // num_chunks)
@@ -646,7 +685,7 @@ def simulate(
       num_examples=num_examples, batch_size=batch_size, sampling=sampling, plan=plan,
       skip_nonfinite=skip_nonfinite, always_applies=bool(np.all(schedule.contributes.any(axis=1))),
       mesh=mesh, inputs=inputs, local_steps=worker_steps, max_batches=_max_batches(plan),
-      sample_terms=sample_terms, terms=terms, full_batch_size=full_batch_size,
+      sample_terms=sample_terms, terms=terms, full_batch_size=full_batch_size, leaf_groups=leaf_groups,
       local_optimizer=None if local_optimizer is None else optax.with_extra_args_support(local_optimizer))
 
   def buffer(x, *lead):
@@ -658,8 +697,9 @@ def simulate(
   payload = _payload_like(params, inputs, _max_batches(plan) * batch_size, terms)
   slots = jax.tree.map(lambda x: buffer(x, num_workers, plan.num_slots), params)
   first = plan.tables(0, 1)
-  first_stale = jax.jit(_lanes_stale)(opt_state, params, slots, first["lane_worker"][0], first["lane_worker"][0],
-                                      first["lane_slot"][0], first["lane_fresh"][0])
+  first_stale = jax.jit(_lanes_stale, static_argnums=7)(
+      opt_state, params, slots, first["lane_worker"][0], first["lane_worker"][0], first["lane_slot"][0],
+      first["lane_fresh"][0], leaf_groups)
   carry = (params, opt_state, slots, jax.device_get(first_stale),
            jax.tree.map(lambda x: buffer(x, size), payload), jax.tree.map(lambda x: buffer(x, size), params),
            np.zeros(size, np.float32), np.ones(size, bool), np.asarray(False))
@@ -672,7 +712,9 @@ def simulate(
       shards=None if shards is None else _fingerprint_shards(shards),
       # Only when used, so checkpoints of runs without local steps stay valid.
       **({} if worker_steps is None else {"local_steps": tuple(worker_steps.tolist())}),
-      **({} if epoch is None else {"snapshot_every": epoch, "full_batch_size": full_batch_size}))
+      **({} if epoch is None else {"snapshot_every": epoch, "full_batch_size": full_batch_size}),
+      **({} if group_versions is None else {"group_versions": _fingerprint_shards(group_versions.reshape(-1, 1)),
+                                            "leaf_groups": leaf_groups}))
   path = None if checkpoint_dir is None else os.path.join(os.fspath(checkpoint_dir), _CHECKPOINT_FILE)
   if path is not None and resume and os.path.exists(path):
     metric_tree = None if eval_fn is None else jax.tree.structure(jax.eval_shape(eval_fn, params))
@@ -793,7 +835,7 @@ def _placer(mesh: Any) -> Callable[[Any, P], Any]:
 def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples, batch_size, sampling,
                     plan: StepPlan, skip_nonfinite, always_applies, mesh, inputs: tuple[str, ...],
                     local_steps: np.ndarray | None, local_optimizer, max_batches: int, sample_terms, terms,
-                    full_batch_size: int | None):
+                    full_batch_size: int | None, leaf_groups: tuple[int, ...] | None):
   """Compiles one chunk: a ``lax.scan`` over steps, each computing a vector of gradients and
   applying, in order, the updates whose gradients are all computed."""
   per_device = plan.num_workers // plan.num_devices
@@ -970,12 +1012,18 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
     loss_buf = store(loss_buf, at, loss_all)
     finite_buf = store(finite_buf, at, finite_all)
 
+    def store_read(slots, value, row, slot, group):
+      if leaf_groups is None:
+        return jax.tree.map(lambda s, v: s.at[row, slot].set(v, mode="drop"), slots, value)
+      # Per-leaf delays: only the read group's leaves are stored (the others' row is out of range).
+      return _map_groups(lambda g, s, v: s.at[jnp.where(group == g, row, per_device), slot].set(v, mode="drop"),
+                         leaf_groups, slots, value)
+
     def read(i, state):
       params, opt_state, slots = state
       reader = tab["read_worker"][i]
       value = read_params(opt_state, params, reader)
-      row = local_rows(reader)
-      slots = jax.tree.map(lambda s, v: s.at[row, tab["read_slot"][i]].set(v, mode="drop"), slots, value)
+      slots = store_read(slots, value, local_rows(reader), tab["read_slot"][i], tab["read_group"][i])
       return params, opt_state, slots
 
     # Reads of this version for later steps come first in the list; they are
@@ -1019,7 +1067,11 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
         extra.update({k: jax.tree.map(joined, payload_buf[k]) for k in _PER_EXAMPLE if k in payload_buf})
         extra["sample_mask"] = jnp.concatenate(
             [kept[k] & payload_buf["sample_valid"][positions[k]] for k in range(num_contrib)])
-      updates, new_state = tx.update(mixed["grad"], opt_state, params, staleness=staleness[first],
+      if leaf_groups is None:
+        tau = staleness[first, 0]
+      else:
+        tau = _map_groups(lambda g, p: staleness[first, g], leaf_groups, params)
+      updates, new_state = tx.update(mixed["grad"], opt_state, params, staleness=tau,
                                      stale_params=stale_params, worker=tab["upd_worker"][i][first], **extra)
       new_params = optax.apply_updates(params, updates)
       if skip_nonfinite or not always_applies:
@@ -1037,8 +1089,7 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
           index = begin + r
           reader = jnp.where(index < end, tab["read_worker"][index], plan.num_workers)
           value = read_params(opt_state, params, reader)
-          row, slot = local_rows(reader), tab["read_slot"][index]
-          slots = jax.tree.map(lambda s, v: s.at[row, slot].set(v, mode="drop"), slots, value)
+          slots = store_read(slots, value, local_rows(reader), tab["read_slot"][index], tab["read_group"][index])
       else:
         _, _, slots = jax.lax.fori_loop(begin, end, read, (params, opt_state, slots))
       losses = losses.at[i].set(loss)
@@ -1057,7 +1108,7 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
     # The next step's parameters are assembled last: gathering from the slots
     # before writing them would make XLA copy the slots every step.
     stale = _lanes_stale(opt_state, params, slots, local_rows(lane["lane_next_worker"]), lane["lane_next_worker"],
-                        lane["lane_next_slot"], lane["lane_next_fresh"])
+                        lane["lane_next_slot"], lane["lane_next_fresh"], leaf_groups)
     carry = (params, opt_state, slots, stale, payload_buf, stale_buf, loss_buf, finite_buf, snapshot_due)
     return carry, (losses, metrics, finite_all)
 

@@ -46,7 +46,8 @@ class StepPlan:
     lane_active: the lane computes a real gradient.
     lane_worker: its worker (padding lanes: the device's first worker).
     lane_slot: the slot holding the worker's read parameters.
-    lane_fresh: the contribution reads the step's own version (no slot).
+    lane_fresh: ``[T, lanes * devices, G]``, per group of parameter leaves:
+      the contribution reads the step's own version (no slot).
     lane_update, lane_draw, lane_batches: which minibatches (see
       ``minibatch_indices``); ``lane_batches = num_batches >= 1``.
   Where each step's gradients go, ``[T]``:
@@ -56,16 +57,17 @@ class StepPlan:
   Updates applied at the end of the step, ``[T]`` and ``[T, L]``:
     upd_count: how many.
     upd_index: update index ``u``.
-    upd_pos, upd_worker, upd_batches, upd_staleness: ``[T, L, K]``, the
-      update's contributions stalest first (ties: lowest worker), padded
-      with batch count 0.
+    upd_pos, upd_worker, upd_batches: ``[T, L, K]``, the update's
+      contributions stalest first (ties: lowest worker), padded with batch
+      count 0; upd_staleness ``[T, L, K, G]``, per group.
     read_begin, read_end: the reads of version ``u + 1`` done right after
       update ``u`` are entries ``read_begin .. read_end - 1`` of the step's
       read list.
   Reads, ``[T]`` and ``[T, R]``:
     read_first: reads ``0 .. read_first - 1`` are of the step's own version,
       done after its gradients and before its updates.
-    read_worker, read_slot: who reads, into which slot.
+    read_worker, read_slot, read_group: who reads, into which slot, which
+      group of parameter leaves (always 0 without per-leaf delays).
   """
 
   num_workers: int
@@ -93,6 +95,7 @@ class StepPlan:
   read_first: np.ndarray
   read_worker: np.ndarray
   read_slot: np.ndarray
+  read_group: np.ndarray
 
   _META = ("num_workers", "num_devices", "lanes", "num_slots", "buffer_size", "starts")
 
@@ -165,6 +168,8 @@ def _waves(schedule: Schedule, cu: np.ndarray, cm: np.ndarray, cv: np.ndarray,
 
 def _schedule_steps(cu: np.ndarray, cv: np.ndarray, ready: np.ndarray, device: np.ndarray, num_devices: int,
                     lanes: int, per_update: np.ndarray, rank: np.ndarray, order: np.ndarray, num_slots: int | None):
+  # cv: [n, G], the version each group of parameter leaves is read at (one group unless delays are
+  # per leaf); each group read is stored on its own when left behind.
   """Assigns every contribution a step and lane, and every update the step that applies it.
 
   Steps are built one at a time at the server version ``V`` (updates applied
@@ -182,10 +187,11 @@ def _schedule_steps(cu: np.ndarray, cv: np.ndarray, ready: np.ndarray, device: n
   Returns ``None`` if a slot would be overwritten before the contribution
   that used it was computed (more slots are needed); without ``num_slots``,
   only the step count matters and slots are not checked. Otherwise returns
-  ``compute_step``, ``lane_of`` (within its device), ``fresh`` (per
-  contribution), ``apply_step`` (per update), and per step the number of
-  reads of its own version and its reads as ``(contribution, after)`` pairs
-  (``after``: the update they follow, ``-1`` for the step's own version).
+  ``compute_step``, ``lane_of`` (within its device), ``compute_version``
+  (per contribution), ``apply_step`` (per update), and per step the number
+  of reads of its own version and its reads as ``(contribution, group,
+  after)`` triples (``after``: the update they follow, ``-1`` for the step's
+  own version).
   """
   n, num_updates = cu.size, per_update.size
   prev = np.full(n, -1, np.int64)  # the contribution that used the same slot before
@@ -194,19 +200,21 @@ def _schedule_steps(cu: np.ndarray, cv: np.ndarray, ready: np.ndarray, device: n
     where[order] = np.arange(n)
     reuse = rank >= num_slots
     prev[reuse] = order[where[reuse] - num_slots]
-  by_read = np.argsort(cv, kind="stable")
-  read_bounds = np.searchsorted(cv[by_read], np.arange(num_updates + 2)).tolist()
+  groups = cv.shape[1]
+  pair_version = cv.reshape(-1)  # pair c * groups + g
+  by_read = np.argsort(pair_version, kind="stable")
+  read_bounds = np.searchsorted(pair_version[by_read], np.arange(num_updates + 2)).tolist()
   by_ready = np.argsort(ready, kind="stable").tolist()
   ready_l = ready.tolist()
-  by_read, cu_l, cv_l, dev_l, prev_l = by_read.tolist(), cu.tolist(), cv.tolist(), device.tolist(), prev.tolist()
+  by_read, cu_l, dev_l, prev_l = by_read.tolist(), cu.tolist(), device.tolist(), prev.tolist()
   remaining = per_update.tolist()
   heaps: list[list[tuple[int, int]]] = [[] for _ in range(num_devices)]
   compute_step = [-1] * n
   lane_of = [0] * n
-  fresh = [False] * n
+  compute_version = [0] * n
   apply_step = [0] * num_updates
   read_first_of: list[int] = []
-  reads: list[list[tuple[int, int]]] = []
+  reads: list[list[tuple[int, int, int]]] = []
   version = released = step = 0
   while version < num_updates:
     # Contributions come sorted by update, then worker: the index orders ties.
@@ -217,21 +225,21 @@ def _schedule_steps(cu: np.ndarray, cv: np.ndarray, ready: np.ndarray, device: n
     for heap in heaps:
       for lane in range(min(lanes, len(heap))):
         _, c = heapq.heappop(heap)
-        compute_step[c], lane_of[c], fresh[c] = step, lane, cv_l[c] == version
+        compute_step[c], lane_of[c], compute_version[c] = step, lane, version
         remaining[cu_l[c]] -= 1
     new = version
     while new < num_updates and remaining[new] == 0:
       new += 1
-    entries: list[tuple[int, int]] = []
+    entries: list[tuple[int, int, int]] = []
     first = 0
     for v in range(version, new):
       for i in range(read_bounds[v], read_bounds[v + 1]):
-        c = by_read[i]
+        c, g = divmod(by_read[i], groups)
         if compute_step[c] >= 0:
           continue
         if prev_l[c] >= 0 and compute_step[prev_l[c]] < 0:
           return None
-        entries.append((c, -1 if v == version else v - 1))
+        entries.append((c, g, -1 if v == version else v - 1))
         first += v == version
     for u in range(version, new):
       apply_step[u] = step
@@ -239,7 +247,7 @@ def _schedule_steps(cu: np.ndarray, cv: np.ndarray, ready: np.ndarray, device: n
     reads.append(entries)
     version = new
     step += 1
-  return (np.asarray(compute_step, np.int64), np.asarray(lane_of, np.int64), np.asarray(fresh, bool),
+  return (np.asarray(compute_step, np.int64), np.asarray(lane_of, np.int64), np.asarray(compute_version, np.int64),
           np.asarray(apply_step, np.int64), read_first_of, reads)
 
 
@@ -294,7 +302,7 @@ def _choose_lanes(cu: np.ndarray, cv: np.ndarray, ready: np.ndarray, device: np.
 
 def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
                lanes: int | None = None, local_steps: np.ndarray | None = None,
-               not_before: np.ndarray | None = None) -> StepPlan:
+               not_before: np.ndarray | None = None, group_versions: np.ndarray | None = None) -> StepPlan:
   """Splits ``schedule`` into steps for ``num_workers`` workers on ``num_devices`` devices.
 
   ``num_workers`` is the schedule's, padded to a multiple of ``num_devices``
@@ -305,12 +313,21 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
   ``lane_draw`` counts; ``not_before`` (``[num_updates]``, default 0): the
   earliest server version at which a contribution to each update may be
   computed, besides its read (e.g. its SVRG epoch's start, so that every
-  lane of a step is in the step's epoch and shares its snapshot).
+  lane of a step is in the step's epoch and shares its snapshot);
+  ``group_versions`` (``[num_updates, schedule workers, G]``, default the
+  schedule's ``read_version`` as one group): per-leaf delays, the version
+  each group of parameter leaves is read at (``lane_fresh``, ``read_group``
+  and ``upd_staleness`` then have a group axis of size ``G``).
   """
   num_updates = schedule.num_updates
   per_device = num_workers // num_devices
   cu, cm = np.nonzero(schedule.contributes)  # sorted by update, then worker
-  cv = schedule.read_version[cu, cm]
+  if group_versions is None:
+    cvg = schedule.read_version[cu, cm][:, None]
+  else:
+    cvg = np.asarray(group_versions, np.int64)[cu, cm]
+  # A gradient can be computed once its last group has been read.
+  cv = cvg.max(axis=1) if cu.size else np.zeros(0, np.int64)
   cnb = schedule.num_batches[cu, cm]
   n = cu.size
   per_update = np.bincount(cu, minlength=num_updates)
@@ -334,14 +351,15 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
   device = cm // per_device
   ready = cv if not_before is None else np.maximum(cv, np.asarray(not_before, np.int64)[cu])
   if lanes is None:
-    lanes = _choose_lanes(cu, cv, ready, device, num_devices, per_device, per_update)
+    lanes = _choose_lanes(cu, cvg, ready, device, num_devices, per_device, per_update)
   # The fewest slots per worker that the steps never need to overwrite while
   # still in use.
   num_slots = 1
-  while (sched := _schedule_steps(cu, cv, ready, device, num_devices, lanes, per_update, rank, order,
+  while (sched := _schedule_steps(cu, cvg, ready, device, num_devices, lanes, per_update, rank, order,
                                   num_slots)) is None:
     num_slots += 1
-  compute_step, lane_of, fresh, apply_step, read_first_of, reads = sched
+  compute_step, lane_of, compute_version, apply_step, read_first_of, reads = sched
+  fresh = cvg == compute_version[:, None]  # [n, G]: the group is read at the compute version
   slot = rank % num_slots
   num_steps = int(apply_step.max()) + 1 if num_updates else 1
   width = lanes * num_devices
@@ -358,7 +376,7 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
   lane_active = np.zeros(shape, bool)
   lane_worker = np.broadcast_to((np.arange(width) // lanes) * per_device, shape).astype(np.int32)
   lane_slot = np.zeros(shape, np.int32)
-  lane_fresh = np.zeros(shape, bool)
+  lane_fresh = np.zeros(shape + (cvg.shape[1],), bool)
   lane_update = np.zeros(shape, np.int32)
   lane_draw = np.zeros(shape, np.int32)
   lane_batches = np.ones(shape, np.int32)
@@ -383,11 +401,11 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
   upd_pos = np.zeros(kshape, np.int32)
   upd_worker = np.zeros(kshape, np.int32)
   upd_batches = np.zeros(kshape, np.int32)
-  upd_staleness = np.zeros(kshape, np.int32)
-  staleness = cu - cv
-  # Stalest first, ties by lowest worker: the first kept entry supplies the
+  upd_staleness = np.zeros(kshape + (cvg.shape[1],), np.int32)
+  staleness = cu[:, None] - cvg  # [n, G]
+  # Stalest first (by its stalest group), ties by lowest worker: the first kept entry supplies the
   # update's staleness, stale parameters and worker.
-  by_update = np.lexsort((cm, -staleness, cu))
+  by_update = np.lexsort((cm, -staleness.max(axis=1, initial=0), cu))
   k = np.arange(n) - first[cu[by_update]]
   rows = (apply_step[cu[by_update]], position[cu[by_update]], k)
   upd_pos[rows] = pos[by_update]
@@ -401,16 +419,18 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
   max_reads = max([len(r) for r in reads] + [1])
   read_worker = np.full((num_steps, max_reads), num_workers, np.int32)
   read_slot = np.zeros((num_steps, max_reads), np.int32)
+  read_group = np.zeros((num_steps, max_reads), np.int32)
   read_first = np.zeros(num_steps, np.int32)
   read_begin = np.zeros((num_steps, max_len), np.int32)
   read_end = np.zeros((num_steps, max_len), np.int32)
   for s, entries in enumerate(reads):
     read_first[s] = read_first_of[s]
-    for i, (c, after) in enumerate(entries):
+    for i, (c, g, after) in enumerate(entries):
       read_worker[s, i] = cm[c]
       read_slot[s, i] = slot[c]
+      read_group[s, i] = g
     if entries:
-      afters = np.asarray([a for _, a in entries], np.int64)
+      afters = np.asarray([a for _, _, a in entries], np.int64)
       us = upd_index[s, :upd_count[s]]
       read_begin[s, :upd_count[s]] = np.searchsorted(afters, us, side="left")
       read_end[s, :upd_count[s]] = np.searchsorted(afters, us, side="right")
@@ -422,4 +442,4 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
       lane_draw=lane_draw, lane_batches=lane_batches, buffer_offset=buffer_offset, upd_count=upd_count,
       upd_index=upd_index, upd_pos=upd_pos, upd_worker=upd_worker, upd_batches=upd_batches,
       upd_staleness=upd_staleness, read_begin=read_begin, read_end=read_end, read_first=read_first,
-      read_worker=read_worker, read_slot=read_slot)
+      read_worker=read_worker, read_slot=read_slot, read_group=read_group)

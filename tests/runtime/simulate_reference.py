@@ -74,10 +74,13 @@ def probe(learning_rate: float, num_workers: int):
 def reference(loss_fn, tx, params, data, schedule: dj.cluster.Schedule, *, batch_size: int,
               sampling: str = "iid", seed: int = 0, skip_nonfinite: bool = False, shards=None,
               has_aux: bool = False, local_steps=None, local_optimizer=None, snapshot_every=None,
-              sample_terms=None):
+              sample_terms=None, group_versions=None, leaf_groups=None):
   """Returns (params, opt_state, losses [U], nonfinite [(u, m)], versions).
 
   ``local_steps``: ``None`` or one int per worker, with ``local_optimizer``.
+  ``group_versions`` ``[U, M, G]`` and ``leaf_groups`` (one group per
+  parameter leaf): per-leaf reads, each leaf from its group's version; the
+  staleness passed is then a pytree, one per leaf.
   """
   tx = optax.with_extra_args_support(tx)
   num_examples = jax.tree.leaves(data)[0].shape[0]
@@ -115,6 +118,14 @@ def reference(loss_fn, tx, params, data, schedule: dj.cluster.Schedule, *, batch
       v = int(schedule.read_version[u, m])
       w_v, s_v = versions[v]
       w_read = reads(s_v, w_v, jnp.int32(m))
+      tau = u - v
+      if group_versions is not None:
+        group_reads = [jax.tree.leaves(reads(versions[g][1], versions[g][0], jnp.int32(m)))
+                       for g in group_versions[u, m]]
+        w_read = jax.tree.unflatten(jax.tree.structure(w_v),
+                                    [group_reads[g][i] for i, g in enumerate(leaf_groups)])
+        tau = jax.tree.unflatten(jax.tree.structure(w_v),
+                                 [jnp.int32(u - group_versions[u, m, g]) for g in leaf_groups])
       nb = int(schedule.num_batches[u, m])
 
       def mean_gradient(w, first_draw):
@@ -170,7 +181,7 @@ def reference(loss_fn, tx, params, data, schedule: dj.cluster.Schedule, *, batch
       finite = all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(g))
       if not finite:
         nonfinite.append((u, m))
-      contributions.append(dict(m=m, tau=u - v, nb=nb, g=g, loss=loss, w_read=w_read, finite=finite, **extras))
+      contributions.append(dict(m=m, tau=tau, nb=nb, g=g, loss=loss, w_read=w_read, finite=finite, **extras))
     total = sum(c["nb"] for c in contributions)
     losses.append(sum(np.float32(c["nb"] / total) * np.float32(c["loss"]) for c in contributions))
     kept = [c for c in contributions if c["finite"] or not skip_nonfinite]
@@ -188,7 +199,7 @@ def reference(loss_fn, tx, params, data, schedule: dj.cluster.Schedule, *, batch
           for c in kept])
 
     g = mean_of("g")
-    stalest_first = sorted(kept, key=lambda c: (-c["tau"], c["m"]))
+    stalest_first = sorted(kept, key=lambda c: (-max(int(t) for t in jax.tree.leaves(c["tau"])), c["m"]))
     stalest = stalest_first[0]
     extra = {}
     if "full_grad" in inputs:
@@ -205,8 +216,8 @@ def reference(loss_fn, tx, params, data, schedule: dj.cluster.Schedule, *, batch
       idx = server_minibatch_indices(seed, u, num_examples=num_examples, batch_size=batch_size)
       out = grad_fn(w_u, jax.tree.map(lambda x: jnp.asarray(x)[idx], data))
       extra["zeno_grad"] = out[0] if has_aux else out
-    updates, s_new = update(g, s_u, w_u, jnp.int32(stalest["tau"]), stalest["w_read"], jnp.int32(stalest["m"]),
-                            extra)
+    updates, s_new = update(g, s_u, w_u, jax.tree.map(jnp.int32, stalest["tau"]), stalest["w_read"],
+                            jnp.int32(stalest["m"]), extra)
     versions.append((optax.apply_updates(w_u, updates), s_new))
   params_out, state_out = versions[-1]
   return params_out, state_out, np.asarray(losses, np.float32), nonfinite, versions
