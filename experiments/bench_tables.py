@@ -7,6 +7,9 @@ interleaved rounds (best round kept):
   (``dj.problems.make_dense``, d = 200 features), with ``optax.sgd`` and with
   ``dj.saga(n)`` (a table of n x d gradients) or ``dj.saga(n,
   table="scalars")`` (n numbers) chained before it, n in {2000, 20000};
+* single-example updates on a sparse logistic regression (n = 200000, d =
+  5000, 8 nonzeros per row), with ``optax.sgd`` and with ``dj.prox_asaga``
+  (a table of n scalars and a sum of d);
 * updates of a 50000-parameter vector from M = 64 workers in turn, with
   ``optax.sgd`` with momentum and with ``dj.dana``, ``dj.dana_slim`` and
   DC-ASGD-a with per-worker mean squares (tables of M x 50000).
@@ -36,6 +39,7 @@ from experiments._bench import best_times, publish
 
 DIM = 200
 WORKERS, PARAMS = 64, 50_000
+SPARSE = dict(n=200_000, d=5_000, nnz=8)
 
 
 def make_loop(problem: dj.problems.FiniteSum, tx, updates: int, scalars: bool):
@@ -55,6 +59,30 @@ def make_loop(problem: dj.problems.FiniteSum, tx, updates: int, scalars: bool):
         extra.update(sample_scalars=terms.scalars, sample_features=terms.features)
       else:
         extra["sample_grads"] = grad[None]
+      u, state = tx.update(grad, state, w, **extra)
+      return (optax.apply_updates(w, u), state), None
+
+    return jax.lax.scan(step, (w, tx.init(w)), jnp.arange(updates))[0][0]
+
+  return loop
+
+
+def make_sparse_loop(problem: dj.problems.FiniteSum, tx, updates: int, prox: bool):
+  """Single-example updates on a padded-CSR problem; ``prox``: ``tx`` is ``dj.prox_asaga``."""
+  data = problem.data()
+  n = problem.num_samples
+
+  @jax.jit
+  def loop(w):
+    def step(carry, t):
+      w, state = carry
+      i = jax.random.randint(jax.random.key(t), (), 0, n)
+      batch = jax.tree.map(lambda x: x[i][None], data)
+      grad = jax.grad(problem.loss_fn)(w, batch)
+      extra = {}
+      if prox:
+        extra = dict(sample_indices=i, sample_scalars=problem.per_sample(w, batch).scalars,
+                     sample_features=(data["indices"][i], data["values"][i]))
       u, state = tx.update(grad, state, w, **extra)
       return (optax.apply_updates(w, u), state), None
 
@@ -96,6 +124,12 @@ def main(argv=None):
     loops[f"saga scalars table, n={n}"] = make_loop(
         problem, optax.chain(dj.saga(n, table="scalars"), optax.sgd(1e-3)), args.updates, True)
   baseline = {name: f"sgd, n={name.split('n=')[1]}" for name in loops}
+  sparse = dj.problems.make_sparse("logistic", SPARSE["n"], SPARSE["d"], SPARSE["nnz"], lam=1e-4, seed=0)
+  n = SPARSE["n"]
+  loops[f"sgd, sparse, n={n}"] = make_sparse_loop(sparse, optax.sgd(0.1), args.updates, False)
+  loops[f"prox_asaga, sparse, n={n}"] = make_sparse_loop(
+      sparse, dj.prox_asaga(n, 0.1, dj.prox_l1(1e-4), support_counts=sparse.support_counts()), args.updates, True)
+  baseline.update({name: f"sgd, sparse, n={n}" for name in loops if "sparse" in name})
   sgd = lambda: optax.sgd(0.1, momentum=0.9)
   worker_loops = {
       "sgd with momentum, M=64": sgd(),
@@ -107,21 +141,22 @@ def main(argv=None):
   for name, tx in worker_loops.items():
     loops[name] = make_worker_loop(tx, args.updates)
     baseline[name] = "sgd with momentum, M=64"
-  runs = {name: functools.partial(loop, jnp.zeros(PARAMS if name in worker_loops else DIM))
-          for name, loop in loops.items()}
+  sizes = {name: PARAMS if name in worker_loops else SPARSE["d"] if "sparse" in name else DIM for name in loops}
+  runs = {name: functools.partial(loop, jnp.zeros(sizes[name])) for name, loop in loops.items()}
   best = best_times(runs, args.rounds)
 
   lines = [
-      f"Table updates: SAGA on ridge regression (d = {DIM}, one example per update) and per-worker tables "
+      f"Table updates: SAGA on ridge regression (d = {DIM}, one example per update), ProxASAGA on sparse "
+      f"logistic regression (d = {SPARSE['d']}, {SPARSE['nnz']} nonzeros per row) and per-worker tables "
       f"({WORKERS} workers x {PARAMS} parameters); {args.updates} updates in one jitted lax.scan; best of "
       f"{args.rounds} interleaved rounds",
       f"jax {jax.__version__}, backend {jax.default_backend()}, {os.cpu_count()} CPUs, {platform.machine()}",
       "",
-      f"{'variant':<34} {'us/update':>10} {'ratio to its baseline':>22}",
+      f"{'variant':<36} {'us/update':>10} {'ratio to its baseline':>22}",
   ]
   for name, seconds in best.items():
-    lines.append(f"{name:<34} {1e6 * seconds / args.updates:>10.2f} {seconds / best[baseline[name]]:>22.2f}")
-  lines += ["", "baselines: sgd at the same n; sgd with momentum for the worker tables",
+    lines.append(f"{name:<36} {1e6 * seconds / args.updates:>10.2f} {seconds / best[baseline[name]]:>22.2f}")
+  lines += ["", "baselines: sgd on the same problem; sgd with momentum for the worker tables",
             "command: python -m experiments.bench_tables"]
   publish(lines, args.out)
 

@@ -13,6 +13,7 @@ from delayjax._checks import check_int
 from delayjax.transforms._extra_args import require_extra
 from delayjax.transforms._hyperparams import check_positive_rate, rate_at
 from delayjax.transforms._proximal import ProxFn
+from delayjax.transforms._rows import after_reads
 
 
 class ProxAsagaState(NamedTuple):
@@ -232,8 +233,10 @@ def prox_asaga(num_samples: int, learning_rate: float | optax.Schedule, prox: Pr
     moved = jnp.where(on_support, prox(w_hat - step * v, step * d_t) - w_hat, jnp.zeros_like(w_hat))
     # Padding slots add zero, whatever index they repeat.
     out = jnp.zeros([d], updates.dtype).at[cols].add(moved.astype(updates.dtype))
-    table_sum = state.table_sum.at[cols].add(jnp.where(on_support, delta_alpha, jnp.zeros_like(delta_alpha)))
-    return out, ProxAsagaState(table=state.table.at[i].set(s_new), table_sum=table_sum,
-                               count=optax.safe_increment(state.count))
+    # Both tables are written after everything read from them, so in place inside loops (see after_reads).
+    table_sum = state.table_sum.at[after_reads(cols, d, out)].add(
+        jnp.where(on_support, delta_alpha, jnp.zeros_like(delta_alpha)))
+    table = state.table.at[after_reads(i, n, out, table_sum)].set(s_new)
+    return out, ProxAsagaState(table=table, table_sum=table_sum, count=optax.safe_increment(state.count))
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
