@@ -74,16 +74,19 @@ def check_local_steps(local_steps: int | Sequence[int] | np.ndarray | None,
 
 def local_pseudo_gradient(step_grad: Callable[[Any, jax.Array], tuple[jax.Array, Any]],
                           local_optimizer: optax.GradientTransformationExtraArgs, read: Any,
-                          steps: jax.Array, max_steps: int) -> tuple[jax.Array, Any]:
-  """Runs ``steps`` local optimizer steps from ``read``; returns the first step's loss and the pseudo-gradient.
+                          steps: jax.Array, max_steps: int, state: Any = None) -> tuple[jax.Array, Any, Any]:
+  """Runs ``steps`` local optimizer steps from ``read``; returns the first step's loss, the pseudo-gradient
+  and the local optimizer's final state.
 
   ``step_grad(w, h) -> (loss, grad)`` is local step ``h``'s minibatch
-  gradient at ``w``. The loop runs ``max_steps`` (static) times, steps
-  ``h >= steps`` masked, so lanes with different ``steps`` share one shape.
-  The pseudo-gradient ``read - w_local`` is formed as ``-(d_0 + ... + d_{H-1})``
-  of the local updates ``d_h``, summed in that order: equal to it up to
-  rounding, and exactly ``-d_0`` for one step, so one step of ``optax.sgd``
-  under an outer ``optax.sgd(1.0)`` is plain SGD bit for bit.
+  gradient at ``w``. The optimizer starts from ``state``, or from
+  ``local_optimizer.init(read)`` without one. The loop runs ``max_steps``
+  (static) times, steps ``h >= steps`` masked, so lanes with different
+  ``steps`` share one shape. The pseudo-gradient ``read - w_local`` is formed
+  as ``-(d_0 + ... + d_{H-1})`` of the local updates ``d_h``, summed in that
+  order: equal to it up to rounding, and exactly ``-d_0`` for one step, so one
+  step of ``optax.sgd`` under an outer ``optax.sgd(1.0)`` is plain SGD bit
+  for bit.
   """
   masked = not (isinstance(steps, int) and steps == max_steps)
 
@@ -97,6 +100,6 @@ def local_pseudo_gradient(step_grad: Callable[[Any, jax.Array], tuple[jax.Array,
     return new, loss
 
   zeros = jax.tree.map(jnp.zeros_like, read)
-  (_, _, total), losses = jax.lax.scan(body, (read, local_optimizer.init(read), zeros),
-                                       jnp.arange(max_steps, dtype=jnp.int32))
-  return losses[0], jax.tree.map(jnp.negative, total)
+  start = local_optimizer.init(read) if state is None else state
+  (_, final, total), losses = jax.lax.scan(body, (read, start, zeros), jnp.arange(max_steps, dtype=jnp.int32))
+  return losses[0], jax.tree.map(jnp.negative, total), final

@@ -27,8 +27,9 @@ from delayjax.transforms._hooks import read_params, requesting_states, runtime_i
 AXIS = "workers"
 # Server params, optimizer state, slots, the parameters the next step's lanes compute at, then the
 # payload buffer (gradients and per-contribution inputs), stale-params, loss and finiteness
-# buffers of the gradients waiting for their update, and whether an SVRG snapshot is still due.
-CARRY_SPECS = (P(), P(), P(AXIS), P(AXIS), P(), P(), P(), P(), P())
+# buffers of the gradients waiting for their update, whether an SVRG snapshot is still due, and
+# the workers' local optimizer states (with keep_local_state).
+CARRY_SPECS = (P(), P(), P(AXIS), P(AXIS), P(), P(), P(), P(), P(), P(AXIS))
 _CHECKPOINT_FILE = "simulate.msgpack"
 # The extra arguments simulate can compute when a transformation requests
 # them (dj.transforms.runtime_inputs). Server inputs are computed at the
@@ -385,6 +386,7 @@ def simulate(
     snapshot_every: int | None = None,
     sample_terms: Callable[[Any, Any], tuple[Any, Any]] | None = None,
     full_batch_size: int | None = None,
+    keep_local_state: bool = False,
     _inspect: Callable[..., None] | None = None,
 ) -> SimulationResult:
   r"""Trains under a delay schedule exactly, computing independent gradients in parallel.
@@ -400,7 +402,8 @@ def simulate(
      ``loss_fn`` there and averages them, :math:`g_{u,m}`. With
      ``local_steps`` (local-SGD workers, DiLoCo-style), it instead starts
      from :math:`w^{(0)} = \tilde w_{u,m}` with a fresh state
-     ``local_optimizer.init`` and takes :math:`H_m` = ``local_steps[m]``
+     ``local_optimizer.init`` (or, with ``keep_local_state``, the state
+     worker :math:`m`'s previous contribution ended with) and takes :math:`H_m` = ``local_steps[m]``
      steps :math:`w^{(h+1)} = w^{(h)} + d_h`, where :math:`d_h` is
      ``local_optimizer``'s update for the mean of ``num_batches[u, m]``
      fresh minibatch gradients at :math:`w^{(h)}`; it pushes the
@@ -566,8 +569,8 @@ def simulate(
       own :math:`H_m`, so per-worker :math:`H` costs the largest one.
     local_optimizer: the workers' optimizer for local steps (e.g.
       ``optax.sgd(0.1)``); required with ``local_steps``, its state is
-      initialized afresh for every contribution, and it is given no extra
-      arguments. ``tx`` is then the outer (server) optimizer, e.g.
+      initialized afresh for every contribution (see ``keep_local_state``),
+      and it is given no extra arguments. ``tx`` is then the outer (server) optimizer, e.g.
       ``dj.delayed_nesterov``, and receives the pseudo-gradients with the
       extra arguments above.
     snapshot_every: :math:`E`, updates per SVRG epoch, when ``tx`` requests
@@ -579,6 +582,12 @@ def simulate(
       examples (``lax.map``; the chunk gradients weighted by their share of
       the data), to bound its memory; default: all the data as one batch.
       Like ``snapshot_every``, only with a ``tx`` that requests ``full_grad``.
+    keep_local_state: with ``local_steps``, each worker keeps its local
+      optimizer's state from one contribution to the next (as DiLoCo-style
+      workers keep their inner AdamW moments), starting from
+      ``local_optimizer.init(params)``; a worker's contributions are then
+      computed one after another, never in the same step. Default: a fresh
+      state for every contribution.
     sample_terms: ``sample_terms(params, batch) -> (scalars [b], features)``
       with :math:`\nabla f_i = s_i a_i` (plus terms outside the table, such
       as a regularizer's), ``features`` a pytree like ``params`` with a
@@ -642,6 +651,10 @@ def simulate(
   if lanes is not None:
     lanes = check_int("lanes", lanes, minimum=1)
   worker_steps = check_local_steps(local_steps, local_optimizer, schedule.num_workers)
+  if not isinstance(keep_local_state, bool):
+    raise TypeError(f"keep_local_state must be a bool, got {type(keep_local_state).__name__}.")
+  if keep_local_state and worker_steps is None:
+    raise ValueError("keep_local_state=True needs local_steps (local-SGD workers); got local_steps=None.")
   if worker_steps is not None:
     # Padding workers never contribute; one step keeps their masked lanes cheap.
     worker_steps = np.concatenate([worker_steps, np.ones(num_workers - schedule.num_workers, np.int64)])
@@ -665,7 +678,7 @@ def simulate(
   # its snapshot gradient at the step's snapshot.
   plan = plan_steps(schedule, num_workers, num_devices, lanes, local_steps=worker_steps,
                     not_before=None if epoch is None else np.arange(num_updates) // epoch * epoch,
-                    group_versions=group_versions)
+                    group_versions=group_versions, sequential_workers=keep_local_state)
   if chunk_size is None:
     num_chunks = max(1, -(-plan.num_steps // 256))
     chunk_size = -(-plan.num_steps // num_chunks)
@@ -686,6 +699,7 @@ def simulate(
       skip_nonfinite=skip_nonfinite, always_applies=bool(np.all(schedule.contributes.any(axis=1))),
       mesh=mesh, inputs=inputs, local_steps=worker_steps, max_batches=_max_batches(plan),
       sample_terms=sample_terms, terms=terms, full_batch_size=full_batch_size, leaf_groups=leaf_groups,
+      keep_local_state=keep_local_state,
       local_optimizer=None if local_optimizer is None else optax.with_extra_args_support(local_optimizer))
 
   def buffer(x, *lead):
@@ -702,7 +716,11 @@ def simulate(
       first["lane_fresh"][0], leaf_groups)
   carry = (params, opt_state, slots, jax.device_get(first_stale),
            jax.tree.map(lambda x: buffer(x, size), payload), jax.tree.map(lambda x: buffer(x, size), params),
-           np.zeros(size, np.float32), np.ones(size, bool), np.asarray(False))
+           np.zeros(size, np.float32), np.ones(size, bool), np.asarray(False),
+           # Every worker's local optimizer starts from the initial parameters' state.
+           () if not keep_local_state else jax.tree.map(
+               lambda x: np.broadcast_to(np.asarray(x), (num_workers,) + np.shape(x)).copy(),
+               local_optimizer.init(params)))
   history: dict[str, list[Any]] = {"loss": [], "metrics": [], "nonfinite": []}
   first_chunk = 0
   fingerprint = _fingerprint(
@@ -712,6 +730,7 @@ def simulate(
       shards=None if shards is None else _fingerprint_shards(shards),
       # Only when used, so checkpoints of runs without local steps stay valid.
       **({} if worker_steps is None else {"local_steps": tuple(worker_steps.tolist())}),
+      **({"keep_local_state": True} if keep_local_state else {}),
       **({} if epoch is None else {"snapshot_every": epoch, "full_batch_size": full_batch_size}),
       **({} if group_versions is None else {"group_versions": _fingerprint_shards(group_versions.reshape(-1, 1)),
                                             "leaf_groups": leaf_groups}))
@@ -835,7 +854,7 @@ def _placer(mesh: Any) -> Callable[[Any, P], Any]:
 def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples, batch_size, sampling,
                     plan: StepPlan, skip_nonfinite, always_applies, mesh, inputs: tuple[str, ...],
                     local_steps: np.ndarray | None, local_optimizer, max_batches: int, sample_terms, terms,
-                    full_batch_size: int | None, leaf_groups: tuple[int, ...] | None):
+                    full_batch_size: int | None, leaf_groups: tuple[int, ...] | None, keep_local_state: bool):
   """Compiles one chunk: a ``lax.scan`` over steps, each computing a vector of gradients and
   applying, in order, the updates whose gradients are all computed."""
   per_device = plan.num_workers // plan.num_devices
@@ -921,10 +940,12 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
       stacked["sample_valid"] = valid
     return loss, {**summed, **stacked}
 
-  def lane_push(data, stale, snap, update, worker, draw, batches, shard_row, shard_size):
-    """A lane's contribution: its gradient, or with local steps its pseudo-gradient."""
+  def lane_push(data, stale, snap, update, worker, draw, batches, shard_row, shard_size, local_state):
+    """A lane's contribution: its gradient, or with local steps its pseudo-gradient (and the worker's
+    local optimizer state after them, with ``keep_local_state``)."""
     if local_steps is None:
-      return lane_grad(data, stale, snap, update, worker, draw, batches, shard_row, shard_size)
+      loss, payload = lane_grad(data, stale, snap, update, worker, draw, batches, shard_row, shard_size)
+      return loss, payload, ()
 
     def step_grad(w, h):
       # Local step h draws right after the minibatches of steps 0 .. h - 1.
@@ -932,8 +953,9 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
       return loss, payload["grad"]
 
     steps = max_local if uniform_local else jnp.asarray(local_steps, jnp.int32)[worker]
-    loss, pseudo = local_pseudo_gradient(step_grad, local_optimizer, stale, steps, max_local)
-    return loss, {"grad": pseudo}
+    loss, pseudo, final = local_pseudo_gradient(step_grad, local_optimizer, stale, steps, max_local,
+                                                state=local_state if keep_local_state else None)
+    return loss, {"grad": pseudo}, final if keep_local_state else ()
 
   def server_inputs(data, params, update, refresh):
     """The server inputs ``tx`` requested, at the server parameters ``params`` of ``update``.
@@ -980,7 +1002,7 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
     return jax.lax.dynamic_update_slice_in_dim(buf, x, at, axis=0)
 
   def step(carry, tabs, data, shard_rows, shard_sizes):
-    params, opt_state, slots, stale, payload_buf, stale_buf, loss_buf, finite_buf, snapshot_due = carry
+    params, opt_state, slots, stale, payload_buf, stale_buf, loss_buf, finite_buf, snapshot_due, local_states = carry
     lane, tab = tabs
     offset = jax.lax.axis_index(AXIS) * per_device if distributed else 0
 
@@ -999,9 +1021,14 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
       snap = _tree_where(tab["snap_fresh"] | snapshot_due, params, _snapshot_params(opt_state))
     else:
       snap = ()
-    loss, payload = jax.vmap(lane_push, in_axes=(None, 0, None, 0, 0, 0, 0, 0, 0))(
+    # Each worker's local optimizer state: the planner computes a worker's contributions in
+    # separate steps, so each starts from the state its previous one left.
+    lane_states = jax.tree.map(lambda x: x[local_rows(workers)], local_states)
+    loss, payload, lane_states = jax.vmap(lane_push, in_axes=(None, 0, None, 0, 0, 0, 0, 0, 0, 0))(
         data, stale, snap, lane["lane_update"], workers, lane["lane_draw"], lane["lane_batches"],
-        shard_rows[local_rows(workers)], shard_sizes[local_rows(workers)])
+        shard_rows[local_rows(workers)], shard_sizes[local_rows(workers)], lane_states)
+    kept_rows = jnp.where(lane["lane_active"], local_rows(workers), per_device)
+    local_states = jax.tree.map(lambda x, new: x.at[kept_rows].set(new, mode="drop"), local_states, lane_states)
     finite = jax.vmap(_all_finite)({k: v for k, v in payload.items() if k in _MIXED + _PER_EXAMPLE})
     finite_all, loss_all, payload_all, stale_all = gather((finite, loss, payload, stale if keep_stale else ()))
     # The step's lanes fill a contiguous block of the buffers.
@@ -1109,7 +1136,8 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
     # before writing them would make XLA copy the slots every step.
     stale = _lanes_stale(opt_state, params, slots, local_rows(lane["lane_next_worker"]), lane["lane_next_worker"],
                         lane["lane_next_slot"], lane["lane_next_fresh"], leaf_groups)
-    carry = (params, opt_state, slots, stale, payload_buf, stale_buf, loss_buf, finite_buf, snapshot_due)
+    carry = (params, opt_state, slots, stale, payload_buf, stale_buf, loss_buf, finite_buf, snapshot_due,
+             local_states)
     return carry, (losses, metrics, finite_all)
 
   def chunk(carry, data, shard, lane_tabs, step_tabs):

@@ -167,7 +167,8 @@ def _waves(schedule: Schedule, cu: np.ndarray, cm: np.ndarray, cv: np.ndarray,
 
 
 def _schedule_steps(cu: np.ndarray, cv: np.ndarray, ready: np.ndarray, device: np.ndarray, num_devices: int,
-                    lanes: int, per_update: np.ndarray, rank: np.ndarray, order: np.ndarray, num_slots: int | None):
+                    lanes: int, per_update: np.ndarray, rank: np.ndarray, order: np.ndarray, num_slots: int | None,
+                    after: np.ndarray | None = None):
   # cv: [n, G], the version each group of parameter leaves is read at (one group unless delays are
   # per leaf); each group read is stored on its own when left behind.
   """Assigns every contribution a step and lane, and every update the step that applies it.
@@ -177,7 +178,10 @@ def _schedule_steps(cu: np.ndarray, cv: np.ndarray, ready: np.ndarray, device: n
   read and ready (``ready``, a version ``>=`` the read version, ``<= V``) and
   not yet computed, earliest update first
   (ties: lowest worker); the step then applies every update from ``V`` on
-  whose contributions have all been computed. A contribution computed at its
+  whose contributions have all been computed. With ``after`` (per
+  contribution, the one that must be computed in an earlier step, or -1: a
+  worker's previous contribution when workers carry state from one to the
+  next), a contribution waits for it. A contribution computed at its
   own read version reads the server state directly (*fresh*); one whose
   version is about to be left behind, uncomputed, is stored in its worker's
   slot ``rank mod num_slots`` at that version: before the step's updates
@@ -207,6 +211,7 @@ def _schedule_steps(cu: np.ndarray, cv: np.ndarray, ready: np.ndarray, device: n
   by_ready = np.argsort(ready, kind="stable").tolist()
   ready_l = ready.tolist()
   by_read, cu_l, dev_l, prev_l = by_read.tolist(), cu.tolist(), device.tolist(), prev.tolist()
+  after_l = None if after is None else after.tolist()
   remaining = per_update.tolist()
   heaps: list[list[tuple[int, int]]] = [[] for _ in range(num_devices)]
   compute_step = [-1] * n
@@ -223,10 +228,18 @@ def _schedule_steps(cu: np.ndarray, cv: np.ndarray, ready: np.ndarray, device: n
       heapq.heappush(heaps[dev_l[c]], (cu_l[c], c))
       released += 1
     for heap in heaps:
-      for lane in range(min(lanes, len(heap))):
-        _, c = heapq.heappop(heap)
+      lane, waiting = 0, []
+      while lane < lanes and heap:
+        entry = heapq.heappop(heap)
+        c = entry[1]
+        if after_l is not None and after_l[c] >= 0 and not 0 <= compute_step[after_l[c]] < step:
+          waiting.append(entry)
+          continue
         compute_step[c], lane_of[c], compute_version[c] = step, lane, version
         remaining[cu_l[c]] -= 1
+        lane += 1
+      for entry in waiting:
+        heapq.heappush(heap, entry)
     new = version
     while new < num_updates and remaining[new] == 0:
       new += 1
@@ -273,7 +286,7 @@ def _buffer_blocks(compute_step: np.ndarray, cu: np.ndarray, apply_step: np.ndar
 
 
 def _choose_lanes(cu: np.ndarray, cv: np.ndarray, ready: np.ndarray, device: np.ndarray, num_devices: int,
-                  per_device: int, per_update: np.ndarray) -> int:
+                  per_device: int, per_update: np.ndarray, after: np.ndarray | None) -> int:
   """The lanes per device that minimize (steps) x (lanes + per-step overhead).
 
   Every width up to 8 is tried, then widths about 25% apart: each try plans
@@ -283,7 +296,9 @@ def _choose_lanes(cu: np.ndarray, cv: np.ndarray, ready: np.ndarray, device: np.
   """
   if per_update.size > _CHOICE_UPDATES:
     keep = cu < _CHOICE_UPDATES
+    # Contributions are sorted by update: the kept ones are a prefix, and wait only for kept ones.
     cu, cv, ready, device = cu[keep], cv[keep], ready[keep], device[keep]
+    after = None if after is None else after[keep]
     per_update = per_update[:_CHOICE_UPDATES]
   candidates = set(range(1, min(per_device, 8) + 1)) | {per_device}
   width = 8.0
@@ -293,7 +308,8 @@ def _choose_lanes(cu: np.ndarray, cv: np.ndarray, ready: np.ndarray, device: np.
   best, best_cost = 1, np.inf
   empty = np.zeros(0, np.int64)
   for lanes in sorted(candidates):
-    steps = len(_schedule_steps(cu, cv, ready, device, num_devices, lanes, per_update, empty, empty, None)[4])
+    steps = len(_schedule_steps(cu, cv, ready, device, num_devices, lanes, per_update, empty, empty, None,
+                                after)[4])
     cost = steps * (lanes + _STEP_COST)
     if cost < best_cost:
       best, best_cost = lanes, cost
@@ -302,7 +318,8 @@ def _choose_lanes(cu: np.ndarray, cv: np.ndarray, ready: np.ndarray, device: np.
 
 def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
                lanes: int | None = None, local_steps: np.ndarray | None = None,
-               not_before: np.ndarray | None = None, group_versions: np.ndarray | None = None) -> StepPlan:
+               not_before: np.ndarray | None = None, group_versions: np.ndarray | None = None,
+               sequential_workers: bool = False) -> StepPlan:
   """Splits ``schedule`` into steps for ``num_workers`` workers on ``num_devices`` devices.
 
   ``num_workers`` is the schedule's, padded to a multiple of ``num_devices``
@@ -317,7 +334,9 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
   ``group_versions`` (``[num_updates, schedule workers, G]``, default the
   schedule's ``read_version`` as one group): per-leaf delays, the version
   each group of parameter leaves is read at (``lane_fresh``, ``read_group``
-  and ``upd_staleness`` then have a group axis of size ``G``).
+  and ``upd_staleness`` then have a group axis of size ``G``);
+  ``sequential_workers``: a worker's contribution is computed in a later
+  step than its previous one (workers that carry state from one to the next).
   """
   num_updates = schedule.num_updates
   per_device = num_workers // num_devices
@@ -350,13 +369,18 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
   draw[order] = drawn - drawn[group_start] if n else drawn
   device = cm // per_device
   ready = cv if not_before is None else np.maximum(cv, np.asarray(not_before, np.int64)[cu])
+  after = None
+  if sequential_workers:
+    after = np.full(n, -1, np.int64)
+    previous = order[:-1][m_sorted[1:] == m_sorted[:-1]] if n else order[:0]
+    after[order[1:][m_sorted[1:] == m_sorted[:-1]] if n else order[:0]] = previous
   if lanes is None:
-    lanes = _choose_lanes(cu, cvg, ready, device, num_devices, per_device, per_update)
+    lanes = _choose_lanes(cu, cvg, ready, device, num_devices, per_device, per_update, after)
   # The fewest slots per worker that the steps never need to overwrite while
   # still in use.
   num_slots = 1
   while (sched := _schedule_steps(cu, cvg, ready, device, num_devices, lanes, per_update, rank, order,
-                                  num_slots)) is None:
+                                  num_slots, after)) is None:
     num_slots += 1
   compute_step, lane_of, compute_version, apply_step, read_first_of, reads = sched
   fresh = cvg == compute_version[:, None]  # [n, G]: the group is read at the compute version

@@ -74,10 +74,12 @@ def probe(learning_rate: float, num_workers: int):
 def reference(loss_fn, tx, params, data, schedule: dj.cluster.Schedule, *, batch_size: int,
               sampling: str = "iid", seed: int = 0, skip_nonfinite: bool = False, shards=None,
               has_aux: bool = False, local_steps=None, local_optimizer=None, snapshot_every=None,
-              sample_terms=None, group_versions=None, leaf_groups=None):
+              sample_terms=None, group_versions=None, leaf_groups=None, keep_local_state=False):
   """Returns (params, opt_state, losses [U], nonfinite [(u, m)], versions).
 
-  ``local_steps``: ``None`` or one int per worker, with ``local_optimizer``.
+  ``local_steps``: ``None`` or one int per worker, with ``local_optimizer``;
+  ``keep_local_state``: each worker's local optimizer continues from the
+  state its previous contribution ended with (first: the initial params').
   ``group_versions`` ``[U, M, G]`` and ``leaf_groups`` (one group per
   parameter leaf): per-leaf reads, each leaf from its group's version; the
   staleness passed is then a pytree, one per leaf.
@@ -107,6 +109,7 @@ def reference(loss_fn, tx, params, data, schedule: dj.cluster.Schedule, *, batch
   if local_steps is not None:
     local_optimizer = optax.with_extra_args_support(local_optimizer)
     local_update = jax.jit(local_optimizer.update)
+    worker_states = [local_optimizer.init(params) for _ in range(num_workers)]
   drawn = np.zeros(num_workers, np.int64)
   losses, nonfinite = [], []
   for u in range(num_updates):
@@ -169,7 +172,8 @@ def reference(loss_fn, tx, params, data, schedule: dj.cluster.Schedule, *, batch
         drawn[m] += nb
       else:
         # H local steps from the read parameters; the push is minus the sum of the local updates.
-        w, state, total = w_read, local_optimizer.init(w_read), jax.tree.map(jnp.zeros_like, w_read)
+        state = worker_states[m] if keep_local_state else local_optimizer.init(w_read)
+        w, total = w_read, jax.tree.map(jnp.zeros_like, w_read)
         for h in range(int(local_steps[m])):
           step_loss, step_grad = mean_gradient(w, drawn[m])
           drawn[m] += nb
@@ -178,6 +182,7 @@ def reference(loss_fn, tx, params, data, schedule: dj.cluster.Schedule, *, batch
           w = optax.apply_updates(w, delta)
           total = jax.tree.map(lambda t, d: t + d, total, delta)
         g = jax.tree.map(lambda t: -t, total)
+        worker_states[m] = state
       finite = all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(g))
       if not finite:
         nonfinite.append((u, m))

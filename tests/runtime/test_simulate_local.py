@@ -77,6 +77,53 @@ def test_per_worker_local_steps_on_eight_devices():
   np.testing.assert_allclose(multi.history.loss, single.history.loss, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.standard_promotion  # optax.adam is not strict-promotion clean
+@pytest.mark.parametrize("name", ["ssp_per_worker", "grouped_multibatch_latency"])
+def test_kept_local_state_matches_reference(name):
+  """Each worker's momentum (and Adam moments) carry over between its contributions, even when it reads
+  again before its previous push has landed; a fresh state gives a different run."""
+  make_schedule, steps, make_tx, _ = CASES[name]
+  data, loss_fn, params = regression_problem()
+  schedule = make_schedule()
+  tx = make_tx(schedule.num_workers)
+  per_worker = np.broadcast_to(steps, (schedule.num_workers,))
+  for make_local in (lambda: optax.sgd(0.05, momentum=0.9), lambda: optax.adam(0.02)):
+    kw = dict(batch_size=BATCH, seed=4, local_steps=steps, local_optimizer=make_local())
+    kept = dj.simulate(loss_fn, tx, params, data, schedule, keep_local_state=True, **kw)
+    fresh = dj.simulate(loss_fn, tx, params, data, schedule, **kw)
+    ref_params, ref_state, ref_loss, _, _ = reference(
+        loss_fn, tx, params, data, schedule, batch_size=BATCH, seed=4, local_steps=per_worker,
+        local_optimizer=make_local(), keep_local_state=True)
+    _assert_trees_close(kept.params, ref_params, rtol=1e-5, atol=1e-6)
+    _assert_trees_close(kept.opt_state, ref_state, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(kept.history.loss, ref_loss, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(np.asarray(kept.params["w"]), np.asarray(fresh.params["w"]), rtol=1e-4)
+
+
+def test_kept_local_state_on_eight_devices_and_across_resume(tmp_path):
+  data, loss_fn, params = regression_problem()
+  schedule = dj.cluster.simulate(dj.cluster.asp(), dj.cluster.workers(6), num_updates=24, seed=5)
+  kw = dict(batch_size=BATCH, local_steps=[1, 2, 3, 1, 2, 3], local_optimizer=optax.sgd(0.05, momentum=0.9),
+            keep_local_state=True)
+  single = dj.simulate(loss_fn, probe(0.5, 8), params, data, schedule, **kw)
+  multi = dj.simulate(loss_fn, probe(0.5, 8), params, data, schedule, mesh=jax.make_mesh((8,), ("workers",)), **kw)
+  _assert_trees_close(multi.params, single.params, rtol=1e-5, atol=1e-6)
+  whole = dj.simulate(loss_fn, probe(0.5, 8), params, data, schedule, chunk_size=3, **kw)
+
+  def stop(info):
+    if info["chunk"] == 2:
+      raise KeyboardInterrupt
+
+  with pytest.raises(KeyboardInterrupt):
+    dj.simulate(loss_fn, probe(0.5, 8), params, data, schedule, chunk_size=3, checkpoint_dir=tmp_path,
+                callback=stop, **kw)
+  resumed = dj.simulate(loss_fn, probe(0.5, 8), params, data, schedule, chunk_size=3, checkpoint_dir=tmp_path,
+                        **kw)
+  for x, y in zip(jax.tree.leaves((whole.params, whole.opt_state)), jax.tree.leaves((resumed.params,
+                                                                                     resumed.opt_state)), strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
 def test_dylu_local_steps_formula():
   speeds = np.array([2.0, 1.0, 0.7, 0.05, 1.9])
   steps = dj.dylu_local_steps(speeds, 10)
@@ -100,6 +147,9 @@ def test_dylu_local_steps_formula():
     (dict(local_steps=2), ValueError, r"local_steps needs a local_optimizer"),
     (dict(local_optimizer=optax.sgd(0.1)), ValueError, r"local_optimizer is only used with local_steps"),
     (dict(local_steps=2, local_optimizer="sgd"), TypeError, r"local_optimizer must be an optax.GradientTransformation"),
+    (dict(keep_local_state=True), ValueError, r"keep_local_state=True needs local_steps"),
+    (dict(local_steps=2, local_optimizer=optax.sgd(0.1), keep_local_state=1), TypeError,
+     r"keep_local_state must be a bool, got int"),
 ])
 def test_bad_local_arguments(kwargs, error, match):
   data, loss_fn, params = regression_problem()
