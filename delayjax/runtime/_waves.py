@@ -169,9 +169,11 @@ def _waves(schedule: Schedule, cu: np.ndarray, cm: np.ndarray, cv: np.ndarray,
 def _schedule_steps(cu: np.ndarray, cv: np.ndarray, ready: np.ndarray, device: np.ndarray, num_devices: int,
                     lanes: int, per_update: np.ndarray, rank: np.ndarray, order: np.ndarray, num_slots: int | None,
                     after: np.ndarray | None = None):
-  # cv: [n, G], the version each group of parameter leaves is read at (one group unless delays are
-  # per leaf); each group read is stored on its own when left behind.
   """Assigns every contribution a step and lane, and every update the step that applies it.
+
+  ``cv`` is ``[n, G]``: the version each group of parameter leaves is read at
+  (one group unless delays are per leaf); each group's read is stored on its
+  own when its version is left behind.
 
   Steps are built one at a time at the server version ``V`` (updates applied
   so far). Each device computes up to ``lanes`` of the contributions already
