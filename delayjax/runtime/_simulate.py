@@ -181,15 +181,12 @@ def _terms_spec(sample_terms: Callable[..., Any], params: Any, data: Any, batch_
     raise ValueError(
         f"sample_terms: scalars must have shape [batch] = ({batch_size},); got "
         f"{getattr(scalars, 'shape', jax.tree.structure(scalars))}.")
-  if jax.tree.structure(features) != jax.tree.structure(params):
+  # Features are whatever the requesting transformation takes per example (dj.saga: a pytree like
+  # params; dj.prox_asaga: a sparse row), so only their leading axis is the runtime's business.
+  if not jax.tree.leaves(features) or any(a.shape[:1] != (batch_size,) for a in jax.tree.leaves(features)):
     raise ValueError(
-        f"sample_terms: features must have the structure of params {jax.tree.structure(params)}; got "
-        f"{jax.tree.structure(features)}.")
-  for a, p in zip(jax.tree.leaves(features), jax.tree.leaves(params)):
-    if a.shape != (batch_size,) + np.shape(p):
-      raise ValueError(
-          f"sample_terms: feature leaves must have shape [batch, *param_shape] = {(batch_size,) + np.shape(p)}; "
-          f"got {a.shape}.")
+        f"sample_terms: features must be a pytree of arrays with a leading [batch] = {batch_size} axis; got "
+        f"shapes {[a.shape for a in jax.tree.leaves(features)]}.")
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), (scalars, features))
 
 
@@ -281,7 +278,7 @@ def _check_runtime_inputs(opt_state: Any, local: bool, has_terms: bool) -> tuple
     raise ValueError(
         f"tx: {unmasked} request per-example inputs without sample_mask; dj.simulate pads every update's "
         f"examples to one static shape and masks the padding, so it feeds per-example inputs only to "
-        f"transformations that take sample_mask (dj.saga). Run the others (e.g. dj.prox_asaga) in a loop.")
+        f"transformations that take sample_mask (dj.saga, dj.prox_asaga).")
   if ("sample_scalars" in inputs) != has_terms:
     raise ValueError(
         "sample_terms is required when tx requests sample_scalars (dj.saga(table='scalars')), and only "
@@ -467,10 +464,10 @@ def simulate(
        to the most minibatches any draws, and skipped contributions count
        as absent). The minibatch gradient itself is still
        ``loss_fn``'s on the whole minibatch.
-     * ``sample_scalars`` and ``sample_features`` (``dj.saga``,
-       ``table="scalars"``, for generalized linear models): ``sample_terms(
-       w_read, minibatch)``'s scalars and features of the same examples,
-       with ``sample_indices`` and ``sample_mask`` as above.
+     * ``sample_scalars`` and ``sample_features`` (``dj.saga`` with
+       ``table="scalars"``, ``dj.prox_asaga``: generalized linear models):
+       ``sample_terms(w_read, minibatch)``'s scalars and features of the
+       same examples, with ``sample_indices`` and ``sample_mask`` as above.
 
      The variance-reduction inputs are for plain gradient contributions:
      they are refused with ``local_steps``.
@@ -590,10 +587,12 @@ def simulate(
       state for every contribution.
     sample_terms: ``sample_terms(params, batch) -> (scalars [b], features)``
       with :math:`\nabla f_i = s_i a_i` (plus terms outside the table, such
-      as a regularizer's), ``features`` a pytree like ``params`` with a
-      leading ``[b]`` axis, e.g. ``dj.problems.FiniteSum.per_sample``;
-      required when ``tx`` requests ``sample_scalars``
-      (``dj.saga(n, table="scalars")``), and only then.
+      as a regularizer's); ``features`` has a leading ``[b]`` axis and the
+      form the requesting transformation takes: a pytree like ``params``
+      for ``dj.saga(n, table="scalars")`` (e.g.
+      ``dj.problems.FiniteSum.per_sample``), the sparse row for
+      ``dj.prox_asaga``. Required when ``tx`` requests ``sample_scalars``,
+      and only then.
 
   Returns:
     A :class:`SimulationResult`.

@@ -24,8 +24,7 @@ class ProxAsagaState(NamedTuple):
   count: jax.Array  # shape=(), int32: updates applied so far (indexes a learning-rate schedule)
 
   def runtime_inputs(self) -> tuple[str, ...]:
-    # No sample_mask: dj.simulate, which pads per-example inputs and masks the padding, refuses it clearly.
-    return ("sample_features", "sample_indices", "sample_scalars")
+    return ("sample_features", "sample_indices", "sample_mask", "sample_scalars")
 
 
 def _one(name: str, value: Any, what: str) -> jax.Array:
@@ -130,10 +129,13 @@ def prox_asaga(num_samples: int, learning_rate: float | optax.Schedule, prox: Pr
   padding), and optionally ``stale_params`` (:math:`\hat w`; default
   ``params``). The values of ``updates`` are not used (pass e.g. the
   gradient or zeros): the sparse step needs only :math:`s_i`; the output
-  has ``updates``' dtype. Indices are checked when concrete.
-  ``dj.simulate`` refuses it with a clear error: it feeds per-example inputs
-  padded to a static shape with a ``sample_mask``, and this update takes
-  one unpadded sample (with delays, write the loop, as the tests do).
+  has ``updates``' dtype. Indices are checked when concrete. An optional
+  ``sample_mask`` (bool, a scalar or ``[1]``) false makes the update change
+  nothing. ``dj.simulate`` computes these inputs with ``batch_size=1`` and
+  one contribution per update (ASP, stale reads) when given
+  ``sample_terms=lambda w, b: (problem.per_sample(w, b).scalars,
+  {"indices": b["indices"], "values": b["values"]})`` for a sparse
+  ``dj.problems`` problem; ``stale_params`` are then the worker's read.
 
   Args:
     num_samples: :math:`n` (``>= 1``).
@@ -202,7 +204,7 @@ def prox_asaga(num_samples: int, learning_rate: float | optax.Schedule, prox: Pr
                           count=jnp.zeros([], jnp.int32))
 
   def update_fn(updates, state, params=None, *, sample_indices=None, sample_scalars=None, sample_features=None,
-                stale_params=None, **extra_args):
+                sample_mask=None, stale_params=None, **extra_args):
     del extra_args
     if params is None:
       raise ValueError("prox_asaga needs params: the step is taken from the parameters on the sample's support.")
@@ -223,7 +225,11 @@ def prox_asaga(num_samples: int, learning_rate: float | optax.Schedule, prox: Pr
       if empty.size:
         raise ValueError(f"sample_features has features {empty.tolist()} whose support_counts are 0; "
                          "support_counts must count the data's nonzeros.")
-    on_support = vals != 0
+    # A masked sample (a runtime's padding or a skipped contribution) changes nothing.
+    keep = jnp.asarray(True) if sample_mask is None else _one("sample_mask", sample_mask, "bool, whether it counts")
+    if keep.dtype != jnp.bool_:
+      raise TypeError(f"sample_mask must be a bool, got dtype {keep.dtype}.")
+    on_support = (vals != 0) & keep
     vals = vals.astype(dtype)
     d_t = jnp.asarray(weights, dtype)[cols]
     step = jnp.asarray(rate_at(learning_rate, state.count), dtype)
@@ -236,7 +242,7 @@ def prox_asaga(num_samples: int, learning_rate: float | optax.Schedule, prox: Pr
     # Both tables are written after everything read from them, so in place inside loops (see after_reads).
     table_sum = state.table_sum.at[after_reads(cols, d, out)].add(
         jnp.where(on_support, delta_alpha, jnp.zeros_like(delta_alpha)))
-    table = state.table.at[after_reads(i, n, out, table_sum)].set(s_new)
+    table = state.table.at[after_reads(i, n, out, table_sum)].set(jnp.where(keep, s_new, state.table[i]))
     return out, ProxAsagaState(table=table, table_sum=table_sum, count=optax.safe_increment(state.count))
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)

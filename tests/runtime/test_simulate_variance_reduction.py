@@ -2,6 +2,7 @@
 
 import os
 import sys
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +22,11 @@ BATCH = 4
 def _assert_trees_close(a, b, **tol):
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), **tol)
+
+
+class _Unmasked(NamedTuple):
+  def runtime_inputs(self):
+    return ("sample_grads", "sample_indices")
 
 
 def _svrg(inner=None):
@@ -215,15 +221,17 @@ def test_bad_variance_reduction_arguments():
                 num_updates=4)
   with pytest.raises(ValueError, match=r"and only then; tx requests no runtime inputs and sample_terms is given"):
     dj.simulate(loss_fn, optax.sgd(0.1), params, data, source, num_updates=4, sample_terms=lambda w, b: None)
-  sparse = dj.problems.make_sparse("logistic", 16, 4, 2, lam=0.1, seed=0)
-  with pytest.raises(ValueError, match=r"\['ProxAsagaState'\] request per-example inputs without sample_mask"):
-    dj.simulate(sparse.loss_fn, dj.prox_asaga(16, 0.1, dj.prox_l1(0.01), support_counts=sparse.support_counts()),
-                jnp.zeros(4), sparse.data(), source, num_updates=4, batch_size=1, sample_terms=sparse.per_sample)
+  unmasked = optax.GradientTransformationExtraArgs(lambda p: _Unmasked(), lambda u, s, p=None, **e: (u, s))
+  with pytest.raises(ValueError, match=r"\['_Unmasked'\] request per-example inputs without sample_mask"):
+    dj.simulate(loss_fn, unmasked, params, data, source, num_updates=4)
   problem = dj.problems.make_dense("logistic", 16, 3, lam=0.1, seed=0)
   scalar_saga = optax.chain(dj.saga(16, table="scalars"), optax.sgd(0.1))
   for terms, match in ((lambda w, b: problem.per_sample(w, b).scalars, "must return a pair"),
                        (lambda w, b: (jnp.zeros(3), problem.per_sample(w, b).features), r"scalars must have shape"),
-                       (lambda w, b: (problem.per_sample(w, b).scalars, {"a": b["x"]}), "structure of params")):
+                       (lambda w, b: (problem.per_sample(w, b).scalars, {"a": b["x"][:, 0]}),
+                        "sample_features must have the structure of the updates"),
+                       (lambda w, b: (problem.per_sample(w, b).scalars, {"a": jnp.zeros((3, 3))}),
+                        r"features must be a pytree of arrays with a leading \[batch\] = 4 axis")):
     with pytest.raises((TypeError, ValueError), match=match):
       dj.simulate(problem.loss_fn, scalar_saga, jnp.zeros(3), problem.data(), source, num_updates=4,
                   batch_size=BATCH, sample_terms=terms)
@@ -264,3 +272,22 @@ def test_saga_scalar_table_matches_the_reference_and_the_gradient_table(name):
   full = dj.simulate(problem.loss_fn, table, w0, problem.data(), schedule, **kw)
   _assert_trees_close(result.params, full.params, rtol=2e-5, atol=2e-6)
   assert np.abs(np.asarray(full.params)).max() > 0.1
+
+
+@pytest.mark.parametrize("source", ["async", "stale read"])
+def test_sparse_prox_asaga_matches_the_reference(source):
+  """ProxASAGA's sparse update, one example per update, at the parameters each worker read."""
+  problem = dj.problems.make_sparse("logistic", 40, 12, 3, lam=0.0, seed=4)
+  tx = dj.prox_asaga(40, 0.5, dj.prox_elastic_net(0.01, 0.05), support_counts=problem.support_counts())
+
+  def terms(w, batch):
+    return problem.per_sample(w, batch).scalars, {"indices": batch["indices"], "values": batch["values"]}
+
+  schedule = _schedule(source)
+  w0 = jnp.zeros(12)
+  kw = dict(batch_size=1, seed=5, sample_terms=terms)
+  result = dj.simulate(problem.loss_fn, tx, w0, problem.data(), schedule, **kw)
+  ref_params, ref_state, _, _, _ = reference(problem.loss_fn, tx, w0, problem.data(), schedule, **kw)
+  assert int(np.max(schedule.staleness)) > 0 and np.count_nonzero(np.asarray(ref_params)) > 3
+  _assert_trees_close(result.params, ref_params, rtol=2e-5, atol=2e-6)
+  _assert_trees_close(result.opt_state, ref_state, rtol=2e-5, atol=2e-6)

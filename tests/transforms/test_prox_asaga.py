@@ -252,7 +252,25 @@ def test_a_learning_rate_schedule_indexes_the_update_count():
 
 def test_the_state_asks_the_runtime_for_its_inputs():
   p, w, _ = contract_setup()
-  assert set(dj.runtime_inputs(make(p).init(w))) == {"sample_features", "sample_indices", "sample_scalars"}
+  assert set(dj.runtime_inputs(make(p).init(w))) == {"sample_features", "sample_indices", "sample_mask",
+                                                     "sample_scalars"}
+
+
+def test_a_masked_sample_changes_nothing():
+  p, w, extras = contract_setup()
+  tx = make(p)
+  state = tx.init(w)
+  _, state = tx.update(w, state, w, **extras(0, w))  # a nonzero table, so a write would show
+  for t in (1, 2):
+    out, masked = tx.update(w, state, w, sample_mask=jnp.array([False]), **extras(t, w))
+    np.testing.assert_array_equal(np.asarray(out), np.zeros_like(np.asarray(w)))
+    for a, b in zip(jax.tree.leaves(masked), jax.tree.leaves(state)):
+      if a.shape:  # the tables; the count still counts the update
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    kept, _ = tx.update(w, state, w, sample_mask=jnp.array([True]), **extras(t, w))
+    unmasked, _ = tx.update(w, state, w, **extras(t, w))
+    np.testing.assert_array_equal(np.asarray(kept), np.asarray(unmasked))
+    assert np.any(np.asarray(kept) != 0)
 
 
 # ---------------------------------------------------------------- bad input
