@@ -29,6 +29,7 @@ import argparse
 import functools
 import os
 import platform
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -42,7 +43,8 @@ WORKERS, PARAMS = 64, 50_000
 SPARSE = dict(n=200_000, d=5_000, nnz=8)
 
 
-def make_loop(problem: dj.problems.FiniteSum, tx, updates: int, scalars: bool):
+def make_loop(problem: dj.problems.FiniteSum, tx, updates: int, extra_args: Callable[..., dict[str, Any]]):
+  """Single-example updates; ``extra_args(w, batch, i, grad)`` gives ``tx`` its per-example inputs."""
   data = problem.data()
   n = problem.num_samples
 
@@ -53,13 +55,7 @@ def make_loop(problem: dj.problems.FiniteSum, tx, updates: int, scalars: bool):
       i = jax.random.randint(jax.random.key(t), (1,), 0, n)
       batch = jax.tree.map(lambda x: x[i], data)
       grad = jax.grad(problem.loss_fn)(w, batch)
-      extra = {"sample_indices": i}
-      if scalars:
-        terms = problem.per_sample(w, batch)
-        extra.update(sample_scalars=terms.scalars, sample_features=terms.features)
-      else:
-        extra["sample_grads"] = grad[None]
-      u, state = tx.update(grad, state, w, **extra)
+      u, state = tx.update(grad, state, w, **extra_args(w, batch, i, grad))
       return (optax.apply_updates(w, u), state), None
 
     return jax.lax.scan(step, (w, tx.init(w)), jnp.arange(updates))[0][0]
@@ -67,28 +63,26 @@ def make_loop(problem: dj.problems.FiniteSum, tx, updates: int, scalars: bool):
   return loop
 
 
-def make_sparse_loop(problem: dj.problems.FiniteSum, tx, updates: int, prox: bool):
-  """Single-example updates on a padded-CSR problem; ``prox``: ``tx`` is ``dj.prox_asaga``."""
-  data = problem.data()
-  n = problem.num_samples
+def no_inputs(w, batch, i, grad):
+  return {}
 
-  @jax.jit
-  def loop(w):
-    def step(carry, t):
-      w, state = carry
-      i = jax.random.randint(jax.random.key(t), (), 0, n)
-      batch = jax.tree.map(lambda x: x[i][None], data)
-      grad = jax.grad(problem.loss_fn)(w, batch)
-      extra = {}
-      if prox:
-        extra = dict(sample_indices=i, sample_scalars=problem.per_sample(w, batch).scalars,
-                     sample_features=(data["indices"][i], data["values"][i]))
-      u, state = tx.update(grad, state, w, **extra)
-      return (optax.apply_updates(w, u), state), None
 
-    return jax.lax.scan(step, (w, tx.init(w)), jnp.arange(updates))[0][0]
+def saga_inputs(problem: dj.problems.FiniteSum, scalars: bool):
+  def extra_args(w, batch, i, grad):
+    if scalars:
+      terms = problem.per_sample(w, batch)
+      return {"sample_indices": i, "sample_scalars": terms.scalars, "sample_features": terms.features}
+    return {"sample_indices": i, "sample_grads": grad[None]}
 
-  return loop
+  return extra_args
+
+
+def prox_asaga_inputs(problem: dj.problems.FiniteSum):
+  def extra_args(w, batch, i, grad):
+    return {"sample_indices": i, "sample_scalars": problem.per_sample(w, batch).scalars,
+            "sample_features": {"indices": batch["indices"], "values": batch["values"]}}
+
+  return extra_args
 
 
 def make_worker_loop(tx, updates: int):
@@ -118,17 +112,18 @@ def main(argv=None):
   loops = {}
   for n in (2000, 20000):
     problem = dj.problems.make_dense("least_squares", n, DIM, lam=1e-3, seed=0)
-    loops[f"sgd, n={n}"] = make_loop(problem, optax.sgd(1e-3), args.updates, False)
+    loops[f"sgd, n={n}"] = make_loop(problem, optax.sgd(1e-3), args.updates, no_inputs)
     loops[f"saga gradients table, n={n}"] = make_loop(problem, optax.chain(dj.saga(n), optax.sgd(1e-3)),
-                                                      args.updates, False)
+                                                      args.updates, saga_inputs(problem, False))
     loops[f"saga scalars table, n={n}"] = make_loop(
-        problem, optax.chain(dj.saga(n, table="scalars"), optax.sgd(1e-3)), args.updates, True)
+        problem, optax.chain(dj.saga(n, table="scalars"), optax.sgd(1e-3)), args.updates, saga_inputs(problem, True))
   baseline = {name: f"sgd, n={name.split('n=')[1]}" for name in loops}
   sparse = dj.problems.make_sparse("logistic", SPARSE["n"], SPARSE["d"], SPARSE["nnz"], lam=1e-4, seed=0)
   n = SPARSE["n"]
-  loops[f"sgd, sparse, n={n}"] = make_sparse_loop(sparse, optax.sgd(0.1), args.updates, False)
-  loops[f"prox_asaga, sparse, n={n}"] = make_sparse_loop(
-      sparse, dj.prox_asaga(n, 0.1, dj.prox_l1(1e-4), support_counts=sparse.support_counts()), args.updates, True)
+  loops[f"sgd, sparse, n={n}"] = make_loop(sparse, optax.sgd(0.1), args.updates, no_inputs)
+  loops[f"prox_asaga, sparse, n={n}"] = make_loop(
+      sparse, dj.prox_asaga(n, 0.1, dj.prox_l1(1e-4), support_counts=sparse.support_counts()), args.updates,
+      prox_asaga_inputs(sparse))
   baseline.update({name: f"sgd, sparse, n={n}" for name in loops if "sparse" in name})
   sgd = lambda: optax.sgd(0.1, momentum=0.9)
   worker_loops = {

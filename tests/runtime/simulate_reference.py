@@ -27,6 +27,12 @@ import delayjax as dj
 from delayjax.runtime._sampling import minibatch_indices, server_minibatch_indices, shard_table
 
 
+def assert_trees_close(a, b, **tol):
+  """Leaf by leaf ``np.testing.assert_allclose`` of two pytrees of the same structure."""
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), **tol)
+
+
 def regression_problem(num_examples: int = 48, dim: int = 3, seed: int = 0):
   """A tiny linear regression: data, a loss, initial parameters (two leaves)."""
   rng = np.random.default_rng(seed)

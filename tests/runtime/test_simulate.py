@@ -17,7 +17,7 @@ from delayjax.runtime._simulate import schedule_from_delays
 
 sys.path.insert(0, os.path.dirname(__file__))
 from simulate_reference import (  # noqa: E402
-    hand_schedule, multiprocess_case, probe, reference, regression_problem, round_robin)
+    assert_trees_close, hand_schedule, multiprocess_case, probe, reference, regression_problem, round_robin)
 
 BATCH = 4
 
@@ -52,11 +52,6 @@ SCHEDULES = {
 }
 
 
-def _assert_trees_close(a, b, **tol):
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), **tol)
-
-
 def _assert_trees_equal(a, b):
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
@@ -78,8 +73,8 @@ def test_matches_sequential_reference(name):
                        batch_size=BATCH, seed=1)
   ref_params, ref_state, ref_loss, _, _ = reference(loss_fn, tx, params, data, schedule,
                                                     batch_size=BATCH, seed=1)
-  _assert_trees_close(result.params, ref_params, rtol=1e-5, atol=1e-6)
-  _assert_trees_close(result.opt_state.last, ref_state.last, rtol=1e-5, atol=1e-6)
+  assert_trees_close(result.params, ref_params, rtol=1e-5, atol=1e-6)
+  assert_trees_close(result.opt_state.last, ref_state.last, rtol=1e-5, atol=1e-6)
   # Which worker and staleness each update was credited with, exactly.
   np.testing.assert_array_equal(result.opt_state.per_worker, ref_state.per_worker)
   np.testing.assert_array_equal(result.opt_state.staleness_sum, ref_state.staleness_sum)
@@ -101,8 +96,8 @@ def test_package_transformations_match_reference(name):
                     optax.sgd(0.05)))
   result = dj.simulate(loss_fn, tx, params, data, schedule, batch_size=BATCH)
   ref_params, ref_state, _, _, _ = reference(loss_fn, tx, params, data, schedule, batch_size=BATCH)
-  _assert_trees_close(result.params, ref_params, rtol=1e-5, atol=1e-6)
-  _assert_trees_close(result.opt_state, ref_state, rtol=1e-5, atol=1e-6)
+  assert_trees_close(result.params, ref_params, rtol=1e-5, atol=1e-6)
+  assert_trees_close(result.opt_state, ref_state, rtol=1e-5, atol=1e-6)
 
 
 def test_stale_read_schedule_follows_the_delay_model():
@@ -129,7 +124,7 @@ def test_sampling_matches_reference(sampling):
                        shards=shards, seed=2)
   ref_params, _, ref_loss, _, _ = reference(loss_fn, tx, params, data, schedule, batch_size=BATCH,
                                             sampling=sampling, shards=shards, seed=2)
-  _assert_trees_close(result.params, ref_params, rtol=1e-5, atol=1e-6)
+  assert_trees_close(result.params, ref_params, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(result.history.loss, ref_loss, rtol=1e-5, atol=1e-6)
 
 
@@ -163,7 +158,7 @@ def test_one_and_eight_devices_agree():
   mesh = jax.make_mesh((8,), ("workers",))
   multi = dj.simulate(loss_fn, tx, params, data, schedule, batch_size=BATCH, mesh=mesh)
   assert multi.stats["num_devices"] == 8 and multi.stats["num_workers"] == 16
-  _assert_trees_close(multi.params, single.params, rtol=1e-5, atol=1e-6)
+  assert_trees_close(multi.params, single.params, rtol=1e-5, atol=1e-6)
   np.testing.assert_array_equal(multi.opt_state.per_worker, single.opt_state.per_worker)
   np.testing.assert_allclose(multi.history.loss, single.history.loss, rtol=1e-5, atol=1e-6)
 
@@ -238,7 +233,7 @@ def test_nonfinite_gradients_are_reported_and_skipped(skip):
   np.testing.assert_array_equal(result.history.nonfinite, np.asarray(ref_bad).reshape(-1, 2))
   if skip:
     assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(result.params))
-    _assert_trees_close(result.params, ref_params, rtol=1e-5, atol=1e-6)
+    assert_trees_close(result.params, ref_params, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(result.opt_state.count, ref_state.count)
     # Updates whose every contribution was bad were skipped whole.
     bad_updates = {u for u, _ in ref_bad}
@@ -291,7 +286,7 @@ def test_matches_delayed_wrapper_with_constant_delay():
     g = grad_fn(w, jax.tree.map(lambda x: jnp.asarray(x)[idx], data))
     updates, state = step(g, state, w)
     w = optax.apply_updates(w, updates)
-  _assert_trees_close(result.params, w, rtol=1e-5, atol=1e-6)
+  assert_trees_close(result.params, w, rtol=1e-5, atol=1e-6)
 
 
 def _free_port():

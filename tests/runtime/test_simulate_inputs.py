@@ -13,14 +13,9 @@ import pytest
 import delayjax as dj
 
 sys.path.insert(0, os.path.dirname(__file__))
-from simulate_reference import hand_schedule, probe, reference, regression_problem  # noqa: E402
+from simulate_reference import assert_trees_close, hand_schedule, probe, reference, regression_problem  # noqa: E402
 
 BATCH = 4
-
-
-def _assert_trees_close(a, b, **tol):
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), **tol)
 
 
 class _Requests(NamedTuple):
@@ -80,8 +75,8 @@ def test_zeno_plus_plus_matches_reference(inner):
   assert 0 < int(ref_state.accepted) < int(ref_state.count)
   np.testing.assert_array_equal(result.opt_state.accepted, ref_state.accepted)
   np.testing.assert_array_equal(result.opt_state.count, ref_state.count)
-  _assert_trees_close(result.params, ref_params, rtol=1e-5, atol=1e-6)
-  _assert_trees_close(result.opt_state, ref_state, rtol=1e-5, atol=1e-6)
+  assert_trees_close(result.params, ref_params, rtol=1e-5, atol=1e-6)
+  assert_trees_close(result.opt_state, ref_state, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(result.history.loss, ref_loss, rtol=1e-5, atol=1e-6)
 
 
@@ -94,4 +89,4 @@ def test_zeno_plus_plus_on_eight_devices():
   multi = dj.simulate(loss_fn, tx, params, data, schedule, batch_size=BATCH, mesh=jax.make_mesh((8,), ("workers",)))
   assert multi.stats["num_devices"] == 8
   np.testing.assert_array_equal(multi.opt_state.accepted, single.opt_state.accepted)
-  _assert_trees_close(multi.params, single.params, rtol=1e-5, atol=1e-6)
+  assert_trees_close(multi.params, single.params, rtol=1e-5, atol=1e-6)

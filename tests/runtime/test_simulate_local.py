@@ -11,14 +11,10 @@ import pytest
 import delayjax as dj
 
 sys.path.insert(0, os.path.dirname(__file__))
-from simulate_reference import hand_schedule, probe, reference, regression_problem, round_robin  # noqa: E402
+from simulate_reference import (  # noqa: E402
+    assert_trees_close, hand_schedule, probe, reference, regression_problem, round_robin)
 
 BATCH = 4
-
-
-def _assert_trees_close(a, b, **tol):
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), **tol)
 
 
 def test_one_worker_one_local_step_is_plain_sgd_bit_for_bit():
@@ -57,8 +53,8 @@ def test_local_steps_match_reference(name):
   per_worker = np.broadcast_to(steps, (schedule.num_workers,))
   ref_params, ref_state, ref_loss, _, _ = reference(loss_fn, tx, params, data, schedule, batch_size=BATCH, seed=4,
                                                     local_steps=per_worker, local_optimizer=make_local())
-  _assert_trees_close(result.params, ref_params, rtol=1e-5, atol=1e-6)
-  _assert_trees_close(result.opt_state, ref_state, rtol=1e-5, atol=1e-6)
+  assert_trees_close(result.params, ref_params, rtol=1e-5, atol=1e-6)
+  assert_trees_close(result.opt_state, ref_state, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(result.history.loss, ref_loss, rtol=1e-5, atol=1e-6)
   if name == "grouped_multibatch_latency":
     assert result.stats["num_slots"] > 1 and schedule.num_batches.max() > 1
@@ -73,7 +69,7 @@ def test_per_worker_local_steps_on_eight_devices():
   multi = dj.simulate(loss_fn, probe(0.5, 8), params, data, schedule, mesh=jax.make_mesh((8,), ("workers",)),
                       **kwargs)
   assert multi.stats["num_devices"] == 8
-  _assert_trees_close(multi.params, single.params, rtol=1e-5, atol=1e-6)
+  assert_trees_close(multi.params, single.params, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(multi.history.loss, single.history.loss, rtol=1e-5, atol=1e-6)
 
 
@@ -94,8 +90,8 @@ def test_kept_local_state_matches_reference(name):
     ref_params, ref_state, ref_loss, _, _ = reference(
         loss_fn, tx, params, data, schedule, batch_size=BATCH, seed=4, local_steps=per_worker,
         local_optimizer=make_local(), keep_local_state=True)
-    _assert_trees_close(kept.params, ref_params, rtol=1e-5, atol=1e-6)
-    _assert_trees_close(kept.opt_state, ref_state, rtol=1e-5, atol=1e-6)
+    assert_trees_close(kept.params, ref_params, rtol=1e-5, atol=1e-6)
+    assert_trees_close(kept.opt_state, ref_state, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(kept.history.loss, ref_loss, rtol=1e-5, atol=1e-6)
     assert not np.allclose(np.asarray(kept.params["w"]), np.asarray(fresh.params["w"]), rtol=1e-4)
 
@@ -107,7 +103,7 @@ def test_kept_local_state_on_eight_devices_and_across_resume(tmp_path):
             keep_local_state=True)
   single = dj.simulate(loss_fn, probe(0.5, 8), params, data, schedule, **kw)
   multi = dj.simulate(loss_fn, probe(0.5, 8), params, data, schedule, mesh=jax.make_mesh((8,), ("workers",)), **kw)
-  _assert_trees_close(multi.params, single.params, rtol=1e-5, atol=1e-6)
+  assert_trees_close(multi.params, single.params, rtol=1e-5, atol=1e-6)
   whole = dj.simulate(loss_fn, probe(0.5, 8), params, data, schedule, chunk_size=3, **kw)
 
   def stop(info):

@@ -4,7 +4,6 @@ import os
 import sys
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest

@@ -14,14 +14,10 @@ import delayjax as dj
 from delayjax.runtime._simulate import schedule_from_delays
 
 sys.path.insert(0, os.path.dirname(__file__))
-from simulate_reference import hand_schedule, probe, reference, regression_problem, round_robin  # noqa: E402
+from simulate_reference import (  # noqa: E402
+    assert_trees_close, hand_schedule, probe, reference, regression_problem, round_robin)
 
 BATCH = 4
-
-
-def _assert_trees_close(a, b, **tol):
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), **tol)
 
 
 class _Unmasked(NamedTuple):
@@ -68,8 +64,8 @@ def test_svrg_matches_the_sequential_reference(name):
   assert result.stats["snapshot_every"] == 7
   assert int(ref_state[0].num_snapshots) == len(range(0, schedule.num_updates, 7))
   np.testing.assert_array_equal(result.opt_state[0].num_snapshots, ref_state[0].num_snapshots)
-  _assert_trees_close(result.params, ref_params, rtol=2e-5, atol=2e-6)
-  _assert_trees_close(result.opt_state, ref_state, rtol=2e-5, atol=2e-6)
+  assert_trees_close(result.params, ref_params, rtol=2e-5, atol=2e-6)
+  assert_trees_close(result.opt_state, ref_state, rtol=2e-5, atol=2e-6)
   np.testing.assert_allclose(result.history.loss, ref_loss, rtol=1e-5, atol=1e-6)
 
 
@@ -84,8 +80,8 @@ def test_saga_matches_the_sequential_reference(name):
   ref_params, ref_state, ref_loss, _, _ = reference(loss_fn, tx, params, data, schedule, batch_size=BATCH, seed=4)
   # Many table rows were written, so the test sees the table.
   assert np.count_nonzero(np.asarray(ref_state[0].table["w"]).any(axis=1)) > 30
-  _assert_trees_close(result.params, ref_params, rtol=2e-5, atol=2e-6)
-  _assert_trees_close(result.opt_state, ref_state, rtol=2e-5, atol=2e-6)
+  assert_trees_close(result.params, ref_params, rtol=2e-5, atol=2e-6)
+  assert_trees_close(result.opt_state, ref_state, rtol=2e-5, atol=2e-6)
   np.testing.assert_allclose(result.history.loss, ref_loss, rtol=1e-5, atol=1e-6)
 
 
@@ -98,7 +94,7 @@ def test_variance_reduction_passes_the_other_extra_arguments_through():
     ref_params, ref_state, _, _, _ = reference(loss_fn, tx, params, data, schedule, batch_size=BATCH)
     assert int(ref_state[1].staleness_sum) > 0
     np.testing.assert_array_equal(result.opt_state[1].per_worker, ref_state[1].per_worker)
-    _assert_trees_close(result.params, ref_params, rtol=2e-5, atol=2e-6)
+    assert_trees_close(result.params, ref_params, rtol=2e-5, atol=2e-6)
 
 
 @pytest.mark.parametrize("full_batch_size", [7, 16, 48])
@@ -109,8 +105,8 @@ def test_full_gradient_by_chunks_is_the_full_gradient(full_batch_size):
   kw = dict(batch_size=BATCH, seed=2, snapshot_every=6)
   whole = dj.simulate(loss_fn, _svrg(), params, data, schedule, **kw)
   chunked = dj.simulate(loss_fn, _svrg(), params, data, schedule, full_batch_size=full_batch_size, **kw)
-  _assert_trees_close(chunked.opt_state[0].full_grad, whole.opt_state[0].full_grad, rtol=1e-5, atol=1e-6)
-  _assert_trees_close(chunked.params, whole.params, rtol=1e-5, atol=1e-6)
+  assert_trees_close(chunked.opt_state[0].full_grad, whole.opt_state[0].full_grad, rtol=1e-5, atol=1e-6)
+  assert_trees_close(chunked.params, whole.params, rtol=1e-5, atol=1e-6)
   assert np.abs(np.asarray(whole.opt_state[0].full_grad["w"])).max() > 1e-3
 
 
@@ -130,8 +126,8 @@ def test_a_snapshot_left_out_with_its_update_is_taken_by_the_next_applied_one():
   ref_params, ref_state, _, _, _ = reference(loss_fn, _svrg(), params, data, schedule, **kw)
   assert int(ref_state[0].num_snapshots) == len(range(0, 40, 6))
   np.testing.assert_array_equal(result.opt_state[0].num_snapshots, ref_state[0].num_snapshots)
-  _assert_trees_close(result.params, ref_params, rtol=2e-5, atol=2e-6)
-  _assert_trees_close(result.opt_state, ref_state, rtol=2e-5, atol=2e-6)
+  assert_trees_close(result.params, ref_params, rtol=2e-5, atol=2e-6)
+  assert_trees_close(result.opt_state, ref_state, rtol=2e-5, atol=2e-6)
 
 
 def test_one_and_eight_devices_agree_and_resume_is_bit_identical(tmp_path):
@@ -141,8 +137,8 @@ def test_one_and_eight_devices_agree_and_resume_is_bit_identical(tmp_path):
   for tx, kw in ((_svrg(), dict(snapshot_every=5)), (_saga(48), {})):
     single = dj.simulate(loss_fn, tx, params, data, schedule, batch_size=BATCH, **kw)
     multi = dj.simulate(loss_fn, tx, params, data, schedule, batch_size=BATCH, mesh=mesh, **kw)
-    _assert_trees_close(multi.params, single.params, rtol=1e-5, atol=1e-6)
-    _assert_trees_close(multi.opt_state, single.opt_state, rtol=1e-5, atol=1e-6)
+    assert_trees_close(multi.params, single.params, rtol=1e-5, atol=1e-6)
+    assert_trees_close(multi.opt_state, single.opt_state, rtol=1e-5, atol=1e-6)
     whole = dj.simulate(loss_fn, tx, params, data, schedule, batch_size=BATCH, chunk_size=4, **kw)
     directory = tmp_path / type(tx.init(params)[0]).__name__
     stops = []
@@ -248,8 +244,8 @@ def test_sparse_and_dense_finite_sums_give_the_same_asynchronous_runs():
   w0 = jnp.zeros(12)
   for tx, kw in ((_svrg(optax.sgd(0.5)), dict(snapshot_every=10)), (_saga(40, optax.sgd(0.5)), {})):
     runs = [dj.simulate(p.loss_fn, tx, w0, p.data(), schedule, batch_size=2, seed=1, **kw) for p in (sparse, dense)]
-    _assert_trees_close(runs[0].params, runs[1].params, rtol=1e-5, atol=1e-6)
-    _assert_trees_close(runs[0].opt_state, runs[1].opt_state, rtol=1e-5, atol=1e-6)
+    assert_trees_close(runs[0].params, runs[1].params, rtol=1e-5, atol=1e-6)
+    assert_trees_close(runs[0].opt_state, runs[1].opt_state, rtol=1e-5, atol=1e-6)
     assert np.abs(np.asarray(runs[0].params)).max() > 1e-2  # it moved
 
 
@@ -267,10 +263,10 @@ def test_saga_scalar_table_matches_the_reference_and_the_gradient_table(name):
   result = dj.simulate(problem.loss_fn, scalar, w0, problem.data(), schedule, sample_terms=problem.per_sample, **kw)
   ref_params, ref_state, _, _, _ = reference(problem.loss_fn, scalar, w0, problem.data(), schedule,
                                              sample_terms=problem.per_sample, **kw)
-  _assert_trees_close(result.params, ref_params, rtol=2e-5, atol=2e-6)
-  _assert_trees_close(result.opt_state, ref_state, rtol=2e-5, atol=2e-6)
+  assert_trees_close(result.params, ref_params, rtol=2e-5, atol=2e-6)
+  assert_trees_close(result.opt_state, ref_state, rtol=2e-5, atol=2e-6)
   full = dj.simulate(problem.loss_fn, table, w0, problem.data(), schedule, **kw)
-  _assert_trees_close(result.params, full.params, rtol=2e-5, atol=2e-6)
+  assert_trees_close(result.params, full.params, rtol=2e-5, atol=2e-6)
   assert np.abs(np.asarray(full.params)).max() > 0.1
 
 
@@ -289,5 +285,5 @@ def test_sparse_prox_asaga_matches_the_reference(source):
   result = dj.simulate(problem.loss_fn, tx, w0, problem.data(), schedule, **kw)
   ref_params, ref_state, _, _, _ = reference(problem.loss_fn, tx, w0, problem.data(), schedule, **kw)
   assert int(np.max(schedule.staleness)) > 0 and np.count_nonzero(np.asarray(ref_params)) > 3
-  _assert_trees_close(result.params, ref_params, rtol=2e-5, atol=2e-6)
-  _assert_trees_close(result.opt_state, ref_state, rtol=2e-5, atol=2e-6)
+  assert_trees_close(result.params, ref_params, rtol=2e-5, atol=2e-6)
+  assert_trees_close(result.opt_state, ref_state, rtol=2e-5, atol=2e-6)
