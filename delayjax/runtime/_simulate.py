@@ -731,8 +731,9 @@ def simulate(
       **({} if worker_steps is None else {"local_steps": tuple(worker_steps.tolist())}),
       **({"keep_local_state": True} if keep_local_state else {}),
       **({} if epoch is None else {"snapshot_every": epoch, "full_batch_size": full_batch_size}),
-      **({} if group_versions is None else {"group_versions": _fingerprint_shards(group_versions.reshape(-1, 1)),
-                                            "leaf_groups": leaf_groups}))
+      **({} if group_versions is None else {
+          "group_versions": hashlib.sha256(np.ascontiguousarray(group_versions).tobytes()).hexdigest(),
+          "leaf_groups": leaf_groups}))
   path = None if checkpoint_dir is None else os.path.join(os.fspath(checkpoint_dir), _CHECKPOINT_FILE)
   if path is not None and resume and os.path.exists(path):
     metric_tree = None if eval_fn is None else jax.tree.structure(jax.eval_shape(eval_fn, params))
@@ -1026,8 +1027,10 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
     loss, payload, lane_states = jax.vmap(lane_push, in_axes=(None, 0, None, 0, 0, 0, 0, 0, 0, 0))(
         data, stale, snap, lane["lane_update"], workers, lane["lane_draw"], lane["lane_batches"],
         shard_rows[local_rows(workers)], shard_sizes[local_rows(workers)], lane_states)
-    kept_rows = jnp.where(lane["lane_active"], local_rows(workers), per_device)
-    local_states = jax.tree.map(lambda x, new: x.at[kept_rows].set(new, mode="drop"), local_states, lane_states)
+    if keep_local_state:
+      # Masked lanes (padding) write nothing.
+      kept_rows = jnp.where(lane["lane_active"], local_rows(workers), per_device)
+      local_states = jax.tree.map(lambda x, new: x.at[kept_rows].set(new, mode="drop"), local_states, lane_states)
     finite = jax.vmap(_all_finite)({k: v for k, v in payload.items() if k in _MIXED + _PER_EXAMPLE})
     finite_all, loss_all, payload_all, stale_all = gather((finite, loss, payload, stale if keep_stale else ()))
     # The step's lanes fill a contiguous block of the buffers.
