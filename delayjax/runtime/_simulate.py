@@ -133,7 +133,11 @@ def schedule_from_delays(model: delays_lib.DelayModel, num_updates: int, seed: i
 
 def _leaf_reads(source: Any, schedule: Schedule, params: Any,
                 seed: int) -> tuple[np.ndarray | None, tuple[int, ...] | None]:
-  """For a ``per_leaf`` source: each group's read versions ``[U, M, G]`` and each parameter leaf's group."""
+  """For a ``per_leaf`` source: each group's read versions and each parameter leaf's group.
+
+  The versions are ``[U, G]``: the stale-read schedule has one contribution
+  per update, so contributions and updates share their order.
+  """
   if not isinstance(source, delays_lib.PerLeaf):
     return None, None
   delays_lib.leaf_models(source, params)  # a clear error if its tree is not a prefix of params
@@ -142,9 +146,7 @@ def _leaf_reads(source: Any, schedule: Schedule, params: Any,
     return None, None
   groups = jax.tree.map(lambda g, sub: jax.tree.map(lambda _: g, sub), treedef.unflatten(range(len(models))), params)
   u = np.arange(schedule.num_updates)
-  delays = _stale_read_delays(source, schedule.num_updates, seed)
-  versions = np.full(schedule.contributes.shape + (len(models),), -1, np.int64)
-  versions[u, u % schedule.num_workers] = np.maximum(0, u[:, None] - delays)
+  versions = np.maximum(0, u[:, None] - _stale_read_delays(source, schedule.num_updates, seed))
   return versions, tuple(jax.tree.leaves(groups))
 
 

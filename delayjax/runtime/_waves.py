@@ -333,10 +333,11 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
   earliest server version at which a contribution to each update may be
   computed, besides its read (e.g. its SVRG epoch's start, so that every
   lane of a step is in the step's epoch and shares its snapshot);
-  ``group_versions`` (``[num_updates, schedule workers, G]``, default the
-  schedule's ``read_version`` as one group): per-leaf delays, the version
-  each group of parameter leaves is read at (``lane_fresh``, ``read_group``
-  and ``upd_staleness`` then have a group axis of size ``G``);
+  ``group_versions`` (``[contributions, G]``, in the order of
+  ``np.nonzero(schedule.contributes)``; default the schedule's
+  ``read_version`` as one group): per-leaf delays, the version each group of
+  parameter leaves is read at (``lane_fresh``, ``read_group`` and
+  ``upd_staleness`` then have a group axis of size ``G``);
   ``sequential_workers``: a worker's contribution is computed in a later
   step than its previous one (workers that carry state from one to the next).
   """
@@ -346,7 +347,7 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
   if group_versions is None:
     cvg = schedule.read_version[cu, cm][:, None]
   else:
-    cvg = np.asarray(group_versions, np.int64)[cu, cm]
+    cvg = np.asarray(group_versions, np.int64).reshape(cu.size, -1)
   # A gradient can be computed once its last group has been read.
   cv = cvg.max(axis=1) if cu.size else np.zeros(0, np.int64)
   cnb = schedule.num_batches[cu, cm]
