@@ -119,25 +119,32 @@ def schedule_from_delays(model: delays_lib.DelayModel, num_updates: int, seed: i
   earliest read: ``read_version`` carries the update's largest staleness);
   ``dj.simulate`` reads each model's leaves at their own version.
   """
+  return _stale_read_schedule(model, num_updates, seed)[0]
+
+
+def _stale_read_schedule(model: delays_lib.DelayModel, num_updates: int, seed: int) -> tuple[Schedule, np.ndarray]:
+  """:func:`schedule_from_delays`, and the version each model of ``model`` reads at, ``[num_updates, G]``.
+
+  The schedule has one contribution per update, so contributions and
+  updates share their order.
+  """
   delays_lib.check_model("source", model)
-  delays = _stale_read_delays(model, num_updates, seed).max(axis=1)
-  num_workers = model.max_delay + 1
   t = np.arange(num_updates)
+  versions = np.maximum(0, t[:, None] - _stale_read_delays(model, num_updates, seed))
+  num_workers = model.max_delay + 1
   contributes = np.zeros((num_updates, num_workers), bool)
   read_version = np.full((num_updates, num_workers), -1, np.int64)
   contributes[t, t % num_workers] = True
-  read_version[t, t % num_workers] = np.maximum(0, t - delays)
-  return Schedule(time=t.astype(np.float64), contributes=contributes, read_version=read_version,
-                  wait=np.zeros(num_workers), paradigm=f"stale read, {model!r}")
+  read_version[t, t % num_workers] = versions.min(axis=1)
+  schedule = Schedule(time=t.astype(np.float64), contributes=contributes, read_version=read_version,
+                      wait=np.zeros(num_workers), paradigm=f"stale read, {model!r}")
+  return schedule, versions
 
 
-def _leaf_reads(source: Any, schedule: Schedule, params: Any,
-                seed: int) -> tuple[np.ndarray | None, tuple[int, ...] | None]:
-  """For a ``per_leaf`` source: each group's read versions and each parameter leaf's group.
-
-  The versions are ``[U, G]``: the stale-read schedule has one contribution
-  per update, so contributions and updates share their order.
-  """
+def _leaf_reads(source: Any, versions: np.ndarray | None,
+                params: Any) -> tuple[np.ndarray | None, tuple[int, ...] | None]:
+  """For a ``per_leaf`` source: each group's read versions (``versions``, ``[U, G]``) and each parameter
+  leaf's group; ``None, None`` for any other source."""
   if not isinstance(source, delays_lib.PerLeaf):
     return None, None
   delays_lib.leaf_models(source, params)  # a clear error if its tree is not a prefix of params
@@ -145,8 +152,6 @@ def _leaf_reads(source: Any, schedule: Schedule, params: Any,
   if len(models) == 1:
     return None, None
   groups = jax.tree.map(lambda g, sub: jax.tree.map(lambda _: g, sub), treedef.unflatten(range(len(models))), params)
-  u = np.arange(schedule.num_updates)
-  versions = np.maximum(0, u[:, None] - _stale_read_delays(source, schedule.num_updates, seed))
   return versions, tuple(jax.tree.leaves(groups))
 
 
@@ -288,10 +293,11 @@ def _check_runtime_inputs(opt_state: Any, local: bool, has_terms: bool) -> tuple
         f"{'given' if has_terms else 'None'}.")
   if "snapshot_grad" in inputs and "full_grad" not in inputs:
     raise ValueError("tx requests snapshot_grad without full_grad; an SVRG snapshot needs both (see dj.svrg).")
-  if "snapshot_grad" in inputs and len(requesting_states(opt_state, "snapshot_grad")) != 1:
+  snapshot_states = requesting_states(opt_state, "snapshot_grad")
+  if len(snapshot_states) > 1:
     raise ValueError(
         f"tx: at most one transformation in a chain may request snapshot_grad (one SVRG snapshot); found "
-        f"{len(requesting_states(opt_state, 'snapshot_grad'))}.")
+        f"{len(snapshot_states)}.")
   return inputs
 
 
@@ -317,19 +323,20 @@ def _check_data(data: Any) -> int:
   return int(sizes[0])
 
 
-def _source_schedule(source: Any, num_updates: int | None, seed: int) -> Schedule:
+def _source_schedule(source: Any, num_updates: int | None, seed: int) -> tuple[Schedule, np.ndarray | None]:
+  """The schedule to run, and for a delay model the version each of its models reads at (``[U, G]``)."""
   if isinstance(source, Schedule):
     if num_updates is None:
-      return source
+      return source, None
     if num_updates > source.num_updates:
       raise ValueError(
           f"num_updates={num_updates} but the schedule (source) has only {source.num_updates} "
           f"updates; pass num_updates <= {source.num_updates} or a longer schedule.")
-    return source[:num_updates]
+    return source[:num_updates], None
   if isinstance(source, delays_lib.DelayModel):
     if num_updates is None:
       raise ValueError("num_updates is required when source is a delay model; got None.")
-    return schedule_from_delays(source, num_updates, seed)
+    return _stale_read_schedule(source, num_updates, seed)
   raise TypeError(
       f"source must be a dj.cluster.Schedule or a delay model from dj.delays, got "
       f"{type(source).__name__}.")
@@ -645,8 +652,8 @@ def simulate(
   if full_batch_size is not None:
     full_batch_size = check_int("full_batch_size", full_batch_size, minimum=1)
 
-  schedule = _source_schedule(source, num_updates, seed)
-  group_versions, leaf_groups = _leaf_reads(source, schedule, params, seed)
+  schedule, model_versions = _source_schedule(source, num_updates, seed)
+  group_versions, leaf_groups = _leaf_reads(source, model_versions, params)
   num_updates = schedule.num_updates
   num_workers = -(-schedule.num_workers // num_devices) * num_devices
   if lanes is not None:
