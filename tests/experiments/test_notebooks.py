@@ -2,6 +2,10 @@
 
 import glob
 import os
+import re
+import subprocess
+import sys
+import tomllib
 
 import pytest
 
@@ -25,12 +29,51 @@ def test_notebook_is_stripped(path):
       assert cell.outputs == [] and cell.execution_count is None, f"{path}: outputs not stripped"
 
 
+def _installed_root():
+  """The checkout that ``import experiments`` finds outside any checkout (None if it is not installed)."""
+  found = subprocess.run(
+      [sys.executable, "-c", "import experiments, os; print(os.path.dirname(os.path.dirname(experiments.__file__)))"],
+      cwd=os.path.expanduser("~"), env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+      capture_output=True, text=True)
+  return os.path.realpath(found.stdout.strip()) if found.returncode == 0 else None
+
+
+def _code(path):
+  return [c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
+def test_notebook_installs_from_the_project_home(path):
+  with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+    home = tomllib.load(f)["project"]["urls"]["Homepage"]
+  install = _code(path)[0]
+  assert f'HOME = "{home}"' in install, f"{path}: the first cell must install from pyproject's Homepage {home}"
+  assert 'f"delayjax[experiments] @ git+{HOME}"' in install
+  assert "git clone" not in install and "sys.path" not in install
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
+def test_notebook_imports_public_names_and_runs_the_paper_scale_only_when_asked(path):
+  source = "\n".join(_code(path))
+  private = re.findall(r"(?:from|import)\s+(?:delayjax|experiments)(?:\.\w+)*\._\w+|"
+                       r"from\s+(?:delayjax|experiments)(?:\.\w+)*\s+import\s+[^\n]*\b_\w+", source)
+  assert not private, f"{path} imports private modules: {private}"
+  if "SCALE" in source:
+    assert re.search(r'^SCALE = "quick"', source, re.MULTILINE), f"{path}: SCALE must default to 'quick'"
+  assert "default_backend() in" not in source and "ACCELERATOR" not in source, f"{path}: scale chosen by device"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
 def test_notebook_runs_top_to_bottom(path, tmp_path, monkeypatch):
   monkeypatch.setenv("DELAYJAX_NOTEBOOK_SMOKE", "1")
-  # The kernel imports delayjax and experiments from this checkout, so the install cell is skipped.
-  monkeypatch.setenv("PYTHONPATH", os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+  # The kernel imports delayjax and experiments as installed (`pip install -e ".[test]"`), as a user's
+  # notebook does, so the install cell is skipped. Only a second checkout beside the installed one (a git
+  # worktree) is put on the path, so that it tests its own code.
+  if _installed_root() == ROOT:
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+  else:
+    monkeypatch.setenv("PYTHONPATH", ROOT)
   monkeypatch.setenv("MPLBACKEND", "Agg")
   monkeypatch.chdir(tmp_path)
   nb = nbformat.read(path, as_version=4)
@@ -39,4 +82,4 @@ def test_notebook_runs_top_to_bottom(path, tmp_path, monkeypatch):
   client.execute()  # raises CellExecutionError, with the cell and its traceback, on any error
   outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
   assert not [o for o in outputs if o.output_type == "error"]
-  assert not os.path.exists(tmp_path / "delayjax-src"), "the install cell cloned the repository"
+  assert not [o for o in outputs if o.get("name") == "stderr" and "TqdmWarning" in o.get("text", "")]
