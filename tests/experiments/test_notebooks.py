@@ -70,7 +70,7 @@ def test_notebook_runs_top_to_bottom(path, tmp_path, monkeypatch):
   # The kernel imports delayjax and experiments as installed (`pip install -e ".[test]"`), as a user's
   # notebook does, so the install cell is skipped. Only a second checkout beside the installed one (a git
   # worktree) is put on the path, so that it tests its own code.
-  if _installed_root() == ROOT:
+  if _installed_root() == os.path.realpath(ROOT):
     monkeypatch.delenv("PYTHONPATH", raising=False)
   else:
     monkeypatch.setenv("PYTHONPATH", ROOT)
