@@ -8,6 +8,7 @@ under them exactly.
 from delayjax import cluster as cluster
 from delayjax import delays as delays
 from delayjax import problems as problems
+from delayjax import topology as topology
 from delayjax.runtime import apply_gradients as apply_gradients
 from delayjax.runtime import delayed as delayed
 from delayjax.runtime import dylu_local_steps as dylu_local_steps

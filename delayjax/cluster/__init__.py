@@ -15,6 +15,11 @@ Describe the workers (``workers``, with time models ``constant``, ``uniform``,
 
 ``Simulation`` hands a schedule out in chunks with loss feedback (AdaSync),
 ``concatenate`` joins them, and ``plot_timeline`` / ``plot_staleness`` draw one.
+
+Decentralized (gossip) training has no server: ``simulate_gossip`` runs a
+gossip paradigm (``allreduce``, ``d_psgd``, ...) over a ``dj.topology`` into a
+``GossipSchedule``, the event record (reads, gradient applications, mixes)
+that a replica runtime executes.
 """
 
 from delayjax.cluster._distributions import TimeModel as TimeModel
@@ -23,6 +28,16 @@ from delayjax.cluster._distributions import exponential as exponential
 from delayjax.cluster._distributions import gamma as gamma
 from delayjax.cluster._distributions import lognormal as lognormal
 from delayjax.cluster._distributions import uniform as uniform
+from delayjax.cluster._gossip import GRAD as GRAD
+from delayjax.cluster._gossip import GRADS as GRADS
+from delayjax.cluster._gossip import MIX as MIX
+from delayjax.cluster._gossip import PARAMS as PARAMS
+from delayjax.cluster._gossip import READ as READ
+from delayjax.cluster._gossip import GossipParadigm as GossipParadigm
+from delayjax.cluster._gossip import GossipSchedule as GossipSchedule
+from delayjax.cluster._gossip import allreduce as allreduce
+from delayjax.cluster._gossip import d_psgd as d_psgd
+from delayjax.cluster._gossip import simulate_gossip as simulate_gossip
 from delayjax.cluster._paradigms import Paradigm as Paradigm
 from delayjax.cluster._paradigms import adasync as adasync
 from delayjax.cluster._paradigms import asp as asp

@@ -1,0 +1,692 @@
+"""Gossip schedules: the exact, deterministic event record of decentralized (gossip) training.
+
+There is no server: ``M`` replicas each keep their own model ``x_i`` and
+optimizer state. A :class:`GossipSchedule` lists ``E`` events **in execution
+order** (``time`` is non-decreasing; events at the same second happen in the
+listed order). Each event is one of three kinds (``kind[e]``, int8):
+
+- ``READ`` (0): replica ``worker[e]`` snapshots its current model to compute
+  its next gradient, on ``num_batches[e]`` minibatches (their mean).
+- ``GRAD`` (1): replica ``worker[e]`` applies the gradient computed at its last
+  ``READ`` through its own optimizer, to its *current* model (which may have
+  been mixed since the read). Per replica, ``READ`` and ``GRAD`` events
+  alternate, starting with a ``READ``; a final ``READ`` without its ``GRAD``
+  is a gradient still being computed when the record ends. ``num_batches[e]``
+  repeats the value of its ``READ``.
+- ``MIX`` (2): a group of replicas combine values. Mixes are numbered
+  ``k = 0 .. K - 1`` in execution order, ``mix[e] = k`` (``-1`` for other
+  events), and described by per-mix tables (so that ``READ`` and ``GRAD``
+  events carry no ``P x P`` padding): ``members[k, :]`` holds the replica
+  indices (``-1`` padded at the end; ``P`` is the largest group),
+  ``weights[k, a, b]`` the weights, ``receives[k, a]`` whether member ``a`` is
+  replaced, ``lag[k, b]`` how old member ``b``'s sent value is, and
+  ``mixes[k]`` what is mixed:
+
+  * ``PARAMS`` (0): for every member ``a`` with ``receives[e, a]``,
+
+    .. math::  x_{m_a} \\leftarrow \\sum_b W_{ab}\\, x_{m_b}^{(v_b - \\ell_b)}
+
+    where ``v_b`` is member ``b``'s local version just before the event and
+    ``x^{(v)}`` its model at version ``v``: ``lag[e, b] = 0`` sends the current
+    model, ``lag > 0`` a value ``lag`` versions old (a late message, as in
+    SGP's tau-overlap). All sent values are taken before any member is
+    replaced (the event is atomic). Members with ``receives`` false only send
+    (their row is all zero and ignored).
+  * ``GRADS`` (1): the same rule on the members' *pending gradients* (computed
+    at their last ``READ``, not yet applied): GossipGraD's gradient gossip and
+    the all-reduce baseline. Every member must have a pending gradient, and
+    ``lag`` is 0.
+
+  ``worker[e] = -1`` and ``num_batches[e] = 0`` for ``MIX`` events. Below,
+  ``weights[e]`` etc. stand for ``weights[mix[e]]``.
+
+**Local versions.** Each replica's version starts at 0 and counts the changes
+to its model: every ``GRAD`` of that replica, and every ``PARAMS`` ``MIX`` in
+which it receives. A gradient's *staleness* is the number of changes between
+its ``READ`` and its ``GRAD``; a message's *lag* is ``lag[e, b]``.
+
+The schedule carries no method rule: a method interprets the events (SGP
+mixes the push-sum weight ``w`` with the same weights as ``x`` and computes
+gradients at ``x / w``; A2CiD2 uses ``time`` to mix its momentum pair between
+events). ``busy[m]`` and ``wait[m]`` count simulated seconds each replica
+computed and was blocked in ``[0, time[-1]]``; ``extras`` hold named arrays a
+paradigm records. The simulator records ``compute_end`` (float64 ``[E]``: for
+each ``GRAD`` event, when its gradient finished computing; NaN elsewhere) and
+the intervals each replica computed, ``busy_worker``, ``busy_start``,
+``busy_stop`` (one entry per gradient; a gradient still computing at the end
+stops after ``time[-1]``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import numpy as np
+
+from delayjax import topology as topo
+from delayjax._checks import check_choice, check_int
+from delayjax.cluster._simulate import _seed_sequences, _Times, _window_factors
+from delayjax.cluster._workers import Workers
+
+__all__ = [
+    "GossipSchedule", "READ", "GRAD", "MIX", "PARAMS", "GRADS",
+    "GossipParadigm", "AllReduce", "DPSGD", "allreduce", "d_psgd", "simulate_gossip",
+]
+
+READ, GRAD, MIX = 0, 1, 2
+PARAMS, GRADS = 0, 1
+_KIND_NAMES = {READ: "READ", GRAD: "GRAD", MIX: "MIX"}
+
+_EVENT_ARRAYS = ("time", "kind", "worker", "num_batches", "mix")
+_MIX_ARRAYS = ("members", "weights", "lag", "receives", "mixes")
+_ARRAYS = _EVENT_ARRAYS + _MIX_ARRAYS + ("busy", "wait")
+
+
+def _fail(message: str) -> None:
+  raise ValueError(f"invalid GossipSchedule: {message}")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class GossipSchedule:
+  """The events of decentralized training over ``M`` replicas, in execution order (see the module docstring).
+
+  Attributes:
+    num_workers: ``M``, the number of replicas.
+    time: float64 ``[E]``, simulated seconds; non-decreasing.
+    kind: int8 ``[E]``, ``READ`` (0), ``GRAD`` (1) or ``MIX`` (2).
+    worker: int64 ``[E]``, the replica of a ``READ`` / ``GRAD``; ``-1`` for ``MIX``.
+    num_batches: int64 ``[E]``, minibatches of the gradient read or applied; 0 for ``MIX``.
+    mix: int64 ``[E]``, the row of a ``MIX`` event in the mix tables (``0 .. K - 1`` in order); ``-1`` otherwise.
+    members: int64 ``[K, P]``, each mix's replicas, distinct, ``-1`` padded at the end.
+    weights: float64 ``[K, P, P]``, ``weights[k, a, b]``: weight of member ``b``'s sent value in member ``a``'s new one.
+    lag: int64 ``[K, P]``, local versions by which member ``b``'s sent value is old (0: current).
+    receives: bool ``[K, P]``, whether member ``a`` is replaced.
+    mixes: int8 ``[K]``, ``PARAMS`` (0) or ``GRADS`` (1).
+    busy: float64 ``[M]``, seconds each replica spent computing, up to ``time[-1]``.
+    wait: float64 ``[M]``, seconds each replica spent blocked, up to ``time[-1]``.
+    paradigm: a short description of the paradigm.
+    extras: named NumPy arrays a paradigm records; saved and loaded with the schedule.
+  """
+
+  num_workers: int
+  time: np.ndarray
+  kind: np.ndarray
+  worker: np.ndarray
+  num_batches: np.ndarray
+  mix: np.ndarray
+  members: np.ndarray
+  weights: np.ndarray
+  lag: np.ndarray
+  receives: np.ndarray
+  mixes: np.ndarray
+  busy: np.ndarray | None = None
+  wait: np.ndarray | None = None
+  paradigm: str = ""
+  extras: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    num = int(self.num_workers)
+    if num < 1:
+      _fail(f"num_workers must be >= 1, got {num}.")
+    object.__setattr__(self, "num_workers", num)
+    time = np.asarray(self.time, np.float64)
+    if time.ndim != 1:
+      _fail(f"time must be 1-D [E], got shape {time.shape}.")
+    num_events = time.shape[0]
+    mixes = np.asarray(self.mixes, np.int8)
+    if mixes.ndim != 1:
+      _fail(f"mixes must be 1-D [K], got shape {mixes.shape}.")
+    num_mixes = mixes.shape[0]
+    members = np.asarray(self.members, np.int64)
+    if members.ndim != 2 or members.shape[0] != num_mixes:
+      _fail(f"members must have shape [K={num_mixes}, P], got {members.shape}.")
+    width = members.shape[1]
+    arrays = {
+        "time": time,
+        "kind": np.asarray(self.kind, np.int8),
+        "worker": np.asarray(self.worker, np.int64),
+        "num_batches": np.asarray(self.num_batches, np.int64),
+        "mix": np.asarray(self.mix, np.int64),
+        "members": members,
+        "weights": np.asarray(self.weights, np.float64),
+        "lag": np.asarray(self.lag, np.int64),
+        "receives": np.asarray(self.receives, bool),
+        "mixes": mixes,
+        "busy": np.zeros(num) if self.busy is None else np.asarray(self.busy, np.float64),
+        "wait": np.zeros(num) if self.wait is None else np.asarray(self.wait, np.float64),
+    }
+    shapes = {"time": (num_events,), "kind": (num_events,), "worker": (num_events,),
+              "num_batches": (num_events,), "mix": (num_events,), "members": (num_mixes, width),
+              "weights": (num_mixes, width, width), "lag": (num_mixes, width),
+              "receives": (num_mixes, width), "mixes": (num_mixes,), "busy": (num,), "wait": (num,)}
+    for name, shape in shapes.items():
+      if arrays[name].shape != shape:
+        _fail(f"{name} must have shape {shape}, got {arrays[name].shape}.")
+    for name, value in arrays.items():
+      value.setflags(write=False)
+      object.__setattr__(self, name, value)
+    object.__setattr__(self, "extras", {str(k): np.asarray(v) for k, v in dict(self.extras).items()})
+    object.__setattr__(self, "paradigm", str(self.paradigm))
+    self._validate()
+
+  # ---- validation -------------------------------------------------------------------------------------------
+
+  def _validate(self) -> None:
+    num, time, kind, worker = self.num_workers, self.time, self.kind, self.worker
+    if not np.all(np.isfinite(time)) or np.any(np.diff(time) < 0):
+      _fail("time must be finite and non-decreasing.")
+    if np.any((kind < READ) | (kind > MIX)):
+      _fail(f"kind must be READ (0), GRAD (1) or MIX (2); got {sorted(set(kind.tolist()))}.")
+    is_mix = kind == MIX
+    rg = ~is_mix
+    if np.any(rg & ((worker < 0) | (worker >= num))):
+      e = int(np.flatnonzero(rg & ((worker < 0) | (worker >= num)))[0])
+      _fail(f"event {e} ({_KIND_NAMES[int(kind[e])]}) has worker {worker[e]}, allowed 0..{num - 1}.")
+    if np.any(is_mix & (worker != -1)):
+      _fail("worker must be -1 for MIX events.")
+    if np.any(rg & (self.num_batches < 1)) or np.any(is_mix & (self.num_batches != 0)):
+      _fail("num_batches must be >= 1 for READ/GRAD events and 0 for MIX events.")
+    num_mixes = self.mixes.shape[0]
+    if int(is_mix.sum()) != num_mixes or not np.array_equal(self.mix[is_mix], np.arange(num_mixes)) \
+        or np.any(self.mix[rg] != -1):
+      _fail(f"mix must number the {int(is_mix.sum())} MIX events 0, 1, ... in order (one row each of the "
+            f"{num_mixes} mix tables) and be -1 for READ/GRAD events.")
+    m, valid = self.members, self.members >= 0
+    if np.any(m >= num) or np.any(m < -1):
+      _fail(f"members must be replica indices in 0..{num - 1} or -1 (padding).")
+    if num_mixes and (m.shape[1] == 0 or not np.all(valid[:, 0])):
+      _fail("every mix needs at least one member.")
+    if np.any(valid[:, 1:] & ~valid[:, :-1]):
+      _fail("members must be packed at the start of each row (-1 padding only at the end).")
+    srt = np.sort(np.where(valid, m, -1 - np.arange(m.shape[1])[None, :]), axis=1)
+    if np.any(srt[:, 1:] == srt[:, :-1]):
+      _fail("members of one mix must be distinct.")
+    pad2 = ~(valid[:, :, None] & valid[:, None, :])
+    if not np.all(np.isfinite(self.weights)) or np.any(self.weights[pad2] != 0):
+      _fail("weights must be finite, and 0 outside the members' rows and columns.")
+    if np.any(self.receives & ~valid) or np.any(self.lag[~valid] != 0) or np.any(self.lag < 0):
+      _fail("receives must be false and lag 0 on padding; lag must be >= 0.")
+    if np.any(np.abs(self.weights).sum(axis=2)[~self.receives] != 0):
+      _fail("the weights row of a member that does not receive must be all zero.")
+    if np.any((self.mixes != PARAMS) & (self.mixes != GRADS)):
+      _fail("mixes must be PARAMS (0) or GRADS (1).")
+    grads_mix = self.mixes == GRADS
+    if np.any(self.lag[grads_mix] != 0):
+      _fail("lag must be 0 in a GRADS mix (pending gradients have no history).")
+    # READ and GRAD alternate per replica, starting with READ; a GRAD repeats its READ's num_batches.
+    order = self._rg_order()
+    k_sorted = kind[order]
+    expected = np.where(self._rg_position() % 2 == 0, READ, GRAD)
+    if np.any(k_sorted != expected):
+      bad = order[np.flatnonzero(k_sorted != expected)[0]]
+      _fail(f"READ and GRAD events of replica {worker[bad]} must alternate starting with READ "
+            f"(event {bad} breaks it).")
+    grads = np.flatnonzero(k_sorted == GRAD)
+    if np.any(self.num_batches[order[grads]] != self.num_batches[order[grads - 1]]):
+      _fail("a GRAD's num_batches must equal its READ's.")
+    # Lags reach back no further than version 0; GRADS mixes need a pending gradient of every member.
+    k_mix, a_mix = np.nonzero(valid)
+    e_mix = np.flatnonzero(is_mix)[k_mix]
+    replica = m[k_mix, a_mix]
+    before = self._changes_before(e_mix, replica)
+    if np.any(self.lag[k_mix, a_mix] > before):
+      i = int(np.flatnonzero(self.lag[k_mix, a_mix] > before)[0])
+      _fail(f"lag[{k_mix[i]}, {a_mix[i]}] = {self.lag[k_mix[i], a_mix[i]]} reaches before replica "
+            f"{replica[i]}'s version 0 (it has version {before[i]}).")
+    sel = grads_mix[k_mix]
+    if np.any(sel):
+      pending = self._pending(e_mix[sel], replica[sel])
+      if not np.all(pending):
+        i = int(np.flatnonzero(~pending)[0])
+        _fail(f"GRADS mix at event {e_mix[sel][i]} includes replica {replica[sel][i]}, which has no pending "
+              "gradient (no READ since its last GRAD).")
+
+  def _cached(self, name: str, fn: Any) -> np.ndarray:
+    if name not in self.__dict__:
+      self.__dict__[name] = fn()
+    return self.__dict__[name]
+
+  def _rg_order(self) -> np.ndarray:
+    """READ/GRAD event indices sorted by replica, then by event."""
+    def order():
+      rg = np.flatnonzero(self.kind != MIX)
+      return rg[np.argsort(self.worker[rg], kind="stable")]
+    return self._cached("_rg_order_", order)
+
+  def _rg_position(self) -> np.ndarray:
+    """For ``_rg_order()``, each event's position among its replica's READ/GRAD events."""
+    order = self._rg_order()
+    w = self.worker[order]
+    first = np.r_[True, w[1:] != w[:-1]] if order.size else np.zeros(0, bool)
+    return np.arange(order.size) - np.maximum.accumulate(np.where(first, np.arange(order.size), 0))
+
+  def _change_keys(self) -> np.ndarray:
+    """Sorted keys ``replica * (E + 1) + event`` of every change of a replica's model."""
+    def keys():
+      stride = self.num_events + 1
+      g = np.flatnonzero(self.kind == GRAD)
+      k, a = np.nonzero(self.receives & (self.mixes == PARAMS)[:, None])
+      e = np.flatnonzero(self.kind == MIX)[k]
+      return np.sort(np.concatenate([self.worker[g] * stride + g, self.members[k, a] * stride + e]))
+    return self._cached("_change_keys_", keys)
+
+  def _changes_before(self, events: np.ndarray, replicas: np.ndarray) -> np.ndarray:
+    """int64: the local version of each ``replicas[i]`` just before event ``events[i]``."""
+    stride = self.num_events + 1
+    keys = self._change_keys()
+    return (np.searchsorted(keys, replicas * stride + events)
+            - np.searchsorted(keys, replicas * stride)).astype(np.int64)
+
+  def _pending(self, events: np.ndarray, replicas: np.ndarray) -> np.ndarray:
+    """bool: whether each replica has read and not yet applied a gradient just before each event."""
+    stride = self.num_events + 1
+    rg = np.flatnonzero(self.kind != MIX)
+    keys = np.sort(self.worker[rg] * stride + rg)
+    pos = np.searchsorted(keys, replicas * stride + events) - 1
+    ok = pos >= 0
+    prev = np.where(ok, keys[np.maximum(pos, 0)], 0)
+    ok &= prev // stride == replicas
+    return ok & (self.kind[prev % stride] == READ)
+
+  # ---- derived records --------------------------------------------------------------------------------------
+
+  @property
+  def num_events(self) -> int:
+    return int(self.time.shape[0])
+
+  @property
+  def num_mixes(self) -> int:
+    return int(self.mixes.shape[0])
+
+  @property
+  def group_size(self) -> int:
+    """``P``, the width of ``members``."""
+    return int(self.members.shape[1])
+
+  @property
+  def total_time(self) -> float:
+    """Simulated seconds until the last event."""
+    return float(self.time[-1]) if self.num_events else 0.0
+
+  @property
+  def num_gradients(self) -> int:
+    """Gradients applied (``GRAD`` events)."""
+    return int(np.count_nonzero(self.kind == GRAD))
+
+  @property
+  def max_lag(self) -> int:
+    """The largest message lag: a runtime keeps this many past versions of each replica."""
+    return int(self.lag.max()) if self.lag.size else 0
+
+  def mix_versions(self) -> np.ndarray:
+    """int64 ``[K, P]``: each mix member's local version just before the mix; ``-1`` on padding."""
+    out = np.full(self.members.shape, -1, np.int64)
+    k, a = np.nonzero(self.members >= 0)
+    out[k, a] = self._changes_before(np.flatnonzero(self.kind == MIX)[k], self.members[k, a])
+    return out
+
+  def read_version(self) -> np.ndarray:
+    """int64 ``[E]``: for ``READ`` and ``GRAD`` events, the replica's version at the gradient's ``READ``; else ``-1``."""
+    out = np.full(self.num_events, -1, np.int64)
+    order = self._rg_order()
+    v = self._changes_before(order, self.worker[order])
+    # A GRAD's read is the previous READ/GRAD event of the same replica.
+    g = np.flatnonzero(self.kind[order] == GRAD)
+    v[g] = v[g - 1]
+    out[order] = v
+    return out
+
+  def staleness(self) -> np.ndarray:
+    """int64 ``[E]``: for ``GRAD`` events, the changes to the replica between its ``READ`` and this ``GRAD``; else ``-1``."""
+    g = np.flatnonzero(self.kind == GRAD)
+    out = np.full(self.num_events, -1, np.int64)
+    out[g] = self._changes_before(g, self.worker[g]) - self.read_version()[g]
+    return out
+
+  def batch_index(self) -> np.ndarray:
+    """int64 ``[E]``: for ``READ``/``GRAD`` events, the replica's index of the gradient's first minibatch
+    (minibatches counted per replica in ``READ`` order: ``0, nb_0, nb_0 + nb_1, ...``); ``-1`` for ``MIX``."""
+    out = np.full(self.num_events, -1, np.int64)
+    order = self._rg_order()
+    pos = self._rg_position()
+    nb = np.where(pos % 2 == 0, self.num_batches[order], 0)
+    csum = np.cumsum(nb) - nb
+    start = np.flatnonzero(pos == 0)
+    first = np.repeat(start, np.diff(np.r_[start, order.size]))
+    idx = csum - csum[first]
+    g = np.flatnonzero(pos % 2 == 1)
+    idx[g] = idx[g - 1]
+    out[order] = idx
+    return out
+
+  # ---- statistics -------------------------------------------------------------------------------------------
+
+  @property
+  def events_per_second(self) -> float:
+    """Events per simulated second (``inf`` if no time passed)."""
+    if self.total_time > 0:
+      return self.num_events / self.total_time
+    return float("inf") if self.num_events else float("nan")
+
+  @property
+  def gradients_per_second(self) -> float:
+    """Applied gradients per simulated second."""
+    if self.total_time > 0:
+      return self.num_gradients / self.total_time
+    return float("inf") if self.num_gradients else float("nan")
+
+  @property
+  def idle_fraction(self) -> np.ndarray:
+    """float64 ``[M]``: the fraction of ``total_time`` each replica spent blocked, ``wait / time[-1]``."""
+    return self.wait / self.total_time if self.total_time > 0 else np.zeros_like(self.wait)
+
+  def message_lags(self) -> np.ndarray:
+    """int64: the lag of every message of a ``PARAMS`` mix (member ``b``'s value used with a non-zero weight
+    by a receiving member ``a != b``)."""
+    sent = (self.weights != 0) & self.receives[:, :, None]
+    sent &= ~np.eye(self.group_size, dtype=bool)[None]
+    sent &= (self.mixes == PARAMS)[:, None, None]
+    k, _, b = np.nonzero(sent)
+    return self.lag[k, b]
+
+  def lag_histogram(self) -> np.ndarray:
+    """int64 ``[max lag + 1]``: how many messages arrived at each lag (local versions late)."""
+    return np.bincount(self.message_lags()).astype(np.int64)
+
+  def staleness_histogram(self) -> np.ndarray:
+    """int64 ``[max staleness + 1]``: how many gradients were applied at each staleness (model changes since their read)."""
+    s = self.staleness()
+    return np.bincount(s[s >= 0]).astype(np.int64)
+
+  def summary(self) -> str:
+    """A few readable lines: paradigm, size, throughput, staleness, message lags, idle time."""
+    counts = np.bincount(self.kind, minlength=3)
+    stale = self.staleness_histogram()
+    lags = self.lag_histogram()
+    idle = self.idle_fraction
+    mean_stale = float(np.dot(np.arange(stale.size), stale) / stale.sum()) if stale.sum() else float("nan")
+    shown = ", ".join(f"{i}: {int(n)}" for i, n in enumerate(lags[:8]) if n)
+    return "\n".join([
+        f"GossipSchedule {self.paradigm or '(unnamed paradigm)'}: {self.num_events} events "
+        f"({counts[READ]} reads, {counts[GRAD]} gradients, {counts[MIX]} mixes), {self.num_workers} replicas, "
+        f"{self.total_time:.6g} simulated seconds ({self.events_per_second:.6g} events/s)",
+        f"  gradient staleness (local versions): mean {mean_stale:.4g}, max {max(stale.size - 1, 0)}",
+        f"  message lags: {{{shown}}}",
+        f"  idle fraction: mean {idle.mean():.3g}, min {idle.min():.3g}, max {idle.max():.3g}",
+    ])
+
+  def __repr__(self) -> str:
+    return (f"GossipSchedule(paradigm={self.paradigm!r}, num_workers={self.num_workers}, "
+            f"num_events={self.num_events}, num_gradients={self.num_gradients}, "
+            f"total_time={self.total_time:.6g})")
+
+  # ---- persistence ------------------------------------------------------------------------------------------
+
+  def save(self, path: str | os.PathLike[str]) -> None:
+    """Writes the schedule to ``path`` as an uncompressed ``.npz`` file (exact)."""
+    arrays: dict[str, Any] = {name: getattr(self, name) for name in _ARRAYS}
+    arrays["num_workers"] = np.asarray(self.num_workers, np.int64)
+    arrays["paradigm"] = np.asarray(self.paradigm)
+    for key, value in self.extras.items():
+      arrays[f"extras/{key}"] = value
+    with open(path, "wb") as f:
+      np.savez(f, **arrays)
+
+  @classmethod
+  def load(cls, path: str | os.PathLike[str]) -> "GossipSchedule":
+    """Reads a schedule written by :meth:`save`."""
+    with np.load(path, allow_pickle=False) as data:
+      fields = {k: data[k] for k in data.files if not k.startswith("extras/")}
+      extras = {k[len("extras/"):]: data[k] for k in data.files if k.startswith("extras/")}
+    fields["num_workers"] = int(fields["num_workers"])
+    fields["paradigm"] = str(fields["paradigm"])
+    return cls(**fields, extras=extras)
+
+  def __eq__(self, other: object) -> bool:
+    if not isinstance(other, GossipSchedule):
+      return NotImplemented
+    return (self.num_workers == other.num_workers and self.paradigm == other.paradigm
+            and all(np.array_equal(getattr(self, f), getattr(other, f)) for f in _ARRAYS)
+            and self.extras.keys() == other.extras.keys()
+            and all(np.array_equal(v, other.extras[k], equal_nan=v.dtype.kind == "f")
+                    for k, v in self.extras.items()))
+
+  __hash__ = None  # type: ignore[assignment]
+
+
+# ---- building schedules -------------------------------------------------------------------------------------
+
+
+class _Builder:
+  """Collects events in execution order and the mix tables, and turns them into a :class:`GossipSchedule`."""
+
+  def __init__(self, num_workers: int):
+    self.num = num_workers
+    self.time: list[float] = []
+    self.kind: list[int] = []
+    self.worker: list[int] = []
+    self.num_batches: list[int] = []
+    self.compute_end: list[float] = []
+    self.mix_members: list[np.ndarray] = []
+    self.mix_weights: list[np.ndarray] = []
+    self.mix_lag: list[np.ndarray] = []
+    self.mix_receives: list[np.ndarray] = []
+    self.mix_kind: list[int] = []
+    self.busy_worker: list[int] = []
+    self.busy_start: list[float] = []
+    self.busy_stop: list[float] = []
+    self.extras: dict[str, Any] = {}
+
+  def computing(self, m: int, start: float, stop: float) -> None:
+    """Replica ``m`` computed (or communicated) during ``[start, stop)``."""
+    self.busy_worker.append(m)
+    self.busy_start.append(start)
+    self.busy_stop.append(stop)
+
+  def read(self, m: int, t: float, num_batches: int = 1) -> None:
+    self._event(t, READ, m, num_batches, float("nan"))
+
+  def grad(self, m: int, t: float, compute_end: float, num_batches: int = 1) -> None:
+    self._event(t, GRAD, m, num_batches, compute_end)
+
+  def mix(self, t: float, members: Any, weights: Any, *, lag: Any = None, receives: Any = None,
+          mixes: int = PARAMS) -> None:
+    members = np.asarray(members, np.int64)
+    size = members.shape[0]
+    self._event(t, MIX, -1, 0, float("nan"))
+    self.mix_members.append(members)
+    self.mix_weights.append(np.asarray(weights, np.float64).reshape(size, size))
+    self.mix_lag.append(np.zeros(size, np.int64) if lag is None else np.asarray(lag, np.int64))
+    self.mix_receives.append(np.ones(size, bool) if receives is None else np.asarray(receives, bool))
+    self.mix_kind.append(mixes)
+
+  def _event(self, t: float, kind: int, m: int, num_batches: int, compute_end: float) -> None:
+    self.time.append(t)
+    self.kind.append(kind)
+    self.worker.append(m)
+    self.num_batches.append(num_batches)
+    self.compute_end.append(compute_end)
+
+  def build(self, paradigm: str, end: float | None = None) -> GossipSchedule:
+    """The schedule; ``busy`` is clipped to the last event and ``wait`` is the rest of ``[0, time[-1]]``."""
+    num_mixes = len(self.mix_kind)
+    width = max((m.shape[0] for m in self.mix_members), default=1)
+    members = np.full((num_mixes, width), -1, np.int64)
+    weights = np.zeros((num_mixes, width, width))
+    lag = np.zeros((num_mixes, width), np.int64)
+    receives = np.zeros((num_mixes, width), bool)
+    for k, (m, w, l, r) in enumerate(zip(self.mix_members, self.mix_weights, self.mix_lag, self.mix_receives)):
+      size = m.shape[0]
+      members[k, :size], weights[k, :size, :size], lag[k, :size], receives[k, :size] = m, w, l, r
+    kind = np.asarray(self.kind, np.int8)
+    mix = np.full(kind.shape, -1, np.int64)
+    mix[kind == MIX] = np.arange(num_mixes)
+    time = np.asarray(self.time, np.float64)
+    total = float(time[-1]) if end is None else end
+    bw = np.asarray(self.busy_worker, np.int64)
+    bs = np.asarray(self.busy_start, np.float64)
+    be = np.asarray(self.busy_stop, np.float64)
+    busy = np.bincount(bw, np.clip(np.minimum(be, total) - bs, 0.0, None), self.num)
+    return GossipSchedule(
+        num_workers=self.num, time=time, kind=kind, worker=np.asarray(self.worker, np.int64),
+        num_batches=np.asarray(self.num_batches, np.int64), mix=mix, members=members, weights=weights,
+        lag=lag, receives=receives, mixes=np.asarray(self.mix_kind, np.int8), busy=busy,
+        wait=np.maximum(total - busy, 0.0), paradigm=paradigm,
+        extras={"compute_end": np.asarray(self.compute_end, np.float64), "busy_worker": bw, "busy_start": bs,
+                "busy_stop": be, **self.extras})
+
+
+# ---- paradigms ----------------------------------------------------------------------------------------------
+
+
+class GossipParadigm:
+  """Base class of the gossip paradigms (frozen dataclasses built by lower-case factories)."""
+
+  def check(self, num_workers: int) -> None:
+    """Raises a ``ValueError`` if the paradigm cannot run on ``num_workers`` replicas."""
+
+  def __str__(self) -> str:
+    parts = []
+    for f in dataclasses.fields(self):  # type: ignore[arg-type]
+      value = getattr(self, f.name)
+      parts.append(f"{f.name}={value.name if isinstance(value, topo.Topology) else value}")
+    return f"{self._name}({', '.join(parts)})"
+
+  _name = "gossip"
+
+
+@dataclasses.dataclass(frozen=True)
+class AllReduce(GossipParadigm):
+  """Synchronous data parallel (all-reduce SGD), the baseline of decentralized training.
+
+  Rule: in round ``r`` every replica reads, computes its gradient ``g_i``
+  (``compute + comm`` seconds of its worker); when the slowest is done, one
+  ``GRADS`` mix replaces every pending gradient by the mean
+  ``(1/M) sum_j g_j``, and every replica applies it. With identical initial
+  models and optimizers all replicas stay equal: it is synchronous SGD on
+  ``M`` times the batch.
+
+  References:
+    Goyal et al., `Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour
+    <https://arxiv.org/abs/1706.02677>`_, 2017.
+  """
+
+  _name = "allreduce"
+
+
+@dataclasses.dataclass(frozen=True)
+class DPSGD(GossipParadigm):
+  """Synchronous decentralized parallel SGD (D-PSGD): gossip with ``W``, then the gradient read before it.
+
+  Rule (Lian et al. 2017, Algorithm 1), round ``r``:
+
+  .. math::  x_i \\leftarrow \\sum_j W_{ij} x_j - \\gamma\\, g_i(x_i^{\\text{read}})
+
+  Every replica reads at the round's start and computes (``compute + comm``
+  seconds); when the slowest is done, one ``PARAMS`` mix of all replicas with
+  ``W = mixing_matrix(topology, rule)``, then every replica applies its
+  gradient (computed at its model before the mix: staleness 1 in local
+  versions) through its optimizer.
+
+  References:
+    Lian, Zhang, Zhang, Hsieh, Zhang, Liu, `Can Decentralized Algorithms
+    Outperform Centralized Algorithms? A Case Study for Decentralized Parallel
+    Stochastic Gradient Descent <https://arxiv.org/abs/1705.09056>`_, NeurIPS 2017.
+  """
+
+  topology: topo.Topology
+  rule: str = "metropolis"
+  _name = "d_psgd"
+
+  def check(self, num_workers: int) -> None:
+    if self.topology.num_nodes != num_workers:
+      raise ValueError(f"topology has {self.topology.num_nodes} nodes but the workers are {num_workers}; "
+                       "they must match.")
+
+
+def allreduce() -> AllReduce:
+  """Synchronous all-reduce data parallel SGD (see :class:`AllReduce`)."""
+  return AllReduce()
+
+
+def d_psgd(topology: topo.Topology, rule: str = "metropolis") -> DPSGD:
+  """Synchronous D-PSGD on ``topology`` with ``rule``'s mixing weights (see :class:`DPSGD`)."""
+  if not isinstance(topology, topo.Topology):
+    raise TypeError(f"topology must be a dj.topology.Topology (e.g. dj.topology.ring(8)), got {topology!r}.")
+  check_choice("rule", rule, topo.MIXING_RULES)
+  w = topo.mixing_matrix(topology, rule)
+  topo.check_mixing(w, doubly=True, name=f"the {rule} weights of {topology.name}")
+  return DPSGD(topology, rule)
+
+
+# ---- the simulator ------------------------------------------------------------------------------------------
+
+
+def _round_engine(paradigm: GossipParadigm, workers: Workers, times: _Times, num_rounds: int) -> _Builder:
+  """Synchronous rounds: every replica reads at the round's start; the round ends when the slowest is done."""
+  num = workers.num_workers
+  b = _Builder(num)
+  compute, comm = times.rows(0, num_rounds)
+  everyone = np.arange(num)
+  if isinstance(paradigm, DPSGD):
+    w_params = topo.mixing_matrix(paradigm.topology, paradigm.rule)
+  t = 0.0
+  for r in range(num_rounds):
+    duration = compute[r] * _window_factors(workers, t) + comm[r] if workers.windows else compute[r] + comm[r]
+    end = t + float(duration.max())
+    for m in range(num):
+      b.read(m, t)
+      b.computing(m, t, t + float(duration[m]))
+    if isinstance(paradigm, AllReduce):
+      b.mix(end, everyone, np.full((num, num), 1.0 / num), mixes=GRADS)
+    else:
+      b.mix(end, everyone, w_params)
+    for m in range(num):
+      b.grad(m, end, t + float(duration[m]))
+    t = end
+  return b
+
+
+def simulate_gossip(paradigm: GossipParadigm, workers: Workers, num_steps: int, seed: int = 0) -> GossipSchedule:
+  """Simulates decentralized training of ``paradigm`` on ``workers`` and returns its :class:`GossipSchedule`.
+
+  Gradient ``j`` of replica ``m`` takes the time ``dj.cluster.simulate`` would
+  give gradient ``j`` of worker ``m`` (same ``workers``, same ``seed``): the same
+  per-worker streams, speeds and stragglers.
+
+  Args:
+    paradigm: e.g. ``dj.cluster.d_psgd(dj.topology.ring(8))``.
+    workers: the cluster, from ``dj.cluster.workers(...)``; one replica per worker.
+    num_steps: gradients per replica on average: the run ends when
+      ``num_steps * M`` gradients have been applied (``num_steps`` rounds for
+      synchronous paradigms).
+    seed: the same seed gives a bit-identical schedule.
+
+  Returns:
+    The schedule.
+
+  Example::
+
+    >>> import delayjax as dj
+    >>> w = dj.cluster.workers(4, compute="exponential")
+    >>> s = dj.cluster.simulate_gossip(dj.cluster.d_psgd(dj.topology.ring(4)), w, num_steps=10, seed=0)
+    >>> s.num_gradients, s.num_mixes
+    (40, 10)
+  """
+  if not isinstance(paradigm, GossipParadigm):
+    raise TypeError(f"paradigm must be a gossip paradigm such as dj.cluster.d_psgd(dj.topology.ring(8)), "
+                    f"got {paradigm!r}.")
+  if not isinstance(workers, Workers):
+    raise TypeError(f"workers must be built with dj.cluster.workers(...), got {workers!r}.")
+  check_int("seed", seed, minimum=0)
+  num_steps = check_int("num_steps", num_steps, minimum=1)
+  paradigm.check(workers.num_workers)
+  time_seq, _ = _seed_sequences(seed, workers)
+  times = _Times(workers, time_seq)
+  if isinstance(paradigm, (AllReduce, DPSGD)):
+    builder = _round_engine(paradigm, workers, times, num_steps)
+  else:
+    raise TypeError(f"paradigm {paradigm!r} is not supported by simulate_gossip.")
+  return builder.build(str(paradigm))
