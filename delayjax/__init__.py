@@ -15,9 +15,13 @@ from delayjax.runtime import dylu_local_steps as dylu_local_steps
 from delayjax.runtime import simulate as simulate
 from delayjax.transforms import accumulate_sum as accumulate_sum
 from delayjax.transforms import apam as apam
+from delayjax.transforms import apcd as apcd
+from delayjax.transforms import asysbcdvr as asysbcdvr
 from delayjax.transforms import async_adam as async_adam
+from delayjax.transforms import block_coordinate as block_coordinate
 from delayjax.transforms import dana as dana
 from delayjax.transforms import dana_slim as dana_slim
+from delayjax.transforms import dap_sgd as dap_sgd
 from delayjax.transforms import delay_adaptive_sgd as delay_adaptive_sgd
 from delayjax.transforms import delay_compensation as delay_compensation
 from delayjax.transforms import delayed_nesterov as delayed_nesterov
@@ -38,6 +42,7 @@ from delayjax.transforms import saga as saga
 from delayjax.transforms import scale_by_staleness as scale_by_staleness
 from delayjax.transforms import staleness_weight as staleness_weight
 from delayjax.transforms import svrg as svrg
+from delayjax.transforms import tap_sgd as tap_sgd
 from delayjax.transforms import zeno_plus_plus as zeno_plus_plus
 
 __version__ = "0.1.0"

@@ -8,6 +8,14 @@ from delayjax.transforms._aggregation import fed_async as fed_async
 from delayjax.transforms._aggregation import fed_buff as fed_buff
 from delayjax.transforms._async_adam import apam as apam
 from delayjax.transforms._async_adam import async_adam as async_adam
+from delayjax.transforms._block_coordinate import BlockCoordinateState as BlockCoordinateState
+from delayjax.transforms._block_coordinate import apcd as apcd
+from delayjax.transforms._block_coordinate import asysbcdvr as asysbcdvr
+from delayjax.transforms._block_coordinate import block_coordinate as block_coordinate
+from delayjax.transforms._block_coordinate import block_index as block_index
+from delayjax.transforms._dap import DapSgd as DapSgd
+from delayjax.transforms._dap import dap_sgd as dap_sgd
+from delayjax.transforms._dap import tap_sgd as tap_sgd
 from delayjax.transforms._dana import DanaSlimState as DanaSlimState
 from delayjax.transforms._dana import DanaState as DanaState
 from delayjax.transforms._dana import dana as dana
