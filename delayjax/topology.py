@@ -27,7 +27,7 @@ Time-varying one-peer sequences return, for each step, the peer of every node:
 - ``one_peer_exponential(M, num_steps)``: SGP's directed one-peer exponential
   graph, node ``i`` sends to ``i + 1, i - 1, i + 2, i - 2, i + 4, ...`` (mod ``M``),
   one per step.
-- ``gossipgrad_partners(M, num_steps, seed)``: GossipGraD's rotating partner,
+- ``gossipgrad_partners(M, num_steps)``: GossipGraD's rotating partner,
   ``(r + 2^(t mod p)) mod M`` in a node order reshuffled every
   ``p = ceil(log2 M)`` steps.
 - ``bipartite_peers(M, num_steps)``: AD-PSGD's bipartite matching, odd
@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
 from typing import Any
 
 import numpy as np
@@ -371,27 +372,36 @@ def one_peer_exponential(num_nodes: int, num_steps: int) -> np.ndarray:
   return (np.arange(num)[None, :] + shift[:, None]) % num
 
 
-def gossipgrad_partners(num_nodes: int, num_steps: int, seed: int = 0) -> np.ndarray:
+def gossipgrad_partners(num_nodes: int, num_steps: int, seed: int | None = None) -> np.ndarray:
   """GossipGraD's rotating partners: int64 ``[T, M]``, the node each node sends its gradient to at step ``t``.
 
   With ``p = max(1, ceil(log2 M))``, the nodes are put in a fresh random order
-  ``pi`` every ``p`` steps; at step ``t`` the node at position ``r`` of ``pi``
-  sends to the node at position ``(r + 2^(t mod p)) mod M`` and receives
-  from the one at ``(r - 2^(t mod p)) mod M``, so within a period every node
-  hears, directly or through others, from ``2^p - 1 >= M - 1`` nodes.
-  The first period uses the identity order (as the reference's first
-  ``dist.new_group`` over ``range(N)``); later orders are drawn from ``seed``.
+  ``pi`` at every step ``t`` with ``t mod p = 0``; at step ``t`` the node at
+  position ``r`` of ``pi`` sends to the node at position ``(r + 2^(t mod p)) mod M``
+  and receives from the one at ``(r - 2^(t mod p)) mod M`` (the
+  ``DISSEMINATION`` topology of ``pytorch/torchdistx``
+  ``src/python/torchdistx/gossip_grad.py``). With ``seed=None`` the orders are
+  the reference's: ``M`` successive in-place ``random.shuffle`` of
+  ``[0, .., M - 1]`` by Python's ``random`` seeded with ``100 M``, cycled;
+  with an integer ``seed``, fresh NumPy permutations.
   """
   num = check_int("num_nodes", num_nodes, minimum=2)
   steps = check_int("num_steps", num_steps, minimum=0)
-  check_int("seed", seed, minimum=0)
   period = max(1, math.ceil(math.log2(num)))
-  rng = np.random.default_rng(seed)
+  if seed is None:
+    shuffler = random.Random(num * 100)
+    order_list = list(range(num))
+    orders = []
+    for _ in range(num):
+      shuffler.shuffle(order_list)
+      orders.append(np.asarray(order_list, np.int64))
+  else:
+    rng = np.random.default_rng(check_int("seed", seed, minimum=0))
   out = np.empty((steps, num), np.int64)
   order = np.arange(num)
   for t in range(steps):
-    if t and t % period == 0:
-      order = rng.permutation(num)
+    if t % period == 0:
+      order = orders[(t // period) % num] if seed is None else rng.permutation(num)
     shift = 1 << (t % period)
     out[t, order] = order[(np.arange(num) + shift) % num]
   return out

@@ -17,7 +17,8 @@ Describe the workers (``workers``, with time models ``constant``, ``uniform``,
 ``concatenate`` joins them, and ``plot_timeline`` / ``plot_staleness`` draw one.
 
 Decentralized (gossip) training has no server: ``simulate_gossip`` runs a
-gossip paradigm (``allreduce``, ``d_psgd``, ...) over a ``dj.topology`` into a
+gossip paradigm (``allreduce``, ``d_psgd``, ``ad_psgd``, ``sgp``,
+``gossipgrad``; optionally with ``failures``) over a ``dj.topology`` into a
 ``GossipSchedule``, the event record (reads, gradient applications, mixes)
 that a replica runtime executes.
 """
@@ -35,8 +36,13 @@ from delayjax.cluster._gossip import PARAMS as PARAMS
 from delayjax.cluster._gossip import READ as READ
 from delayjax.cluster._gossip import GossipParadigm as GossipParadigm
 from delayjax.cluster._gossip import GossipSchedule as GossipSchedule
+from delayjax.cluster._gossip import ad_psgd as ad_psgd
 from delayjax.cluster._gossip import allreduce as allreduce
 from delayjax.cluster._gossip import d_psgd as d_psgd
+from delayjax.cluster._gossip import failures as failures
+from delayjax.cluster._gossip import gossipgrad as gossipgrad
+from delayjax.cluster._gossip import node_down as node_down
+from delayjax.cluster._gossip import sgp as sgp
 from delayjax.cluster._gossip import simulate_gossip as simulate_gossip
 from delayjax.cluster._paradigms import Paradigm as Paradigm
 from delayjax.cluster._paradigms import adasync as adasync

@@ -60,19 +60,21 @@ stops after ``time[-1]``).
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import os
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
 from delayjax import topology as topo
-from delayjax._checks import check_choice, check_int
+from delayjax._checks import check_choice, check_float, check_int
 from delayjax.cluster._simulate import _seed_sequences, _Times, _window_factors
 from delayjax.cluster._workers import Workers
 
 __all__ = [
     "GossipSchedule", "READ", "GRAD", "MIX", "PARAMS", "GRADS",
-    "GossipParadigm", "AllReduce", "DPSGD", "allreduce", "d_psgd", "simulate_gossip",
+    "GossipParadigm", "AllReduce", "DPSGD", "ADPSGD", "SGP", "GossipGraD", "Failures", "NodeDown",
+    "allreduce", "d_psgd", "ad_psgd", "sgp", "gossipgrad", "failures", "node_down", "simulate_gossip",
 ]
 
 READ, GRAD, MIX = 0, 1, 2
@@ -621,48 +623,421 @@ def d_psgd(topology: topo.Topology, rule: str = "metropolis") -> DPSGD:
   return DPSGD(topology, rule)
 
 
+@dataclasses.dataclass(frozen=True)
+class ADPSGD(GossipParadigm):
+  """Asynchronous decentralized parallel SGD (AD-PSGD): atomic pairwise averaging while gradients compute.
+
+  Rule (Lian et al. 2018, Algorithm 1), each worker ``i`` in a loop, without
+  waiting for anyone:
+
+  1. ``READ``: snapshot ``x_i``; compute ``g = grad F_i(x_i^read)`` (``compute`` seconds);
+  2. meanwhile average atomically with one peer ``j``:
+     ``x_i, x_j <- (x_i + x_j) / 2`` (a ``PARAMS`` mix of two, at the read time
+     plus the worker's ``comm`` seconds);
+  3. ``GRAD``: ``x_i <- x_i - gamma g`` on the current (averaged) model, once
+     both the gradient and the averaging are done; then read again.
+
+  Peers: with ``topology=None`` the bipartite scheme of the reference code
+  (``facebookresearch/stochastic_gradient_push``, ``gossip/ad_psgd.py`` with
+  ``DynamicBipartiteExponentialGraph``): odd workers are active and initiate
+  one averaging per gradient with the next even peer of their rotating list
+  (``dj.topology.bipartite_peers``); even workers are passive (they compute
+  and apply gradients, and are averaged with when contacted), so two
+  initiators never wait on each other. With a ``topology``, every worker is
+  active and picks a uniformly random neighbour per gradient (the paper's
+  Algorithm 1). Local momentum belongs to the optimizer that applies ``GRAD``
+  (the reference runs SGD with Nesterov momentum on its gossip copy).
+
+  The reference code's gossip process averages continuously and pulls the
+  model for the next gradient before its own last gradient is applied; this
+  schedule follows the paper's loop (one averaging per gradient, the next
+  read after the apply).
+
+  References:
+    Lian, Zhang, Zhang, Liu, `Asynchronous Decentralized Parallel Stochastic
+    Gradient Descent <https://arxiv.org/abs/1710.06952>`_, ICML 2018.
+  """
+
+  topology: topo.Topology | None = None
+  _name = "ad_psgd"
+
+  def check(self, num_workers: int) -> None:
+    if self.topology is None:
+      if num_workers % 2 or num_workers < 2:
+        raise ValueError(f"ad_psgd() with bipartite peers needs an even number of workers >= 2, got {num_workers}; "
+                         "pass a topology for an odd count.")
+    elif self.topology.num_nodes != num_workers:
+      raise ValueError(f"topology has {self.topology.num_nodes} nodes but the workers are {num_workers}; "
+                       "they must match.")
+
+
+@dataclasses.dataclass(frozen=True)
+class SGP(GossipParadigm):
+  """Stochastic Gradient Push (SGP): push-sum over the directed one-peer exponential graph, with tau-overlap.
+
+  Rule (Assran et al. 2019, Algorithm 1 with weights 1/2), node ``i`` at its iteration ``k``:
+
+  .. math::
+
+     x_i \\leftarrow x_i - \\gamma\\, \\nabla F_i(z_i),\\quad z_i = x_i / w_i;\\qquad
+     (x_i, w_i) \\leftarrow \\tfrac12 (x_i, w_i)\\ \\text{and send } \\tfrac12 (x_i, w_i)
+     \\text{ to } j = \\text{peer}_k(i);\\qquad
+     (x_i, w_i) \\mathrel{+}= \\text{every message received}.
+
+  Events: ``READ`` (the method reads ``x_i`` and ``w_i``), ``GRAD`` after
+  ``compute`` seconds, then a one-member ``PARAMS`` mix with weight 1/2 (the
+  halving: the sent message is the value right after it), the message
+  arrives ``comm`` seconds later. Before starting iteration ``k + 1`` a node
+  adds every message that has arrived, each as a two-member mix
+  ``x_i <- x_i + x_j^{(sent)}`` (weights ``[[1, 1], [0, 0]]``, only ``i``
+  receives, ``lag`` = the sender's changes since it sent); it must have
+  received the messages of iterations ``<= k - overlap`` (it waits for them):
+  ``overlap = 0`` is synchronous SGP, ``overlap = tau`` lets messages be up to
+  ``tau`` iterations late. The method mixes the push-sum weight ``w`` with
+  the same weights and lags as ``x``. Peers: ``dj.topology.one_peer_exponential``
+  (``facebookresearch/stochastic_gradient_push``,
+  ``DynamicDirectedExponentialGraph``, one peer per iteration).
+
+  References:
+    Assran, Loizou, Ballas, Rabbat, `Stochastic Gradient Push for Distributed
+    Deep Learning <https://arxiv.org/abs/1811.10792>`_, ICML 2019.
+  """
+
+  overlap: int = 0
+  _name = "sgp"
+
+  def check(self, num_workers: int) -> None:
+    if num_workers < 2:
+      raise ValueError(f"sgp needs at least 2 workers (each sends to a peer), got {num_workers}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class GossipGraD(GossipParadigm):
+  """GossipGraD: gradient gossip with one rotating partner per step (not parameter averaging).
+
+  Rule (Daily et al. 2018; ``pytorch/torchdistx`` ``gossip_grad.py``,
+  ``DISSEMINATION`` topology), step ``t``: every replica reads and computes
+  ``g_r``; it sends ``g_r`` to the node ``2^(t mod p)`` positions ahead in the
+  current node order and receives ``g_s`` from the one as far behind
+  (``dj.topology.gossipgrad_partners``), sets ``g_r <- (g_r + g_s) / 2`` (a
+  ``GRADS`` mix of all replicas) and applies it. Steps are synchronous: a step
+  ends when the slowest replica's ``compute + comm`` is done.
+
+  References:
+    Daily, Vishnu, Siegel, Warfel, Amatya, `GossipGraD: Scalable Deep Learning
+    using Gossip Communication based Asynchronous Gradient Descent
+    <https://arxiv.org/abs/1803.05880>`_, 2018.
+  """
+
+  seed: int | None = None
+  _name = "gossipgrad"
+
+  def check(self, num_workers: int) -> None:
+    if num_workers < 2:
+      raise ValueError(f"gossipgrad needs at least 2 workers, got {num_workers}.")
+
+
+def ad_psgd(topology: topo.Topology | None = None) -> ADPSGD:
+  """AD-PSGD (see :class:`ADPSGD`): bipartite active/passive peers, or random neighbours of ``topology``."""
+  if topology is not None and not isinstance(topology, topo.Topology):
+    raise TypeError(f"topology must be None or a dj.topology.Topology, got {topology!r}.")
+  if topology is not None and topology.directed:
+    raise ValueError(f"ad_psgd averages in pairs and needs an undirected topology, got {topology.name}.")
+  return ADPSGD(topology)
+
+
+def sgp(overlap: int = 0) -> SGP:
+  """Stochastic Gradient Push with ``overlap``-iteration late messages (see :class:`SGP`)."""
+  return SGP(check_int("overlap", overlap, minimum=0))
+
+
+def gossipgrad(seed: int | None = None) -> GossipGraD:
+  """GossipGraD (see :class:`GossipGraD`); ``seed=None`` uses the reference's node shuffles."""
+  return GossipGraD(None if seed is None else check_int("seed", seed, minimum=0))
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeDown:
+  """Node ``node`` is gone during ``[start, stop)`` simulated seconds: it neither computes nor communicates."""
+
+  node: int
+  start: float
+  stop: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Failures:
+  """Link and node failures: each message is lost with probability ``drop``; nodes are down in windows.
+
+  Attributes:
+    drop: probability that one message (one direction of one exchange) is lost.
+    down: the windows in which nodes are gone.
+  """
+
+  drop: float = 0.0
+  down: tuple[NodeDown, ...] = ()
+
+  def is_down(self, node: int, t: float) -> bool:
+    return any(d.node == node and d.start <= t < d.stop for d in self.down)
+
+  def back_at(self, node: int, t: float) -> float:
+    """The first second ``>= t`` at which ``node`` is up."""
+    moved = True
+    while moved:
+      moved = False
+      for d in self.down:
+        if d.node == node and d.start <= t < d.stop:
+          t, moved = d.stop, True
+    return t
+
+
+def node_down(node: int, start: float, stop: float) -> NodeDown:
+  """Node ``node`` disappears during ``[start, stop)`` seconds."""
+  node = check_int("node", node, minimum=0)
+  start = check_float("start", start, minimum=0.0)
+  stop = check_float("stop", stop, minimum=0.0)
+  if stop < start:
+    raise ValueError(f"stop must be >= start, got start={start}, stop={stop}.")
+  return NodeDown(node, start, stop)
+
+
+def failures(drop: float = 0.0, down: NodeDown | Sequence[NodeDown] = ()) -> Failures:
+  """Message loss with probability ``drop`` and node outages ``down`` (``node_down(...)`` windows).
+
+  Supported by ``d_psgd`` (a lost message ``j -> i`` moves ``W[i, j]`` to ``W[i, i]``;
+  a node down at a round's start sits the round out, its weights moved to
+  the others' diagonals) and ``ad_psgd`` (each direction of an averaging is
+  lost independently: a member whose incoming message is lost keeps its
+  model; a node down skips averagings, and its reads and applies wait until
+  it is back). This is the setting of asynchronous decentralized SGD at the
+  wireless edge, where links drop packets and devices come and go.
+  """
+  drop = check_float("drop", drop, minimum=0.0, maximum=1.0)
+  if isinstance(down, NodeDown):
+    down = (down,)
+  down = tuple(down)
+  for d in down:
+    if not isinstance(d, NodeDown):
+      raise TypeError(f"down must hold node_down(...) windows, got {d!r}.")
+  return Failures(drop, down)
+
+
 # ---- the simulator ------------------------------------------------------------------------------------------
 
 
-def _round_engine(paradigm: GossipParadigm, workers: Workers, times: _Times, num_rounds: int) -> _Builder:
+class _Durations(_Times):
+  """Per-gradient compute and comm seconds, from the same per-worker streams as ``dj.cluster.simulate``."""
+
+  def take_split(self, m: int, t: float) -> tuple[float, float]:
+    """``(compute, comm)`` of worker ``m``'s next gradient, read at ``t`` (straggler windows on compute)."""
+    j = self.used[m]
+    self.used[m] = j + 1
+    if j >= self.filled[m]:
+      compute, comm = self._draw(m)
+      self.compute[m].extend(compute.tolist())
+      self.comm[m].extend(comm.tolist())
+    factor = 1.0
+    for w in self.windows:
+      if w.start <= t < w.stop and (w.workers is None or m in w.workers):
+        factor *= w.slowdown
+    return self.compute[m][j] * factor, self.comm[m][j]
+
+
+def _round_engine(paradigm: GossipParadigm, workers: Workers, times: _Times, num_rounds: int,
+                  fail: Failures, rng: np.random.Generator) -> _Builder:
   """Synchronous rounds: every replica reads at the round's start; the round ends when the slowest is done."""
   num = workers.num_workers
   b = _Builder(num)
   compute, comm = times.rows(0, num_rounds)
-  everyone = np.arange(num)
   if isinstance(paradigm, DPSGD):
     w_params = topo.mixing_matrix(paradigm.topology, paradigm.rule)
+  if isinstance(paradigm, GossipGraD):
+    partners = topo.gossipgrad_partners(num, num_rounds, paradigm.seed) if num > 1 else None
   t = 0.0
   for r in range(num_rounds):
+    up = np.array([not fail.is_down(m, t) for m in range(num)])
+    if not up.any():
+      t = min(fail.back_at(m, t) for m in range(num))
+      continue
     duration = compute[r] * _window_factors(workers, t) + comm[r] if workers.windows else compute[r] + comm[r]
-    end = t + float(duration.max())
-    for m in range(num):
-      b.read(m, t)
-      b.computing(m, t, t + float(duration[m]))
+    live = np.flatnonzero(up)
+    end = t + float(duration[live].max())
+    for m in live:
+      b.read(int(m), t)
+      b.computing(int(m), t, t + float(duration[m]))
     if isinstance(paradigm, AllReduce):
-      b.mix(end, everyone, np.full((num, num), 1.0 / num), mixes=GRADS)
+      b.mix(end, live, np.full((live.size, live.size), 1.0 / live.size), mixes=GRADS)
+    elif isinstance(paradigm, GossipGraD):
+      source = np.empty(num, np.int64)
+      source[partners[r]] = np.arange(num)
+      w = 0.5 * np.eye(num)
+      w[np.arange(num), source] += 0.5
+      b.mix(end, live, w[np.ix_(live, live)], mixes=GRADS)
     else:
-      b.mix(end, everyone, w_params)
-    for m in range(num):
-      b.grad(m, end, t + float(duration[m]))
+      w = w_params[np.ix_(live, live)].copy()
+      if fail.drop > 0:
+        lost = (rng.random(w.shape) < fail.drop) & ~np.eye(live.size, dtype=bool) & (w > 0)
+        w[lost] = 0.0
+      np.fill_diagonal(w, 0.0)
+      np.fill_diagonal(w, 1.0 - w.sum(axis=1))
+      b.mix(end, live, w)
+    for m in live:
+      b.grad(int(m), end, t + float(duration[m]))
     t = end
   return b
 
 
-def simulate_gossip(paradigm: GossipParadigm, workers: Workers, num_steps: int, seed: int = 0) -> GossipSchedule:
+def _pick_peer(paradigm: ADPSGD, m: int, count: int, peers: np.ndarray | None, neighbors: list[np.ndarray],
+               rng: np.random.Generator) -> int:
+  if paradigm.topology is None:
+    return int(peers[count % peers.shape[0], m]) if m % 2 else -1
+  options = neighbors[m]
+  return int(options[rng.integers(options.shape[0])])
+
+
+def _ad_psgd_engine(paradigm: ADPSGD, workers: Workers, times: _Durations, total: int,
+                    fail: Failures, rng: np.random.Generator) -> _Builder:
+  """AD-PSGD as an event loop over (time, order) keys: reads, pairwise averagings, applies."""
+  num = workers.num_workers
+  b = _Builder(num)
+  peers = topo.bipartite_peers(num, 2 * num) if paradigm.topology is None else None
+  neighbors = [] if paradigm.topology is None else [paradigm.topology.neighbors(m) for m in range(num)]
+  heap: list[tuple[float, int, str, int, int]] = []
+  seq = 0
+  count = [0] * num
+  read_time = [0.0] * num
+  compute_end = [0.0] * num
+
+  def start(m: int, t: float) -> None:
+    nonlocal seq
+    t = fail.back_at(m, t)
+    b.read(m, t)
+    read_time[m] = t
+    c, l = times.take_split(m, t)
+    done = fail.back_at(m, t + c)
+    compute_end[m] = t + c
+    b.computing(m, t, t + c)
+    peer = _pick_peer(paradigm, m, count[m], peers, neighbors, rng)
+    count[m] += 1
+    apply_at = done
+    if peer >= 0:
+      heapq.heappush(heap, (t + l, seq, "mix", m, peer))
+      seq += 1
+      apply_at = max(done, t + l)
+    heapq.heappush(heap, (apply_at, seq, "grad", m, -1))
+    seq += 1
+
+  for m in range(num):
+    start(m, 0.0)
+  applied = 0
+  while applied < total:
+    t, _, what, m, peer = heapq.heappop(heap)
+    if what == "mix":
+      if fail.is_down(m, t) or fail.is_down(peer, t):
+        continue
+      arrives = rng.random(2) >= fail.drop if fail.drop > 0 else np.ones(2, bool)
+      if not arrives.any():
+        continue
+      w = np.where(arrives[:, None], 0.5, 0.0) * np.ones((2, 2))
+      b.mix(t, [m, peer], w, receives=arrives)
+    else:
+      b.grad(m, t, compute_end[m])
+      applied += 1
+      if applied < total:
+        start(m, t)
+  return b
+
+
+def _sgp_engine(paradigm: SGP, workers: Workers, times: _Durations, total: int) -> _Builder:
+  """SGP as an event loop: compute, apply, halve and send; add arrived messages; wait for late ones."""
+  num = workers.num_workers
+  b = _Builder(num)
+  offsets = topo.one_peer_exponential(num, num)[:, 0]   # the shared offset sequence (node 0's peers)
+  period = len(dict.fromkeys(offsets.tolist()))
+  heap: list[tuple[float, int, str, int, int]] = []
+  seq = 0
+  version = [0] * num
+  iteration = [0] * num            # the iteration each node is in (or about to start)
+  comm = [0.0] * num
+  compute_end = [0.0] * num
+  sent_version: dict[tuple[int, int], int] = {}
+  inbox: list[list[tuple[float, int, int]]] = [[] for _ in range(num)]   # (arrival, iteration, sender)
+  got = [set() for _ in range(num)]   # iterations whose message has arrived
+  waiting = [False] * num
+
+  def push(t: float, what: str, m: int, data: int) -> None:
+    nonlocal seq
+    heapq.heappush(heap, (t, seq, what, m, data))
+    seq += 1
+
+  def start(m: int, t: float) -> None:
+    b.read(m, t)
+    c, comm[m] = times.take_split(m, t)
+    compute_end[m] = t + c
+    b.computing(m, t, t + c)
+    push(t + c, "done", m, 0)
+
+  def try_start(m: int, t: float) -> None:
+    # Iteration k may start once the messages of iterations <= k - 1 - overlap have arrived.
+    need = iteration[m] - 1 - paradigm.overlap
+    if any(k not in got[m] for k in range(need + 1)):
+      waiting[m] = True
+      return
+    waiting[m] = False
+    for _, k, sender in sorted(inbox[m]):
+      b.mix(t, [m, sender], [[1.0, 1.0], [0.0, 0.0]], receives=[True, False],
+            lag=[0, version[sender] - sent_version[(sender, k)]])
+      version[m] += 1
+    inbox[m].clear()
+    start(m, t)
+
+  for m in range(num):
+    start(m, 0.0)
+  applied = 0
+  while applied < total:
+    t, _, what, m, data = heapq.heappop(heap)
+    if what == "done":
+      b.grad(m, t, compute_end[m])
+      version[m] += 1
+      applied += 1
+      if applied == total:
+        break
+      k = iteration[m]
+      b.mix(t, [m], [[0.5]])
+      version[m] += 1
+      sent_version[(m, k)] = version[m]
+      peer = (m + int(offsets[k % period])) % num
+      push(t + comm[m], "arrive", peer, k * num + m)
+      iteration[m] = k + 1
+      try_start(m, t)
+    else:
+      k, sender = divmod(data, num)
+      inbox[m].append((t, k, sender))
+      got[m].add(k)
+      if waiting[m]:
+        try_start(m, t)
+  return b
+
+
+def simulate_gossip(paradigm: GossipParadigm, workers: Workers, num_steps: int, seed: int = 0,
+                    failures: Failures | None = None) -> GossipSchedule:
   """Simulates decentralized training of ``paradigm`` on ``workers`` and returns its :class:`GossipSchedule`.
 
   Gradient ``j`` of replica ``m`` takes the time ``dj.cluster.simulate`` would
   give gradient ``j`` of worker ``m`` (same ``workers``, same ``seed``): the same
-  per-worker streams, speeds and stragglers.
+  per-worker streams, speeds and stragglers; a gradient's ``comm`` draw is the
+  latency of the messages its worker sends in that step.
 
   Args:
-    paradigm: e.g. ``dj.cluster.d_psgd(dj.topology.ring(8))``.
+    paradigm: ``allreduce()``, ``d_psgd(topology)``, ``ad_psgd(...)``,
+      ``sgp(overlap)`` or ``gossipgrad()``.
     workers: the cluster, from ``dj.cluster.workers(...)``; one replica per worker.
     num_steps: gradients per replica on average: the run ends when
       ``num_steps * M`` gradients have been applied (``num_steps`` rounds for
-      synchronous paradigms).
+      the synchronous ``allreduce``, ``d_psgd`` and ``gossipgrad``, fewer
+      gradients where failed nodes sit rounds out).
     seed: the same seed gives a bit-identical schedule.
+    failures: optional ``failures(drop, down)``, for ``d_psgd`` and ``ad_psgd``.
 
   Returns:
     The schedule.
@@ -683,10 +1058,25 @@ def simulate_gossip(paradigm: GossipParadigm, workers: Workers, num_steps: int, 
   check_int("seed", seed, minimum=0)
   num_steps = check_int("num_steps", num_steps, minimum=1)
   paradigm.check(workers.num_workers)
-  time_seq, _ = _seed_sequences(seed, workers)
-  times = _Times(workers, time_seq)
-  if isinstance(paradigm, (AllReduce, DPSGD)):
-    builder = _round_engine(paradigm, workers, times, num_steps)
+  if failures is None:
+    failures = Failures()
+  elif not isinstance(failures, Failures):
+    raise TypeError(f"failures must be dj.cluster.failures(...) or None, got {failures!r}.")
+  elif not isinstance(paradigm, (DPSGD, ADPSGD)) and (failures.drop > 0 or failures.down):
+    raise ValueError(f"failures are supported by d_psgd and ad_psgd, not by {paradigm}.")
+  for d in failures.down:
+    if d.node >= workers.num_workers:
+      raise ValueError(f"node_down node must be in 0..{workers.num_workers - 1}, got {d.node}.")
+  time_seq, gossip_seq = _seed_sequences(seed, workers)
+  times = _Durations(workers, time_seq)
+  rng = np.random.default_rng(gossip_seq)
+  total = num_steps * workers.num_workers
+  if isinstance(paradigm, (AllReduce, DPSGD, GossipGraD)):
+    builder = _round_engine(paradigm, workers, times, num_steps, failures, rng)
+  elif isinstance(paradigm, ADPSGD):
+    builder = _ad_psgd_engine(paradigm, workers, times, total, failures, rng)
+  elif isinstance(paradigm, SGP):
+    builder = _sgp_engine(paradigm, workers, times, total)
   else:
     raise TypeError(f"paradigm {paradigm!r} is not supported by simulate_gossip.")
   return builder.build(str(paradigm))

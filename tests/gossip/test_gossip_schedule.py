@@ -107,3 +107,122 @@ def test_bad_arguments_name_the_argument():
     C.simulate_gossip(C.allreduce(), w, 0)
   with pytest.raises(TypeError, match="topology"):
     C.d_psgd(np.ones((4, 4)))
+
+
+PARADIGMS = [C.allreduce(), C.d_psgd(dj.topology.torus(2, 3)), C.ad_psgd(), C.ad_psgd(dj.topology.ring(6)),
+             C.sgp(0), C.sgp(2), C.gossipgrad(), C.gossipgrad(seed=3)]
+
+
+@pytest.mark.parametrize("paradigm", PARADIGMS, ids=str)
+def test_every_paradigm_is_seeded_saved_and_loaded(paradigm, tmp_path):
+  w = C.workers(6, compute="gamma", comm=C.uniform(0.0, 0.5), speed=[1, 1, 1, 1, 1, 0.5])
+  s = C.simulate_gossip(paradigm, w, 15, seed=4)
+  assert s == C.simulate_gossip(paradigm, w, 15, seed=4)
+  assert s != C.simulate_gossip(paradigm, w, 15, seed=5)
+  s.save(tmp_path / "s.npz")
+  assert C.GossipSchedule.load(tmp_path / "s.npz") == s
+  assert s.num_gradients == 15 * 6
+  np.testing.assert_allclose(s.busy + s.wait, s.total_time)
+
+
+def test_ad_psgd_times_and_bipartite_peers_with_constant_durations():
+  # Compute 1 s, comm 0.25 s: worker m reads at j, averages at j + 0.25 (odd m, with its j-th even peer),
+  # applies at j + 1.
+  num = 8
+  s = C.simulate_gossip(C.ad_psgd(), C.workers(num, compute="constant", comm=0.25), 5, seed=0)
+  peers = dj.topology.bipartite_peers(num, 5)
+  for m in range(num):
+    np.testing.assert_allclose(s.time[(s.kind == R) & (s.worker == m)][:5], np.arange(5))
+    np.testing.assert_allclose(s.time[(s.kind == G) & (s.worker == m)], np.arange(1, 6)[:len(
+        s.time[(s.kind == G) & (s.worker == m)])])
+  assert np.all(s.members[:, 0] % 2 == 1) and np.all(s.members[:, 1] % 2 == 0)
+  np.testing.assert_allclose(s.time[s.kind == X] % 1.0, 0.25)
+  for m in range(1, num, 2):
+    mine = s.members[:, 0] == m
+    np.testing.assert_array_equal(s.members[mine, 1], peers[:mine.sum(), m])
+  np.testing.assert_allclose(s.weights, 0.5)
+
+
+def test_ad_psgd_waits_for_a_slow_averaging():
+  # Comm 2 s > compute 1 s: an active worker applies when its averaging is done, and was blocked 1 s.
+  s = C.simulate_gossip(C.ad_psgd(), C.workers(2, compute="constant", comm=2.0), 3, seed=0)
+  np.testing.assert_allclose(s.time[(s.kind == G) & (s.worker == 1)], [2.0, 4.0, 6.0][:int(np.sum(
+      (s.kind == G) & (s.worker == 1)))])
+  np.testing.assert_allclose(s.time[(s.kind == G) & (s.worker == 0)][:2], [1.0, 2.0])
+
+
+def test_sgp_overlap_bounds_how_late_a_message_is():
+  # Replica m's receive of a message from its k-th in-peer happens before its READ of iteration k + overlap + 1:
+  # every node receives exactly one message per iteration, so by its (k + overlap + 1)-th READ it has added at
+  # least k + 1 messages.
+  for overlap in (0, 2):
+    w = C.workers(8, compute="exponential", comm=C.exponential(2.0), speed=[1] * 7 + [0.25])
+    s = C.simulate_gossip(C.sgp(overlap), w, 40, seed=1)
+    receives = (s.kind == X) & np.isin(s.mix, np.flatnonzero(s.members[:, 1] >= 0))
+    for m in range(8):
+      recv_m = receives.copy()
+      recv_m[receives] = s.members[s.mix[receives], 0] == m
+      reads = np.flatnonzero((s.kind == R) & (s.worker == m))
+      for k, e in enumerate(reads):
+        assert np.sum(recv_m[:e]) >= k - overlap, (overlap, m, k)
+    np.testing.assert_allclose(s.weights[s.members[:, 1] < 0, 0, 0], 0.5)
+
+
+def test_gossipgrad_mixes_gradients_with_the_rotating_partner():
+  num, steps = 8, 7
+  s = C.simulate_gossip(C.gossipgrad(), C.workers(num), steps, seed=0)
+  partners = dj.topology.gossipgrad_partners(num, steps)
+  assert np.all(s.mixes == C.GRADS)
+  for t in range(steps):
+    expected = 0.5 * np.eye(num)
+    expected[partners[t], np.arange(num)] += 0.5    # r receives from the node that sends to it
+    np.testing.assert_allclose(s.weights[t], expected)
+
+
+def test_link_failures_drop_messages_at_the_given_rate():
+  num = 8
+  w = C.workers(num, compute="exponential", comm=0.1)
+  s = C.simulate_gossip(C.ad_psgd(dj.topology.ring(num)), w, 300, seed=0, failures=C.failures(drop=0.2))
+  # Each direction is lost independently; an averaging whose two messages are both lost leaves no mix, so
+  # the attempts are num_mixes / (1 - 0.2^2) and 80% of their 2 messages arrive.
+  attempts = s.num_mixes / (1 - 0.2 ** 2)
+  assert abs(s.receives.sum() / (2 * attempts) - 0.8) < 0.03
+  assert np.sum(s.receives.sum(axis=1) == 1) > 0
+  rows = s.weights.sum(axis=2)
+  np.testing.assert_allclose(rows[s.receives], 1.0)   # a receiver's row is still stochastic
+  d = C.simulate_gossip(C.d_psgd(dj.topology.ring(num)), w, 50, seed=0, failures=C.failures(drop=0.3))
+  np.testing.assert_allclose(d.weights.sum(axis=2), 1.0)
+  assert not np.allclose(d.weights.sum(axis=1), 1.0)   # no longer doubly stochastic
+
+
+def test_a_node_down_is_left_out_during_its_window():
+  num = 6
+  w = C.workers(num, compute="exponential", comm=0.1)
+  f = C.failures(down=[C.node_down(2, 5.0, 15.0)])
+  for paradigm in (C.ad_psgd(dj.topology.ring(num)), C.d_psgd(dj.topology.ring(num))):
+    s = C.simulate_gossip(paradigm, w, 40, seed=2, failures=f)
+    inside = (s.time >= 5.0) & (s.time < 15.0)
+    assert not np.any(inside & (s.kind == R) & (s.worker == 2))
+    mixes_inside = s.mix[inside & (s.kind == X)]
+    # D-PSGD: a node down at a round's start sits it out (the round under way at 5.0 still counts it).
+    allowed = 1 if str(paradigm).startswith("d_psgd") else 0
+    assert np.sum(np.any(s.members[mixes_inside] == 2, axis=1)) <= allowed
+    assert np.any(s.members[s.mix[(s.time >= 15.0) & (s.kind == X)]] == 2)
+
+
+def test_failure_arguments_are_checked():
+  w = C.workers(4)
+  with pytest.raises(ValueError, match="drop"):
+    C.failures(drop=1.5)
+  with pytest.raises(ValueError, match="stop must be >= start"):
+    C.node_down(0, 3.0, 1.0)
+  with pytest.raises(ValueError, match="supported by d_psgd and ad_psgd"):
+    C.simulate_gossip(C.sgp(), w, 3, failures=C.failures(drop=0.1))
+  with pytest.raises(ValueError, match="node_down node"):
+    C.simulate_gossip(C.ad_psgd(), w, 3, failures=C.failures(down=C.node_down(9, 0.0, 1.0)))
+  with pytest.raises(ValueError, match="even number"):
+    C.simulate_gossip(C.ad_psgd(), C.workers(5), 3)
+  with pytest.raises(ValueError, match="overlap"):
+    C.sgp(-1)
+  with pytest.raises(ValueError, match="undirected"):
+    C.ad_psgd(dj.topology.exponential(8, directed=True))

@@ -101,23 +101,42 @@ def test_bipartite_peers_pair_active_odd_with_passive_even():
     T.bipartite_peers(7, 3)
 
 
-def test_gossipgrad_partners_rotate_and_reshuffle():
-  num, steps = 8, 9
+def _torchdistx_dissemination(num, steps):
+  # The reference's construction: num cumulative shuffles of [0..N-1] seeded with 100 N, cycled, one per period.
+  import random
+  rnd = random.Random(num * 100)
+  lst, orders = list(range(num)), []
+  for _ in range(num):
+    rnd.shuffle(lst)
+    orders.append(lst.copy())
+  period = max(1, math.ceil(math.log(num, 2)))
+  out = []
+  for t in range(steps):
+    topo = orders[(t // period) % num]
+    out.append([topo[(topo.index(r) + 2 ** (t % period)) % num] for r in range(num)])
+  return np.array(out)
+
+
+@pytest.mark.parametrize("num", [2, 5, 8])
+def test_gossipgrad_partners_follow_the_reference(num):
+  steps = 3 * num + 2
+  np.testing.assert_array_equal(T.gossipgrad_partners(num, steps), _torchdistx_dissemination(num, steps))
+
+
+def test_gossipgrad_partners_with_a_seed_rotate_and_reshuffle():
+  num, steps, period = 8, 9, 3
   seq = T.gossipgrad_partners(num, steps, seed=1)
-  period = 3
-  np.testing.assert_array_equal(seq[:3, 0], [1, 2, 4])   # first period: identity order, distances 1, 2, 4
   for t, row in enumerate(seq):
     assert sorted(row) == list(range(num))
-    # Within a period the order is fixed: the distance in that order is 2^(t mod p).
+    # Within a period the order is fixed: rebuild it from the period's first step (distance 1: one cycle).
     start = seq[t - t % period]
-    order = np.empty(num, np.int64)
-    cur = 0
-    for i in range(num):   # rebuild the order from the period's first step (distance 1: a cycle)
+    order, cur = np.empty(num, np.int64), 0
+    for i in range(num):
       order[i] = cur
       cur = start[cur]
     pos = np.argsort(order)
     np.testing.assert_array_equal((pos[row] - pos) % num, 2 ** (t % period))
-  assert T.gossipgrad_partners(num, steps, seed=1).tolist() == seq.tolist()
+  np.testing.assert_array_equal(T.gossipgrad_partners(num, steps, seed=1), seq)
   assert not np.array_equal(seq[3:6], T.gossipgrad_partners(num, steps, seed=2)[3:6])
 
 
