@@ -5,6 +5,7 @@ cluster simulations that say where delays come from, and runtimes that train
 under them exactly.
 """
 
+from delayjax import analysis as analysis
 from delayjax import cluster as cluster
 from delayjax import delays as delays
 from delayjax import problems as problems

@@ -1,0 +1,263 @@
+r"""Delayed SGD on a quadratic: exact discrete-time moments, and what its continuous-time model predicts.
+
+The process: SGD with a constant delay :math:`\tau` on the one-dimensional
+quadratic :math:`f(x) = \frac h2 x^2` with additive gradient noise,
+
+.. math::
+
+  x_{k+1} = x_k - \eta\,\big(h\, x_{k-\tau} + \xi_k\big), \qquad
+  \mathbb E\,\xi_k = 0,\ \mathbb E\,\xi_k^2 = \sigma^2 \text{ i.i.d.},
+
+with :math:`x_j = x_0` for :math:`j \le 0` (``dj.simulate`` with
+``dj.delays.constant(tau)`` reads version :math:`\max(0, k - \tau)`). A
+:math:`d`-dimensional quadratic with a diagonal (or diagonalizable) Hessian
+and independent noise per eigen-direction is :math:`d` such processes.
+
+**Exact (discrete time).** The mean follows :math:`m_{k+1} = m_k - \eta h\,
+m_{k-\tau}` (:func:`mean_path`); it contracts per update by the spectral
+radius :math:`\rho` of the companion matrix of :math:`z^{\tau+1} - z^\tau +
+\eta h` (:func:`contraction`), stable iff :math:`\eta h < 2\sin(\pi/(2(2\tau
++ 1)))` (:func:`stable_learning_rate`). :math:`\rho` is smallest at the
+critically damped step :math:`\eta^\star h = \tau^\tau/(\tau+1)^{\tau+1}`
+(the double root :math:`z = \tau/(\tau+1)`; :func:`optimal_learning_rate`).
+The stationary variance :math:`\gamma_0` solves the :math:`\tau + 1`
+linear equations of the autocovariances :math:`\gamma_j =
+\text{Cov}(x_k, x_{k-j})` (:func:`stationary_variance`):
+
+.. math::
+
+  \gamma_j = \gamma_{j-1} - \eta h\, \gamma_{|\tau + 1 - j|}\ (1 \le j \le \tau), \qquad
+  0 = (\eta h)^2 \gamma_0 - 2\eta h\, \gamma_\tau + \eta^2\sigma^2,
+
+which for :math:`\tau = 0` gives :math:`\eta\sigma^2 / (h(2 - \eta h))`.
+
+**Continuous time.** With :math:`t = k\eta`, the delayed SDE
+
+.. math::
+
+  dX_t = -h\, X_{t - r}\, dt + \sqrt{\eta}\,\sigma\, dW_t, \qquad r = \tau\eta,
+
+matches the process's first two moments to first order in :math:`\eta`.
+Its mean solves the delay differential equation :math:`\dot m = -h\,
+m(t - r)` (:func:`sde_mean_path`), whose rightmost characteristic root is
+:math:`\lambda = W_0(-hr)/r` (Lambert's :math:`W`), so the predicted
+contraction per update is :math:`e^{\eta\,\text{Re}\lambda}`
+(:func:`sde_contraction`), fastest at :math:`hr = 1/e`, i.e. :math:`\eta^\star
+= 1/(e h \tau)` (:func:`sde_optimal_learning_rate`). Its stationary variance
+is Küchler and Mensch's, for :math:`hr < \pi/2` (:func:`sde_stationary_variance`):
+
+.. math::
+
+  \text{Var}\, X_\infty = \frac{\eta\sigma^2}{2h}\, \frac{1 + \sin(hr)}{\cos(hr)}.
+
+The two agree as :math:`\eta \to 0` at fixed :math:`\tau` (the variance's
+relative error is about :math:`\eta h / 2`); they part where :math:`\eta h`
+is not small: the SDE has no stability limit at :math:`\tau = 0` and puts
+the limit at :math:`\eta h \tau = \pi/2` where the discrete process has
+:math:`2\sin(\pi/(2(2\tau+1)))\,\tau`, and its optimal step
+:math:`1/(eh\tau)` exceeds the exact :math:`\tau^\tau/((\tau+1)^{\tau+1}h)`
+by a factor that tends to 1 only as :math:`\tau` grows (1.47 at
+:math:`\tau = 1`, 1.03 at :math:`\tau = 32`).
+
+What is confirmed and what is delayjax's: An, Lu and Ying model ASGD by a
+stochastic modified equation "of Langevin type" and derive an optimal
+mini-batching from it (their abstract, reachable on arXiv); their SME's
+exact form could not be read from a reachable source, and it is not the
+one used here. The delayed SDE above, its moments as computed here, the
+exact discrete-time moments and the two optimal steps are delayjax's
+derivation (the stationary variance of the linear delayed SDE is Küchler
+and Mensch's result); every formula is checked in
+``tests/methods/test_methods_analysis.py`` against an independent
+computation (a Lyapunov solve, a spectral-radius minimization, the
+small-step limit) and against ``dj.simulate`` runs.
+
+References:
+  An, Lu, Ying, `Stochastic Modified Equations for the Asynchronous
+  Stochastic Gradient Descent <https://arxiv.org/abs/1805.08244>`_,
+  Information and Inference 2020.
+
+  Küchler, Mensch, Langevin's stochastic differential equation extended by
+  a time-delayed term, Stochastics and Stochastic Reports 40, 1992.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from delayjax._checks import check_float, check_int
+
+
+def _check(curvature: float, learning_rate: float, tau: int) -> tuple[float, float, int]:
+  h = check_float("curvature", curvature, minimum=0.0, strict_minimum=True)
+  eta = check_float("learning_rate", learning_rate, minimum=0.0, strict_minimum=True)
+  return h, eta, check_int("tau", tau, minimum=0)
+
+
+def _companion(a: float, tau: int) -> np.ndarray:
+  """The matrix of ``(x_k, ..., x_{k-tau}) -> (x_{k+1}, ..., x_{k+1-tau})`` for ``x_{k+1} = x_k - a x_{k-tau}``."""
+  out = np.zeros((tau + 1, tau + 1))
+  out[0, 0] = 1.0
+  out[0, tau] -= a
+  out[np.arange(1, tau + 1), np.arange(tau)] = 1.0
+  return out
+
+
+def contraction(curvature: float, learning_rate: float, tau: int) -> float:
+  r"""The exact per-update contraction :math:`\rho` of the mean (the spectral radius; :math:`\ge 1`: unstable).
+
+  Examples:
+    >>> from delayjax import analysis
+    >>> round(analysis.contraction(1.0, 0.25, 1), 6)  # the critically damped step of tau = 1: rho = 1/2
+    0.5
+  """
+  h, eta, tau = _check(curvature, learning_rate, tau)
+  return float(np.max(np.abs(np.linalg.eigvals(_companion(eta * h, tau)))))
+
+
+def stable_learning_rate(curvature: float, tau: int) -> float:
+  r"""The exact stability limit: the mean converges iff :math:`\eta < 2\sin(\pi/(2(2\tau+1)))/h`."""
+  h, _, tau = _check(curvature, 1.0, tau)
+  return 2.0 * math.sin(math.pi / (2 * (2 * tau + 1))) / h
+
+
+def optimal_learning_rate(curvature: float, tau: int) -> float:
+  r"""The step minimizing the exact contraction: :math:`\tau^\tau / ((\tau+1)^{\tau+1} h)` (:math:`1/h` at 0).
+
+  Examples:
+    >>> from delayjax import analysis
+    >>> analysis.optimal_learning_rate(1.0, 1), analysis.optimal_learning_rate(2.0, 0)
+    (0.25, 0.5)
+  """
+  h, _, tau = _check(curvature, 1.0, tau)
+  return math.exp(tau * math.log(tau) - (tau + 1) * math.log(tau + 1)) / h if tau else 1.0 / h
+
+
+def mean_path(curvature: float, learning_rate: float, tau: int, x0: float, num_updates: int) -> np.ndarray:
+  r"""The exact mean :math:`m_0 .. m_U`: :math:`m_{k+1} = m_k - \eta h\, m_{\max(0, k-\tau)}`, float64 ``[U + 1]``."""
+  h, eta, tau = _check(curvature, learning_rate, tau)
+  x0 = check_float("x0", x0)
+  steps = check_int("num_updates", num_updates, minimum=0)
+  m = np.empty(steps + 1)
+  m[0] = x0
+  for k in range(steps):
+    m[k + 1] = m[k] - eta * h * m[max(0, k - tau)]
+  return m
+
+
+def stationary_variance(curvature: float, noise_var: float, learning_rate: float, tau: int) -> float:
+  r"""The exact stationary variance :math:`\gamma_0` of delayed SGD (``inf`` if the step is not stable).
+
+  Solves the module's autocovariance equations (:math:`\tau + 1` unknowns).
+
+  Args:
+    curvature: :math:`h > 0`.
+    noise_var: :math:`\sigma^2 \ge 0`, the gradient noise's variance.
+    learning_rate: :math:`\eta > 0`.
+    tau: the constant delay :math:`\tau \ge 0`.
+
+  Returns:
+    :math:`\gamma_0`, a float (``inf`` where :math:`\eta h` is at or beyond
+    :func:`stable_learning_rate`).
+
+  Examples:
+    >>> from delayjax import analysis
+    >>> round(analysis.stationary_variance(1.0, 1.0, 0.1, 0), 6)  # eta s2 / (h (2 - eta h)) = 0.1 / 1.9
+    0.052632
+  """
+  h, eta, tau = _check(curvature, learning_rate, tau)
+  s2 = check_float("noise_var", noise_var, minimum=0.0)
+  if contraction(h, eta, tau) >= 1.0:
+    return math.inf
+  a = eta * h
+  lhs = np.zeros((tau + 1, tau + 1))
+  rhs = np.zeros(tau + 1)
+  for j in range(1, tau + 1):  # gamma_j - gamma_{j-1} + a gamma_{|tau + 1 - j|} = 0
+    lhs[j - 1, j] += 1.0
+    lhs[j - 1, j - 1] -= 1.0
+    lhs[j - 1, abs(tau + 1 - j)] += a
+  lhs[tau, 0] += a * a  # a^2 gamma_0 - 2 a gamma_tau = -eta^2 s2
+  lhs[tau, tau] -= 2.0 * a
+  rhs[tau] = -eta * eta * s2
+  return float(np.linalg.solve(lhs, rhs)[0])
+
+
+def _lambert_w0(z: complex) -> complex:
+  """The principal branch of Lambert's W at ``z`` (Halley's iteration from the branch-point series)."""
+  p = np.sqrt(complex(2.0 * (math.e * z + 1.0)))
+  w = -1.0 + p - p * p / 3.0 if abs(p) < 1.5 else complex(np.log(complex(z)))
+  for _ in range(100):
+    ew = np.exp(w)
+    f = w * ew - z
+    if f == 0:
+      break
+    step = f / (ew * (w + 1.0) - (w + 2.0) * f / (2.0 * w + 2.0))
+    w -= step
+    if abs(step) < 1e-15 * (1.0 + abs(w)):
+      break
+  return complex(w)
+
+
+def sde_contraction(curvature: float, learning_rate: float, tau: int) -> float:
+  r"""The delayed SDE's per-update contraction of the mean: :math:`\exp(\eta\, \text{Re}\, W_0(-h\tau\eta)/(\tau\eta))`.
+
+  :math:`e^{-\eta h}` at :math:`\tau = 0`; :math:`\ge 1` where the model
+  is unstable (:math:`h\tau\eta \ge \pi/2`).
+  """
+  h, eta, tau = _check(curvature, learning_rate, tau)
+  if tau == 0:
+    return math.exp(-eta * h)
+  return math.exp(_lambert_w0(-h * tau * eta).real / tau)
+
+
+def sde_optimal_learning_rate(curvature: float, tau: int) -> float:
+  r"""The step minimizing :func:`sde_contraction`: :math:`1/(e h \tau)` (:math:`\tau \ge 1`; at 0 there is none).
+
+  Examples:
+    >>> from delayjax import analysis
+    >>> round(analysis.sde_optimal_learning_rate(1.0, 1), 6)  # 1 / e
+    0.367879
+  """
+  h, _, tau = _check(curvature, 1.0, tau)
+  if tau == 0:
+    raise ValueError("tau must be >= 1: without delay the continuous-time model contracts faster at every larger "
+                     "step, so it has no optimal step.")
+  return 1.0 / (math.e * h * tau)
+
+
+def sde_stationary_variance(curvature: float, noise_var: float, learning_rate: float, tau: int) -> float:
+  r"""The delayed SDE's stationary variance, :math:`\frac{\eta\sigma^2}{2h} \frac{1 + \sin(h\tau\eta)}{\cos(h\tau\eta)}`.
+
+  ``inf`` where :math:`h\tau\eta \ge \pi/2` (no stationary law).
+
+  Examples:
+    >>> from delayjax import analysis
+    >>> analysis.sde_stationary_variance(1.0, 1.0, 0.1, 0)  # eta s2 / (2 h)
+    0.05
+  """
+  h, eta, tau = _check(curvature, learning_rate, tau)
+  s2 = check_float("noise_var", noise_var, minimum=0.0)
+  hr = h * tau * eta
+  if hr >= math.pi / 2:
+    return math.inf
+  return eta * s2 / (2.0 * h) * (1.0 + math.sin(hr)) / math.cos(hr)
+
+
+def sde_mean_path(curvature: float, learning_rate: float, tau: int, x0: float, num_updates: int,
+                  substeps: int = 64) -> np.ndarray:
+  r"""The delayed SDE's mean at :math:`t = k\eta`, :math:`k = 0..U`: :math:`\dot m = -h\, m(t - \tau\eta)`, :math:`m = x_0` on :math:`[-\tau\eta, 0]`.
+
+  Integrated by Euler's method with ``substeps`` steps per update (error
+  :math:`O(\eta h / \text{substeps})`), float64 ``[U + 1]``.
+  """
+  h, eta, tau = _check(curvature, learning_rate, tau)
+  x0 = check_float("x0", x0)
+  steps = check_int("num_updates", num_updates, minimum=0)
+  n = check_int("substeps", substeps, minimum=1)
+  dt, lag = eta / n, tau * n
+  m = np.empty(steps * n + 1)
+  m[0] = x0
+  for i in range(steps * n):
+    m[i + 1] = m[i] - dt * h * m[max(0, i - lag)]
+  return m[::n].copy()
