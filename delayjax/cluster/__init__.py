@@ -20,7 +20,8 @@ Decentralized (gossip) training has no server: ``simulate_gossip`` runs a
 gossip paradigm (``allreduce``, ``d_psgd``, ``ad_psgd``, ``sgp``,
 ``gossipgrad``; optionally with ``failures``) over a ``dj.topology`` into a
 ``GossipSchedule``, the event record (reads, gradient applications, mixes)
-that a replica runtime executes.
+that a replica runtime executes; ``plot_gossip_timeline`` and ``plot_gossip_lags``
+draw one.
 """
 
 from delayjax.cluster._distributions import TimeModel as TimeModel
@@ -43,6 +44,8 @@ from delayjax.cluster._gossip import failures as failures
 from delayjax.cluster._gossip import gossipgrad as gossipgrad
 from delayjax.cluster._gossip import node_down as node_down
 from delayjax.cluster._gossip import sgp as sgp
+from delayjax.cluster._gossip_plot import plot_gossip_lags as plot_gossip_lags
+from delayjax.cluster._gossip_plot import plot_gossip_timeline as plot_gossip_timeline
 from delayjax.cluster._gossip import simulate_gossip as simulate_gossip
 from delayjax.cluster._paradigms import Paradigm as Paradigm
 from delayjax.cluster._paradigms import adasync as adasync
