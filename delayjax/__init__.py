@@ -13,6 +13,7 @@ from delayjax import topology as topology
 from delayjax.runtime import apply_gradients as apply_gradients
 from delayjax.runtime import delayed as delayed
 from delayjax.runtime import dylu_local_steps as dylu_local_steps
+from delayjax.runtime import growing_batches as growing_batches
 from delayjax.runtime import simulate as simulate
 from delayjax.transforms import accumulate_sum as accumulate_sum
 from delayjax.transforms import apam as apam

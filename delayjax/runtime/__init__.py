@@ -1,5 +1,7 @@
 """How it runs: the drop-in ``delayed`` wrapper and the wave-parallel simulator."""
 
+from delayjax.runtime._batch_growth import batch_growth as batch_growth
+from delayjax.runtime._batch_growth import growing_batches as growing_batches
 from delayjax.runtime._delayed import DelayedState as DelayedState
 from delayjax.runtime._delayed import delayed as delayed
 from delayjax.runtime._flax import apply_gradients as apply_gradients
