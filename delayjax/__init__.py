@@ -15,6 +15,8 @@ from delayjax.runtime import delayed as delayed
 from delayjax.runtime import dylu_local_steps as dylu_local_steps
 from delayjax.runtime import growing_batches as growing_batches
 from delayjax.runtime import simulate as simulate
+from delayjax.runtime import simulate_pipeline as simulate_pipeline
+from delayjax.runtime import staged_value_and_grad as staged_value_and_grad
 from delayjax.transforms import accumulate_sum as accumulate_sum
 from delayjax.transforms import apam as apam
 from delayjax.transforms import apcd as apcd
@@ -33,6 +35,7 @@ from delayjax.transforms import fed_buff as fed_buff
 from delayjax.transforms import implicit_momentum as implicit_momentum
 from delayjax.transforms import mindthestep as mindthestep
 from delayjax.transforms import mindthestep_weight as mindthestep_weight
+from delayjax.transforms import pipemare as pipemare
 from delayjax.transforms import prox_asaga as prox_asaga
 from delayjax.transforms import prox_box as prox_box
 from delayjax.transforms import prox_elastic_net as prox_elastic_net
@@ -42,6 +45,7 @@ from delayjax.transforms import read_params as read_params
 from delayjax.transforms import runtime_inputs as runtime_inputs
 from delayjax.transforms import saga as saga
 from delayjax.transforms import scale_by_staleness as scale_by_staleness
+from delayjax.transforms import spectrain as spectrain
 from delayjax.transforms import staleness_weight as staleness_weight
 from delayjax.transforms import svrg as svrg
 from delayjax.transforms import tap_sgd as tap_sgd

@@ -22,6 +22,12 @@ gossip paradigm (``allreduce``, ``d_psgd``, ``ad_psgd``, ``sgp``,
 ``GossipSchedule``, the event record (reads, gradient applications, mixes)
 that a replica runtime executes; ``plot_gossip_timeline`` and ``plot_gossip_lags``
 draw one.
+
+Model-parallel pipelines have their own schedules: ``pipeline`` simulates
+GPipe, DAPPLE and PipeDream's 1F1B (with and without weight stashing, or with
+vertical sync) into a ``PipelineSchedule`` (per stage and micro-batch, the
+weight version of the forward and of the backward pass), and
+``plot_pipeline`` draws its timeline.
 """
 
 from delayjax.cluster._distributions import TimeModel as TimeModel
@@ -60,6 +66,9 @@ from delayjax.cluster._paradigms import k_sync as k_sync
 from delayjax.cluster._paradigms import psp as psp
 from delayjax.cluster._paradigms import softsync as softsync
 from delayjax.cluster._paradigms import ssp as ssp
+from delayjax.cluster._pipeline import PipelineSchedule as PipelineSchedule
+from delayjax.cluster._pipeline import pipeline as pipeline
+from delayjax.cluster._pipeline_plot import plot_pipeline as plot_pipeline
 from delayjax.cluster._plot import plot_staleness as plot_staleness
 from delayjax.cluster._plot import plot_timeline as plot_timeline
 from delayjax.cluster._schedule import Schedule as Schedule

@@ -32,6 +32,13 @@ from delayjax.transforms._mindthestep import mindthestep as mindthestep
 from delayjax.transforms._mindthestep import mindthestep_weight as mindthestep_weight
 from delayjax.transforms._momentum import explicit_momentum as explicit_momentum
 from delayjax.transforms._momentum import implicit_momentum as implicit_momentum
+from delayjax.transforms._pipeline_remedies import PipeMareCorrectionState as PipeMareCorrectionState
+from delayjax.transforms._pipeline_remedies import PipeMareState as PipeMareState
+from delayjax.transforms._pipeline_remedies import ReadsStageWeights as ReadsStageWeights
+from delayjax.transforms._pipeline_remedies import SpecTrainState as SpecTrainState
+from delayjax.transforms._pipeline_remedies import pipemare as pipemare
+from delayjax.transforms._pipeline_remedies import spectrain as spectrain
+from delayjax.transforms._pipeline_remedies import stage_read as stage_read
 from delayjax.transforms._prox_asaga import ProxAsagaState as ProxAsagaState
 from delayjax.transforms._prox_asaga import prox_asaga as prox_asaga
 from delayjax.transforms._proximal import ProximalState as ProximalState

@@ -1,0 +1,319 @@
+"""Pipeline-parallel training, exactly: per-stage forward and backward weight versions, and the runtime.
+
+The model is a sequence of stage functions ``stage_k(params_k, h) -> h``
+(stage 0 receives ``batch["x"]``) followed by ``loss_fn(h_K, batch)``.
+In an asynchronous pipeline the forward pass of stage ``k`` runs at one
+version of its weights, :math:`w^f_k`, and its backward pass at another,
+:math:`w^b_k`. :func:`staged_value_and_grad` computes that gradient exactly:
+the forward pass gives the activations
+
+.. math::  h_{k+1} = f_k(w^f_k, h_k), \\qquad L = \\ell(h_K)
+
+and the backward pass propagates the cotangent :math:`\\bar h_K = \\partial
+\\ell / \\partial h_K` through each stage's vector-Jacobian product taken at its
+backward weights and its forward input,
+
+.. math::
+  (g_k, \\bar h_k) = \\big(\\partial_w f_k(w^b_k, h_k)^\\top \\bar h_{k+1},\\;
+                        \\partial_h f_k(w^b_k, h_k)^\\top \\bar h_{k+1}\\big),
+
+as a stage does that keeps its input activation and recomputes its forward
+pass at the weights it holds when the backward pass runs (PipeMare,
+Diversely Stale Parameters); inside a stage everything is evaluated at
+:math:`w^b_k`. With :math:`w^b = w^f` this is the ordinary gradient
+(``jax.grad``), and it is computed with ``jax.custom_vjp`` so it composes
+with ``jit`` and ``vmap``.
+
+:func:`simulate_pipeline` trains on a ``dj.cluster.pipeline`` schedule: update
+``u`` of stage ``k`` applies the mean of the gradients of mini-batch ``u``'s
+micro-batches, each computed with the versions the schedule gives, through an
+Optax transformation per stage.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from delayjax._checks import check_int
+from delayjax.cluster._pipeline import PipelineSchedule
+from delayjax.runtime._sampling import minibatch_indices
+from delayjax.transforms._pipeline_remedies import stage_read
+
+StageFn = Callable[[Any, Any], Any]
+
+__all__ = ["staged_value_and_grad", "simulate_pipeline", "PipelineHistory", "PipelineResult"]
+
+
+def _with_backward_params(stage_fn: StageFn) -> Callable[[Any, Any, Any], Any]:
+  """``stage_fn(forward_params, h)`` whose VJP is taken at ``backward_params``, the cotangent going to the former."""
+
+  @jax.custom_vjp
+  def apply(forward_params, backward_params, h):
+    del backward_params
+    return stage_fn(forward_params, h)
+
+  def fwd(forward_params, backward_params, h):
+    return stage_fn(forward_params, h), (backward_params, h)
+
+  def bwd(residuals, cotangent):
+    backward_params, h = residuals
+    _, vjp = jax.vjp(stage_fn, backward_params, h)
+    grad_params, grad_h = vjp(cotangent)
+    return grad_params, jax.tree.map(jnp.zeros_like, backward_params), grad_h
+
+  apply.defvjp(fwd, bwd)
+  return apply
+
+
+def _check_stages(stage_fns: Sequence[StageFn]) -> tuple[StageFn, ...]:
+  stage_fns = tuple(stage_fns) if isinstance(stage_fns, (list, tuple)) else None
+  if not stage_fns or not all(callable(f) for f in stage_fns):
+    raise TypeError("stage_fns must be a non-empty list or tuple of functions stage_k(params_k, h) -> h.")
+  return stage_fns
+
+
+def _check_stage_params(name: str, params: Any, num_stages: int) -> tuple[Any, ...]:
+  if not isinstance(params, (list, tuple)) or len(params) != num_stages:
+    got = f"a sequence of length {len(params)}" if isinstance(params, (list, tuple)) else type(params).__name__
+    raise ValueError(f"{name} must be a list or tuple with one parameter tree per stage ({num_stages}), got {got}.")
+  return tuple(params)
+
+
+def staged_value_and_grad(stage_fns: Sequence[StageFn], loss_fn: Callable[[Any, Any], jax.Array]
+                          ) -> Callable[[Sequence[Any], Sequence[Any], Any], tuple[jax.Array, tuple[Any, ...]]]:
+  """The loss and per-stage gradients with each stage's forward and backward pass at its own weights.
+
+  Args:
+    stage_fns: ``K`` functions ``stage_k(params_k, h) -> h``; stage 0 gets
+      ``batch["x"]``.
+    loss_fn: ``loss_fn(h_K, batch) -> scalar``.
+
+  Returns:
+    ``fn(forward_params, backward_params, batch) -> (loss, grads)``, with
+    ``forward_params`` and ``backward_params`` sequences of ``K`` parameter
+    trees, ``loss`` computed with the forward weights and ``grads`` a tuple of
+    ``K`` trees: the gradient defined in the module docstring.
+
+  Example::
+
+    >>> import jax, jax.numpy as jnp
+    >>> import delayjax as dj
+    >>> stages = [lambda w, h: jnp.tanh(h @ w), lambda w, h: h @ w]
+    >>> loss = lambda h, batch: jnp.mean((h - batch["y"]) ** 2)
+    >>> fn = dj.staged_value_and_grad(stages, loss)
+    >>> w = [jnp.ones((3, 4)) * 0.1, jnp.ones((4, 1)) * 0.2]
+    >>> batch = {"x": jnp.ones((2, 3)), "y": jnp.zeros((2, 1))}
+    >>> _, grads = fn(w, w, batch)  # equal versions: the ordinary gradient
+    >>> bool(jnp.allclose(grads[0], jax.grad(lambda w: loss(stages[1](w[1], stages[0](w[0], batch["x"])),
+    ...                                                      batch))(w)[0]))
+    True
+  """
+  stage_fns = _check_stages(stage_fns)
+  stages = tuple(_with_backward_params(f) for f in stage_fns)
+
+  def total(forward_params, backward_params, batch):
+    h = batch["x"]
+    for stage, fp, bp in zip(stages, forward_params, backward_params):
+      h = stage(fp, bp, h)
+    return loss_fn(h, batch)
+
+  grad_fn = jax.value_and_grad(total)
+
+  def value_and_grad(forward_params, backward_params, batch):
+    forward_params = _check_stage_params("forward_params", forward_params, len(stages))
+    backward_params = _check_stage_params("backward_params", backward_params, len(stages))
+    loss, grads = grad_fn(forward_params, backward_params, batch)
+    return loss, tuple(grads)
+
+  return value_and_grad
+
+
+class PipelineHistory(NamedTuple):
+  """What happened during :func:`simulate_pipeline` (NumPy arrays on the host).
+
+  Attributes:
+    update: int64 ``[U]``, the update index.
+    time: float64 ``[U]``, simulated seconds when every stage had applied it.
+    loss: float32 ``[U]``, the mean loss of the update's micro-batches (with
+      their forward weights).
+    forward_staleness: int64 ``[U, K]``, per stage the largest staleness of
+      the update's forward passes; ``backward_staleness`` likewise.
+    eval_update, eval_time: int64 / float64 ``[E]``, the version each
+      evaluation was made at (0, every ``eval_every``-th, the last) and its time.
+    eval_metrics: ``eval_fn``'s output with a leading ``[E]`` axis, or ``None``.
+  """
+
+  update: np.ndarray
+  time: np.ndarray
+  loss: np.ndarray
+  forward_staleness: np.ndarray
+  backward_staleness: np.ndarray
+  eval_update: np.ndarray
+  eval_time: np.ndarray
+  eval_metrics: Any
+
+
+class PipelineResult(NamedTuple):
+  """The outcome of :func:`simulate_pipeline`: per-stage parameters and optimizer states, and the history."""
+
+  params: tuple[Any, ...]
+  opt_states: tuple[Any, ...]
+  history: PipelineHistory
+
+
+def _leading(tree: Any, depth: int) -> Any:
+  return jax.tree.map(lambda x: jnp.zeros((depth,) + jnp.shape(x), jnp.result_type(x)).at[0].set(x), tree)
+
+
+def simulate_pipeline(
+    stage_fns: Sequence[StageFn],
+    loss_fn: Callable[[Any, Any], jax.Array],
+    tx: optax.GradientTransformation,
+    params: Sequence[Any],
+    data: Any,
+    schedule: PipelineSchedule,
+    *,
+    batch_size: int,
+    seed: int = 0,
+    eval_fn: Callable[[tuple[Any, ...]], Any] | None = None,
+    eval_every: int | None = None,
+) -> PipelineResult:
+  """Trains a staged model on a pipeline schedule, each pass at the weight version the schedule gives.
+
+  Update ``u`` of stage ``k``:
+
+  .. math::
+    g_k = \\frac{1}{m} \\sum_{n \\in u} g_k\\big(w^f_{n}, w^b_{n}; \\xi_n\\big), \\qquad
+    (\\Delta_k, s_k) = \\mathrm{tx.update}(g_k, s_k, w_k^{(u)}), \\qquad w_k^{(u+1)} = w_k^{(u)} + \\Delta_k
+
+  where micro-batch ``n`` reads, at each stage ``j``, the forward weights
+  of version ``schedule.forward_version[n, j]`` and the backward weights of
+  version ``schedule.backward_version[n, j]`` (:func:`staged_value_and_grad`),
+  on the minibatch ``xi_n`` of ``batch_size`` examples drawn i.i.d. by
+  ``dj.runtime.minibatch_indices(seed, u, j_n, 0)`` (``j_n`` the micro-batch's
+  place in its mini-batch). Each stage has its own optimizer state
+  ``tx.init(params[k])`` and receives the extra arguments ``staleness`` (the
+  largest forward staleness of its micro-batches in the update),
+  ``backward_staleness`` and ``stale_params`` (the forward weights of the
+  update's first micro-batch, the stalest). A transformation whose state
+  defines pipeline reads (``dj.spectrain``, ``dj.pipemare``; see
+  ``dj.transforms.stage_read``) changes the weights the passes read: a pass
+  at version ``v`` reads :math:`w_v - s\\, d_v`, with the state's direction
+  :math:`d_v` stored with version ``v`` and its steps ``s``.
+
+  Args:
+    stage_fns: ``K`` stage functions; stage 0 receives ``batch["x"]``.
+    loss_fn: ``loss_fn(h_K, batch) -> scalar``.
+    tx: the per-stage optimizer.
+    params: ``K`` parameter trees.
+    data: a pytree of arrays with a leading example axis (with ``"x"``).
+    schedule: a ``dj.cluster.pipeline`` schedule with ``K`` stages.
+    batch_size: examples per micro-batch.
+    seed: seeds the minibatches.
+    eval_fn: optional ``eval_fn(params) -> metrics`` (jittable).
+    eval_every: evaluate every this many updates (default: only at the
+      start and the end).
+
+  Returns:
+    A :class:`PipelineResult`.
+  """
+  stage_fns = _check_stages(stage_fns)
+  if not isinstance(schedule, PipelineSchedule):
+    raise TypeError(f"schedule must be a dj.cluster.pipeline(...) schedule, got {type(schedule).__name__}.")
+  K, m, U = schedule.num_stages, schedule.num_microbatches, schedule.num_updates
+  if len(stage_fns) != K:
+    raise ValueError(f"stage_fns has {len(stage_fns)} stages but the schedule has num_stages={K}.")
+  params = _check_stage_params("params", params, K)
+  batch_size = check_int("batch_size", batch_size, minimum=1)
+  seed = check_int("seed", seed, minimum=0)
+  eval_every = U if eval_every is None else check_int("eval_every", eval_every, minimum=1)
+  if not isinstance(data, dict) or "x" not in data:
+    raise ValueError("data must be a dict of arrays with a leading example axis, holding the inputs under 'x'.")
+  data = jax.tree.map(jnp.asarray, data)
+  num_examples = int(jax.tree.leaves(data)[0].shape[0])
+  value_and_grad = staged_value_and_grad(stage_fns, loss_fn)
+  tx = optax.with_extra_args_support(tx)
+
+  forward_version = schedule.forward_version.reshape(U, m, K)
+  backward_version = schedule.backward_version.reshape(U, m, K)
+  updates = np.arange(U)
+  # Versions live in a ring of `depth` slots: the stalest read is depth - 1 versions back.
+  depth = int(max((updates[:, None, None] - forward_version).max(),
+                  (updates[:, None, None] - backward_version).max())) + 1
+  opt_states = tuple(tx.init(p) for p in params)
+  readers = [stage_read(s) for s in opt_states]
+  history = tuple(_leading(p, depth) for p in params)
+  directions = tuple(None if r is None else _leading(r.read_direction(), depth) for r in readers)
+
+  def read(hist, direction, reader, version, steps):
+    w = jax.tree.map(lambda h: h[version % depth], hist)
+    if reader is None:
+      return w
+    return jax.tree.map(lambda x, d: x - steps.astype(x.dtype) * d[version % depth], w, direction)
+
+  def step(carry, xs):
+    hist, dirs, states = carry
+    u, fv, bv = xs  # fv, bv: [m, K]
+
+    def micro(j, fv_j, bv_j):
+      fps, bps = [], []
+      for k in range(K):
+        sf, sb = (jnp.zeros([], jnp.int32),) * 2 if readers[k] is None else readers[k].read_steps(u, fv_j[k], bv_j[k])
+        fps.append(read(hist[k], dirs[k], readers[k], fv_j[k], sf))
+        bps.append(read(hist[k], dirs[k], readers[k], bv_j[k], sb))
+      idx = minibatch_indices(seed, u, j, 0, num_examples=num_examples, batch_size=batch_size)
+      batch = jax.tree.map(lambda a: a[idx], data)
+      loss, grads = value_and_grad(fps, bps, batch)
+      return loss, grads, fps
+
+    losses, grads, fps = jax.vmap(micro)(jnp.arange(m, dtype=jnp.int32), fv, bv)
+    new_hist, new_dirs, new_states = [], [], []
+    for k in range(K):
+      current = jax.tree.map(lambda h: h[u % depth], hist[k])
+      g = jax.tree.map(lambda x: jnp.mean(x, axis=0), grads[k])
+      stale = jax.tree.map(lambda x: x[0], fps[k])
+      upd, state = tx.update(g, states[k], current, staleness=u - fv[0, k], backward_staleness=u - bv[0, k],
+                             stale_params=stale)
+      new = optax.apply_updates(current, upd)
+      new_hist.append(jax.tree.map(lambda h, x: h.at[(u + 1) % depth].set(x), hist[k], new))
+      reader = stage_read(state)
+      new_dirs.append(None if reader is None else jax.tree.map(
+          lambda h, x: h.at[(u + 1) % depth].set(x), dirs[k], reader.read_direction()))
+      new_states.append(state)
+    return (tuple(new_hist), tuple(new_dirs), tuple(new_states)), jnp.mean(losses)
+
+  @jax.jit
+  def chunk(carry, xs):
+    return jax.lax.scan(step, carry, xs)
+
+  def current_params(hist, version):
+    return tuple(jax.tree.map(lambda h: h[version % depth], h_k) for h_k in hist)
+
+  evaluate = jax.jit(eval_fn) if eval_fn is not None else None
+  carry = (history, directions, opt_states)
+  losses, eval_updates, metrics = [], [0], []
+  if evaluate is not None:
+    metrics.append(evaluate(current_params(history, 0)))
+  bounds = list(range(0, U, eval_every)) + [U]
+  for lo, hi in zip(bounds[:-1], bounds[1:]):
+    xs = (jnp.arange(lo, hi, dtype=jnp.int32), jnp.asarray(forward_version[lo:hi], jnp.int32),
+          jnp.asarray(backward_version[lo:hi], jnp.int32))
+    carry, chunk_losses = chunk(carry, xs)
+    losses.append(np.asarray(chunk_losses))
+    eval_updates.append(hi)
+    if evaluate is not None:
+      metrics.append(evaluate(current_params(carry[0], hi)))
+  time = schedule.update_time.max(axis=1)
+  eval_update = np.asarray(eval_updates, np.int64)
+  history_out = PipelineHistory(
+      update=updates.astype(np.int64), time=time, loss=np.concatenate(losses),
+      forward_staleness=(updates[:, None] - forward_version.min(axis=1)).astype(np.int64),
+      backward_staleness=(updates[:, None] - backward_version.min(axis=1)).astype(np.int64),
+      eval_update=eval_update, eval_time=np.r_[0.0, time][eval_update],
+      eval_metrics=None if evaluate is None else jax.tree.map(lambda *xs: np.stack(xs), *metrics))
+  return PipelineResult(current_params(carry[0], U), carry[2], history_out)

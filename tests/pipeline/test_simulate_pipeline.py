@@ -1,0 +1,71 @@
+"""``dj.simulate_pipeline`` against the slow sequential reference and against synchronous minibatch SGD."""
+
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import delayjax as dj
+
+sys.path.insert(0, os.path.dirname(__file__))
+from pipeline_reference import assert_trees_close, mlp_problem, reference  # noqa: E402
+
+
+@pytest.mark.parametrize("schedule,weights,m", [("1f1b", "latest", 2), ("1f1b", "stash", 1),
+                                                ("1f1b", "vertical_sync", 1)])
+def test_matches_the_sequential_reference(schedule, weights, m):
+  stages, loss_fn, params, data = mlp_problem(3)
+  sched = dj.cluster.pipeline(schedule, 3, 6, num_microbatches=m, weights=weights)
+  tx = optax.sgd(0.3, momentum=0.5)
+  result = dj.simulate_pipeline(stages, loss_fn, tx, params, data, sched, batch_size=8, seed=4)
+  want, losses, _ = reference(stages, loss_fn, tx, params, data, sched, batch_size=8, seed=4)
+  assert_trees_close(result.params, want)
+  np.testing.assert_allclose(result.history.loss, losses, rtol=2e-6)
+  np.testing.assert_array_equal(result.history.forward_staleness,
+                                np.arange(6)[:, None] - sched.forward_version.reshape(6, m, 3).min(axis=1))
+
+
+def test_synchronous_pipeline_is_minibatch_sgd():
+  """GPipe with m micro-batches of B examples: SGD on the mean loss of the m B examples, evaluated as it goes."""
+  stages, loss_fn, params, data = mlp_problem(2)
+  m, B, U = 3, 5, 4
+  sched = dj.cluster.pipeline("gpipe", 2, U, num_microbatches=m)
+
+  def full_loss(ps, batch):
+    h = batch["x"]
+    for f, p in zip(stages, ps):
+      h = f(p, h)
+    return loss_fn(h, batch)
+
+  result = dj.simulate_pipeline(stages, loss_fn, optax.sgd(0.5), params, data, sched, batch_size=B, seed=1,
+                                eval_fn=lambda ps: {"loss": full_loss(ps, data)}, eval_every=2)
+  ps, evals = list(params), [full_loss(params, data)]
+  step = jax.jit(jax.grad(lambda ps, batch: jnp.mean(jax.vmap(lambda b: full_loss(ps, b))(batch))))
+  for u in range(U):
+    idx = jnp.stack([dj.runtime.minibatch_indices(1, u, j, 0, num_examples=64, batch_size=B) for j in range(m)])
+    g = step(ps, jax.tree.map(lambda a: a[idx], data))
+    ps = [jax.tree.map(lambda p, gg: p - 0.5 * gg, p, gk) for p, gk in zip(ps, g)]
+    if (u + 1) % 2 == 0:
+      evals.append(full_loss(ps, data))
+  assert_trees_close(result.params, ps, rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(result.history.eval_update, [0, 2, 4])
+  np.testing.assert_allclose(result.history.eval_metrics["loss"], evals, rtol=1e-5)
+  np.testing.assert_allclose(result.history.time, sched.update_time.max(axis=1))
+
+
+def test_bad_arguments():
+  stages, loss_fn, params, data = mlp_problem(2)
+  sched = dj.cluster.pipeline("gpipe", 3, 2)
+  with pytest.raises(ValueError, match="num_stages=3"):
+    dj.simulate_pipeline(stages, loss_fn, optax.sgd(0.1), params, data, sched, batch_size=4)
+  with pytest.raises(TypeError, match="schedule"):
+    dj.simulate_pipeline(stages, loss_fn, optax.sgd(0.1), params, data, dj.delays.constant(2), batch_size=4)
+  sched = dj.cluster.pipeline("gpipe", 2, 2)
+  with pytest.raises(ValueError, match="batch_size"):
+    dj.simulate_pipeline(stages, loss_fn, optax.sgd(0.1), params, data, sched, batch_size=0)
+  with pytest.raises(ValueError, match="'x'"):
+    dj.simulate_pipeline(stages, loss_fn, optax.sgd(0.1), params, {"inputs": data["x"]}, sched, batch_size=4)
