@@ -32,6 +32,7 @@ Optax transformation per stage.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -166,6 +167,14 @@ class PipelineResult(NamedTuple):
   history: PipelineHistory
 
 
+@functools.partial(jax.jit, static_argnames=("num_microbatches", "num_examples", "batch_size"))
+def _micro_indices(seed, updates, *, num_microbatches, num_examples, batch_size):
+  """int32 ``[len(updates), m, B]``: micro-batch ``j`` of update ``u`` draws ``minibatch_indices(seed, u, j, 0)``."""
+  draw = lambda u, j: minibatch_indices(seed, u, j, 0, num_examples=num_examples, batch_size=batch_size)  # noqa: E731
+  micro = jnp.arange(num_microbatches, dtype=jnp.int32)
+  return jax.vmap(lambda u: jax.vmap(lambda j: draw(u, j))(micro))(updates)
+
+
 def _leading(tree: Any, depth: int) -> Any:
   return jax.tree.map(lambda x: jnp.zeros((depth,) + jnp.shape(x), jnp.result_type(x)).at[0].set(x), tree)
 
@@ -258,20 +267,19 @@ def simulate_pipeline(
 
   def step(carry, xs):
     hist, dirs, states = carry
-    u, fv, bv = xs  # fv, bv: [m, K]
+    u, fv, bv, indices = xs  # fv, bv: [m, K]; indices: [m, B]
 
-    def micro(j, fv_j, bv_j):
+    def micro(idx, fv_j, bv_j):
       fps, bps = [], []
       for k in range(K):
         sf, sb = (jnp.zeros([], jnp.int32),) * 2 if readers[k] is None else readers[k].read_steps(u, fv_j[k], bv_j[k])
         fps.append(read(hist[k], dirs[k], readers[k], fv_j[k], sf))
         bps.append(read(hist[k], dirs[k], readers[k], bv_j[k], sb))
-      idx = minibatch_indices(seed, u, j, 0, num_examples=num_examples, batch_size=batch_size)
       batch = jax.tree.map(lambda a: a[idx], data)
       loss, grads = value_and_grad(fps, bps, batch)
       return loss, grads, fps
 
-    losses, grads, fps = jax.vmap(micro)(jnp.arange(m, dtype=jnp.int32), fv, bv)
+    losses, grads, fps = jax.vmap(micro)(indices, fv, bv)
     new_hist, new_dirs, new_states = [], [], []
     for k in range(K):
       current = jax.tree.map(lambda h: h[u % depth], hist[k])
@@ -301,8 +309,11 @@ def simulate_pipeline(
     metrics.append(evaluate(current_params(history, 0)))
   bounds = list(range(0, U, eval_every)) + [U]
   for lo, hi in zip(bounds[:-1], bounds[1:]):
-    xs = (jnp.arange(lo, hi, dtype=jnp.int32), jnp.asarray(forward_version[lo:hi], jnp.int32),
-          jnp.asarray(backward_version[lo:hi], jnp.int32))
+    span = jnp.arange(lo, hi, dtype=jnp.int32)
+    indices = _micro_indices(jnp.int32(seed), span, num_microbatches=m, num_examples=num_examples,
+                             batch_size=batch_size)
+    xs = (span, jnp.asarray(forward_version[lo:hi], jnp.int32), jnp.asarray(backward_version[lo:hi], jnp.int32),
+          indices)
     carry, chunk_losses = chunk(carry, xs)
     losses.append(np.asarray(chunk_losses))
     eval_updates.append(hi)

@@ -40,6 +40,11 @@ def mlp_problem(num_stages: int = 3, seed: int = 0, width: int = 6, n: int = 64)
   return stages, loss_fn, params, data
 
 
+@functools.partial(jax.jit, static_argnames=("num_examples", "batch_size"))
+def _indices(seed, update, micro, *, num_examples, batch_size):
+  return dj.runtime.minibatch_indices(seed, update, micro, 0, num_examples=num_examples, batch_size=batch_size)
+
+
 def explicit_grad(stages, loss_fn, forward_params, backward_params, batch):
   """Forward at ``forward_params`` keeping each stage's input, then VJPs at ``backward_params``."""
   inputs, h = [], batch["x"]
@@ -76,7 +81,7 @@ def reference(stages, loss_fn, tx, params, data, schedule, *, batch_size, seed=0
       else:
         fps = [read(k, u, int(fv[k]), int(bv[k]), "forward", versions[k], states[k]) for k in range(K)]
         bps = [read(k, u, int(fv[k]), int(bv[k]), "backward", versions[k], states[k]) for k in range(K)]
-      idx = dj.runtime.minibatch_indices(seed, u, j, 0, num_examples=num_examples, batch_size=batch_size)
+      idx = _indices(seed, u, j, num_examples=num_examples, batch_size=batch_size)
       batch = jax.tree.map(lambda a: a[idx], data)
       loss, grads = grad_fn(fps, bps, batch)
       all_losses.append(loss)
