@@ -24,6 +24,7 @@ every worker (a worker is always either computing or blocked).
 
 from __future__ import annotations
 
+import array
 import heapq
 import math
 from typing import Any
@@ -59,7 +60,8 @@ class _Times:
   """Durations of each worker's gradients, by gradient index, drawn in blocks from per-worker streams.
 
   Event loops call ``take`` (per worker, with straggler windows at the read
-  time); round engines call ``rows`` (all workers in step).
+  time); round engines call ``rows`` (all workers in step). ``take`` keeps
+  only each worker's current block, so memory does not grow with the run.
   """
 
   def __init__(self, workers: Workers, seed: np.random.SeedSequence):
@@ -69,7 +71,8 @@ class _Times:
     self.windows = workers.windows
     self.used = [0] * num
     self.filled = [0] * num
-    # Without windows a duration is compute + comm, summed once when drawn.
+    # Each worker's current block as Python floats (fast to index); without windows a duration is
+    # compute + comm, summed once when drawn.
     self.total: list[list[float]] = [[] for _ in range(num)]
     self.compute: list[list[float]] = [[] for _ in range(num)]
     self.comm: list[list[float]] = [[] for _ in range(num)]
@@ -87,10 +90,11 @@ class _Times:
     if j >= self.filled[m]:
       compute, comm = self._draw(m)
       if self.windows:
-        self.compute[m].extend(compute.tolist())
-        self.comm[m].extend(comm.tolist())
+        self.compute[m] = compute.tolist()
+        self.comm[m] = comm.tolist()
       else:
-        self.total[m].extend((compute + comm).tolist())
+        self.total[m] = (compute + comm).tolist()
+    j %= _BLOCK
     if self.windows:
       factor = 1.0
       for w in self.windows:
@@ -116,20 +120,21 @@ class _Times:
 
 
 class _Record:
-  """Growing lists of updates, contributions and gradient events."""
+  """Growing records of updates, contributions and gradient events (compact typed arrays)."""
 
   def __init__(self, num_workers: int):
     self.num_workers = num_workers
-    self.time: list[float] = []
-    self.cu: list[int] = []   # contribution: update
-    self.cw: list[int] = []   # contribution: worker
-    self.cv: list[int] = []   # contribution: read version
-    self.cb: list[int] | None = None   # contribution: num_batches (None: all 1)
-    self.ew: list[int] = []   # event: worker
-    self.ert: list[float] = []   # event: read time
-    self.eet: list[float] = []   # event: end time
-    self.eu: list[int] = []   # event: update (-1 dropped, -2 in flight)
-    self.ev: list[int] = []   # event: read version
+    self.time = array.array("d")
+    self.cu = array.array("q")   # contribution: update (unused when single)
+    self.cw = array.array("q")   # contribution: worker
+    self.cv = array.array("q")   # contribution: read version
+    self.cb: Any = None          # contribution: num_batches (None: all 1)
+    self.ew = array.array("q")   # event: worker
+    self.ert = array.array("d")  # event: read time
+    self.eet = array.array("d")  # event: end time
+    self.eu = array.array("q")   # event: update (-1 dropped, -2 in flight)
+    self.ev = array.array("q")   # event: read version
+    self.single = False
     self.wait = [0.0] * num_workers
     self.extras: dict[str, Any] = {}
 
@@ -144,47 +149,58 @@ class _Record:
   def single_pushes(self, heap: list[tuple[float, int]], read_time: list[float], read_version: list[int]) -> None:
     """Completes a record in which every update is one push (ASP, SSP, PSP, DSSP).
 
-    Such loops record only the contributions and each push's read time; the
-    applied events are the contributions themselves.
+    Such loops record only the contributions and each push's read time (in
+    ``ert``); the applied events are the contributions themselves, put in
+    front of the events still in flight when the schedule is built.
     """
-    updates = list(range(len(self.time)))
-    self.cu, self.eu = updates, list(updates)
-    self.ew, self.eet, self.ev = list(self.cw), list(self.time), list(self.cv)
+    self.single = True
     self.in_flight(heap, read_time, read_version)
 
   def blocked_until(self, since: dict[int, float], t_end: float) -> None:
     for m, t in since.items():
       self.wait[m] += t_end - t
 
-  def schedule(self, paradigm: str) -> Schedule:
-    num_updates, num = len(self.time), self.num_workers
-    time = np.asarray(self.time, np.float64)
-    cu, cw = np.asarray(self.cu, np.int64), np.asarray(self.cw, np.int64)
-    contributes = np.zeros((num_updates, num), bool)
-    contributes[cu, cw] = True
-    read_version = np.full((num_updates, num), -1, np.int64)
-    read_version[cu, cw] = self.cv
-    num_batches = contributes.astype(np.int64)
-    if self.cb is not None:
-      num_batches[cu, cw] = self.cb
-    ew = np.asarray(self.ew, np.int64)
-    order = np.argsort(ew, kind="stable")
-    ew = ew[order]
-    ert = np.asarray(self.ert, np.float64)[order]
-    eet = np.asarray(self.eet, np.float64)[order]
-    eu = np.asarray(self.eu, np.int64)[order]
-    ev = np.asarray(self.ev, np.int64)[order]
+  def schedule(self, paradigm: str, record_events: bool = True) -> Schedule:
+    num = self.num_workers
+    time = _array(self.time, np.float64)
+    num_updates = time.shape[0]
+    cw, cv = _array(self.cw, np.int64), _array(self.cv, np.int64)
+    cb = None if self.cb is None else _array(self.cb, np.int64)
+    ew, ert = _array(self.ew, np.int64), _array(self.ert, np.float64)
+    eet, eu, ev = _array(self.eet, np.float64), _array(self.eu, np.int64), _array(self.ev, np.int64)
+    if self.single:
+      offsets = np.arange(num_updates + 1, dtype=np.int64)
+      ew, eet, ev = np.concatenate([cw, ew]), np.concatenate([time, eet]), np.concatenate([cv, ev])
+      eu = np.concatenate([np.arange(num_updates, dtype=np.int64), eu])
+    else:
+      cu = _array(self.cu, np.int64)
+      # Contributions sorted by update, then worker (the order of np.nonzero on the dense view).
+      if cu.shape[0] > 1 and not np.all((cu[1:] > cu[:-1]) | ((cu[1:] == cu[:-1]) & (cw[1:] > cw[:-1]))):
+        order = np.lexsort((cw, cu))
+        cu, cw, cv = cu[order], cw[order], cv[order]
+        cb = None if cb is None else cb[order]
+      offsets = np.concatenate([[0], np.cumsum(np.bincount(cu, minlength=num_updates))]).astype(np.int64)
     t_end = float(time[-1])
     busy = np.bincount(ew, weights=np.clip(np.minimum(eet, t_end) - ert, 0.0, None), minlength=num)
     dropped = np.bincount(ew[eu == -1], minlength=num).astype(np.int64)
-    extras = {
-        "event_worker": ew, "event_read_time": ert, "event_end_time": eet,
-        "event_update": eu, "event_read_version": ev,
-        **{k: np.asarray(v) for k, v in self.extras.items()},
-    }
-    return Schedule(time=time, contributes=contributes, read_version=read_version,
-                    wait=np.asarray(self.wait, np.float64), num_batches=num_batches, dropped=dropped,
-                    busy=busy, paradigm=paradigm, extras=extras)
+    extras = {k: np.asarray(v) for k, v in self.extras.items()}
+    if record_events:
+      # Sorted by worker, keeping time order (a radix sort when the worker fits in 16 bits).
+      order = np.argsort(ew.astype(np.int16) if num <= np.iinfo(np.int16).max else ew, kind="stable")
+      extras = {"event_worker": ew[order], "event_read_time": ert[order], "event_end_time": eet[order],
+                "event_update": eu[order], "event_read_version": ev[order], **extras}
+    del ew, ert, eet, eu, ev
+    return Schedule.from_contributions(
+        time, offsets, cw, cv, np.asarray(self.wait, np.float64), num_workers=num,
+        num_batches=None if cb is None or np.all(cb == 1) else cb, dropped=dropped, busy=busy,
+        paradigm=paradigm, extras=extras)
+
+
+def _array(values: Any, dtype: Any) -> np.ndarray:
+  """A NumPy view of a typed ``array.array`` (no copy), or the array a vectorized engine stored."""
+  if isinstance(values, array.array):
+    return np.frombuffer(values, dtype=dtype) if len(values) else np.zeros(0, dtype)
+  return np.asarray(values, dtype=dtype)
 
 
 def _start(times: _Times, num: int) -> tuple[list[tuple[float, int]], list[float], list[int]]:
@@ -200,18 +216,29 @@ def _run_asp(workers: Workers, times: _Times, num_updates: int) -> _Record:
   heap, rt, rv = _start(times, num)
   T, cw, cv = rec.time, rec.cw, rec.cv
   ert = rec.ert
-  take, pop, push = times.take, heapq.heappop, heapq.heappush
-  for u in range(num_updates):
-    t, m = pop(heap)
-    v = rv[m]
+  take, replace = times.take, heapq.heapreplace
+  # Without windows, a duration is read from the worker's current block here (``take`` draws the next).
+  total, used = (None, None) if times.windows else (times.total, times.used)
+  for u in range(num_updates - 1):
+    # The pusher is the heap's top; it is replaced by its next push (one sift, not a pop and a push).
+    t, m = heap[0]
     T.append(t)
     cw.append(m)
-    cv.append(v)
+    cv.append(rv[m])
     ert.append(rt[m])
-    if u + 1 < num_updates:
-      rv[m] = u + 1
-      rt[m] = t
-      push(heap, (t + take(m, t), m))
+    rv[m] = u + 1
+    rt[m] = t
+    if used is not None and used[m] % _BLOCK:
+      j = used[m]
+      used[m] = j + 1
+      replace(heap, (t + total[m][j % _BLOCK], m))
+    else:
+      replace(heap, (t + take(m, t), m))
+  t, m = heapq.heappop(heap)
+  T.append(t)
+  cw.append(m)
+  cv.append(rv[m])
+  ert.append(rt[m])
   rec.single_pushes(heap, rt, rv)
   return rec
 
@@ -377,7 +404,7 @@ def _run_aggregate(workers: Workers, times: _Times, num_updates: int, count: int
   """
   num = workers.num_workers
   rec = _Record(num)
-  rec.cb = []
+  rec.cb = array.array("q")
   heap, rt, rv = _start(times, num)
   take, pop, push = times.take, heapq.heappop, heapq.heappush
   pending_version = [-1] * num   # read version of each worker's contribution to the pending update
@@ -512,6 +539,139 @@ def _run_backup(workers: Workers, times: _Times, num_updates: int, b: int) -> _R
   return rec
 
 
+def _zipline(t0: float, interval: list[float], lookahead: int) -> list[int]:
+  """ElasticBSP's choice of iterations per worker (see ``ElasticBSP``).
+
+  One pass over the ``M R`` predicted end times, sorted: for each right end,
+  the left end moves as far as the window still holds a point of every
+  worker; the narrowest window (then the earliest) wins.
+  """
+  num = len(interval)
+  points = sorted((t0 + k * interval[p], p) for p in range(num) for k in range(1, lookahead + 1))
+  count = [0] * num
+  covered = left = 0
+  best = (math.inf, math.inf)
+  for t, p in points:
+    if count[p] == 0:
+      covered += 1
+    count[p] += 1
+    while covered == num:
+      t_left, p_left = points[left]
+      if count[p_left] > 1:
+        count[p_left] -= 1
+        left += 1
+        continue
+      best = min(best, (t - t_left, t))
+      break
+  end = best[1]
+  return [max(k for k in range(1, lookahead + 1) if k == 1 or t0 + k * interval[p] <= end)
+          for p in range(num)]
+
+
+def _run_elastic(workers: Workers, times: _Times, num_updates: int, lookahead: int) -> _Record:
+  """ElasticBSP (see ``ElasticBSP``): ASP within periods of ``k_p`` iterations, a barrier between them."""
+  num = workers.num_workers
+  rec = _Record(num)
+  heap, rt, rv = _start(times, num)
+  take, pop, push = times.take, heapq.heappop, heapq.heappush
+  left = [1] * num               # iterations each worker has left in this period
+  spent = [0.0] * num            # seconds of each worker's finished iterations
+  done = [0] * num
+  since: dict[int, float] = {}   # workers at the barrier, since when
+  period: list[int] = []
+  current = 0
+  for u in range(num_updates):
+    t, m = pop(heap)
+    rec.time.append(t)
+    rec.cw.append(m)
+    rec.cv.append(rv[m])
+    rec.ert.append(rt[m])
+    period.append(current)
+    spent[m] += t - rt[m]
+    done[m] += 1
+    left[m] -= 1
+    if u + 1 == num_updates:
+      since[m] = t
+      break
+    if left[m] > 0:
+      rv[m] = u + 1
+      rt[m] = t
+      push(heap, (t + take(m, t), m))
+      continue
+    since[m] = t
+    if len(since) < num:
+      continue
+    # The barrier opens: the next period's iterations come from each worker's mean duration.
+    left = _zipline(t, [spent[p] / done[p] for p in range(num)], lookahead)
+    current += 1
+    for w in range(num):
+      rec.wait[w] += t - since.pop(w)
+      rv[w] = u + 1
+      rt[w] = t
+      push(heap, (t + take(w, t), w))
+  rec.extras["period"] = np.asarray(period, np.int64)
+  rec.single_pushes(heap, rt, rv)
+  rec.blocked_until(since, rec.time[-1])
+  return rec
+
+
+def _run_cutoff(workers: Workers, times: _Times, num_updates: int, window: int) -> _Record:
+  """Predictive cutoff (see ``PredictiveCutoff``): K-sync rounds with ``K`` chosen from past order statistics."""
+  num = workers.num_workers
+  rec = _Record(num)
+  compute, comm = times.rows(0, num_updates)
+  # The last rounds' sorted durations, NaN where cut off (then only known to exceed the cut).
+  observed = np.full((window, num), np.nan)
+  bound = np.zeros(window)
+  rates = np.arange(1, num + 1, dtype=np.float64)
+  start = np.empty(num_updates)
+  end = np.empty(num_updates)
+  ks = np.empty(num_updates, np.int64)
+  cutoff = np.empty(num_updates)
+  contributes = np.zeros((num_updates, num), bool)
+  duration = compute + comm
+  t = 0.0
+  for r in range(num_updates):
+    if workers.windows:
+      duration[r] = compute[r] * _window_factors(workers, t) + comm[r]
+    if r == 0:
+      k, c = num, math.inf
+    else:
+      recent = observed[:min(r, window)]
+      seen = ~np.isnan(recent)
+      count = seen.sum(axis=0)
+      # Never seen in the window: only the largest cut is known, an optimistic guess that makes it tried.
+      predicted = np.where(count > 0, np.where(seen, recent, 0.0).sum(axis=0) / np.maximum(count, 1),
+                           bound[:min(r, window)].max())
+      with np.errstate(divide="ignore"):
+        speed = rates / predicted
+      k = int(np.argmax(speed)) + 1
+      c = float(predicted[k - 1])
+    order = np.argsort(duration[r], kind="stable")
+    contributes[r, order[:k]] = True
+    ordered = duration[r, order]
+    cut = float(ordered[k - 1])
+    observed[r % window] = np.where(np.arange(num) < k, ordered, np.nan)
+    bound[r % window] = cut
+    start[r], ks[r], cutoff[r] = t, k, c
+    t += cut
+    end[r] = t
+  push_time = start[:, None] + duration
+  updates = np.arange(num_updates)
+  rec.time = end  # type: ignore[assignment]
+  cu, cw = np.nonzero(contributes)
+  rec.cu, rec.cw, rec.cv = cu, cw, cu  # type: ignore[assignment]
+  rec.ew = np.broadcast_to(np.arange(num), (num_updates, num)).ravel()  # type: ignore[assignment]
+  rec.ert = np.repeat(start, num)  # type: ignore[assignment]
+  rec.eet = np.where(contributes, push_time, end[:, None]).ravel()  # type: ignore[assignment]
+  rec.eu = np.where(contributes, updates[:, None], -1).ravel()  # type: ignore[assignment]
+  rec.ev = np.repeat(updates, num)  # type: ignore[assignment]
+  rec.wait = np.where(contributes, end[:, None] - push_time, 0.0).sum(axis=0)  # type: ignore[assignment]
+  rec.extras["k"] = ks
+  rec.extras["cutoff"] = cutoff
+  return rec
+
+
 class Simulation:
   """A resumable simulation that hands out its schedule in chunks (for feedback-driven paradigms).
 
@@ -580,11 +740,12 @@ class Simulation:
   def run(self, num_updates: int) -> Schedule:
     """Simulates the next ``num_updates`` updates and returns them as a chunk."""
     num_updates = check_int("num_updates", num_updates, minimum=1)
+    return self._record(num_updates).schedule(str(self.paradigm))
+
+  def _record(self, num_updates: int) -> _Record:
     if isinstance(self.paradigm, P.KBatchSync):
-      rec = self._run_batch_rounds(num_updates)
-    else:
-      rec = self._run_rounds(num_updates)
-    return rec.schedule(str(self.paradigm))
+      return self._run_batch_rounds(num_updates)
+    return self._run_rounds(num_updates)
 
   def _run_rounds(self, num_updates: int) -> _Record:
     num, k = self.workers.num_workers, self._k
@@ -626,7 +787,7 @@ class Simulation:
   def _run_batch_rounds(self, num_updates: int) -> _Record:
     num, k = self.workers.num_workers, self._k
     rec = _Record(num)
-    rec.cb = []
+    rec.cb = array.array("q")
     take, pop, push = self._times.take, heapq.heappop, heapq.heappush
     t = self._now
     for r in range(num_updates):
@@ -678,7 +839,8 @@ def _seed_sequences(seed: int, workers: Workers) -> list[np.random.SeedSequence]
   return np.random.SeedSequence(entropy).spawn(2)
 
 
-def simulate(paradigm: P.Paradigm, workers: Workers, num_updates: int, seed: int = 0) -> Schedule:
+def simulate(paradigm: P.Paradigm, workers: Workers, num_updates: int, seed: int = 0, *,
+             record_events: bool = True) -> Schedule:
   """Simulates ``num_updates`` updates of ``paradigm`` on ``workers`` and returns the :class:`Schedule`.
 
   Args:
@@ -686,10 +848,16 @@ def simulate(paradigm: P.Paradigm, workers: Workers, num_updates: int, seed: int
     workers: the cluster, from ``dj.cluster.workers(...)``.
     num_updates: ``U >= 1``.
     seed: the same seed gives a bit-identical schedule.
+    record_events: keep the per-gradient events in ``extras`` (40 bytes per
+      gradient); ``False`` keeps only what ``dj.simulate`` needs (the
+      contributions, ``time``, ``wait``, ``busy``, ``dropped``), for very long
+      runs. A schedule without events cannot be drawn by ``plot_timeline``.
 
   Returns:
     The schedule, with the per-gradient events described in this module's
     docstring in ``extras`` (and DSSP's ``threshold``, AdaSync's ``k``).
+    Contributions are stored sparsely: memory and time grow with the number
+    of gradients, not with ``num_updates x num_workers``.
 
   Example::
 
@@ -701,8 +869,10 @@ def simulate(paradigm: P.Paradigm, workers: Workers, num_updates: int, seed: int
   """
   _check_inputs(paradigm, workers, seed)
   num_updates = check_int("num_updates", num_updates, minimum=1)
+  if not isinstance(record_events, bool):
+    raise TypeError(f"record_events must be a bool, got {record_events!r}.")
   if isinstance(paradigm, _ROUND_PARADIGMS):
-    return Simulation(paradigm, workers, seed).run(num_updates)
+    return Simulation(paradigm, workers, seed)._record(num_updates).schedule(str(paradigm), record_events)
   time_seq, barrier_seq = _seed_sequences(seed, workers)
   times = _Times(workers, time_seq)
   num = workers.num_workers
@@ -724,6 +894,10 @@ def simulate(paradigm: P.Paradigm, workers: Workers, num_updates: int, seed: int
     rec = _run_aggregate(workers, times, num_updates, num // paradigm.n, wait_for_update=False)
   elif isinstance(paradigm, P.BackupWorkers):
     rec = _run_backup(workers, times, num_updates, paradigm.b)
+  elif isinstance(paradigm, P.ElasticBSP):
+    rec = _run_elastic(workers, times, num_updates, paradigm.lookahead)
+  elif isinstance(paradigm, P.PredictiveCutoff):
+    rec = _run_cutoff(workers, times, num_updates, paradigm.window)
   else:
     raise TypeError(f"paradigm {paradigm!r} is not supported by simulate.")
-  return rec.schedule(str(paradigm))
+  return rec.schedule(str(paradigm), record_events)
