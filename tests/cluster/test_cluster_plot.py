@@ -85,3 +85,38 @@ def test_timeline_needs_events():
   plain = C.Schedule(time=[1.0], contributes=[[True]], read_version=[[0]], wait=[0.0])
   with pytest.raises(ValueError, match="no per-gradient events"):
     C.plot_timeline(plain)
+
+
+def test_overlaid_staleness_histograms_have_distinct_colours_and_labels():
+  w = C.workers(4, compute="exponential")
+  scheds = [C.simulate(p, w, 200, seed=0) for p in (C.asp(), C.ssp(1), C.k_async(2))]
+  fig, ax = plt.subplots()
+  C.plot_staleness(scheds[0], ax=ax)   # alone first: labelled "staleness", then renamed by its paradigm
+  C.plot_staleness(scheds[1], ax=ax, label="SSP(1)")
+  C.plot_staleness(scheds[2], ax=ax)
+  series = [c for c in ax.containers if c.patches]
+  assert [c.get_label() for c in series] == [scheds[0].paradigm, "SSP(1)", scheds[2].paradigm]
+  colours = {tuple(c.patches[0].get_facecolor()[:3]) for c in series}
+  assert len(colours) == 3
+  # Each mean line has its series' colour, and the legend names every series with its mean.
+  for c, line in zip(series, ax.lines):
+    assert matplotlib.colors.to_rgb(line.get_color()) == tuple(c.patches[0].get_facecolor()[:3])
+  texts = [t.get_text() for t in ax.get_legend().get_texts()]
+  assert texts == [f"{c.get_label()} (mean {s.mean_staleness():.3g})" for c, s in zip(series, scheds)]
+  # The legend sits right of the axes: it covers no bar.
+  fig.canvas.draw()
+  assert ax.get_legend().get_window_extent().x0 >= ax.get_window_extent().x1
+  plt.close("all")
+
+
+def test_overlaid_timelines_have_distinct_colours_and_labels():
+  w = C.workers(3, compute="exponential")
+  ax = C.plot_timeline(C.simulate(C.bsp(), w, 10, seed=0))
+  C.plot_timeline(C.simulate(C.k_sync(2), w, 10, seed=1), ax=ax, label="K-sync(2)")
+  labels = {c.get_label(): c for c in ax.containers}
+  assert {"applied", "K-sync(2): applied", "K-sync(2): dropped"} <= labels.keys()
+  first = labels["applied"].patches[0].get_facecolor()
+  second = labels["K-sync(2): applied"].patches[0].get_facecolor()
+  assert first != second
+  assert "K-sync(2): applied" in [t.get_text() for t in ax.get_legend().get_texts()]
+  plt.close("all")
