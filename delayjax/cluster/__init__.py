@@ -4,8 +4,9 @@ Describe the workers (``workers``, with time models ``constant``, ``uniform``,
 ``exponential``, ``gamma``, ``lognormal``, measured times via ``replay``, and
 ``random_stragglers`` / ``straggler_window``), pick a paradigm (``bsp``,
 ``asp``, ``ssp``, ``dssp``, ``psp``, ``k_sync``, ``k_async``, ``k_batch_sync``,
-``k_batch_async``, ``softsync``, ``backup_workers``, ``adasync``) and
-``simulate`` it into a ``Schedule``::
+``k_batch_async``, ``softsync``, ``backup_workers``, ``adasync``,
+``elastic_bsp``, ``predictive_cutoff``) and ``simulate`` it into a ``Schedule``
+(contributions stored sparsely, with dense ``[updates, workers]`` views)::
 
   >>> import delayjax as dj
   >>> w = dj.cluster.workers(8, compute="exponential", speed=[1.0] * 7 + [0.25])
@@ -59,10 +60,12 @@ from delayjax.cluster._paradigms import asp as asp
 from delayjax.cluster._paradigms import backup_workers as backup_workers
 from delayjax.cluster._paradigms import bsp as bsp
 from delayjax.cluster._paradigms import dssp as dssp
+from delayjax.cluster._paradigms import elastic_bsp as elastic_bsp
 from delayjax.cluster._paradigms import k_async as k_async
 from delayjax.cluster._paradigms import k_batch_async as k_batch_async
 from delayjax.cluster._paradigms import k_batch_sync as k_batch_sync
 from delayjax.cluster._paradigms import k_sync as k_sync
+from delayjax.cluster._paradigms import predictive_cutoff as predictive_cutoff
 from delayjax.cluster._paradigms import psp as psp
 from delayjax.cluster._paradigms import softsync as softsync
 from delayjax.cluster._paradigms import ssp as ssp
@@ -71,6 +74,7 @@ from delayjax.cluster._pipeline import pipeline as pipeline
 from delayjax.cluster._pipeline_plot import plot_pipeline as plot_pipeline
 from delayjax.cluster._plot import plot_staleness as plot_staleness
 from delayjax.cluster._plot import plot_timeline as plot_timeline
+from delayjax.cluster._schedule import Contributions as Contributions
 from delayjax.cluster._schedule import Schedule as Schedule
 from delayjax.cluster._schedule import concatenate as concatenate
 from delayjax.cluster._simulate import Simulation as Simulation

@@ -25,9 +25,9 @@ from delayjax._checks import check_int
 
 __all__ = [
     "Paradigm", "BSP", "ASP", "SSP", "DSSP", "PSP", "KSync", "KAsync", "KBatchSync", "KBatchAsync",
-    "SoftSync", "BackupWorkers", "AdaSync",
+    "SoftSync", "BackupWorkers", "AdaSync", "ElasticBSP", "PredictiveCutoff",
     "bsp", "asp", "ssp", "dssp", "psp", "k_sync", "k_async", "k_batch_sync", "k_batch_async",
-    "softsync", "backup_workers", "adasync",
+    "softsync", "backup_workers", "adasync", "elastic_bsp", "predictive_cutoff",
 ]
 
 
@@ -372,10 +372,107 @@ class AdaSync(Paradigm):
     _check_at_most("k0", self.k0, num_workers, "the number of workers")
 
 
+@dataclasses.dataclass(frozen=True)
+class ElasticBSP(Paradigm):
+  """ElasticBSP: BSP whose barrier comes every few iterations, at a time predicted to make workers wait least.
+
+  Rule: the run is a sequence of periods, each ending in a barrier at which
+  every worker waits for the others and then all read the same version.
+  When a period starts at time ``t0``, the server predicts each worker's next
+  iteration end times ``t0 + k Delta_p``, ``k = 1..R``, from ``Delta_p``,
+  the mean duration of worker ``p``'s iterations so far (the first period,
+  with nothing observed, has ``k_p = 1`` for all: a BSP round). Among the
+  ``M R`` predicted points it finds the shortest time window ``[T - w, T]``
+  holding at least one point of every worker (smallest ``w``, then earliest
+  ``T``; one pass over the sorted points), and worker ``p`` runs
+  ``k_p = max{k <= R : t0 + k Delta_p <= T}`` iterations in the period.
+  Within the period a push is applied at once as one update and its worker
+  reads the new version (as in ASP); after its ``k_p``-th push it waits at
+  the barrier, which opens when the last worker arrives. So every gradient
+  is applied in the period it was read in, and its staleness is below the
+  period's ``sum_p k_p <= M R`` pushes. The period of each update is
+  recorded in ``extras["period"]``.
+
+  Attributes:
+    lookahead: ``R >= 1``, the most iterations a worker runs between two
+      barriers (``R = 1``: one iteration per period).
+
+  References:
+    Zhao, Papagelis, An, Chen, Liu, Hu, `Elastic Bulk Synchronous Parallel
+    Model for Distributed Deep Learning <https://arxiv.org/abs/2001.01347>`_,
+    ICDM 2019; and `ZipLine: an optimized algorithm for the elastic bulk
+    synchronous parallel model <https://doi.org/10.1007/s10994-021-06064-w>`_,
+    Machine Learning 2021. Confirmed from the papers' abstracts: the server
+    estimates each worker's future iteration end times at run time and a
+    one-pass algorithm over all workers' estimated points picks the future
+    synchronization time that minimizes waiting, with a tunable lookahead.
+    This library's construction (the papers' full text was not reachable):
+    the mean-duration predictor, the shortest covering window as the
+    waiting objective with its tie rule, the choice of ``k_p``, ASP within
+    a period, and the first period as a BSP round.
+  """
+
+  lookahead: int
+
+  def __post_init__(self):
+    check_int("lookahead", self.lookahead, minimum=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class PredictiveCutoff(Paradigm):
+  """Synchronous SGD whose cutoff is chosen online, each update, to maximize gradients per second.
+
+  Rule: in round ``r`` all workers read version ``r``. The server predicts
+  the order statistics of this round's durations, ``hat d_(k)`` for ``k =
+  1..M``, from the last ``window`` rounds, picks ``K_r = argmax_k k / hat
+  d_(k)`` (the smallest on ties), and applies update ``r`` when the
+  ``K_r``-th gradient arrives, at ``t_r + d_(K_r)``; the slower workers'
+  computations are cancelled and dropped and everyone reads the new version
+  (``k_sync(K_r)``). The predicted cutoff time ``hat d_(K_r)`` and ``K_r``
+  are recorded per update in ``extras["cutoff"]`` and ``extras["k"]``.
+
+  The model is empirical: ``hat d_(k)`` is the mean of the ``k``-th
+  smallest duration over the rounds of the window that observed it (a round
+  observes its ``K_r`` fastest; the others are only known to exceed its
+  cutoff). An order statistic no round of the window observed is predicted
+  at the largest cutoff of the window, a lower bound, so it looks cheap and
+  gets tried: the server keeps probing larger ``K``. The first round, with
+  nothing observed, waits for everyone (``K_0 = M``).
+
+  What it achieves: when the best ``K`` changes during the run (stragglers
+  that come and go) it beats every fixed ``K`` of ``k_sync`` and every
+  ``backup_workers(b)`` in gradients per simulated second (8 workers, 4 of
+  them 10x slower for the first 300 s: 3.55 against at best 3.48); on
+  stationary durations it must learn the best fixed ``K`` and keeps probing,
+  and stays a few percent below it (8 workers, i.i.d. lognormal: 5.10
+  against 5.22 with ``window=20``; a longer window comes closer).
+
+  Attributes:
+    window: ``>= 1`` past rounds the model averages.
+
+  References:
+    Teng, Wood, `Bayesian Distributed Stochastic Gradient Descent
+    <https://proceedings.neurips.cc/paper/2018/hash/86b20716fbd5b253d27cec43127089bc-Abstract.html>`_,
+    NeurIPS 2018. Confirmed from the paper's abstract: a synchronous server
+    chooses a cutoff beyond which slow workers' gradients are ignored, from
+    predicted run times (there a deep generative model with amortized
+    inference, fitted to the cluster), to raise gradient throughput over a
+    static cutoff. The throughput objective ``k / hat d_(k)``, the empirical
+    order-statistics model with its treatment of cut-off durations and the
+    first round are this library's construction.
+  """
+
+  window: int = 20
+
+  def __post_init__(self):
+    check_int("window", self.window, minimum=1)
+
+
 _NAMES = {
     BSP: "bsp", ASP: "asp", SSP: "ssp", DSSP: "dssp", PSP: "psp", KSync: "k_sync", KAsync: "k_async",
     KBatchSync: "k_batch_sync", KBatchAsync: "k_batch_async", SoftSync: "softsync",
-    BackupWorkers: "backup_workers", AdaSync: "adasync",
+    BackupWorkers: "backup_workers", AdaSync: "adasync", ElasticBSP: "elastic_bsp",
+    PredictiveCutoff: "predictive_cutoff",
 }
 
 
@@ -437,3 +534,13 @@ def backup_workers(b: int) -> BackupWorkers:
 def adasync(k0: int) -> AdaSync:
   """AdaSync, K-sync with ``K`` raised from ``k0`` by loss feedback (see :class:`AdaSync`)."""
   return AdaSync(k0)
+
+
+def elastic_bsp(lookahead: int) -> ElasticBSP:
+  """ElasticBSP: a barrier every ``<= lookahead`` iterations, placed to minimize waiting (see :class:`ElasticBSP`)."""
+  return ElasticBSP(lookahead)
+
+
+def predictive_cutoff(window: int = 20) -> PredictiveCutoff:
+  """Synchronous SGD with a cutoff time predicted from the last ``window`` rounds (see :class:`PredictiveCutoff`)."""
+  return PredictiveCutoff(window)
