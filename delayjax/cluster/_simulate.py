@@ -168,10 +168,21 @@ class _Record:
     cb = None if self.cb is None else _array(self.cb, np.int64)
     ew, ert = _array(self.ew, np.int64), _array(self.ert, np.float64)
     eet, eu, ev = _array(self.eet, np.float64), _array(self.eu, np.int64), _array(self.ev, np.int64)
+    t_end = float(time[-1])
+
+    def seconds(end: np.ndarray, read: np.ndarray) -> np.ndarray:
+      return np.clip(np.minimum(end, t_end) - read, 0.0, None)
+
     if self.single:
       offsets = np.arange(num_updates + 1, dtype=np.int64)
-      ew, eet, ev = np.concatenate([cw, ew]), np.concatenate([time, eet]), np.concatenate([cv, ev])
-      eu = np.concatenate([np.arange(num_updates, dtype=np.int64), eu])
+      # The applied events are the contributions; the in-flight ones (at most one per worker) follow
+      # them, so adding the two parts' sums adds in the order of one pass over all events.
+      busy = np.bincount(cw, weights=seconds(time, ert[:num_updates]), minlength=num)
+      busy += np.bincount(ew, weights=seconds(eet, ert[num_updates:]), minlength=num)
+      dropped = np.zeros(num, np.int64)
+      if record_events:
+        ew, eet, ev = np.concatenate([cw, ew]), np.concatenate([time, eet]), np.concatenate([cv, ev])
+        eu = np.concatenate([np.arange(num_updates, dtype=np.int64), eu])
     else:
       cu = _array(self.cu, np.int64)
       # Contributions sorted by update, then worker (the order of np.nonzero on the dense view).
@@ -180,9 +191,8 @@ class _Record:
         cu, cw, cv = cu[order], cw[order], cv[order]
         cb = None if cb is None else cb[order]
       offsets = np.concatenate([[0], np.cumsum(np.bincount(cu, minlength=num_updates))]).astype(np.int64)
-    t_end = float(time[-1])
-    busy = np.bincount(ew, weights=np.clip(np.minimum(eet, t_end) - ert, 0.0, None), minlength=num)
-    dropped = np.bincount(ew[eu == -1], minlength=num).astype(np.int64)
+      busy = np.bincount(ew, weights=seconds(eet, ert), minlength=num)
+      dropped = np.bincount(ew[eu == -1], minlength=num).astype(np.int64)
     extras = {k: np.asarray(v) for k, v in self.extras.items()}
     if record_events:
       # Sorted by worker, keeping time order (a radix sort when the worker fits in 16 bits).
