@@ -49,6 +49,7 @@ from delayjax.transforms import spectrain as spectrain
 from delayjax.transforms import staleness_weight as staleness_weight
 from delayjax.transforms import svrg as svrg
 from delayjax.transforms import tap_sgd as tap_sgd
+from delayjax.transforms import worker_capacity as worker_capacity
 from delayjax.transforms import zeno_plus_plus as zeno_plus_plus
 
 __version__ = "0.1.0"

@@ -21,13 +21,16 @@ from delayjax.transforms._dana import DanaState as DanaState
 from delayjax.transforms._dana import dana as dana
 from delayjax.transforms._dana import dana_slim as dana_slim
 from delayjax.transforms._dc_asgd import DelayCompensationState as DelayCompensationState
+from delayjax.transforms._dc_asgd import PerWorkerDelayCompensationState as PerWorkerDelayCompensationState
 from delayjax.transforms._dc_asgd import delay_compensation as delay_compensation
 from delayjax.transforms._delayed_nesterov import DelayedNesterovState as DelayedNesterovState
 from delayjax.transforms._delayed_nesterov import delayed_nesterov as delayed_nesterov
+from delayjax.transforms._hooks import HasWorkerRows as HasWorkerRows
 from delayjax.transforms._hooks import NeedsRuntimeInputs as NeedsRuntimeInputs
 from delayjax.transforms._hooks import ReadsParams as ReadsParams
 from delayjax.transforms._hooks import read_params as read_params
 from delayjax.transforms._hooks import runtime_inputs as runtime_inputs
+from delayjax.transforms._hooks import worker_capacity as worker_capacity
 from delayjax.transforms._mindthestep import mindthestep as mindthestep
 from delayjax.transforms._mindthestep import mindthestep_weight as mindthestep_weight
 from delayjax.transforms._momentum import explicit_momentum as explicit_momentum

@@ -10,7 +10,8 @@ import optax
 
 from delayjax._checks import check_float, check_int
 from delayjax.transforms._dc_asgd import delay_compensation
-from delayjax.transforms._extra_args import check_worker
+from delayjax.transforms._extra_args import check_worker, nan_unless
+from delayjax.transforms._hooks import table_rows
 from delayjax.transforms._rows import written_row
 from delayjax.transforms._hyperparams import LearningRate, check_positive_rate, descend, rate_at
 
@@ -28,6 +29,9 @@ class DanaState(NamedTuple):
     return jax.tree.map(
         lambda p, v: p - self.lookahead.astype(p.dtype) * jnp.sum(v, axis=0).astype(p.dtype), params, self.momentum)
 
+  def worker_capacity(self) -> int | None:
+    return table_rows(self.momentum)
+
 
 def _scale_by_dana(learning_rate: LearningRate, momentum: float, num_workers: int):
   def init_fn(params):
@@ -38,11 +42,11 @@ def _scale_by_dana(learning_rate: LearningRate, momentum: float, num_workers: in
 
   def update_fn(updates, state, params=None, *, worker=None, **extra_args):
     del params, extra_args
-    m = check_worker("dana", worker, num_workers)
+    m, in_range = check_worker("dana", worker, num_workers)
     # Same arithmetic as optax.sgd(lr, momentum): v <- g + gamma v, u = -lr v.
     table = written_row(state.momentum, m, lambda v: jax.tree.map(lambda g, row: g + momentum * row, updates, v))
     step = rate_at(learning_rate, state.count)
-    out = jax.tree.map(lambda v: descend(step, v[m]), table)
+    out = jax.tree.map(lambda v: descend(nan_unless(in_range, step, v.dtype), v[m]), table)
     count = optax.safe_increment(state.count)
     new_state = DanaState(
         count=count,
@@ -59,6 +63,9 @@ class DanaSlimState(NamedTuple):
   count: jax.Array  # shape=(), int32: updates applied so far
   momentum: Any  # pytree like params, [num_workers, *shape] per leaf: worker i's momentum v_i, which worker i holds
 
+  def worker_capacity(self) -> int | None:
+    return table_rows(self.momentum)
+
 
 def _scale_by_dana_slim(learning_rate: LearningRate, momentum: float, num_workers: int):
   def init_fn(params):
@@ -68,12 +75,13 @@ def _scale_by_dana_slim(learning_rate: LearningRate, momentum: float, num_worker
 
   def update_fn(updates, state, params=None, *, worker=None, **extra_args):
     del params, extra_args
-    m = check_worker("dana_slim", worker, num_workers)
+    m, in_range = check_worker("dana_slim", worker, num_workers)
     # Worker side, the arithmetic of optax.sgd(lr, momentum, nesterov=True): v <- g + gamma v, push g + gamma v.
     table = written_row(state.momentum, m, lambda v: jax.tree.map(lambda g, row: g + momentum * row, updates, v))
     pushed = jax.tree.map(lambda g, v: g + momentum * v[m], updates, table)
     # Server side: a plain SGD step on what the worker pushed.
-    out = jax.tree.map(lambda d: descend(rate_at(learning_rate, state.count), d), pushed)
+    step = rate_at(learning_rate, state.count)
+    out = jax.tree.map(lambda d: descend(nan_unless(in_range, step, d.dtype), d), pushed)
     new_state = DanaSlimState(
         count=optax.safe_increment(state.count),
         momentum=table)

@@ -9,14 +9,24 @@ import jax.numpy as jnp
 import optax
 
 from delayjax._checks import check_float, check_int
-from delayjax.transforms._extra_args import check_like_updates, check_worker, require_extra
+from delayjax.transforms._extra_args import check_like_updates, check_worker, nan_unless, require_extra
+from delayjax.transforms._hooks import table_rows
 from delayjax.transforms._rows import written_row
 
 
 class DelayCompensationState(NamedTuple):
   """State of :func:`delay_compensation`."""
 
-  mean_square: Any  # pytree like params ([num_workers, *shape] per leaf when per-worker); () when not adaptive
+  mean_square: Any  # pytree like params; () when not adaptive
+
+
+class PerWorkerDelayCompensationState(DelayCompensationState):
+  """State of :func:`delay_compensation` with ``adaptive=True`` and ``num_workers``: one mean square per worker."""
+
+  # mean_square: pytree, [num_workers, *shape] per leaf: row m is worker m's mean square
+
+  def worker_capacity(self) -> int | None:
+    return table_rows(self.mean_square)
 
 
 def delay_compensation(
@@ -102,7 +112,8 @@ def delay_compensation(
     if not adaptive:
       return DelayCompensationState(mean_square=())
     if per_worker:
-      ms = jax.tree.map(lambda p: jnp.zeros((num_workers,) + jnp.shape(p), jnp.result_type(p)), params)
+      return PerWorkerDelayCompensationState(
+          mean_square=jax.tree.map(lambda p: jnp.zeros((num_workers,) + jnp.shape(p), jnp.result_type(p)), params))
     else:
       ms = jax.tree.map(jnp.zeros_like, params)
     return DelayCompensationState(mean_square=ms)
@@ -120,13 +131,15 @@ def delay_compensation(
     def mean_square(old):
       return jax.tree.map(lambda ms, g: mu * ms + (1.0 - mu) * g * g, old, updates)
 
+    in_range = None
     if per_worker:
-      m = check_worker("delay_compensation", worker, num_workers)
+      m, in_range = check_worker("delay_compensation", worker, num_workers)
       table = written_row(state.mean_square, m, mean_square)
       new = jax.tree.map(lambda ms: ms[m], table)
     else:
       new = table = mean_square(state.mean_square)
-    out = jax.tree.map(lambda g, d, ms: g + lam / jnp.sqrt(ms + eps) * g * g * d, updates, diff, new)
-    return out, DelayCompensationState(mean_square=table)
+    out = jax.tree.map(lambda g, d, ms: g + nan_unless(in_range, lam, ms.dtype) / jnp.sqrt(ms + eps) * g * g * d,
+                       updates, diff, new)
+    return out, type(state)(mean_square=table)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -21,12 +21,40 @@ def require_extra(transform: str, name: str, value: Any, what: str = "", *, runt
   return value
 
 
-def check_worker(transform: str, worker: Any, num_workers: int) -> jax.Array:
-  """The ``worker`` extra argument as an int32 scalar, checked against ``num_workers`` when concrete."""
+def check_worker(transform: str, worker: Any, num_workers: int) -> tuple[jax.Array, jax.Array | None]:
+  """The ``worker`` extra argument as an int32 row index, and whether a traced one is in range.
+
+  A concrete ``worker`` outside ``[0, num_workers)`` raises a ValueError; the
+  second value is then ``None``. A traced one cannot raise: the index of one
+  out of range is ``num_workers`` (rows written there are dropped, rather than
+  a negative index wrapping around to another worker's row), and the second
+  value is a traced bool that the transformation passes to
+  :func:`nan_unless` with a coefficient of its update (see ``delayjax.transforms._hooks``).
+  """
   worker = require_extra(transform, "worker", worker, "int32 scalar, the pushing worker")
-  if not isinstance(worker, jax.core.Tracer) and not 0 <= int(worker) < num_workers:
-    raise ValueError(f"worker must be in [0, {num_workers}), got {int(worker)}.")
-  return jnp.asarray(worker, jnp.int32)
+  if jnp.ndim(worker) != 0 or not jnp.issubdtype(jnp.result_type(worker), jnp.integer):
+    raise TypeError(
+        f"worker must be an integer scalar, got dtype {jnp.result_type(worker)} and shape {jnp.shape(worker)}.")
+  if not isinstance(worker, jax.core.Tracer):
+    if not 0 <= int(worker) < num_workers:
+      raise ValueError(f"worker must be in [0, {num_workers}), got {int(worker)}.")
+    return jnp.asarray(worker, jnp.int32), None
+  index = jnp.asarray(worker, jnp.int32)
+  in_range = (index >= 0) & (index < num_workers)
+  return jnp.where(in_range, index, jnp.int32(num_workers)), in_range
+
+
+def nan_unless(in_range: jax.Array | None, scalar: Any, dtype: Any) -> Any:
+  """``scalar`` (a coefficient of the update) unchanged if ``in_range`` is ``None``, else NaN where it is false.
+
+  The coefficient is cast to ``dtype``, the update's, as a Python float
+  multiplying the update would be, so the update's arithmetic (and its bits)
+  stay those of the unpoisoned one: only the scalar is selected, not every
+  element of the update.
+  """
+  if in_range is None:
+    return scalar
+  return jnp.where(in_range, jnp.asarray(scalar, dtype), jnp.asarray(jnp.nan, dtype))
 
 
 def check_like_updates(name: str, tree: Any, updates: Any) -> None:

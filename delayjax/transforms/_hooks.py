@@ -1,11 +1,23 @@
-"""Hooks through which a transformation tells a runtime what a worker reads.
+"""Hooks through which a transformation tells a runtime what it needs from the run.
 
 Most transformations let workers read the current server parameters. Some
 (DANA's look-ahead) send a worker other parameters. Such a transformation keeps
 a state object with a ``read_params(params, worker)`` method; the runtimes find
 it anywhere inside an optimizer state (through ``optax.chain``,
 ``inject_hyperparams``, ``MultiSteps`` and ``dj.delayed``) with
-:func:`read_params`.
+:func:`read_params`. The same way, :func:`runtime_inputs` finds the extra
+arguments a transformation asks the runtime to compute, and
+:func:`worker_capacity` the number of workers its per-worker tables hold.
+
+Worker indices out of range. A transformation with per-worker rows (``dj.dana``,
+``dj.dana_slim``, ``dj.delay_compensation(adaptive=True, num_workers=M)``)
+checks a concrete ``worker`` and raises a ``ValueError``. A traced one (inside
+``jit`` or ``lax.scan``) cannot raise, and JAX's indexing would silently clamp
+it to the last row; instead, a traced ``worker`` outside ``[0, M)`` makes every
+leaf of the update NaN and leaves the tables unchanged, so that the runtimes'
+non-finite report (or a NaN in the parameters of a hand-written loop) names the
+update. The runtimes avoid it in the first place: they compare the schedule's
+number of workers with :func:`worker_capacity` before compiling anything.
 """
 
 from __future__ import annotations
@@ -129,3 +141,66 @@ def _requested(state: Any) -> tuple[str, ...]:
 def requesting_states(opt_state: Any, name: str) -> list[Any]:
   """The states inside ``opt_state`` that request the runtime input ``name``."""
   return [state for state in _requesting(opt_state) if name in _requested(state)]
+
+
+@runtime_checkable
+class HasWorkerRows(Protocol):
+  """An optimizer state that keeps one row per worker, selected by the ``worker`` extra argument."""
+
+  def worker_capacity(self) -> int | None:
+    ...
+
+
+def _has_rows(x: Any) -> bool:
+  return isinstance(x, HasWorkerRows) and not isinstance(x, type)
+
+
+def worker_capacity(opt_state: Any) -> int | None:
+  """The number of workers the per-worker tables inside ``opt_state`` can hold.
+
+  A transformation that keeps one row per worker (``dj.dana``,
+  ``dj.dana_slim``, ``dj.delay_compensation`` with ``num_workers``) keeps a
+  state object with a ``worker_capacity(self) -> int | None`` method giving
+  its number of rows. Like :func:`read_params`, it is found anywhere inside an
+  optimizer state (chains, ``inject_hyperparams``, ``MultiSteps``,
+  ``dj.delayed``, other wrappers). A runtime that knows how many workers a
+  schedule has refuses it before compiling when this is smaller: a traced
+  ``worker`` past the table makes the update NaN (see the module docstring).
+
+  Args:
+    opt_state: an optimizer state as ``tx.init`` returns it (not stacked on
+      a leading axis by ``jax.vmap``), possibly nested; abstract shapes
+      (``jax.eval_shape(tx.init, params)``) are enough.
+
+  Returns:
+    The smallest number of rows of any per-worker table inside
+    ``opt_state``, or ``None`` when there is no such table (any number of
+    workers is fine).
+
+  Examples:
+    >>> import jax.numpy as jnp, optax
+    >>> import delayjax as dj
+    >>> tx = optax.chain(dj.delay_compensation(2.0, adaptive=True, num_workers=8), dj.dana(0.1, num_workers=4))
+    >>> dj.worker_capacity(tx.init(jnp.zeros(3)))
+    4
+    >>> print(dj.worker_capacity(optax.sgd(0.1).init(jnp.zeros(3))))
+    None
+  """
+  found: list[int] = []
+
+  def visit(x: Any) -> bool:
+    # Called on every node while flattening, so a table inside another state is found too.
+    if _has_rows(x):
+      rows = x.worker_capacity()
+      if rows is not None:
+        found.append(int(rows))
+    return False
+
+  jax.tree.leaves(opt_state, is_leaf=visit)
+  return min(found) if found else None
+
+
+def table_rows(table: Any) -> int | None:
+  """The number of rows (leading axis) of a per-worker table, a pytree of ``[rows, ...]`` leaves."""
+  leaves = jax.tree.leaves(table)
+  return int(leaves[0].shape[0]) if leaves else None
