@@ -20,6 +20,9 @@ NAMES = (
     "async_local_sgd",
     "accumulation",
     "variance_reduction",
+    "gossip_adpsgd",
+    "gossip_topology",
+    "gossip_failures",
 )
 
 
