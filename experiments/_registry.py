@@ -23,6 +23,9 @@ NAMES = (
     "gossip_adpsgd",
     "gossip_topology",
     "gossip_failures",
+    "generalization",
+    "async_sgdi",
+    "sme",
 )
 
 
