@@ -471,10 +471,10 @@ class _Builder:
     self.worker: list[int] = []
     self.num_batches: list[int] = []
     self.compute_end: list[float] = []
-    self.mix_members: list[np.ndarray] = []
-    self.mix_weights: list[np.ndarray] = []
-    self.mix_lag: list[np.ndarray] = []
-    self.mix_receives: list[np.ndarray] = []
+    self.mix_members: list[Any] = []
+    self.mix_weights: list[Any] = []
+    self.mix_lag: list[Any] = []
+    self.mix_receives: list[Any] = []
     self.mix_kind: list[int] = []
     self.busy_worker: list[int] = []
     self.busy_start: list[float] = []
@@ -495,13 +495,12 @@ class _Builder:
 
   def mix(self, t: float, members: Any, weights: Any, *, lag: Any = None, receives: Any = None,
           mixes: int = PARAMS) -> None:
-    members = np.asarray(members, np.int64)
-    size = members.shape[0]
+    # Kept as given (tuples or arrays); converted once, grouped by size, in build().
     self._event(t, MIX, -1, 0, float("nan"))
     self.mix_members.append(members)
-    self.mix_weights.append(np.asarray(weights, np.float64).reshape(size, size))
-    self.mix_lag.append(np.zeros(size, np.int64) if lag is None else np.asarray(lag, np.int64))
-    self.mix_receives.append(np.ones(size, bool) if receives is None else np.asarray(receives, bool))
+    self.mix_weights.append(weights)
+    self.mix_lag.append(lag)
+    self.mix_receives.append(receives)
     self.mix_kind.append(mixes)
 
   def _event(self, t: float, kind: int, m: int, num_batches: int, compute_end: float) -> None:
@@ -514,14 +513,20 @@ class _Builder:
   def build(self, paradigm: str, end: float | None = None) -> GossipSchedule:
     """The schedule; ``busy`` is clipped to the last event and ``wait`` is the rest of ``[0, time[-1]]``."""
     num_mixes = len(self.mix_kind)
-    width = max((m.shape[0] for m in self.mix_members), default=1)
+    sizes = np.fromiter((len(m) for m in self.mix_members), np.int64, num_mixes)
+    width = int(sizes.max()) if num_mixes else 1
     members = np.full((num_mixes, width), -1, np.int64)
     weights = np.zeros((num_mixes, width, width))
     lag = np.zeros((num_mixes, width), np.int64)
     receives = np.zeros((num_mixes, width), bool)
-    for k, (m, w, l, r) in enumerate(zip(self.mix_members, self.mix_weights, self.mix_lag, self.mix_receives)):
-      size = m.shape[0]
-      members[k, :size], weights[k, :size, :size], lag[k, :size], receives[k, :size] = m, w, l, r
+    for size in np.unique(sizes).tolist():
+      rows = np.flatnonzero(sizes == size)
+      members[rows, :size] = np.array([self.mix_members[k] for k in rows], np.int64).reshape(-1, size)
+      weights[rows, :size, :size] = np.array([self.mix_weights[k] for k in rows], np.float64).reshape(-1, size, size)
+      lag[rows, :size] = np.array([np.zeros(size, np.int64) if self.mix_lag[k] is None else self.mix_lag[k]
+                                   for k in rows], np.int64).reshape(-1, size)
+      receives[rows, :size] = np.array([np.ones(size, bool) if self.mix_receives[k] is None else self.mix_receives[k]
+                                        for k in rows], bool).reshape(-1, size)
     kind = np.asarray(self.kind, np.int8)
     mix = np.full(kind.shape, -1, np.int64)
     mix[kind == MIX] = np.arange(num_mixes)
@@ -935,11 +940,15 @@ def _ad_psgd_engine(paradigm: ADPSGD, workers: Workers, times: _Durations, total
     if what == "mix":
       if fail.is_down(m, t) or fail.is_down(peer, t):
         continue
-      arrives = rng.random(2) >= fail.drop if fail.drop > 0 else np.ones(2, bool)
-      if not arrives.any():
+      if fail.drop > 0:
+        draw = rng.random(2)
+        to_m, to_peer = bool(draw[0] >= fail.drop), bool(draw[1] >= fail.drop)
+      else:
+        to_m = to_peer = True
+      if not (to_m or to_peer):
         continue
-      w = np.where(arrives[:, None], 0.5, 0.0) * np.ones((2, 2))
-      b.mix(t, [m, peer], w, receives=arrives)
+      b.mix(t, (m, peer), ((0.5, 0.5) if to_m else (0.0, 0.0), (0.5, 0.5) if to_peer else (0.0, 0.0)),
+            receives=(to_m, to_peer))
     else:
       b.grad(m, t, compute_end[m])
       applied += 1
@@ -963,6 +972,7 @@ def _sgp_engine(paradigm: SGP, workers: Workers, times: _Durations, total: int) 
   sent_version: dict[tuple[int, int], int] = {}
   inbox: list[list[tuple[float, int, int]]] = [[] for _ in range(num)]   # (arrival, iteration, sender)
   got = [set() for _ in range(num)]   # iterations whose message has arrived
+  complete = [-1] * num               # every message of iterations <= complete[m] has arrived at m
   waiting = [False] * num
 
   def push(t: float, what: str, m: int, data: int) -> None:
@@ -979,14 +989,16 @@ def _sgp_engine(paradigm: SGP, workers: Workers, times: _Durations, total: int) 
 
   def try_start(m: int, t: float) -> None:
     # Iteration k may start once the messages of iterations <= k - 1 - overlap have arrived.
-    need = iteration[m] - 1 - paradigm.overlap
-    if any(k not in got[m] for k in range(need + 1)):
+    while complete[m] + 1 in got[m]:
+      got[m].discard(complete[m] + 1)
+      complete[m] += 1
+    if complete[m] < iteration[m] - 1 - paradigm.overlap:
       waiting[m] = True
       return
     waiting[m] = False
     for _, k, sender in sorted(inbox[m]):
-      b.mix(t, [m, sender], [[1.0, 1.0], [0.0, 0.0]], receives=[True, False],
-            lag=[0, version[sender] - sent_version[(sender, k)]])
+      b.mix(t, (m, sender), ((1.0, 1.0), (0.0, 0.0)), receives=(True, False),
+            lag=(0, version[sender] - sent_version.pop((sender, k))))
       version[m] += 1
     inbox[m].clear()
     start(m, t)
@@ -1003,7 +1015,7 @@ def _sgp_engine(paradigm: SGP, workers: Workers, times: _Durations, total: int) 
       if applied == total:
         break
       k = iteration[m]
-      b.mix(t, [m], [[0.5]])
+      b.mix(t, (m,), ((0.5,),))
       version[m] += 1
       sent_version[(m, k)] = version[m]
       peer = (m + int(offsets[k % period])) % num
