@@ -26,7 +26,7 @@ Time-varying one-peer sequences return, for each step, the peer of every node:
 
 - ``one_peer_exponential(M, num_steps)``: SGP's directed one-peer exponential
   graph, node ``i`` sends to ``i + 1, i - 1, i + 2, i - 2, i + 4, ...`` (mod ``M``),
-  one per step.
+  one per step (``forward_only``: ``i + 1, i + 2, i + 4, ...``).
 - ``gossipgrad_partners(M, num_steps)``: GossipGraD's rotating partner,
   ``(r + 2^(t mod p)) mod M`` in a node order reshuffled every
   ``p = ceil(log2 M)`` steps.
@@ -354,20 +354,30 @@ def _log2_floor(value: int) -> int:
   return max(value, 1).bit_length() - 1
 
 
-def one_peer_exponential(num_nodes: int, num_steps: int) -> np.ndarray:
+def one_peer_exponential(num_nodes: int, num_steps: int, forward_only: bool = False) -> np.ndarray:
   """SGP's time-varying directed one-peer exponential graph: int64 ``[T, M]``, the peer node ``i`` sends to at ``t``.
 
-  Every node cycles through the same list of offsets ``+1, -1, +2, -2, +4, -4,
-  ..., +-2^K`` (``K = floor(log2(M - 1))``, duplicates mod ``M`` removed), one
-  per step: node ``i`` sends to ``(i + offset[t mod len]) mod M``. Since all
-  nodes use the same offset, every node also receives from exactly one node.
-  This is ``DynamicDirectedExponentialGraph`` with one peer per iteration in
-  ``facebookresearch/stochastic_gradient_push`` ``gossip/graph_manager.py``
-  (its phone book, walked from the first entry).
+  Every node cycles through the same list of offsets, one per step: node
+  ``i`` sends to ``(i + offset[t mod len]) mod M``. Since all nodes use the
+  same offset, every node also receives from exactly one node. With
+  ``K = floor(log2(M - 1))``:
+
+  - default: ``+1, -1, +2, -2, +4, -4, ..., +-2^K`` (duplicates mod ``M``
+    removed), ``DynamicDirectedExponentialGraph`` in
+    ``facebookresearch/stochastic_gradient_push`` ``gossip/graph_manager.py``,
+    the graph of its SGP experiment scripts (``job_scripts/submit_SGP_*.sh``,
+    ``--graph_type 0``);
+  - ``forward_only=True``: ``+1, +2, +4, ..., +2^K``,
+    ``NPeerDynamicDirectedExponentialGraph`` with one peer, the default of
+    its ``gossip_sgd.py`` and of ``gossip/distributed.py``.
+
+  Both walk the list from its first entry, as the reference's gossiper (it
+  rotates to the next peer after each mix).
   """
   num = check_int("num_nodes", num_nodes, minimum=2)
   steps = check_int("num_steps", num_steps, minimum=0)
-  offsets = np.asarray(_phone_book_offsets(num, [1 << i for i in range(_log2_floor(num - 1) + 1)]), np.int64)
+  distances = [1 << i for i in range(_log2_floor(num - 1) + 1)]
+  offsets = np.asarray(distances if forward_only else _phone_book_offsets(num, distances), np.int64)
   shift = offsets[np.arange(steps) % offsets.shape[0]]
   return (np.arange(num)[None, :] + shift[:, None]) % num
 

@@ -700,8 +700,13 @@ class SGP(GossipParadigm):
   ``overlap = 0`` is synchronous SGP, ``overlap = tau`` lets messages be up to
   ``tau`` iterations late. The method mixes the push-sum weight ``w`` with
   the same weights and lags as ``x``. Peers: ``dj.topology.one_peer_exponential``
-  (``facebookresearch/stochastic_gradient_push``,
-  ``DynamicDirectedExponentialGraph``, one peer per iteration).
+  (``facebookresearch/stochastic_gradient_push``: ``DynamicDirectedExponentialGraph``,
+  the graph of its SGP experiment scripts, or with ``forward_only``
+  ``NPeerDynamicDirectedExponentialGraph``, the default of ``gossip_sgd.py``;
+  one peer per iteration). The reference implements its overlap differently
+  (a gossip thread, re-synchronized every ``synch_freq`` iterations); this
+  schedule follows the paper's bound: a message sent at iteration ``k`` is
+  added by iteration ``k + overlap + 1``.
 
   References:
     Assran, Loizou, Ballas, Rabbat, `Stochastic Gradient Push for Distributed
@@ -709,6 +714,7 @@ class SGP(GossipParadigm):
   """
 
   overlap: int = 0
+  forward_only: bool = False
   _name = "sgp"
 
   def check(self, num_workers: int) -> None:
@@ -751,9 +757,12 @@ def ad_psgd(topology: topo.Topology | None = None) -> ADPSGD:
   return ADPSGD(topology)
 
 
-def sgp(overlap: int = 0) -> SGP:
-  """Stochastic Gradient Push with ``overlap``-iteration late messages (see :class:`SGP`)."""
-  return SGP(check_int("overlap", overlap, minimum=0))
+def sgp(overlap: int = 0, forward_only: bool = False) -> SGP:
+  """Stochastic Gradient Push with ``overlap``-iteration late messages (see :class:`SGP`); ``forward_only``
+  picks the peers ``i + 2^k`` instead of ``i +- 2^k`` (``dj.topology.one_peer_exponential``)."""
+  if not isinstance(forward_only, bool):
+    raise TypeError(f"forward_only must be a bool, got {forward_only!r}.")
+  return SGP(check_int("overlap", overlap, minimum=0), forward_only)
 
 
 def gossipgrad(seed: int | None = None) -> GossipGraD:
@@ -961,7 +970,7 @@ def _sgp_engine(paradigm: SGP, workers: Workers, times: _Durations, total: int) 
   """SGP as an event loop: compute, apply, halve and send; add arrived messages; wait for late ones."""
   num = workers.num_workers
   b = _Builder(num)
-  offsets = topo.one_peer_exponential(num, num)[:, 0]   # the shared offset sequence (node 0's peers)
+  offsets = topo.one_peer_exponential(num, 2 * num, paradigm.forward_only)[:, 0]   # every node's offsets
   period = len(dict.fromkeys(offsets.tolist()))
   heap: list[tuple[float, int, str, int, int]] = []
   seq = 0

@@ -226,3 +226,23 @@ def test_failure_arguments_are_checked():
     C.sgp(-1)
   with pytest.raises(ValueError, match="undirected"):
     C.ad_psgd(dj.topology.exponential(8, directed=True))
+
+
+@pytest.mark.parametrize("forward_only", [False, True])
+def test_sgp_sends_each_iteration_to_the_one_peer_exponential_peer(forward_only):
+  num = 8
+  s = C.simulate_gossip(C.sgp(1, forward_only=forward_only), C.workers(num, comm=C.exponential(0.5)), 20, seed=2)
+  peers = dj.topology.one_peer_exponential(num, 40, forward_only=forward_only)
+  versions = s.mix_versions()
+  halvings = np.flatnonzero(s.members[:, 1] < 0)
+  receives = np.flatnonzero(s.members[:, 1] >= 0)
+  # A receive names the sender's version right after the halving that sent the message.
+  sent_by = {(s.members[k, 1], versions[k, 1] - s.lag[k, 1]): s.members[k, 0] for k in receives}
+  checked = 0
+  for m in range(num):
+    for it, k in enumerate(halvings[s.members[halvings, 0] == m]):
+      receiver = sent_by.get((m, versions[k, 0] + 1))
+      if receiver is not None:
+        assert receiver == peers[it, m]
+        checked += 1
+  assert checked > 0.8 * len(halvings)

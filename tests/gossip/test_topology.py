@@ -89,6 +89,10 @@ def test_one_peer_exponential_is_a_permutation_cycling_the_phone_book(num):
   np.testing.assert_array_equal(seq[:, 0], [book[t % len(book)] for t in range(20)])
   for row in seq:
     assert sorted(row) == list(range(num)) and np.all(row != np.arange(num))
+  # forward_only: the reference's N-peer graph with one peer, distances j * 2^i for j = 1.
+  forward = T.one_peer_exponential(num, 20, forward_only=True)
+  distances = [2 ** i for i in range(int(math.log(num - 1, 2)) + 1 if num > 2 else 1)]
+  np.testing.assert_array_equal((forward[:, -1] + 1) % num, [distances[t % len(distances)] for t in range(20)])
 
 
 def test_bipartite_peers_pair_active_odd_with_passive_even():
