@@ -251,27 +251,60 @@ def run_spec(config: dict[str, Any], spec: dict[str, Any], seed: int, progress: 
   return record
 
 
-def decide(a: float, a_std: float, b: float, b_std: float, seeds: int, claim: str = "less",
-           margin: float = 0.0) -> bool | None:
-  """Decides ``a - b < margin`` (``claim="less"``), ``a - b > margin`` (``"greater"``) or ``|a - b| < margin``
-  (``"within"``) on means over ``seeds`` with their spreads: ``True`` or ``False`` when the difference is more
-  than two standard errors from ``margin`` on one side; ``None`` (inconclusive: a tie within the noise) otherwise.
-  A missing or NaN mean (a target never reached) counts as ``inf``."""
-  a = float("inf") if a is None or a != a else float(a)
-  b = float("inf") if b is None or b != b else float(b)
-  if a == b == float("inf"):
-    return None
-  err = 2.0 * float(np.hypot(np.nan_to_num(a_std), np.nan_to_num(b_std))) / np.sqrt(max(seeds, 1))
-  diff = a - b
+def summarize(records: list[dict[str, Any]], fields: tuple[str, ...] = ("paradigm",)) -> list[dict[str, Any]]:
+  """``mean_rows``, plus each row's per-seed metrics (``row["per_seed"][metric][seed]``) for paired claims."""
+  from experiments._framework import mean_rows
+
+  rows = mean_rows(records, fields=fields)
+  for row in rows:
+    mine = [r for r in records if r["key"] == row["key"]]
+    row["per_seed"] = {m: {str(r["seed"]): r["metrics"][m] for r in mine} for m in mine[0]["metrics"]}
+  return rows
+
+
+def paired(summary: Any, a: str, b: str | None, metric: str, claim: str = "less", margin: float = 0.0,
+           b_metric: str | None = None) -> tuple[bool | None, str]:
+  """Decides ``d < margin`` (``claim="less"``), ``d > margin`` (``"greater"``) or ``|d| < margin`` (``"within"``)
+  for the per-seed differences ``d = a[metric] - b[b_metric or metric]``, paired by seed (the same seed draws the
+  same worker times and minibatches), with a 95% t-interval of their mean: held or not held when the interval lies
+  on one side, ``None`` (inconclusive: a tie within the noise, or a single seed) otherwise. With ``b=None`` the
+  pair is two metrics of the same row. A missing value (a target never reached) counts as ``+inf``; differences
+  that are not all finite are decided only when all seeds agree.
+
+  Returns:
+    ``(held, text)``: the verdict and the interval, for the claim's figures.
+  """
+  from experiments.generalization import paired_interval
+
+  va = summary[a]["per_seed"][metric]
+  vb = summary[b if b is not None else a]["per_seed"][b_metric or metric]
+  seeds = sorted(set(va) & set(vb))
+  as_float = lambda v: float("inf") if v is None or v != v else float(v)  # noqa: E731
+  diffs = np.array([as_float(va[s]) - as_float(vb[s]) for s in seeds])
+  what = f"{a}.{metric} - {b if b is not None else a}.{b_metric or metric}"
+  if not np.all(np.isfinite(diffs)):
+    side = np.sign(np.nan_to_num(diffs - margin, nan=0.0, posinf=1.0, neginf=-1.0))
+    want = -1 if claim == "less" else 1
+    held = (True if np.all(side == want) else False if np.all(side == -want) else None) if claim != "within" \
+        else (False if np.all(~np.isfinite(diffs)) else None)
+    return held, f"{what}: {diffs.tolist()} (not all finite)"
+  mean, low, high = paired_interval(diffs)
+  if not (np.isfinite(low) and np.isfinite(high)):
+    return None, f"{what}: {mean:+.4g} ({len(seeds)} seed: no interval)"
   if claim == "less":
-    return True if diff < margin - err else False if diff > margin + err else None
-  if claim == "greater":
-    return True if diff > margin + err else False if diff < margin - err else None
-  return True if abs(diff) < margin - err else False if abs(diff) > margin + err else None
+    held = True if high < margin else False if low > margin else None
+  elif claim == "greater":
+    held = True if low > margin else False if high < margin else None
+  else:
+    held = True if -margin < low and high < margin else False if low > margin or high < -margin else None
+  return held, f"{what}: {mean:+.4g} [{low:+.4g}, {high:+.4g}] (95% interval, {len(seeds)} seeds)"
 
 
 def verdict(results: list[bool | None], figures: str) -> Any:
-  """A ``ClaimResult``: not held if any part is not held, inconclusive if any is undecided, else held."""
+  """A ``ClaimResult``: not held if any part is not held, inconclusive if any is undecided, else held.
+
+  (``ClaimResult(None, ...)`` shows as "n/a" where the framework has no separate inconclusive verdict; the
+  figures say "inconclusive".)"""
   from experiments._framework import ClaimResult
 
   held = False if False in results else None if None in results else True

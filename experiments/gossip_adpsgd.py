@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from experiments import _gossip_train as gt
-from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows
+from experiments._framework import Claim, ClaimResult, Reproduction, Summary
 
 SCALES = {
     "quick": dict(speeds=[1.0] * 15 + [0.25], compute="exponential", comm=0.05, steps=200, batch=16, lr=0.5,
@@ -35,37 +35,32 @@ def specs(config: dict[str, Any]) -> list[dict[str, Any]]:
 
 def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
   del config
-  return mean_rows(records, fields=("paradigm",))
+  return gt.summarize(records)
 
 
 def _faster(summary: Summary) -> ClaimResult:
   ad = summary["ad_psgd-ring"]
-  parts, figures = [], []
-  for other in ("d_psgd-ring", "allreduce"):
-    o = summary[other]
-    parts.append(gt.decide(ad["time_to_target"], ad["time_to_target_std"], o["time_to_target"],
-                           o["time_to_target_std"], ad["seeds"]))
-    figures.append(f"{other} {o['time_to_target']:.1f}")
-  return gt.verdict(parts, f"simulated seconds to the target loss: AD-PSGD {ad['time_to_target']:.1f}, "
-                    + ", ".join(figures))
+  parts = [gt.paired(summary, "ad_psgd-ring", other, "time_to_target") for other in ("d_psgd-ring", "allreduce")]
+  return gt.verdict([p[0] for p in parts], f"simulated seconds to the target loss: AD-PSGD "
+                    f"{ad['time_to_target']:.1f}, D-PSGD {summary['d_psgd-ring']['time_to_target']:.1f}, all-reduce "
+                    f"{summary['allreduce']['time_to_target']:.1f}; " + "; ".join(p[1] for p in parts))
 
 
 def _per_gradient(summary: Summary) -> ClaimResult:
   # Same number of gradients: the final losses agree within 5% of all-reduce's.
   ad, ar = summary["ad_psgd-ring"], summary["allreduce"]
   margin = 0.05 * ar["loss"]
-  held = gt.decide(ad["loss"], ad["loss_std"], ar["loss"], ar["loss_std"], ad["seeds"], "within", margin)
+  held, text = gt.paired(summary, "ad_psgd-ring", "allreduce", "loss", "within", margin)
   return gt.verdict([held], f"final loss after {int(ad['gradients'])} gradients: AD-PSGD {ad['loss']:.4f}, "
-                    f"all-reduce {ar['loss']:.4f} (band +-{margin:.4f}); gradients to the target: AD-PSGD "
-                    f"{ad['gradients_to_target']:.0f}, all-reduce {ar['gradients_to_target']:.0f}")
+                    f"all-reduce {ar['loss']:.4f} (band +-{margin:.4f}); {text}; gradients to the target: "
+                    f"AD-PSGD {ad['gradients_to_target']:.0f}, all-reduce {ar['gradients_to_target']:.0f}")
 
 
 def _no_waiting(summary: Summary) -> ClaimResult:
   ad, dp = summary["ad_psgd-ring"], summary["d_psgd-ring"]
-  held = gt.decide(ad["idle_fraction"], ad["idle_fraction_std"], dp["idle_fraction"], dp["idle_fraction_std"],
-                   ad["seeds"])
+  held, text = gt.paired(summary, "ad_psgd-ring", "d_psgd-ring", "idle_fraction")
   return gt.verdict([held], f"mean idle fraction: AD-PSGD {ad['idle_fraction']:.3f}, D-PSGD "
-                    f"{dp['idle_fraction']:.3f}")
+                    f"{dp['idle_fraction']:.3f}; {text}")
 
 
 CLAIMS = [

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from experiments import _gossip_train as gt
-from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows
+from experiments._framework import Claim, ClaimResult, Reproduction, Summary
 
 SCALES = {
     "quick": dict(speeds=[1.0] * 16, compute="exponential", comm=0.05, steps=300, batch=16, lr=0.5,
@@ -41,7 +41,7 @@ def specs(config: dict[str, Any]) -> list[dict[str, Any]]:
 
 def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
   del config
-  return mean_rows(records, fields=("drop",))
+  return gt.summarize(records, fields=("drop",))
 
 
 def _converges(summary: Summary, key: str) -> ClaimResult:
@@ -49,8 +49,8 @@ def _converges(summary: Summary, key: str) -> ClaimResult:
   # loss at half the run). How far it ends from the lossless run is reported, not claimed.
   lossy, clean = summary[key], summary["drop-0"]
   reached = lossy["gradients_to_target"] == lossy["gradients_to_target"]   # NaN if a seed never reached it
-  falling = gt.decide(lossy["loss"], lossy["loss_std"], lossy["loss_half"], lossy["loss_half_std"], lossy["seeds"])
-  return gt.verdict([reached, falling], f"target loss reached after {lossy['gradients_to_target']:.0f} gradients "
+  falling, text = gt.paired(summary, key, None, "loss", "less", b_metric="loss_half")
+  return gt.verdict([reached, falling], f"{text}; target loss reached after {lossy['gradients_to_target']:.0f} gradients "
                     f"(lossless {clean['gradients_to_target']:.0f}); loss at half the run {lossy['loss_half']:.4f}, "
                     f"final {lossy['loss']:.4f} (lossless {clean['loss']:.4f}); consensus "
                     f"{lossy['mean_consensus']:.3g} (lossless {clean['mean_consensus']:.3g})")
