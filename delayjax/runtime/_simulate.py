@@ -11,20 +11,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import serialization
-from jax.experimental import multihost_utils
-from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from delayjax import delays as delays_lib
 from delayjax._checks import check_choice, check_int
 from delayjax.cluster._schedule import Schedule
+from delayjax.runtime import _engine as engine
+from delayjax.runtime import _history as history_lib
+from delayjax.runtime._engine import AXIS
 from delayjax.runtime._local import check_local_steps, local_pseudo_gradient
 from delayjax.runtime._sampling import SAMPLINGS, minibatch_indices, server_minibatch_indices, shard_table
 from delayjax.runtime._waves import StepPlan, plan_steps
 from delayjax.transforms._hooks import read_params, requesting_states, runtime_inputs
 
-AXIS = "workers"
 # Server params, optimizer state, slots, the parameters the next step's lanes compute at, then the
 # payload buffer (gradients and per-contribution inputs), stale-params, loss and finiteness
 # buffers of the gradients waiting for their update, whether an SVRG snapshot is still due, and
@@ -342,21 +341,6 @@ def _source_schedule(source: Any, num_updates: int | None, seed: int) -> tuple[S
       f"{type(source).__name__}.")
 
 
-def _workers_mesh(mesh: Any) -> int:
-  if mesh is None:
-    return 1
-  if not isinstance(mesh, jax.sharding.Mesh):
-    raise TypeError(f"mesh must be a jax.sharding.Mesh or None, got {type(mesh).__name__}.")
-  if AXIS not in mesh.axis_names:
-    raise ValueError(f"mesh must have an axis named {AXIS!r}; got axes {mesh.axis_names}.")
-  others = [n for n in mesh.axis_names if n != AXIS and mesh.shape[n] != 1]
-  if others:
-    raise ValueError(
-        f"mesh may only spread the {AXIS!r} axis; got other axes of size > 1: "
-        f"{ {n: mesh.shape[n] for n in others} }.")
-  return int(mesh.shape[AXIS])
-
-
 def _fingerprint(schedule: Schedule, **config: Any) -> str:
   h = hashlib.sha256()
   for name in ("time", "contributes", "read_version", "num_batches"):
@@ -646,7 +630,7 @@ def simulate(
     raise ValueError(
         f"batch_size={batch_size} is larger than the data set ({num_examples} examples), which "
         f"sampling='epoch' does not allow.")
-  num_devices = _workers_mesh(mesh)
+  num_devices = engine.check_mesh(mesh)
   if snapshot_every is not None:
     snapshot_every = check_int("snapshot_every", snapshot_every, minimum=1)
   if full_batch_size is not None:
@@ -697,40 +681,20 @@ def simulate(
   else:
     shard_rows, shard_sizes = np.zeros((num_workers, 1), np.int32), np.ones(num_workers, np.int32)
 
-  eval_points = _eval_points(num_updates, eval_every) if eval_fn is not None else np.zeros(0, np.int64)
+  eval_points = history_lib.eval_points(num_updates, eval_every) if eval_fn is not None else np.zeros(0, np.int64)
   eval_flag = np.zeros(num_updates, bool)
   eval_flag[eval_points[eval_points > 0] - 1] = True
 
-  chunk_fn = _chunk_function(
+  step = _step_function(
       loss_fn=loss_fn, has_aux=has_aux, tx=tx, params=params, eval_fn=eval_fn, seed=seed,
       num_examples=num_examples, batch_size=batch_size, sampling=sampling, plan=plan,
       skip_nonfinite=skip_nonfinite, always_applies=bool(np.all(schedule.contributes.any(axis=1))),
-      mesh=mesh, inputs=inputs, local_steps=worker_steps, max_batches=_max_batches(plan),
+      distributed=mesh is not None, inputs=inputs, local_steps=worker_steps, max_batches=_max_batches(plan),
       sample_terms=sample_terms, terms=terms, full_batch_size=full_batch_size, leaf_groups=leaf_groups,
       keep_local_state=keep_local_state,
       local_optimizer=None if local_optimizer is None else optax.with_extra_args_support(local_optimizer))
-
-  def buffer(x, *lead):
-    return np.zeros(lead + np.shape(x), np.asarray(x).dtype)
-
-  # The carry: server state, each worker's read parameters, and the gradients
-  # waiting for their update (they may straddle chunks).
-  size = plan.buffer_size
-  payload = _payload_like(params, inputs, _max_batches(plan) * batch_size, terms)
-  slots = jax.tree.map(lambda x: buffer(x, num_workers, plan.num_slots), params)
-  first = plan.tables(0, 1)
-  first_stale = jax.jit(_lanes_stale, static_argnums=7)(
-      opt_state, params, slots, first["lane_worker"][0], first["lane_worker"][0], first["lane_slot"][0],
-      first["lane_fresh"][0], leaf_groups)
-  carry = (params, opt_state, slots, jax.device_get(first_stale),
-           jax.tree.map(lambda x: buffer(x, size), payload), jax.tree.map(lambda x: buffer(x, size), params),
-           np.zeros(size, np.float32), np.ones(size, bool), np.asarray(False),
-           # Every worker's local optimizer starts from the initial parameters' state.
-           () if not keep_local_state else jax.tree.map(
-               lambda x: np.broadcast_to(np.asarray(x), (num_workers,) + np.shape(x)).copy(),
-               local_optimizer.init(params)))
-  history: dict[str, list[Any]] = {"loss": [], "metrics": [], "nonfinite": []}
-  first_chunk = 0
+  carry = _initial_carry(params, opt_state, plan, inputs, batch_size, terms, leaf_groups,
+                         local_optimizer if keep_local_state else None)
   fingerprint = _fingerprint(
       schedule, seed=seed, batch_size=batch_size, sampling=sampling, chunk_size=chunk_size,
       num_workers=num_workers, lanes=plan.lanes, skip_nonfinite=skip_nonfinite,
@@ -743,62 +707,56 @@ def simulate(
       **({} if group_versions is None else {
           "group_versions": hashlib.sha256(np.ascontiguousarray(group_versions).tobytes()).hexdigest(),
           "leaf_groups": leaf_groups}))
-  path = None if checkpoint_dir is None else os.path.join(os.fspath(checkpoint_dir), _CHECKPOINT_FILE)
-  if path is not None and resume and os.path.exists(path):
-    metric_tree = None if eval_fn is None else jax.tree.structure(jax.eval_shape(eval_fn, params))
-    carry, history, first_chunk = _restore(path, fingerprint, carry, metric_tree)
 
-  put = _placer(mesh)
-  carry = jax.tree.map(lambda spec, c: jax.tree.map(lambda x: put(x, spec), c), CARRY_SPECS, carry,
-                       is_leaf=lambda x: isinstance(x, P))
-  data_dev = jax.tree.map(lambda x: put(x, P()), data)
-  shard_dev = (put(shard_rows, P(AXIS)), put(shard_sizes, P(AXIS)))
-
-  if eval_fn is not None and first_chunk == 0:
-    history["metrics"].append(jax.tree.map(lambda x: _host(x)[None], jax.jit(eval_fn)(carry[0])))
-
-  for chunk in range(first_chunk, num_chunks):
-    tables = plan.tables(chunk * chunk_size, chunk_size)
-    valid = np.arange(plan.upd_index.shape[1]) < tables["upd_count"][:, None]
-    tables["upd_eval"] = eval_flag[tables["upd_index"]] & valid
+  def tables(chunk: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    rows = plan.tables(chunk * chunk_size, chunk_size)
+    valid = np.arange(plan.upd_index.shape[1]) < rows["upd_count"][:, None]
+    rows["upd_eval"] = eval_flag[rows["upd_index"]] & valid
     if epoch is not None:
-      tables["upd_refresh"] = (tables["upd_index"] % epoch == 0) & valid
-      tables["snap_fresh"] = plan.version_of_step(chunk * chunk_size, chunk_size) % epoch == 0
-    lane_tabs = {k: put(v, P(None, AXIS)) for k, v in tables.items() if k.startswith("lane_")}
-    step_tabs = {k: put(v, P()) for k, v in tables.items() if not k.startswith("lane_")}
-    if _inspect is not None:
-      # For benchmarks: the jitted chunk function and its arguments (e.g. to
-      # read XLA's memory analysis), before the call donates the carry.
-      _inspect(chunk_fn, (carry, data_dev, shard_dev, lane_tabs, step_tabs))
-      _inspect = None
-    carry, (loss, metrics, finite) = chunk_fn(carry, data_dev, shard_dev, lane_tabs, step_tabs)
-    history["loss"].append(_host(loss)[valid])
-    if eval_fn is not None:
-      flags = tables["upd_eval"]
-      history["metrics"].append(jax.tree.map(lambda x: _host(x)[flags], metrics))
-    bad = tables["lane_active"] & ~_host(finite)
-    history["nonfinite"].append(np.stack([tables["lane_update"][bad], tables["lane_worker"][bad]], axis=1))
-    if path is not None:
-      _save(path, fingerprint, carry, history, chunk + 1)
-    if callback is not None:
-      done = int(np.sum(plan.upd_count[:(chunk + 1) * chunk_size]))
-      callback({"updates_done": done, "num_updates": num_updates, "chunk": chunk, "num_chunks": num_chunks})
+      rows["upd_refresh"] = (rows["upd_index"] % epoch == 0) & valid
+      rows["snap_fresh"] = plan.version_of_step(chunk * chunk_size, chunk_size) % epoch == 0
+    return ({k: v for k, v in rows.items() if k.startswith("lane_")},
+            {k: v for k, v in rows.items() if not k.startswith("lane_")})
 
-  params_out, opt_state_out = carry[:2]
-  nonfinite = np.concatenate(history["nonfinite"]) if history["nonfinite"] else np.zeros((0, 2))
-  nonfinite = nonfinite.astype(np.int64).reshape(-1, 2)
-  nonfinite = nonfinite[np.lexsort((nonfinite[:, 1], nonfinite[:, 0]))]
+  def collect(chunk: int, tables: Any, outputs: Any) -> dict[str, Any]:
+    (lane, tab), (loss, metrics, finite) = tables, outputs
+    valid = np.arange(plan.upd_index.shape[1]) < tab["upd_count"][:, None]
+    bad = lane["lane_active"] & ~engine.host(finite)
+    rows = {"loss": engine.host(loss)[valid],
+            "nonfinite": np.stack([lane["lane_update"][bad], lane["lane_worker"][bad]], axis=1).astype(np.int64)}
+    if eval_fn is not None:
+      rows["metrics"] = jax.tree.map(lambda x: engine.host(x)[tab["upd_eval"]], metrics)
+    return rows
+
+  records_like = {"loss": np.zeros(0, np.float32), "nonfinite": np.zeros((0, 2), np.int64)}
+  if eval_fn is not None:
+    records_like["metrics"] = jax.tree.map(lambda s: np.zeros((0,) + s.shape, s.dtype),
+                                           jax.eval_shape(eval_fn, params))
+
+  def progress(chunk: int) -> dict[str, Any]:
+    done = int(np.sum(plan.upd_count[:(chunk + 1) * chunk_size]))
+    return {"updates_done": done, "num_updates": num_updates, "chunk": chunk, "num_chunks": num_chunks}
+
+  program = engine.Program(
+      carry=carry, carry_specs=CARRY_SPECS, constants=(data, (shard_rows, shard_sizes)),
+      constant_specs=(P(), (P(AXIS), P(AXIS))), step=step, table_specs=(P(None, AXIS), P()),
+      output_specs=(P(), P(), P()), num_chunks=num_chunks, tables=tables, collect=collect,
+      records_like=records_like, progress=progress, fingerprint=fingerprint,
+      initial=None if eval_fn is None else (
+          lambda carry: {"metrics": jax.tree.map(lambda x: engine.host(x)[None], jax.jit(eval_fn)(carry[0]))}))
+  carry, records = engine.run(program, mesh=mesh, checkpoint_dir=checkpoint_dir, checkpoint_name=_CHECKPOINT_FILE,
+                              resume=resume, callback=callback, inspect=_inspect)
+
   times = np.asarray(schedule.time)
   hist = History(
       update=np.arange(num_updates, dtype=np.int64),
       time=times.copy(),
-      loss=np.concatenate(history["loss"]).astype(np.float32),
+      loss=records["loss"].astype(np.float32),
       staleness=np.max(schedule.staleness, axis=1).astype(np.int64),
       eval_update=eval_points,
       eval_time=np.where(eval_points > 0, times[np.maximum(eval_points - 1, 0)], 0.0),
-      eval_metrics=(None if eval_fn is None else
-                    jax.tree.map(lambda *xs: np.concatenate(xs), *history["metrics"])),
-      nonfinite=nonfinite,
+      eval_metrics=records.get("metrics"),
+      nonfinite=history_lib.sorted_pairs(records["nonfinite"]),
   )
   stats = {
       "num_waves": plan.num_waves,
@@ -814,19 +772,37 @@ def simulate(
   }
   if epoch is not None:
     stats["snapshot_every"] = epoch
-  return SimulationResult(params_out, opt_state_out, hist, stats)
+  return SimulationResult(carry[0], carry[1], hist, stats)
+
+
+def _initial_carry(params: Any, opt_state: Any, plan: StepPlan, inputs: tuple[str, ...], batch_size: int,
+                   terms: Any, leaf_groups: tuple[int, ...] | None, local_optimizer: Any) -> tuple[Any, ...]:
+  """The server runtime's carry before the first step (host arrays; see ``CARRY_SPECS``).
+
+  ``local_optimizer``: given with ``keep_local_state``, every worker's local
+  state starts as its ``init(params)``.
+  """
+  def buffer(x, *lead):
+    return np.zeros(lead + np.shape(x), np.asarray(x).dtype)
+
+  size = plan.buffer_size
+  payload = _payload_like(params, inputs, _max_batches(plan) * batch_size, terms)
+  slots = jax.tree.map(lambda x: buffer(x, plan.num_workers, plan.num_slots), params)
+  first = plan.tables(0, 1)
+  first_stale = jax.jit(_lanes_stale, static_argnums=7)(
+      opt_state, params, slots, first["lane_worker"][0], first["lane_worker"][0], first["lane_slot"][0],
+      first["lane_fresh"][0], leaf_groups)
+  return (params, opt_state, slots, jax.device_get(first_stale),
+          jax.tree.map(lambda x: buffer(x, size), payload), jax.tree.map(lambda x: buffer(x, size), params),
+          np.zeros(size, np.float32), np.ones(size, bool), np.asarray(False),
+          () if local_optimizer is None else jax.tree.map(
+              lambda x: np.broadcast_to(np.asarray(x), (plan.num_workers,) + np.shape(x)).copy(),
+              local_optimizer.init(params)))
 
 
 def _max_batches(plan: StepPlan) -> int:
   """The most minibatches one contribution draws (every lane draws that many, masked beyond its own)."""
   return int(plan.lane_batches.max()) if plan.lane_batches.size else 1
-
-
-def _eval_points(num_updates: int, eval_every: int | None) -> np.ndarray:
-  points = {0, num_updates}
-  if eval_every is not None:
-    points.update(range(eval_every, num_updates, eval_every))
-  return np.asarray(sorted(points), np.int64)
 
 
 def _fingerprint_shards(shards: Sequence[Any]) -> str:
@@ -836,41 +812,16 @@ def _fingerprint_shards(shards: Sequence[Any]) -> str:
   return h.hexdigest()
 
 
-def _host(x: Any) -> np.ndarray:
-  """A replicated (possibly multi-process) array as NumPy."""
-  if isinstance(x, jax.Array) and not x.is_fully_addressable:
-    return np.asarray(x.addressable_data(0))
-  return np.asarray(x)
-
-
-def _placer(mesh: Any) -> Callable[[Any, P], Any]:
-  """Puts copies of values on the devices: one device, or laid out on ``mesh`` by spec (any process count).
-
-  Always copies: the carry is donated to the chunk function, and the caller's
-  arrays must survive.
-  """
-  if mesh is None:
-    return lambda x, spec: jnp.array(x, copy=True)
-
-  def put(x, spec):
-    value = _host(x)
-    sharding = NamedSharding(mesh, spec)
-    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
-
-  return put
-
-
-def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples, batch_size, sampling,
-                    plan: StepPlan, skip_nonfinite, always_applies, mesh, inputs: tuple[str, ...],
-                    local_steps: np.ndarray | None, local_optimizer, max_batches: int, sample_terms, terms,
-                    full_batch_size: int | None, leaf_groups: tuple[int, ...] | None, keep_local_state: bool):
-  """Compiles one chunk: a ``lax.scan`` over steps, each computing a vector of gradients and
-  applying, in order, the updates whose gradients are all computed."""
+def _step_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples, batch_size, sampling,
+                   plan: StepPlan, skip_nonfinite, always_applies, distributed: bool, inputs: tuple[str, ...],
+                   local_steps: np.ndarray | None, local_optimizer, max_batches: int, sample_terms, terms,
+                   full_batch_size: int | None, leaf_groups: tuple[int, ...] | None, keep_local_state: bool):
+  """The server runtime's step (see ``_engine.Program.step``): compute a vector of gradients, then apply,
+  in order, the updates whose gradients are all computed."""
   per_device = plan.num_workers // plan.num_devices
   samples = max_batches * batch_size
   num_contrib = plan.upd_worker.shape[2]
   max_len = plan.upd_index.shape[1]
-  distributed = mesh is not None
   metric_shapes = jax.eval_shape(eval_fn, params) if eval_fn is not None else ()
   keep_stale = _uses_stale_params(tx, params, inputs, num_contrib * samples, terms)
   svrg = "snapshot_grad" in inputs
@@ -1010,7 +961,8 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
   def store(buf, at, x):
     return jax.lax.dynamic_update_slice_in_dim(buf, x, at, axis=0)
 
-  def step(carry, tabs, data, shard_rows, shard_sizes):
+  def step(carry, tabs, constants):
+    data, (shard_rows, shard_sizes) = constants
     params, opt_state, slots, stale, payload_buf, stale_buf, loss_buf, finite_buf, snapshot_due, local_states = carry
     lane, tab = tabs
     offset = jax.lax.axis_index(AXIS) * per_device if distributed else 0
@@ -1151,65 +1103,4 @@ def _chunk_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples
              local_states)
     return carry, (losses, metrics, finite_all)
 
-  def chunk(carry, data, shard, lane_tabs, step_tabs):
-    shard_rows, shard_sizes = shard
-    return jax.lax.scan(lambda c, t: step(c, t, data, shard_rows, shard_sizes), carry, (lane_tabs, step_tabs))
-
-  if distributed:
-    carry_spec = CARRY_SPECS
-    chunk = jax.shard_map(
-        chunk, mesh=mesh,
-        in_specs=(carry_spec, P(), (P(AXIS), P(AXIS)), P(None, AXIS), P()),
-        out_specs=(carry_spec, (P(), P(), P())),
-        # The server state is replicated by construction (every device applies
-        # the same all-gathered gradients), but public all_gather is typed
-        # device-varying, so the replication check would reject it.
-        check_vma=False)
-  return jax.jit(chunk, donate_argnums=0)
-
-
-def _gathered(x: Any) -> np.ndarray:
-  """The whole value of a (possibly multi-process, sharded) array as NumPy."""
-  if isinstance(x, jax.Array) and not x.is_fully_addressable:
-    if x.sharding.is_fully_replicated:
-      return np.asarray(x.addressable_data(0))
-    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-  return np.asarray(jax.device_get(x))
-
-
-def _save(path: str, fingerprint: str, carry: Any, history: dict[str, list[Any]], chunks_done: int) -> None:
-  record = {
-      "fingerprint": fingerprint,
-      "chunks_done": chunks_done,
-      # A collective when the carry spans processes: every process takes part.
-      "carry": [serialization.to_state_dict(jax.tree.map(_gathered, x)) for x in carry],
-      "loss": np.concatenate(history["loss"]) if history["loss"] else np.zeros(0, np.float32),
-      "nonfinite": (np.concatenate(history["nonfinite"]).astype(np.int64) if history["nonfinite"]
-                    else np.zeros((0, 2), np.int64)),
-      "metrics": {str(i): np.concatenate(xs) for i, xs in
-                  enumerate(zip(*[jax.tree.leaves(m) for m in history["metrics"]]))},
-  }
-  if jax.process_index() != 0:
-    return
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  tmp = path + ".tmp"
-  with open(tmp, "wb") as f:
-    f.write(serialization.msgpack_serialize(record))
-  # A crash mid-write must never leave a truncated checkpoint behind.
-  os.replace(tmp, path)
-
-
-def _restore(path: str, fingerprint: str, carry: Any,
-             metric_tree: Any) -> tuple[Any, dict[str, list[Any]], int]:
-  with open(path, "rb") as f:
-    record = serialization.msgpack_restore(f.read())
-  if record["fingerprint"] != fingerprint:
-    raise ValueError(
-        f"checkpoint_dir holds a checkpoint ({path}) of a different run (schedule, seed or "
-        f"settings differ); use another directory or resume=False.")
-  carry = tuple(serialization.from_state_dict(x, record["carry"][i]) for i, x in enumerate(carry))
-  history = {"loss": [record["loss"]], "nonfinite": [record["nonfinite"]], "metrics": []}
-  if metric_tree is not None:
-    leaves = [record["metrics"][str(i)] for i in range(metric_tree.num_leaves)]
-    history["metrics"] = [jax.tree.unflatten(metric_tree, leaves)]
-  return carry, history, int(record["chunks_done"])
+  return step

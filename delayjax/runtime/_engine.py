@@ -1,0 +1,226 @@
+"""The engine every runtime runs on: chunks of compiled steps, driven from the host.
+
+A runtime (the server runtime ``dj.simulate``; a replica or a pipeline
+runtime) plans its run on the host as a sequence of *steps* of one static
+shape, each described by a row of NumPy *tables*, and writes one function,
+``step``, that advances its device state (the *carry*) by one step. The engine
+does the rest, the same way for every runtime:
+
+1. places the initial carry and the run's constants (the data) on the
+   devices: one device, or laid out on a ``mesh`` by ``PartitionSpec``,
+   across processes too;
+2. compiles ``chunk_size`` steps into one ``lax.scan`` (inside
+   ``jax.shard_map`` over the mesh, the carry donated), once;
+3. loops over the chunks: the chunk's host tables are placed and the scan is
+   dispatched once; its outputs become host *records* (rows of history);
+4. after every chunk, writes a checkpoint (carry, records so far, chunks
+   done, and a fingerprint of the run) and calls the user's callback;
+5. resumes from a checkpoint of the same fingerprint, bit-identically.
+
+The interface is :class:`Program`, a ``NamedTuple`` a runtime fills in:
+
+``carry``, ``carry_specs``
+  the initial device state as a tuple of host arrays (pytrees), and one
+  ``PartitionSpec`` per element (a prefix of it) saying how it is laid out
+  over the mesh's ``workers`` axis: ``P()`` replicated, ``P("workers")``
+  split on its leading axis. A replica runtime keeps its M replicas on a
+  leading worker axis with ``P("workers")``.
+``constants``, ``constant_specs``
+  what every step reads and nothing writes (the data, per-worker tables),
+  placed once.
+``step(carry, tables, constants) -> (carry, outputs)``
+  one step, traced once. ``tables`` is one row (the step's slice) of the
+  chunk's tables. Under a mesh it runs per device inside ``shard_map``
+  (``jax.lax.axis_index("workers")``, collectives over ``"workers"`` such as
+  ``all_gather`` or ``ppermute``); ``outputs`` (stacked over the chunk's
+  steps by the scan) are laid out by ``output_specs``.
+``table_specs``, ``output_specs``
+  the layouts of one chunk's tables (leading axis: the chunk's steps) and of
+  the step outputs.
+``num_chunks``, ``tables(chunk)``
+  how many chunks, and chunk ``c``'s host tables (a pytree of NumPy arrays,
+  leading axis ``chunk_size``; a last chunk is padded to that size with steps
+  that do nothing, so the program compiles once).
+``collect(chunk, tables, outputs) -> dict[str, pytree]``
+  the chunk's device outputs (and its host tables) turned into host rows:
+  each named record a pytree of NumPy arrays with a leading row axis.
+  The engine appends them in chunk order and returns them concatenated.
+``records_like``
+  one empty row-pytree per record name (leading axis 0): the names, the
+  structure and the dtypes, used to restore a checkpoint and for a run of no
+  rows.
+``initial(carry) -> dict[str, pytree]`` or ``None``
+  rows recorded before the first chunk from the placed carry (e.g. the
+  evaluation at version 0); not called on resume.
+``progress(chunk) -> dict``
+  what the user's callback is told after chunk ``chunk``.
+``fingerprint``
+  a string that changes with anything that changes the run's numbers: a
+  checkpoint of another fingerprint is refused.
+
+:func:`run` executes a ``Program`` and returns the final carry (on the
+devices) and the records. A runtime then assembles its own result (history,
+statistics) from them; :mod:`delayjax.runtime._history` holds the pieces of
+that common to all runtimes (evaluation points, the non-finite report), and
+:mod:`delayjax.runtime._checkpoint` the checkpoint format.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from delayjax.runtime import _checkpoint
+
+AXIS = "workers"
+
+
+class Program(NamedTuple):
+  """What a runtime gives the engine (see the module docstring for each field)."""
+
+  carry: tuple[Any, ...]
+  carry_specs: tuple[Any, ...]
+  constants: Any
+  constant_specs: Any
+  step: Callable[[Any, Any, Any], tuple[Any, Any]]
+  table_specs: Any
+  output_specs: Any
+  num_chunks: int
+  tables: Callable[[int], Any]
+  collect: Callable[[int, Any, Any], dict[str, Any]]
+  records_like: dict[str, Any]
+  progress: Callable[[int], dict[str, Any]]
+  fingerprint: str
+  initial: Callable[[Any], dict[str, Any]] | None = None
+
+
+def check_mesh(mesh: Any) -> int:
+  """The number of devices on ``mesh``'s ``workers`` axis (1 without a mesh), or a clear error."""
+  if mesh is None:
+    return 1
+  if not isinstance(mesh, jax.sharding.Mesh):
+    raise TypeError(f"mesh must be a jax.sharding.Mesh or None, got {type(mesh).__name__}.")
+  if AXIS not in mesh.axis_names:
+    raise ValueError(f"mesh must have an axis named {AXIS!r}; got axes {mesh.axis_names}.")
+  others = [n for n in mesh.axis_names if n != AXIS and mesh.shape[n] != 1]
+  if others:
+    raise ValueError(
+        f"mesh may only spread the {AXIS!r} axis; got other axes of size > 1: "
+        f"{ {n: mesh.shape[n] for n in others} }.")
+  return int(mesh.shape[AXIS])
+
+
+def host(x: Any) -> np.ndarray:
+  """A replicated (possibly multi-process) array as NumPy."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    return np.asarray(x.addressable_data(0))
+  return np.asarray(x)
+
+
+def placer(mesh: Any) -> Callable[[Any, P], Any]:
+  """Puts copies of values on the devices: one device, or laid out on ``mesh`` by spec (any process count).
+
+  Always copies: the carry is donated to the chunk function, and the caller's
+  arrays must survive.
+  """
+  if mesh is None:
+    return lambda x, spec: jnp.array(x, copy=True)
+
+  def put(x, spec):
+    value = host(x)
+    sharding = NamedSharding(mesh, spec)
+    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+
+  return put
+
+
+def place(put: Callable[[Any, P], Any], specs: Any, tree: Any) -> Any:
+  """Every leaf of ``tree`` placed by ``put`` with its spec (``specs`` a prefix of ``tree``)."""
+  return jax.tree.map(lambda spec, sub: jax.tree.map(lambda x: put(x, spec), sub), specs, tree,
+                      is_leaf=lambda x: isinstance(x, P))
+
+
+def chunk_function(program: Program, mesh: Any) -> Callable[[Any, Any, Any], tuple[Any, Any]]:
+  """``chunk(carry, constants, tables) -> (carry, outputs)``: a ``lax.scan`` of ``program.step`` over the
+  chunk's steps, jitted with the carry donated (inside ``shard_map`` with a ``mesh``)."""
+  step = program.step
+
+  def chunk(carry, constants, tables):
+    return jax.lax.scan(lambda c, t: step(c, t, constants), carry, tables)
+
+  if mesh is not None:
+    chunk = jax.shard_map(
+        chunk, mesh=mesh,
+        in_specs=(program.carry_specs, program.constant_specs, program.table_specs),
+        out_specs=(program.carry_specs, program.output_specs),
+        # A replicated carry is replicated by construction (every device applies the same gathered
+        # values), but public all_gather is typed device-varying, so the replication check would reject it.
+        check_vma=False)
+  return jax.jit(chunk, donate_argnums=0)
+
+
+def run(program: Program, *, mesh: Any = None, checkpoint_dir: str | os.PathLike[str] | None = None,
+        checkpoint_name: str = "checkpoint.msgpack", resume: bool = True,
+        callback: Callable[[dict[str, Any]], None] | None = None,
+        inspect: Callable[..., None] | None = None) -> tuple[Any, dict[str, Any]]:
+  """Runs ``program`` chunk by chunk; returns the final carry (on the devices) and the records.
+
+  Args:
+    program: the runtime's :class:`Program`.
+    mesh: a mesh with a ``workers`` axis, or ``None`` for one device.
+    checkpoint_dir: where to write a checkpoint after every chunk (``None``: never).
+    checkpoint_name: the checkpoint's file name inside ``checkpoint_dir``.
+    resume: whether to continue from a checkpoint found there.
+    callback: called on the host after every chunk with ``program.progress(chunk)``.
+    inspect: for benchmarks: called once, before the first dispatch, with the jitted chunk function and
+      its arguments (e.g. to read XLA's memory analysis before the call donates the carry).
+
+  Returns:
+    ``(carry, records)``: ``records[name]`` the rows of every chunk concatenated (``records_like``'s
+    structure).
+  """
+  chunk_fn = chunk_function(program, mesh)
+  carry = program.carry
+  records: dict[str, list[Any]] = {name: [] for name in program.records_like}
+  first_chunk = 0
+  path = None if checkpoint_dir is None else os.path.join(os.fspath(checkpoint_dir), checkpoint_name)
+  if path is not None and resume and os.path.exists(path):
+    carry, restored, first_chunk = _checkpoint.restore(path, program.fingerprint, carry, program.records_like)
+    records = {name: [rows] for name, rows in restored.items()}
+
+  put = placer(mesh)
+  carry = place(put, program.carry_specs, carry)
+  constants = place(put, program.constant_specs, program.constants)
+  if program.initial is not None and first_chunk == 0:
+    _append(records, program.initial(carry))
+
+  for chunk in range(first_chunk, program.num_chunks):
+    tables = program.tables(chunk)
+    device_tables = place(put, program.table_specs, tables)
+    if inspect is not None:
+      inspect(chunk_fn, (carry, constants, device_tables))
+      inspect = None
+    carry, outputs = chunk_fn(carry, constants, device_tables)
+    _append(records, program.collect(chunk, tables, outputs))
+    if path is not None:
+      _checkpoint.save(path, program.fingerprint, carry, _joined(records, program.records_like), chunk + 1)
+    if callback is not None:
+      callback(program.progress(chunk))
+  return carry, _joined(records, program.records_like)
+
+
+def _append(records: dict[str, list[Any]], rows: dict[str, Any]) -> None:
+  for name, value in rows.items():
+    records[name].append(value)
+
+
+def _joined(records: dict[str, list[Any]], like: dict[str, Any]) -> dict[str, Any]:
+  """Each record's rows concatenated along their leading axis (``like[name]`` when there are none)."""
+  return {name: jax.tree.map(lambda *xs: np.concatenate(xs), *rows) if rows else like[name]
+          for name, rows in records.items()}
