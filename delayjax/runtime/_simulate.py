@@ -32,7 +32,7 @@ CARRY_SPECS = (P(), P(), P(AXIS), P(AXIS), P(), P(), P(), P(), P(), P(AXIS))
 _CHECKPOINT_FILE = "simulate.msgpack"
 # The extra arguments simulate can compute when a transformation requests
 # them (dj.transforms.runtime_inputs). Server inputs are computed at the
-# server parameters right before their update (_chunk_function's
+# server parameters right before their update (_step_function's
 # server_inputs); lane inputs by each contribution's lane, on its own
 # minibatch (minibatch_payload), and reduced per update.
 SERVER_INPUTS = ("full_grad", "zeno_grad")
@@ -358,240 +358,58 @@ def simulate(
     *,
     num_updates: int | None = None,
     batch_size: int = 32,
-    sampling: str = "iid",
-    shards: Sequence[Any] | None = None,
-    has_aux: bool = False,
-    mesh: jax.sharding.Mesh | None = None,
+    seed: int = 0,
     eval_fn: Callable[[Any], Any] | None = None,
     eval_every: int | None = None,
-    seed: int = 0,
-    chunk_size: int | None = None,
+    callback: Callable[[dict[str, Any]], None] | None = None,
     checkpoint_dir: str | os.PathLike[str] | None = None,
     resume: bool = True,
     skip_nonfinite: bool = False,
+    mesh: jax.sharding.Mesh | None = None,
+    has_aux: bool = False,
+    sampling: str = "iid",
+    shards: Sequence[Any] | None = None,
+    chunk_size: int | None = None,
     lanes: int | None = None,
-    callback: Callable[[dict[str, Any]], None] | None = None,
     local_steps: int | Sequence[int] | np.ndarray | None = None,
     local_optimizer: optax.GradientTransformation | None = None,
-    snapshot_every: int | None = None,
-    sample_terms: Callable[[Any, Any], tuple[Any, Any]] | None = None,
-    full_batch_size: int | None = None,
     keep_local_state: bool = False,
+    snapshot_every: int | None = None,
+    full_batch_size: int | None = None,
+    sample_terms: Callable[[Any, Any], tuple[Any, Any]] | None = None,
     _inspect: Callable[..., None] | None = None,
 ) -> SimulationResult:
   r"""Trains under a delay schedule exactly, computing independent gradients in parallel.
 
-  The process simulated, for updates :math:`u = 0, \dots, U - 1` of server
-  parameters :math:`w_u` (version :math:`u`) and optimizer state :math:`s_u`:
+  The rule, for updates :math:`u = 0, \dots, U - 1` of the server parameters
+  :math:`w_u` (version :math:`u`) and optimizer state :math:`s_u`: each worker
+  :math:`m` contributing to update :math:`u` read version
+  :math:`v = \text{read\_version}[u, m]`, i.e. the parameters
+  :math:`\tilde w_{u,m} = w_v` (or what a transformation such as DANA says
+  workers read), and computes there the mean :math:`g_{u,m}` of
+  :math:`n_{u,m}` = ``num_batches[u, m]`` fresh minibatch gradients of
+  ``loss_fn``. The server then applies, in order,
 
-  1. Every contribution of worker :math:`m` to update :math:`u` reads version
-     :math:`v = \text{read\_version}[u, m]`: its parameters are
-     ``read_params(s_v, w_v, m)`` (the server parameters unless a
-     transformation such as DANA defines them), :math:`\tilde w_{u,m}`.
-  2. It computes ``num_batches[u, m]`` fresh minibatch gradients of
-     ``loss_fn`` there and averages them, :math:`g_{u,m}`. With
-     ``local_steps`` (local-SGD workers, DiLoCo-style), it instead starts
-     from :math:`w^{(0)} = \tilde w_{u,m}` with a fresh state
-     ``local_optimizer.init`` (or, with ``keep_local_state``, the state
-     worker :math:`m`'s previous contribution ended with) and takes :math:`H_m` = ``local_steps[m]``
-     steps :math:`w^{(h+1)} = w^{(h)} + d_h`, where :math:`d_h` is
-     ``local_optimizer``'s update for the mean of ``num_batches[u, m]``
-     fresh minibatch gradients at :math:`w^{(h)}`; it pushes the
-     pseudo-gradient :math:`g_{u,m} = \tilde w_{u,m} - w^{(H_m)}`, computed
-     as :math:`-(d_0 + \dots + d_{H_m - 1})` (equal up to rounding; for
-     :math:`H_m = 1` exactly :math:`-d_0`, so ``optax.sgd(1.0)`` as ``tx``
-     with one worker and ``local_optimizer=optax.sgd(lr)`` is plain SGD
-     with rate ``lr``, bit for bit).
-  3. The server applies, in order,
+  .. math::
 
-     .. math::
+    g_u = \sum_m \frac{n_{u,m}}{\sum_{m'} n_{u,m'}}\, g_{u,m}, \qquad
+    (\Delta, s_{u+1}) = \text{tx.update}(g_u, s_u, w_u,\ \text{staleness}=\tau_u,\
+    \text{stale\_params}=\tilde w_{u,m^*},\ \text{worker}=m^*), \qquad
+    w_{u+1} = w_u + \Delta
 
-       g_u = \sum_m \frac{n_{u,m}}{\sum_{m'} n_{u,m'}}\, g_{u,m}, \qquad
-       (\Delta, s_{u+1}) = \text{tx.update}(g_u, s_u, w_u,\ \text{staleness}=\tau_u,\
-       \text{stale\_params}=\tilde w_{u,m^*},\ \text{worker}=m^*), \qquad
-       w_{u+1} = w_u + \Delta
-
-     with :math:`n_{u,m}` = ``num_batches``, :math:`m^*` the update's
-     stalest contribution (the lowest worker index among equally stale ones)
-     and :math:`\tau_u = u - \text{read\_version}[u, m^*]`, the largest
-     staleness of the update (an int32 scalar; ``worker`` is an int32 scalar).
-     An update without contributions leaves parameters and state untouched.
-  4. *Runtime inputs*: if a state inside ``tx``'s state requests extra
-     arguments through the ``runtime_inputs`` hook (see
-     :func:`delayjax.transforms.runtime_inputs`), each update :math:`u` also
-     passes them to ``tx.update``. Inputs that no state requests are never
-     computed.
-
-     * ``zeno_grad`` (Zeno++) :math:`= \nabla_w \text{loss\_fn}(w_u,
-       S_u)`, at :math:`w_u` on the update's *server minibatch* :math:`S_u`
-       (:func:`~delayjax.runtime._sampling.server_minibatch_indices`:
-       ``batch_size`` examples drawn uniformly with replacement from the
-       whole data, from a key stream of its own, whatever ``sampling`` is).
-     * ``full_grad`` and ``refresh`` (SVRG epochs, ``dj.svrg``): epochs
-       start at the updates :math:`u \equiv 0 \pmod E`, :math:`E` =
-       ``snapshot_every``; there ``refresh`` is true and ``full_grad``
-       :math:`= \nabla_w \text{loss\_fn}(w_u, \text{data})`, the whole data
-       as one batch (so ``loss_fn`` must be a mean over its batch), or the
-       same mean over chunks of ``full_batch_size`` examples; elsewhere
-       ``refresh`` is false and ``full_grad`` zeros. An update that is not
-       applied (no contributions kept) cannot take its snapshot; the next
-       applied one gets ``refresh`` instead, at the same parameters. So the
-       snapshot of update :math:`u` is always :math:`w_{e}`, :math:`e` the
-       start of :math:`u`'s epoch, and the full gradient is taken there.
-     * ``snapshot_grad`` (``dj.svrg``): each contribution's mean gradient
-       over *its own* minibatches at the snapshot :math:`w_e` of its
-       update's epoch (which the requesting state gives through
-       ``snapshot_params()``), averaged over the update's contributions with
-       the gradient's weights. A contribution's gradients are computed once
-       its update's epoch has begun (a step at version :math:`V` computes
-       only contributions to updates :math:`u \ge V` whose epoch started
-       by :math:`V`: the epoch of :math:`V`), so its lane knows the
-       snapshot: this costs one more gradient per minibatch, computed in
-       parallel with the first.
-     * ``sample_indices``, ``sample_grads``, ``sample_mask`` (``dj.saga``,
-       ``table="gradients"``): the examples of the update's contributions,
-       stalest contribution first, each in draw order; per-example gradients
-       :math:`\nabla_w \text{loss\_fn}(\tilde w_{u,m}, \{x_i\})` at the
-       parameters the worker read (each example as a batch of one); and
-       which entries count (the lanes' static shape pads every contribution
-       to the most minibatches any draws, and skipped contributions count
-       as absent). The minibatch gradient itself is still
-       ``loss_fn``'s on the whole minibatch.
-     * ``sample_scalars`` and ``sample_features`` (``dj.saga`` with
-       ``table="scalars"``, ``dj.prox_asaga``: generalized linear models):
-       ``sample_terms(w_read, minibatch)``'s scalars and features of the
-       same examples, with ``sample_indices`` and ``sample_mask`` as above.
-
-     The variance-reduction inputs are for plain gradient contributions:
-     they are refused with ``local_steps``.
+  with :math:`m^*` the update's stalest contribution (the lowest worker index
+  among equally stale ones) and :math:`\tau_u = u - \text{read\_version}[u,
+  m^*]` (int32 scalars). An update without contributions changes nothing.
+  The result equals this sequential definition bit for bit, whatever the
+  devices, ``lanes`` and ``chunk_size``; the same seed gives the same result.
 
   With a delay model as ``source`` (the stale-read model), update :math:`t`
-  has one contribution, read at version :math:`\max(0, t - d_t)`, from worker
-  :math:`t \bmod (\text{max\_delay} + 1)` (see :func:`schedule_from_delays`),
-  so its staleness is :math:`\min(d_t, t)`. With ``dj.delays.per_leaf``
-  (layer-wise staleness, e.g. a pipeline's stages or Diversely Stale
-  Parameters), each model of its tree draws its own :math:`d_{t,g}`, and the
-  leaves it covers are read at version :math:`\max(0, t - d_{t,g})`: the
-  gradient is computed at parameters assembled from several versions (with a
-  read hook such as DANA's, each group from that hook's answer at its
-  version), and ``staleness`` is a pytree like ``params`` with each leaf's
-  :math:`t - \text{version}`; ``history.staleness`` holds the largest.
-
-  How it runs: the schedule's *waves* are runs ``[a, b)`` of updates whose
-  contributions all read a version :math:`\le a`, at most one per worker, so
-  their gradients are independent. The host plans *steps* (see
-  ``_waves.py``): each computes ``lanes`` gradients per device (``vmap``;
-  with ``mesh``, a ``shard_map`` over its ``workers`` axis, each device
-  computing and holding the read parameters of its own workers, the
-  gradients then all-gathered) of contributions already read, earliest
-  update first, possibly across waves (a gradient computed ahead waits in a
-  buffer for its update); then a loop applies, in order, the updates whose
-  gradients are all computed, storing the reads they enable; runtime inputs
-  are computed in that loop, right before their update (with ``mesh``, by
-  every device, as the update itself is). Steps have one static shape
-  (masked lanes where fewer gradients are ready) and run ``chunk_size`` at a
-  time in one compiled ``lax.scan`` per dispatch, compiled once. A masked
-  lane still costs a gradient: ``stats["lane_utilization"]`` says how full
-  the steps were.
-
-  Args:
-    loss_fn: ``loss_fn(params, batch) -> scalar`` (or ``(scalar, aux)`` with
-      ``has_aux``; ``aux`` is discarded). ``batch`` is ``data`` indexed on its
-      leading axis by the minibatch indices.
-    tx: an Optax transformation; it receives the extra arguments above (plain
-      Optax transformations, which take none, are wrapped with
-      ``optax.with_extra_args_support``).
-    params: the initial parameters (version 0).
-    data: a pytree of arrays sharing a leading dimension ``N``, kept on every
-      device.
-    source: a ``dj.cluster.Schedule`` or a delay model from ``dj.delays``
-      (``per_leaf`` too, its tree a prefix of ``params``).
-    num_updates: updates to run; a schedule's first ``num_updates`` are used
-      (default: all of it); required for a delay model.
-    batch_size: examples per minibatch.
-    sampling: ``"iid"``, ``"epoch"`` or ``"shard"``, see
-      :func:`~delayjax.runtime._sampling.minibatch_indices`, which gives the
-      indices of the minibatch of (update, worker, draw) exactly.
-    shards: for ``sampling="shard"``, one index array per worker (non-iid
-      splits); default: contiguous, near-equal pieces.
-    has_aux: whether ``loss_fn`` returns ``(loss, aux)``.
-    mesh: a ``jax.sharding.Mesh`` with a ``workers`` axis (other axes of size
-      1), possibly spanning processes (``jax.distributed``); ``None`` runs on
-      one device. When the number of workers is not a multiple of the axis
-      size, idle workers are added (they never contribute; they do cost
-      masked gradients). With several processes, every process makes the
-      same call, and the returned parameters and state are global arrays
-      replicated on all devices.
-    eval_fn: ``eval_fn(params) -> pytree of arrays``, evaluated on the server
-      parameters at version 0, every ``eval_every`` updates and at the end.
-    eval_every: updates between evaluations; ``None``: only at the start and
-      the end.
-    seed: seeds the minibatches (and the delays of a delay model). Which
-      examples each gradient uses does not depend on ``chunk_size``,
-      ``lanes`` or the devices; the same seed and arguments give
-      bit-identical results.
-    chunk_size: steps per dispatch (and between checkpoints); default: about
-      256, balanced so the last chunk is not mostly padding.
-    checkpoint_dir: if given, the whole state is written there after every
-      chunk (``simulate.msgpack``), and with ``resume`` a run finding a
-      checkpoint of the same configuration continues from it, with a result
-      bit-identical to an uninterrupted run. With several processes, process
-      0 writes it, and every process must see the directory to resume.
-    resume: whether to continue from a checkpoint found in ``checkpoint_dir``.
-    skip_nonfinite: leave contributions whose gradient is not finite out of
-      their update (the weights renormalized over the rest, the extra
-      arguments taken from the rest); an update that has none left leaves
-      parameters and optimizer state untouched. Non-finite gradients are
-      reported in ``history.nonfinite`` either way.
-    lanes: gradients computed per device in one step (one ``vmap``);
-      default: chosen from the schedule to minimize masked lanes plus
-      per-step overhead.
-    callback: called on the host after every chunk with a dict:
-      ``updates_done``, ``num_updates``, ``chunk``, ``num_chunks``.
-    local_steps: ``None`` (workers push gradients), or :math:`H \ge 1`
-      local steps per contribution (step 2 above): an int for every worker
-      or one int per worker of the schedule (e.g.
-      :func:`~delayjax.runtime.dylu_local_steps`). Local step :math:`h` of a
-      contribution draws the ``num_batches`` minibatches a plain
-      contribution would, each worker's draws counting on through its local
-      steps (``draw`` of ``minibatch_indices``). Each lane runs its local
-      steps in a ``lax.scan`` of :math:`\max_m H_m` steps, masked beyond its
-      own :math:`H_m`, so per-worker :math:`H` costs the largest one.
-    local_optimizer: the workers' optimizer for local steps (e.g.
-      ``optax.sgd(0.1)``); required with ``local_steps``, its state is
-      initialized afresh for every contribution (see ``keep_local_state``),
-      and it is given no extra arguments. ``tx`` is then the outer (server) optimizer, e.g.
-      ``dj.delayed_nesterov``, and receives the pseudo-gradients with the
-      extra arguments above.
-    snapshot_every: :math:`E`, updates per SVRG epoch, when ``tx`` requests
-      ``full_grad`` (``dj.svrg``); default :math:`\lceil 2N /
-      \text{batch\_size} \rceil` (Johnson & Zhang's :math:`m = 2n`
-      single-example updates); an error for a ``tx`` that does not request
-      it.
-    full_batch_size: compute SVRG's full gradient over chunks of this many
-      examples (``lax.map``; the chunk gradients weighted by their share of
-      the data), to bound its memory; default: all the data as one batch.
-      Like ``snapshot_every``, only with a ``tx`` that requests ``full_grad``.
-    keep_local_state: with ``local_steps``, each worker keeps its local
-      optimizer's state from one contribution to the next (as DiLoCo-style
-      workers keep their inner AdamW moments), starting from
-      ``local_optimizer.init(params)``; a worker's contributions are then
-      computed one after another, never in the same step. Default: a fresh
-      state for every contribution.
-    sample_terms: ``sample_terms(params, batch) -> (scalars [b], features)``
-      with :math:`\nabla f_i = s_i a_i` (plus terms outside the table, such
-      as a regularizer's); ``features`` has a leading ``[b]`` axis and the
-      form the requesting transformation takes: a pytree like ``params``
-      for ``dj.saga(n, table="scalars")`` (e.g.
-      ``dj.problems.FiniteSum.per_sample``), the sparse row for
-      ``dj.prox_asaga``. Required when ``tx`` requests ``sample_scalars``,
-      and only then.
-
-  Returns:
-    A :class:`SimulationResult`.
-
-  Raises:
-    ValueError, TypeError: on bad arguments, naming the argument.
+  has one contribution, read at version :math:`\max(0, t - d_t)` (so its
+  staleness is :math:`\min(d_t, t)`), from worker :math:`t \bmod
+  (\text{max\_delay} + 1)`. With ``dj.delays.per_leaf`` (layer-wise
+  staleness), each model of its tree draws its own delay, the leaves it covers
+  are read at their own version, and ``staleness`` is a pytree like
+  ``params``; ``history.staleness`` holds the largest.
 
   Example::
 
@@ -605,6 +423,141 @@ def simulate(
     >>> result = dj.simulate(loss_fn, optax.sgd(0.05), jnp.zeros(4), data, schedule, batch_size=16)
     >>> bool(result.history.loss[-50:].mean() < 0.01), int(result.history.staleness.max()) > 0
     (True, True)
+
+  Args:
+    loss_fn: ``loss_fn(params, batch) -> scalar`` (or ``(scalar, aux)`` with
+      ``has_aux``; ``aux`` is discarded). ``batch`` is ``data`` indexed on its
+      leading axis by the minibatch's indices.
+    tx: an Optax transformation; it receives ``staleness``,
+      ``stale_params``, ``worker`` and any runtime inputs it requests (see
+      *Runtime inputs* below). Plain Optax transformations are wrapped with
+      ``optax.with_extra_args_support``.
+    params: the initial parameters (version 0).
+    data: a pytree of arrays sharing a leading dimension ``N`` (the
+      examples), kept on every device.
+    source: a ``dj.cluster.Schedule``, or a delay model from ``dj.delays``
+      (``per_leaf`` too, its tree a prefix of ``params``).
+    num_updates: updates to run; a schedule's first ``num_updates`` (default:
+      all of it); required for a delay model.
+    batch_size: examples per minibatch.
+    seed: a non-negative int below 2**32; seeds the minibatches (and a delay
+      model's delays). Which examples each gradient uses does not depend on
+      ``chunk_size``, ``lanes`` or the devices.
+    eval_fn: ``eval_fn(params) -> pytree of arrays``, evaluated on the server
+      parameters at version 0, every ``eval_every`` updates and at the end.
+    eval_every: updates between evaluations; ``None``: at the start and the
+      end only.
+    callback: called on the host after every chunk with a dict:
+      ``updates_done``, ``num_updates``, ``chunk``, ``num_chunks``.
+    checkpoint_dir: if given, the whole state is written there after every
+      chunk (atomically), and with ``resume`` a run finding a checkpoint of
+      the same configuration continues from it, bit-identically to an
+      uninterrupted run. With several processes, process 0 writes it and
+      every process must see the directory.
+    resume: whether to continue from a checkpoint found in ``checkpoint_dir``.
+    skip_nonfinite: leave contributions whose gradient is not finite out of
+      their update (weights renormalized over the rest, extra arguments
+      taken from the rest); an update with none left changes nothing.
+      Non-finite gradients are reported in ``history.nonfinite`` either way.
+    mesh: a ``jax.sharding.Mesh`` with a ``workers`` axis (other axes of size
+      1), possibly spanning processes (``jax.distributed``); ``None`` runs on
+      one device. Workers are padded to a multiple of the axis size with idle
+      ones. With several processes every process makes the same call, and
+      the returned parameters and state are replicated global arrays.
+    has_aux: whether ``loss_fn`` returns ``(loss, aux)``.
+
+  Sampling:
+    sampling: ``"iid"``, ``"epoch"`` or ``"shard"``; the minibatch of
+      (update, worker, draw) is exactly ``dj.runtime.minibatch_indices``.
+    shards: with ``sampling="shard"``, one index array per worker (non-iid
+      splits); default: contiguous, near-equal pieces.
+
+  Execution (results do not depend on these):
+    chunk_size: steps per dispatch (and between checkpoints); default about
+      256, balanced so the last chunk is not mostly padding.
+    lanes: gradients computed per device in one step (one ``vmap``); default:
+      chosen from the schedule to minimize masked lanes plus per-step cost.
+
+  Local-SGD workers (DiLoCo-style):
+    local_steps: ``None`` (workers push gradients), or :math:`H \ge 1` local
+      steps per contribution, an int or one per worker (e.g.
+      ``dj.runtime.dylu_local_steps``). A contribution then starts from
+      :math:`w^{(0)} = \tilde w_{u,m}` and takes :math:`H_m` steps
+      :math:`w^{(h+1)} = w^{(h)} + d_h`, :math:`d_h` being
+      ``local_optimizer``'s update for the mean of :math:`n_{u,m}` fresh
+      minibatch gradients at :math:`w^{(h)}` (step :math:`h` draws after those
+      of steps :math:`0 .. h - 1`); it pushes the pseudo-gradient
+      :math:`g_{u,m} = -(d_0 + \dots + d_{H_m - 1})` (equal to
+      :math:`\tilde w_{u,m} - w^{(H_m)}` up to rounding; for :math:`H_m = 1`
+      exactly :math:`-d_0`, so ``tx = optax.sgd(1.0)``, one worker and
+      ``local_optimizer=optax.sgd(lr)`` is plain SGD, bit for bit). Lanes
+      run :math:`\max_m H_m` steps, masked beyond their own.
+    local_optimizer: the workers' optimizer (e.g. ``optax.sgd(0.1)``),
+      required with ``local_steps`` and given no extra arguments; ``tx`` is
+      then the outer (server) optimizer, e.g. ``dj.delayed_nesterov``.
+    keep_local_state: each worker keeps its local optimizer state from one
+      contribution to the next (as DiLoCo's inner AdamW moments), starting
+      from ``local_optimizer.init(params)``; its contributions are then
+      computed one after another. Default: a fresh state per contribution.
+
+  Runtime inputs (variance reduction, Zeno++):
+    A state inside ``tx``'s state may request extra arguments through the
+    ``runtime_inputs`` hook (``dj.transforms.runtime_inputs``); only those
+    are computed, once per update, and passed to ``tx.update``. They are
+    refused with ``local_steps``.
+
+    * ``zeno_grad`` (Zeno++): :math:`\nabla_w \text{loss\_fn}(w_u, S_u)` at
+      the update's *server minibatch* :math:`S_u`
+      (``dj.runtime.server_minibatch_indices``: ``batch_size`` examples drawn
+      uniformly with replacement from a key stream of its own).
+    * ``full_grad`` and ``refresh`` (``dj.svrg``): epochs start at updates
+      :math:`u \equiv 0 \pmod E`; there ``refresh`` is true and
+      ``full_grad`` is the gradient over the whole data (``loss_fn`` must be
+      a mean over its batch); elsewhere false and zeros. An update that is
+      not applied passes its ``refresh`` on to the next applied one, at the
+      same parameters, so the snapshot of update :math:`u` is always
+      :math:`w_e`, :math:`e` the start of its epoch.
+    * ``snapshot_grad`` (``dj.svrg``): each contribution's mean gradient over
+      its own minibatches at its epoch's snapshot, averaged like
+      :math:`g_u` (one more gradient per minibatch, in parallel with the
+      first; a contribution is computed once its update's epoch has begun).
+    * ``sample_indices``, ``sample_grads``, ``sample_mask`` (``dj.saga``):
+      the examples of the update's contributions, stalest first, in draw
+      order; each example's gradient at :math:`\tilde w_{u,m}`; which entries
+      count (padding and skipped contributions do not).
+    * ``sample_scalars``, ``sample_features`` (``dj.saga(table="scalars")``,
+      ``dj.prox_asaga``): ``sample_terms``' output on the same examples.
+
+    snapshot_every: :math:`E`, updates per SVRG epoch; default
+      :math:`\lceil 2N / \text{batch\_size} \rceil` (Johnson & Zhang's
+      :math:`m = 2n`). Only with a ``tx`` that requests ``full_grad``.
+    full_batch_size: compute the full gradient over chunks of this many
+      examples (``lax.map``, weighted by their share) to bound its memory;
+      default: all the data at once. Only with ``full_grad``.
+    sample_terms: ``sample_terms(params, batch) -> (scalars [b], features)``
+      with :math:`\nabla f_i = s_i a_i` (plus terms outside the table);
+      ``features`` has a leading ``[b]`` axis and the form the requesting
+      transformation takes (a pytree like ``params`` for
+      ``dj.saga(n, table="scalars")``, the sparse row for ``dj.prox_asaga``).
+      Required when ``tx`` requests ``sample_scalars``, and only then.
+
+  How it runs:
+    The schedule splits into *waves*, runs of updates whose gradients are
+    independent. The host plans *steps*, each computing ``lanes`` gradients
+    per device (``vmap``; with ``mesh`` a ``shard_map`` over its ``workers``
+    axis, the gradients then all-gathered) of contributions already read,
+    earliest update first, across waves (a gradient computed ahead waits in
+    a buffer); then the updates whose gradients are all in are applied in
+    order. Steps run ``chunk_size`` at a time in one compiled ``lax.scan``,
+    compiled once. A masked lane still costs a gradient:
+    ``stats["lane_utilization"]`` says how full the steps were.
+
+  Returns:
+    A :class:`SimulationResult`: ``params``, ``opt_state``, ``history`` (a
+    :class:`History`) and ``stats``.
+
+  Raises:
+    ValueError, TypeError: on bad arguments, naming the argument.
   """
   batch_size = check_int("batch_size", batch_size, minimum=1)
   check_choice("sampling", sampling, SAMPLINGS)
@@ -773,6 +726,10 @@ def simulate(
   if epoch is not None:
     stats["snapshot_every"] = epoch
   return SimulationResult(carry[0], carry[1], hist, stats)
+
+
+# Documented under its public name: help() shows where users find it, not where it lives.
+simulate.__module__ = "delayjax"
 
 
 def _initial_carry(params: Any, opt_state: Any, plan: StepPlan, inputs: tuple[str, ...], batch_size: int,
