@@ -22,6 +22,18 @@ is ``x_i <- sum_j W[i, j] x_j``):
 eigenvalue modulus: the larger, the faster gossip averages (the consensus
 distance contracts by about ``(1 - gap)^2`` per step for symmetric ``W``).
 
+Example::
+
+  >>> import delayjax as dj
+  >>> ring = dj.topology.ring(8)
+  >>> w = dj.topology.mixing_matrix(ring)
+  >>> w[0, :3].round(3).tolist()
+  [0.333, 0.333, 0.0]
+  >>> round(dj.topology.spectral_gap(w), 4), round(dj.topology.complete(8).spectral_gap(), 4)
+  (0.1953, 1.0)
+  >>> dj.topology.one_peer_exponential(8, 4)[:, 0].tolist()
+  [1, 7, 2, 6]
+
 Time-varying one-peer sequences return, for each step, the peer of every node:
 
 - ``one_peer_exponential(M, num_steps)``: SGP's directed one-peer exponential
