@@ -40,7 +40,7 @@ from experiments import _plots
 from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows
 from experiments._training import Task, digits_split, simulate_record
 from experiments.delayed_digits import init_mlp, mlp
-from experiments.generalization import paired_interval, verdict
+from experiments.generalization import decided, paired_interval, verdict
 
 SCALES = {
     "quick": dict(data="digits", hidden=32, steps=1200, batch=4, lr=0.05, alpha=1.5, max_delay=200,
@@ -116,7 +116,7 @@ def _paired(name: str, what: str, sign: int):
   def check(summary: Summary) -> ClaimResult:
     row = summary["async-sgdi"]
     low, high = row[f"{name}_diff_low"], row[f"{name}_diff_high"]
-    return ClaimResult(verdict(low, high, sign), f"{what}: Async-SGD {summary['async-sgd'][name]:.3f}, Async-SGDI "
+    return decided(verdict(low, high, sign), f"{what}: Async-SGD {summary['async-sgd'][name]:.3f}, Async-SGDI "
                        f"{row[name]:.3f}; paired difference {row[f'{name}_diff']:+.3f}, 95% interval "
                        f"[{low:+.3f}, {high:+.3f}]")
   return check

@@ -75,6 +75,12 @@ def verdict(low: float, high: float, claimed_sign: int) -> bool | None:
   return None
 
 
+def decided(held: bool | None, figures: str) -> ClaimResult:
+  """A claim's result; an undecided one says so (the table prints it as n/a)."""
+  return ClaimResult(held, figures if held is not None
+                     else "inconclusive (an interval straddles the claim's boundary, or is missing): " + figures)
+
+
 def task(config: dict[str, Any]):
   """The subset of digits, the model and an evaluation of both losses and errors."""
   split = digits_split()
@@ -120,7 +126,7 @@ def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dic
 def _largest_delay_shrinks_gap(summary: Summary) -> ClaimResult:
   keys = sorted(summary, key=lambda k: summary[k]["tau"])
   low, high = summary[keys[-1]]["gap_change_low"], summary[keys[-1]]["gap_change_high"]
-  return ClaimResult(verdict(low, high, -1), f"gap change from {keys[0]} to {keys[-1]}: "
+  return decided(verdict(low, high, -1), f"gap change from {keys[0]} to {keys[-1]}: "
                      f"{summary[keys[-1]]['gap_change']:+.4f}, 95% interval [{low:+.4f}, {high:+.4f}] "
                      f"(gaps {summary[keys[0]]['gap']:.4f} -> {summary[keys[-1]]['gap']:.4f})")
 
@@ -129,7 +135,7 @@ def _every_delay_shrinks_gap(summary: Summary) -> ClaimResult:
   keys = sorted(summary, key=lambda k: summary[k]["tau"])[1:]
   each = [verdict(summary[k]["gap_change_low"], summary[k]["gap_change_high"], -1) for k in keys]
   held = False if False in each else (True if all(v is True for v in each) else None)
-  return ClaimResult(held, "gap change from tau=0 (95% interval): " + ", ".join(
+  return decided(held, "gap change from tau=0 (95% interval): " + ", ".join(
       f"{k} {summary[k]['gap_change']:+.4f} [{summary[k]['gap_change_low']:+.4f}, "
       f"{summary[k]['gap_change_high']:+.4f}]" for k in keys))
 
