@@ -26,6 +26,9 @@ NAMES = (
     "generalization",
     "async_sgdi",
     "sme",
+    "pipeline_stashing",
+    "pipeline_bubbles",
+    "pipeline_pipemare",
 )
 
 

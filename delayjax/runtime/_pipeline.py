@@ -224,7 +224,8 @@ def simulate_pipeline(
     schedule: a ``dj.cluster.pipeline`` schedule with ``K`` stages.
     batch_size: examples per micro-batch.
     seed: seeds the minibatches.
-    eval_fn: optional ``eval_fn(params) -> metrics`` (jittable).
+    eval_fn: optional ``eval_fn(params) -> metrics``, called on the tuple of
+      stage parameters between compiled chunks (pass a jitted function).
     eval_every: evaluate every this many updates (default: only at the
       start and the end).
 
@@ -265,7 +266,7 @@ def simulate_pipeline(
       return w
     return jax.tree.map(lambda x, d: x - steps.astype(x.dtype) * d[version % depth], w, direction)
 
-  def step(carry, xs):
+  def step(data, carry, xs):
     hist, dirs, states = carry
     u, fv, bv, indices = xs  # fv, bv: [m, K]; indices: [m, B]
 
@@ -295,14 +296,15 @@ def simulate_pipeline(
       new_states.append(state)
     return (tuple(new_hist), tuple(new_dirs), tuple(new_states)), jnp.mean(losses)
 
+  # The data is an argument, not a constant folded into the compiled scan.
   @jax.jit
-  def chunk(carry, xs):
-    return jax.lax.scan(step, carry, xs)
+  def chunk(data, carry, xs):
+    return jax.lax.scan(functools.partial(step, data), carry, xs)
 
   def current_params(hist, version):
     return tuple(jax.tree.map(lambda h: h[version % depth], h_k) for h_k in hist)
 
-  evaluate = jax.jit(eval_fn) if eval_fn is not None else None
+  evaluate = eval_fn
   carry = (history, directions, opt_states)
   losses, eval_updates, metrics = [], [0], []
   if evaluate is not None:
@@ -314,7 +316,7 @@ def simulate_pipeline(
                              batch_size=batch_size)
     xs = (span, jnp.asarray(forward_version[lo:hi], jnp.int32), jnp.asarray(backward_version[lo:hi], jnp.int32),
           indices)
-    carry, chunk_losses = chunk(carry, xs)
+    carry, chunk_losses = chunk(data, carry, xs)
     losses.append(np.asarray(chunk_losses))
     eval_updates.append(hi)
     if evaluate is not None:

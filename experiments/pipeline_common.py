@@ -1,0 +1,139 @@
+"""The staged model the pipeline reproductions train: an MLP on digits cut into K stages.
+
+The MLP has ``layers`` dense layers (``tanh`` after all but the last, which
+maps to the 10 classes); stage ``k`` holds ``layers / K`` consecutive ones, so
+one model can be cut into shallow or deep pipelines. The run record has the same form as the data-parallel
+reproductions' (``metrics``, ``curves`` against updates and simulated time),
+so the framework's tables and plots apply.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import delayjax as dj
+from experiments._framework import Progress, or_inf
+
+
+def _stage(last: bool):
+  def apply(params: list[dict[str, jax.Array]], h: jax.Array) -> jax.Array:
+    for i, layer in enumerate(params):
+      h = h @ layer["w"] + layer["b"]
+      if not (last and i == len(params) - 1):
+        h = jnp.tanh(h)
+    return h
+
+  return apply
+
+
+_HIDDEN, _OUTPUT = _stage(False), _stage(True)
+
+
+def loss_fn(logits: jax.Array, batch: dict[str, jax.Array]) -> jax.Array:
+  return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+
+
+def stages(num_stages: int) -> list[Any]:
+  return [_HIDDEN] * (num_stages - 1) + [_OUTPUT]
+
+
+def init(num_stages: int, layers: int, width: int, seed: int, inputs: int = 64,
+         classes: int = 10) -> list[list[dict[str, jax.Array]]]:
+  """LeCun-normal weights (NumPy's generator: nothing to compile), zero biases; stage ``k`` gets layers
+  ``k L/K .. (k+1) L/K - 1``. The weights depend on the seed and ``layers`` only, not on ``num_stages``.
+  """
+  if layers % num_stages:
+    raise ValueError(f"layers ({layers}) must be a multiple of num_stages ({num_stages}).")
+  sizes = [inputs] + [width] * (layers - 1) + [classes]
+  rng = np.random.default_rng(seed)
+  dense = [{"w": jnp.asarray(rng.standard_normal((a, b)) / np.sqrt(a), jnp.float32),
+            "b": jnp.zeros((b,), jnp.float32)} for a, b in zip(sizes[:-1], sizes[1:])]
+  per = layers // num_stages
+  return [dense[k * per:(k + 1) * per] for k in range(num_stages)]
+
+
+def digits_data() -> tuple[dict[str, np.ndarray], dict[str, jax.Array]]:
+  from experiments.data import digits
+
+  split = digits()
+  train = {"x": split.x_train, "y": split.y_train}
+  test = {"x": jnp.asarray(split.x_test), "y": jnp.asarray(split.y_test),
+          "x_train": jnp.asarray(split.x_train), "y_train": jnp.asarray(split.y_train)}
+  return train, test
+
+
+@jax.jit
+def _evaluate(params: list[Any], test: dict[str, jax.Array]) -> dict[str, jax.Array]:
+  # Module level, the data an argument: compiled once per model shape, not once per run.
+  def logits(x):
+    for f, p in zip(stages(len(params)), params):
+      x = f(p, x)
+    return x
+
+  error = jnp.mean(jnp.argmax(logits(test["x"]), -1) != test["y"]).astype(jnp.float32)
+  train_loss = loss_fn(logits(test["x_train"]), {"y": test["y_train"]})
+  return {"test_error": error, "train_loss": train_loss}
+
+
+def evaluator(test: dict[str, jax.Array]):
+  return lambda params: _evaluate(list(params), test)
+
+
+def pipeline_record(config: dict[str, Any], schedule: dj.cluster.PipelineSchedule, tx: optax.GradientTransformation,
+                    seed: int, progress: Progress) -> dict[str, Any]:
+  """Trains the staged MLP on ``schedule`` with ``tx`` and returns the run record.
+
+  ``metrics``: the final ``test_error`` and ``train_loss`` (NaN when the run
+  diverged: not finite, or above chance level), ``diverged`` (0 or 1), ``simulated_time``, ``bubble_fraction``,
+  ``mean_staleness`` (forward passes, all stages) and ``versions_kept``
+  (summed over stages); ``curves``: ``update``, ``time`` and both metrics.
+  """
+  K = schedule.num_stages
+  train, test = digits_data()
+  progress(0, schedule.num_updates)
+  result = dj.simulate_pipeline(stages(K), loss_fn, tx, init(K, config["layers"], config["width"], seed), train, schedule,
+                                batch_size=config["batch"], seed=seed, eval_fn=evaluator(test),
+                                eval_every=config["eval_every"])
+  progress(schedule.num_updates, schedule.num_updates)
+  h = result.history
+  metrics = {k: np.asarray(v, np.float64) for k, v in h.eval_metrics.items()}
+  final = {k: float(v[-1]) for k, v in metrics.items()}
+  # Chance level is ln 10 = 2.3: ending above it (or not finite) counts as diverged.
+  diverged = not all(np.isfinite(v) for v in final.values()) or final["train_loss"] > float(np.log(10.0))
+  if diverged:
+    final = {k: float("nan") for k in final}
+  return {
+      "metrics": {**final, "diverged": float(diverged), "simulated_time": float(h.time[-1]),
+                  "bubble_fraction": schedule.bubble_fraction(),
+                  "mean_staleness": float(schedule.forward_staleness.mean()),
+                  "versions_kept": int(schedule.versions_kept().sum())},
+      "curves": {"update": h.eval_update, "time": h.eval_time, **metrics},
+  }
+
+
+def lower(summary_row_a: dict[str, Any], summary_row_b: dict[str, Any], metric: str) -> tuple[bool | None, str]:
+  """Whether row a's ``metric`` is lower than row b's, decided over seeds.
+
+  Held when the difference of the means is below minus two standard errors
+  (of the difference, from the seeds' standard deviations), not held when it
+  is above plus two, and ``None`` (inconclusive: a tie within the seeds'
+  noise) in between. With one seed the standard error is unknown and any
+  difference decides. Diverged runs count as ``inf``.
+  """
+  a, b = or_inf(summary_row_a[metric]), or_inf(summary_row_b[metric])
+  n = min(int(summary_row_a.get("seeds", 1)), int(summary_row_b.get("seeds", 1)))
+  sa, sb = (float(r.get(f"{metric}_std", 0.0) or 0.0) for r in (summary_row_a, summary_row_b))
+  se = float(np.sqrt((sa**2 + sb**2) / n)) if n > 1 else 0.0
+  text = f"{a:.4g} vs {b:.4g}" + (f" (2 s.e. of the difference {2 * se:.2g}, {n} seeds)" if n > 1 else " (1 seed)")
+  if not (np.isfinite(a) and np.isfinite(b)):
+    return (a < b if a != b else None), text
+  if a - b < -2 * se:
+    return True, text
+  if a - b > 2 * se:
+    return False, text
+  return None, text + ": inconclusive"

@@ -1,0 +1,121 @@
+"""Asynchronous 1F1B with and without weight stashing, and SpecTrain's weight prediction (PipeDream, SpecTrain).
+
+An MLP on digits is cut into K stages and trained on PipeDream's asynchronous
+one-forward-one-backward pipeline with one micro-batch per update, so stage
+``k``'s forward pass is ``K - 1 - k`` versions stale. With weight stashing the
+backward pass uses the forward pass's weights (a consistent but stale
+gradient); without it the backward pass runs at the stage's current weights
+(delayjax's form: the stage recomputes its forward pass at those weights on
+the input it kept, as in PipeMare and Diversely Stale Parameters); SpecTrain
+predicts, in both passes, the weights the gradient will meet. A synchronous
+pipeline (GPipe, same micro-batches) is the reference. Every run uses the
+same optimizer: SGD on the exponential moving average of the gradients
+(SpecTrain's base optimizer), with the same learning rate.
+
+    python -m experiments run pipeline_stashing
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optax
+
+import delayjax as dj
+from experiments import _plots
+from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows
+from experiments.pipeline_common import lower, pipeline_record
+
+# Config: 4 one-layer stages; lr 0.3 is the largest of {0.1, 0.3} at which all runs trained (a first quick run).
+SCALES = {
+    "quick": dict(stages=4, layers=4, width=64, steps=400, batch=32, lr=0.3, smoothing=0.9, eval_every=100,
+                  seeds=2),
+    "paper": dict(stages=8, layers=8, width=256, steps=5000, batch=64, lr=0.3, smoothing=0.9, eval_every=250,
+                  seeds=3),
+}
+
+VARIANTS = {
+    "gpipe": ("gpipe", "stash", False),
+    "1f1b-stash": ("1f1b", "stash", False),
+    "1f1b-no-stash": ("1f1b", "latest", False),
+    "1f1b-no-stash+spectrain": ("1f1b", "latest", True),
+}
+
+
+def specs(config: dict[str, Any]) -> list[dict[str, Any]]:
+  return [{"key": key, "schedule": s, "weights": w, "predict": p} for key, (s, w, p) in VARIANTS.items()]
+
+
+def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
+  sched = dj.cluster.pipeline(spec["schedule"], config["stages"], config["steps"], weights=spec["weights"])
+  if spec["predict"]:
+    tx = dj.spectrain(config["lr"], smoothing=config["smoothing"])
+  else:
+    tx = optax.chain(optax.ema(config["smoothing"], debias=False), optax.scale(-config["lr"]))
+  return pipeline_record(config, sched, tx, seed, progress)
+
+
+def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+  rows = mean_rows(records, fields=("schedule", "weights", "predict"))
+  for r in rows:
+    r["accuracy_pct"] = 100 * (1 - r["test_error"])
+  return rows
+
+
+def _no_stash_worse(summary: Summary) -> ClaimResult:
+  held, text = lower(summary["1f1b-stash"], summary["1f1b-no-stash"], "train_loss")
+  return ClaimResult(held, f"final training loss with stashing vs without: {text}")
+
+
+def _prediction_recovers(summary: Summary) -> ClaimResult:
+  stash, plain, pred = (summary[k]["train_loss"] for k in ("1f1b-stash", "1f1b-no-stash", "1f1b-no-stash+spectrain"))
+  gap = plain - stash
+  if not gap > 0:
+    return ClaimResult(False, f"no gap to recover: without stashing {plain:.4g}, with {stash:.4g}, "
+                              f"SpecTrain {pred:.4g}")
+  recovered = (plain - pred) / gap
+  return ClaimResult(recovered >= 0.5, f"SpecTrain recovers {recovered:.0%} of the gap (training loss without "
+                                       f"stashing {plain:.4g}, SpecTrain {pred:.4g}, stashing {stash:.4g})")
+
+
+def _prediction_helps(summary: Summary) -> ClaimResult:
+  held, text = lower(summary["1f1b-no-stash+spectrain"], summary["1f1b-no-stash"], "train_loss")
+  return ClaimResult(held, f"final training loss with SpecTrain vs without, no stashing: {text}")
+
+
+CLAIMS = [
+    Claim("no-stash-worse", "asynchronous 1F1B without weight stashing trains worse than with stashing",
+          _no_stash_worse),
+    Claim("prediction-recovers", "SpecTrain's weight prediction recovers most (>= 50%) of that gap",
+          _prediction_recovers),
+    Claim("prediction-helps", "weight prediction improves the un-stashed pipeline", _prediction_helps),
+]
+
+
+def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict[str, Any]], out: str) -> list[str]:
+  return [_plots.curves(records, out, "loss_vs_updates", y="train_loss", ylabel="training loss", log_y=True),
+          _plots.curves(records, out, "error_vs_updates")]
+
+
+REPRODUCTION = Reproduction(
+    name="pipeline_stashing",
+    paper="Narayanan et al.: PipeDream: Generalized Pipeline Parallelism for DNN Training, SOSP 2019; Chen, Yang, "
+          "Cheng: Efficient and Robust Parallel DNN Training through Model Parallelism on Multi-GPU Platform "
+          "(SpecTrain), arXiv 2018",
+    description="Asynchronous 1F1B on 4 stages: weight stashing, no stashing, and SpecTrain's weight prediction, "
+                "against a synchronous pipeline.",
+    scales=SCALES, specs=specs, run=run, summarize=summarize, claims=CLAIMS, plots=plots,
+    columns=("key", "train_loss", "accuracy_pct", "mean_staleness", "versions_kept", "diverged"),
+    smoke=dict(steps=12, eval_every=6, seeds=1, width=8, stages=2, layers=2),
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+  """Runs this reproduction with the CLI's options (``python -m experiments.NAME --help``)."""
+  from experiments.__main__ import run_one
+
+  return run_one(REPRODUCTION.name, argv)
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
