@@ -246,3 +246,19 @@ def test_sgp_sends_each_iteration_to_the_one_peer_exponential_peer(forward_only)
         assert receiver == peers[it, m]
         checked += 1
   assert checked > 0.8 * len(halvings)
+
+
+def test_async_gradients_take_the_cluster_durations():
+  # Gradient j of worker m computes for as long as gradient j of worker m under dj.cluster.simulate (same
+  # workers, same seed), stragglers included.
+  w = C.workers(4, compute="gamma", speed=[1, 1, 0.5, 1], stragglers=C.random_stragglers(0.2, 5.0))
+  s = C.simulate_gossip(C.ad_psgd(), w, 30, seed=9)
+  asp = C.simulate(C.asp(), w, 400, seed=9)
+  x = asp.extras
+  for m in range(4):
+    mine = s.extras["busy_worker"] == m
+    durations = (s.extras["busy_stop"] - s.extras["busy_start"])[mine]
+    theirs = (x["event_end_time"] - x["event_read_time"])[x["event_worker"] == m]
+    n = min(durations.size, theirs.size)
+    assert n >= 15
+    np.testing.assert_allclose(durations[:n], theirs[:n], rtol=1e-12)
