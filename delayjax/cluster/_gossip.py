@@ -22,12 +22,12 @@ listed order). Each event is one of three kinds (``kind[e]``, int8):
   replaced, ``lag[k, b]`` how old member ``b``'s sent value is, and
   ``mixes[k]`` what is mixed:
 
-  * ``PARAMS`` (0): for every member ``a`` with ``receives[e, a]``,
+  * ``PARAMS`` (0): for every member ``a`` with ``receives[k, a]``,
 
     .. math::  x_{m_a} \\leftarrow \\sum_b W_{ab}\\, x_{m_b}^{(v_b - \\ell_b)}
 
     where ``v_b`` is member ``b``'s local version just before the event and
-    ``x^{(v)}`` its model at version ``v``: ``lag[e, b] = 0`` sends the current
+    ``x^{(v)}`` its model at version ``v``: ``lag[k, b] = 0`` sends the current
     model, ``lag > 0`` a value ``lag`` versions old (a late message, as in
     SGP's tau-overlap). All sent values are taken before any member is
     replaced (the event is atomic). Members with ``receives`` false only send
@@ -37,13 +37,12 @@ listed order). Each event is one of three kinds (``kind[e]``, int8):
     the all-reduce baseline. Every member must have a pending gradient, and
     ``lag`` is 0.
 
-  ``worker[e] = -1`` and ``num_batches[e] = 0`` for ``MIX`` events. Below,
-  ``weights[e]`` etc. stand for ``weights[mix[e]]``.
+  ``worker[e] = -1`` and ``num_batches[e] = 0`` for ``MIX`` events.
 
 **Local versions.** Each replica's version starts at 0 and counts the changes
 to its model: every ``GRAD`` of that replica, and every ``PARAMS`` ``MIX`` in
 which it receives. A gradient's *staleness* is the number of changes between
-its ``READ`` and its ``GRAD``; a message's *lag* is ``lag[e, b]``.
+its ``READ`` and its ``GRAD``; a message's *lag* is ``lag[k, b]``.
 
 The schedule carries no method rule: a method interprets the events (SGP
 mixes the push-sum weight ``w`` with the same weights as ``x`` and computes
@@ -55,6 +54,16 @@ each ``GRAD`` event, when its gradient finished computing; NaN elsewhere) and
 the intervals each replica computed, ``busy_worker``, ``busy_start``,
 ``busy_stop`` (one entry per gradient; a gradient still computing at the end
 stops after ``time[-1]``).
+
+**Paradigms** (``simulate_gossip``; each class docstring has the rule and
+its reference): ``allreduce`` (rounds: every replica reads, one ``GRADS`` mix
+``1/M``, every replica applies), ``d_psgd`` (rounds: reads, one ``PARAMS`` mix
+with ``W``, applies), ``gossipgrad`` (rounds: reads, one ``GRADS`` mix with the
+rotating partner, applies), ``ad_psgd`` (asynchronous: each gradient's read,
+one two-member ``PARAMS`` mix of weight 1/2, its apply), ``sgp`` (asynchronous:
+read, apply, a one-member halving mix, later one two-member receive mix per
+message, possibly late); ``failures`` drop messages (``receives`` false, or no
+mix) and take nodes out for windows.
 """
 
 from __future__ import annotations
