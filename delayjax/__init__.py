@@ -8,6 +8,7 @@ under them exactly.
 from delayjax import analysis as analysis
 from delayjax import cluster as cluster
 from delayjax import delays as delays
+from delayjax import gossip as gossip
 from delayjax import problems as problems
 from delayjax import topology as topology
 from delayjax.runtime import apply_gradients as apply_gradients
@@ -15,6 +16,7 @@ from delayjax.runtime import delayed as delayed
 from delayjax.runtime import dylu_local_steps as dylu_local_steps
 from delayjax.runtime import growing_batches as growing_batches
 from delayjax.runtime import simulate as simulate
+from delayjax.runtime import simulate_gossip as simulate_gossip
 from delayjax.runtime import simulate_pipeline as simulate_pipeline
 from delayjax.runtime import staged_value_and_grad as staged_value_and_grad
 from delayjax.transforms import accumulate_sum as accumulate_sum

@@ -5,6 +5,9 @@ from delayjax.runtime._batch_growth import growing_batches as growing_batches
 from delayjax.runtime._delayed import DelayedState as DelayedState
 from delayjax.runtime._delayed import delayed as delayed
 from delayjax.runtime._flax import apply_gradients as apply_gradients
+from delayjax.runtime._replicas import GossipHistory as GossipHistory
+from delayjax.runtime._replicas import GossipResult as GossipResult
+from delayjax.runtime._replicas import simulate_gossip as simulate_gossip
 from delayjax.runtime._local import dylu_local_steps as dylu_local_steps
 from delayjax.runtime._pipeline import PipelineHistory as PipelineHistory
 from delayjax.runtime._pipeline import PipelineResult as PipelineResult

@@ -1,0 +1,600 @@
+"""The replica runtime: exact decentralized (gossip) training of M replicas on a gossip schedule."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import PartitionSpec as P
+
+from delayjax._checks import check_choice, check_int
+from delayjax.cluster._gossip import GossipSchedule
+from delayjax.gossip._method import GRADS as METHOD_GRADS
+from delayjax.gossip._method import GossipMethod
+from delayjax.runtime import _engine
+from delayjax.runtime._checkpoint import gathered
+from delayjax.runtime._engine import AXIS
+from delayjax.runtime._history import sorted_pairs
+from delayjax.runtime._replica_plan import SLOT_GRAD, SLOT_MIX, SLOT_READ, ReplicaPlan, make_plan
+from delayjax.runtime._sampling import SAMPLINGS, minibatch_indices, shard_table
+
+_CHECKPOINT_FILE = "simulate_gossip.msgpack"
+
+
+class GossipHistory(NamedTuple):
+  """What happened during a gossip simulation, one row per step of the run (NumPy, host side).
+
+  A step computes one gradient per replica with a pending read and applies
+  the events the plan packed into it (see ``stats``); rows are cumulative
+  where they count.
+
+  Attributes:
+    events: int64 ``[S]``, schedule events done after the step.
+    gradients: int64 ``[S]``, ``GRAD`` events done (gradients applied, over all replicas).
+    time: float64 ``[S]``, simulated time reached (the latest event done).
+    loss: float32 ``[S]``, mean minibatch loss of the gradients computed in
+      the step (NaN for a step that computes none).
+    loss_spread: float32 ``[S]``, their largest minus smallest loss.
+    consensus: float32 ``[S]``, the consensus distance after the step,
+      :math:`\\frac1M \\sum_i \\lVert z_i - \\bar z \\rVert^2` over the models
+      :math:`z_i` the replicas compute gradients at (``x_i``; ``x_i / w_i``
+      for push-sum), :math:`\\bar z` their mean.
+    eval_gradients, eval_time: int64 / float64 ``[E]``: gradients applied and
+      simulated time at each evaluation (0 before the first step, then the
+      steps at which another ``eval_every`` gradients were applied, and the
+      last).
+    eval_metrics: ``eval_fn`` of the average model :math:`\\bar z`, a leading
+      ``[E]`` axis on every leaf (``None`` without ``eval_fn``).
+    replica_metrics: ``eval_fn`` of every replica's model, leaves ``[E, M]``.
+    nonfinite: int64 ``[n, 2]``: ``(replica, gradient index)`` of every
+      gradient with a NaN or infinite entry, sorted.
+  """
+
+  events: np.ndarray
+  gradients: np.ndarray
+  time: np.ndarray
+  loss: np.ndarray
+  loss_spread: np.ndarray
+  consensus: np.ndarray
+  eval_gradients: np.ndarray
+  eval_time: np.ndarray
+  eval_metrics: Any
+  replica_metrics: Any
+  nonfinite: np.ndarray
+
+
+class GossipResult(NamedTuple):
+  """The outcome of :func:`simulate_gossip`.
+
+  Attributes:
+    params: every replica's parameters, leaves with a leading ``[M]`` axis.
+    opt_state: every replica's optimizer state, likewise.
+    extra: every replica's method state (push-sum weight, momentum twin, ...).
+    average: the average model :math:`\\bar z` (the mean of what replicas
+      compute gradients at).
+    history: a :class:`GossipHistory`.
+    stats: ``num_steps``, ``phases`` (slot triples per step), ``slots`` (slots
+      compiled per step), ``lane_utilization`` (gradients computed / lanes),
+      ``mixing`` (``"gather"``, ``"shift"`` or ``"dense"``), ``history``
+      (messages kept per replica), ``num_devices``, ``chunk_size``,
+      ``num_chunks``.
+  """
+
+  params: Any
+  opt_state: Any
+  extra: Any
+  average: Any
+  history: GossipHistory
+  stats: dict[str, Any]
+
+
+def _check_data(data: Any) -> int:
+  leaves = jax.tree.leaves(data)
+  if not leaves:
+    raise ValueError("data must be a pytree with at least one array leaf, got an empty tree.")
+  sizes = {np.shape(x)[0] if np.ndim(x) else None for x in leaves}
+  if None in sizes or len(sizes) != 1 or 0 in sizes:
+    raise ValueError(f"data leaves must be arrays sharing a non-zero leading (example) dimension; got "
+                     f"leading dimensions {sorted(map(str, sizes))}.")
+  return int(sizes.pop())
+
+
+def _where(mask: jax.Array, new: Any, old: Any) -> Any:
+  """Per replica (``mask`` on the leading axis): ``new`` where set, ``old`` elsewhere."""
+  return jax.tree.map(lambda n, o: jnp.where(mask.reshape(mask.shape + (1,) * (o.ndim - 1)), n, o), new, old)
+
+
+def _shifts(plan: ReplicaPlan, num_workers: int) -> tuple[int, ...] | None:
+  """The static source offsets ``(src - dst) mod M`` of every mixing row, when few and lag-free."""
+  if plan.dense or plan.history > 1:
+    return None
+  offsets = set()
+  for prefix in ("mix", "gmix"):
+    if f"{prefix}_src" not in plan.tables:
+      continue
+    src, weight = plan.tables[f"{prefix}_src"], plan.tables[f"{prefix}_weight"]
+    dst = np.arange(num_workers)[None, None, :, None]
+    offsets.update(np.unique(((src - dst) % num_workers)[weight != 0]).tolist())
+  offsets.add(0)
+  return tuple(sorted(offsets)) if len(offsets) <= 4 else None
+
+
+def _shift_tables(plan: ReplicaPlan, shifts: tuple[int, ...], num_workers: int) -> dict[str, np.ndarray]:
+  """Mixing weights per static offset, ``[S, P, M, len(shifts)]``, replacing the gather tables."""
+  out = {}
+  for prefix in ("mix", "gmix"):
+    if f"{prefix}_src" not in plan.tables:
+      continue
+    src, weight = plan.tables[f"{prefix}_src"], plan.tables[f"{prefix}_weight"]
+    dst = np.arange(num_workers)[None, None, :, None]
+    offset = (src - dst) % num_workers
+    per_shift = np.zeros(weight.shape[:3] + (len(shifts),), np.float32)
+    for j, s in enumerate(shifts):
+      per_shift[..., j] = np.where((offset == s) & (weight != 0), weight, 0.0).sum(axis=-1)
+    out[f"{prefix}_weight"] = per_shift
+  return out
+
+
+def simulate_gossip(
+    loss_fn: Callable[..., Any],
+    tx: optax.GradientTransformation,
+    method: GossipMethod,
+    params: Any,
+    data: Any,
+    schedule: GossipSchedule,
+    *,
+    batch_size: int = 32,
+    sampling: str = "iid",
+    shards: Any = None,
+    has_aux: bool = False,
+    mesh: jax.sharding.Mesh | None = None,
+    eval_fn: Callable[[Any], Any] | None = None,
+    eval_every: int | None = None,
+    seed: int = 0,
+    chunk_size: int | None = None,
+    phases: int | None = None,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    resume: bool = True,
+    callback: Callable[[dict[str, Any]], None] | None = None,
+) -> GossipResult:
+  r"""Trains ``M`` replicas by a decentralized method, exactly as a gossip schedule says.
+
+  Every replica :math:`i` starts from ``params`` with ``tx.init(params)`` and
+  ``method.init(params)``, and the schedule's events run in its order:
+
+  * ``READ`` of replica :math:`i`: it stores :math:`z_i` =
+    ``method.grad_params`` (its parameters; :math:`x_i / w_i` for SGP) and
+    computes, on its :math:`n` = ``num_batches`` minibatches, the mean
+    gradient of ``loss_fn`` there. Minibatch :math:`j` of the replica's
+    :math:`k`-th gradient is
+    ``minibatch_indices(seed, k, i, batch_index + j, ...)`` (``batch_index``:
+    the replica's minibatches drawn before, ``GossipSchedule.batch_index``).
+  * ``GRAD`` of replica :math:`i`: ``method.apply`` with the replica's own
+    optimizer state (``tx`` is applied to each replica separately).
+  * ``MIX`` of ``PARAMS``: every member is first advanced to the event's
+    time (``method.advance``, A2CiD2's flow), their messages
+    (``method.message``: the parameters; with the push-sum weight for SGP) are
+    taken, possibly ``lag`` versions old (each replica's past messages are
+    kept), and every receiving member gets ``method.receive`` of
+    :math:`\sum_b W_{ab}\, m_b`. ``MIX`` of ``GRADS``: the receiving members'
+    pending gradients become :math:`\sum_b W_{ab}\, g_b`.
+
+  How it runs: the host packs the events into *steps* (see
+  ``_replica_plan.py``): each computes one gradient per replica with a read
+  from the previous step (``vmap`` over the replicas), then runs a few
+  *phases* of three slots (mixes of disjoint groups; gradient events of
+  distinct replicas, ``vmap`` over the replicas with the replica's optimizer
+  state; reads), in an order that keeps every replica's events in the
+  schedule's order, so the result is the sequential one. Steps run in chunks
+  of one compiled ``lax.scan`` on the shared engine (checkpoints after every
+  chunk, bit-identical resume, the non-finite report). With ``mesh`` the
+  replicas are split over its ``workers`` axis (``M`` must be a multiple of
+  its size); a mix whose rows use at most four fixed offsets
+  :math:`(b - a) \bmod M` (a ring, a one-peer exponential round) moves each
+  offset's messages with ``lax.ppermute``; other mixes all-gather the
+  messages (the fallback for arbitrary partners), and groups wider than 8
+  are applied as a dense matrix. The same mixing form is chosen for one
+  device and for a mesh, so both sum in the same order.
+
+  Args:
+    loss_fn: ``loss_fn(params, batch) -> scalar`` (``(scalar, aux)`` with
+      ``has_aux``).
+    tx: any Optax transformation, each replica with its own state.
+    method: a :class:`~delayjax.gossip.GossipMethod`, e.g. ``dj.gossip.sgp()``.
+    params: the initial parameters of every replica.
+    data: a pytree of arrays sharing a leading example axis, on every device.
+    schedule: a ``GossipSchedule`` (``dj.cluster``).
+    batch_size: examples per minibatch.
+    sampling: ``"iid"``, ``"epoch"`` or ``"shard"``, as in ``dj.simulate``
+      (:func:`~delayjax.runtime._sampling.minibatch_indices`).
+    shards: for ``sampling="shard"``, one index array per replica (non-iid
+      data); default contiguous near-equal pieces.
+    has_aux: whether ``loss_fn`` returns ``(loss, aux)``.
+    mesh: a ``jax.sharding.Mesh`` with a ``workers`` axis, or ``None``.
+    eval_fn: ``eval_fn(params) -> pytree of scalars``, evaluated on the
+      average model and on every replica (see :class:`GossipHistory`).
+    eval_every: evaluate after the steps in which another ``eval_every``
+      gradients were applied (and at the start and the end).
+    seed: the minibatch seed.
+    chunk_size: steps per compiled dispatch (default: about 256).
+    phases: slot triples per step (default: chosen from the schedule).
+    checkpoint_dir: write a checkpoint there after every chunk and resume
+      from one (of the same run) found there.
+    resume: whether to resume from ``checkpoint_dir``.
+    callback: called after every chunk with ``steps_done``, ``num_steps``,
+      ``chunk``, ``num_chunks``.
+
+  Returns:
+    A :class:`GossipResult`.
+
+  Raises:
+    ValueError, TypeError: on bad arguments, naming the argument.
+  """
+  if not callable(loss_fn):
+    raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}.")
+  if not isinstance(tx, optax.GradientTransformation):
+    raise TypeError(f"tx must be an optax.GradientTransformation, got {type(tx).__name__}.")
+  if not isinstance(method, GossipMethod):
+    raise TypeError(f"method must be a dj.gossip method (GossipMethod), e.g. dj.gossip.d_psgd(); got "
+                    f"{type(method).__name__}.")
+  if not isinstance(schedule, GossipSchedule):
+    raise TypeError(f"schedule must be a dj.cluster.GossipSchedule, got {type(schedule).__name__}.")
+  batch_size = check_int("batch_size", batch_size, minimum=1)
+  check_choice("sampling", sampling, SAMPLINGS)
+  seed = check_int("seed", seed)
+  if eval_every is not None:
+    eval_every = check_int("eval_every", eval_every, minimum=1)
+  if chunk_size is not None:
+    chunk_size = check_int("chunk_size", chunk_size, minimum=1)
+  if phases is not None:
+    phases = check_int("phases", phases, minimum=1)
+  if eval_fn is not None and not callable(eval_fn):
+    raise TypeError(f"eval_fn must be callable or None, got {type(eval_fn).__name__}.")
+  if shards is not None and sampling != "shard":
+    raise ValueError(f"shards is only used with sampling='shard'; got sampling={sampling!r}.")
+  num_examples = _check_data(data)
+  if sampling == "epoch" and batch_size > num_examples:
+    raise ValueError(f"batch_size={batch_size} is larger than the data set ({num_examples} examples), which "
+                     f"sampling='epoch' does not allow.")
+  num_devices = _engine.check_mesh(mesh)
+  m = schedule.num_workers
+  if m % num_devices:
+    raise ValueError(f"the schedule's {m} replicas must split evenly over the mesh's {num_devices} "
+                     f"'{AXIS}' devices.")
+  if schedule.num_events == 0:
+    raise ValueError("schedule has no events.")
+  if method.mixes == METHOD_GRADS and np.any(schedule.mixes == 0):
+    raise ValueError(f"method {method.name!r} mixes gradients, but the schedule has PARAMS mixes; use a "
+                     f"schedule whose mixes are GRADS (e.g. a GossipGraD paradigm).")
+
+  plan = make_plan(schedule, phases=phases)
+  if plan.dense and plan.history > 1:
+    raise ValueError(f"mixes of more than 8 replicas with late messages (lag > 0) are not supported; the "
+                     f"schedule's largest group has {schedule.group_size} members.")
+  shifts = _shifts(plan, m)
+  tables = dict(plan.tables)
+  if shifts is not None:
+    tables.update(_shift_tables(plan, shifts, m))
+    for prefix in ("mix", "gmix"):
+      tables.pop(f"{prefix}_src", None)
+  mixing = "dense" if plan.dense else ("shift" if shifts is not None else "gather")
+
+  if chunk_size is None:
+    num_chunks = max(1, -(-plan.num_steps // 256))
+    chunk_size = -(-plan.num_steps // num_chunks)
+  num_chunks = -(-plan.num_steps // chunk_size)
+  padded = num_chunks * chunk_size
+
+  # Evaluation after the steps at which the gradients applied pass another multiple of eval_every.
+  grads_done = tables["step_grads"]
+  eval_flag = np.zeros(plan.num_steps, bool)
+  if eval_fn is not None:
+    eval_flag[-1] = True
+    if eval_every is not None:
+      before = np.r_[0, grads_done[:-1]]
+      eval_flag |= grads_done // eval_every > before // eval_every
+  tables["eval"] = eval_flag
+
+  def pad(x):
+    extra = padded - x.shape[0]
+    return x if extra == 0 else np.concatenate([x, np.zeros((extra,) + x.shape[1:], x.dtype)])
+
+  tables = {k: pad(v) for k, v in tables.items()}
+  host_tables = {k: tables[k] for k in ("step_time", "step_events", "step_grads")}
+  device_tables = {k: v for k, v in tables.items() if k not in host_tables}
+
+  if sampling == "shard":
+    shard_rows, shard_sizes = shard_table(shards, num_examples, m, m)
+  else:
+    shard_rows, shard_sizes = np.zeros((m, 1), np.int32), np.ones(m, np.int32)
+
+  init_state = (params, tx.init(params), method.init(params))
+  stacked = jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (m,) + np.shape(x)).copy(), init_state)
+  replica_params, opt_state, extra = stacked
+  snap = jax.tree.map(np.zeros_like, replica_params)
+  gbuf = jax.tree.map(np.zeros_like, replica_params)
+  message_like = jax.eval_shape(method.message, params, init_state[2])
+  if plan.history > 1:
+    first = jax.jit(method.message)(params, init_state[2])
+    hist = jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (m, plan.history) + np.shape(x)).copy(), first)
+  else:
+    hist = ()
+  carry = (replica_params, opt_state, extra, snap, gbuf, hist)
+  carry_specs = (P(AXIS),) * 6
+  constants = (data, shard_rows, shard_sizes, np.arange(m, dtype=np.int32))
+  constant_specs = (P(), P(AXIS), P(AXIS), P(AXIS))
+  table_specs = {k: (P(None, AXIS) if v.ndim == 2 else P(None, None, AXIS)) if v.ndim >= 2 else P()
+                 for k, v in device_tables.items()}
+  metric_like = None if eval_fn is None else jax.eval_shape(eval_fn, params)
+
+  step = _step_function(
+      loss_fn=loss_fn, has_aux=has_aux, tx=tx, method=method, plan=plan, shifts=shifts, mixing=mixing,
+      seed=seed, num_examples=num_examples, batch_size=batch_size, sampling=sampling, eval_fn=eval_fn,
+      metric_like=metric_like, num_workers=m, sharded=mesh is not None, num_devices=num_devices,
+      message_like=message_like)
+  output_specs = {"loss": P(), "loss_min": P(), "loss_max": P(), "count": P(), "consensus": P(),
+                  "finite": P(), "metrics": P(), "replica_metrics": P()}
+
+  def chunk_tables(chunk):
+    return {k: v[chunk * chunk_size:(chunk + 1) * chunk_size] for k, v in device_tables.items()}
+
+  def collect(chunk, tabs, outputs):
+    steps = slice(chunk * chunk_size, min((chunk + 1) * chunk_size, plan.num_steps))
+    n = steps.stop - steps.start
+    count = _engine.host(outputs["count"])[:n]
+    loss = np.where(count > 0, _engine.host(outputs["loss"])[:n] / np.maximum(count, 1), np.nan)
+    with np.errstate(invalid="ignore"):
+      spread = np.where(count > 0, _engine.host(outputs["loss_max"])[:n] - _engine.host(outputs["loss_min"])[:n],
+                        np.nan)
+    finite = _engine.host(outputs["finite"])[:n]
+    bad = tabs["lane_active"][:n] & ~finite
+    rows = np.stack([np.nonzero(bad)[1], tabs["lane_index"][:n][bad]], axis=1)
+    flags = tabs["eval"][:n]
+    rec = {"loss": loss.astype(np.float32), "spread": spread.astype(np.float32),
+           "consensus": _engine.host(outputs["consensus"])[:n].astype(np.float32),
+           "nonfinite": rows.astype(np.int64)}
+    if eval_fn is not None:
+      rec["metrics"] = jax.tree.map(lambda x: _engine.host(x)[:n][flags], outputs["metrics"])
+      rec["replica_metrics"] = jax.tree.map(lambda x: _engine.host(x)[:n][flags], outputs["replica_metrics"])
+    return rec
+
+  def like(tree, lead):
+    return jax.tree.map(lambda s: np.zeros(lead + tuple(s.shape), s.dtype), tree)
+
+  records_like = {"loss": np.zeros(0, np.float32), "spread": np.zeros(0, np.float32),
+                  "consensus": np.zeros(0, np.float32), "nonfinite": np.zeros((0, 2), np.int64)}
+  if eval_fn is not None:
+    records_like["metrics"] = like(metric_like, (0,))
+    records_like["replica_metrics"] = like(metric_like, (0, m))
+
+  def initial(placed):
+    if eval_fn is None:
+      return {}
+    # Every replica starts from params (z = x / 1 for push-sum).
+    metrics = jax.jit(eval_fn)(params)
+    return {"metrics": jax.tree.map(lambda x: np.asarray(x)[None], metrics),
+            "replica_metrics": jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (1, m)).copy(), metrics)}
+
+  def progress(chunk):
+    return {"steps_done": min((chunk + 1) * chunk_size, plan.num_steps), "num_steps": plan.num_steps,
+            "chunk": chunk, "num_chunks": num_chunks}
+
+  fingerprint = _fingerprint(schedule, method=method.name, seed=seed, batch_size=batch_size, sampling=sampling,
+                             chunk_size=chunk_size, phases=plan.phases, has_eval=eval_fn is not None,
+                             eval_every=eval_every, num_devices=num_devices,
+                             shards=None if shards is None else hashlib.sha256(
+                                 b"".join(np.ascontiguousarray(np.asarray(s)).tobytes() for s in shards)).hexdigest())
+  program = _engine.Program(
+      carry=carry, carry_specs=carry_specs, constants=constants, constant_specs=constant_specs, step=step,
+      table_specs=table_specs, output_specs=output_specs, num_chunks=num_chunks, tables=chunk_tables,
+      collect=collect, records_like=records_like, progress=progress, fingerprint=fingerprint,
+      initial=initial if eval_fn is not None else None)
+  final, records = _engine.run(program, mesh=mesh, checkpoint_dir=checkpoint_dir,
+                               checkpoint_name=_CHECKPOINT_FILE, resume=resume, callback=callback)
+
+  params_out, opt_out, extra_out = (jax.tree.map(gathered, x) for x in final[:3])
+  z = jax.vmap(method.grad_params)(params_out, extra_out)
+  average = jax.tree.map(lambda x: jnp.mean(x, axis=0), z)
+  steps_evaluated = np.flatnonzero(eval_flag)
+  history = GossipHistory(
+      events=host_tables["step_events"][:plan.num_steps].copy(),
+      gradients=host_tables["step_grads"][:plan.num_steps].copy(),
+      time=host_tables["step_time"][:plan.num_steps].copy(),
+      loss=records["loss"], loss_spread=records["spread"], consensus=records["consensus"],
+      eval_gradients=(np.r_[0, grads_done[steps_evaluated]].astype(np.int64) if eval_fn is not None
+                      else np.zeros(0, np.int64)),
+      eval_time=(np.r_[0.0, host_tables["step_time"][steps_evaluated]] if eval_fn is not None
+                 else np.zeros(0)),
+      eval_metrics=records.get("metrics"), replica_metrics=records.get("replica_metrics"),
+      nonfinite=sorted_pairs(records["nonfinite"]))
+  stats = {"num_steps": plan.num_steps, "phases": plan.phases, "slots": int(plan.used.sum()),
+           "lane_utilization": plan.lane_utilization, "mixing": mixing, "history": plan.history,
+           "num_devices": num_devices, "chunk_size": chunk_size, "num_chunks": num_chunks}
+  return GossipResult(params_out, opt_out, extra_out, average, history, stats)
+
+
+def _fingerprint(schedule: GossipSchedule, **config: Any) -> str:
+  h = hashlib.sha256()
+  for name in ("time", "kind", "worker", "num_batches", "mix", "members", "weights", "lag", "receives", "mixes"):
+    h.update(np.ascontiguousarray(getattr(schedule, name)).tobytes())
+  h.update(repr(sorted(config.items())).encode())
+  return h.hexdigest()
+
+
+def _roll(x: jax.Array, shift: int, num_workers: int, num_devices: int, sharded: bool) -> jax.Array:
+  """``y[i] = x[(i + shift) mod M]`` along the replica axis: ``jnp.roll`` on one device, ``ppermute``
+  of whole blocks across the mesh (each device holds ``M / D`` consecutive replicas)."""
+  if not sharded:
+    return jnp.roll(x, -shift, axis=0)
+  block = num_workers // num_devices
+  q, r = divmod(shift % num_workers, block)
+
+  def from_device(offset):
+    offset %= num_devices
+    if offset == 0:
+      return x
+    return jax.lax.ppermute(x, AXIS, [((d + offset) % num_devices, d) for d in range(num_devices)])
+
+  first = from_device(q)
+  if r == 0:
+    return first
+  return jnp.concatenate([first[r:], from_device(q + 1)[:r]], axis=0)
+
+
+def _step_function(*, loss_fn, has_aux, tx, method, plan: ReplicaPlan, shifts, mixing, seed, num_examples,
+                   batch_size, sampling, eval_fn, metric_like, num_workers, sharded, num_devices, message_like):
+  """One step of the replica runtime (per device under ``shard_map``)."""
+  del message_like
+  max_batches = plan.max_batches
+  history = plan.history
+
+  def total(x):
+    return jax.lax.psum(x, AXIS) if sharded else x
+
+  def gather_all(tree):
+    return jax.tree.map(lambda x: jax.lax.all_gather(x, AXIS, axis=0, tiled=True), tree) if sharded else tree
+
+  def lane(data, stale, index, draw, batches, worker, shard_row, shard_size):
+    def one(b):
+      idx = minibatch_indices(seed, index, worker, draw + b, num_examples=num_examples, batch_size=batch_size,
+                              sampling=sampling, shard=shard_row, shard_size=shard_size)
+      batch = jax.tree.map(lambda x: x[idx], data)
+      out, grad = jax.value_and_grad(loss_fn, has_aux=has_aux)(stale, batch)
+      return jnp.asarray(out[0] if has_aux else out).astype(jnp.float32), grad
+
+    if max_batches == 1:
+      return one(0)
+
+    def body(acc, b):
+      loss, grad = one(b)
+      keep = b < batches
+      return (acc[0] + jnp.where(keep, loss, 0.0),
+              jax.tree.map(lambda a, g: a + jnp.where(keep, g, jnp.zeros((), g.dtype)), acc[1], grad)), None
+
+    (loss, grad), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, stale)),
+                                   jnp.arange(max_batches, dtype=jnp.int32))
+    n = jnp.maximum(batches, 1)
+    return loss / n.astype(jnp.float32), jax.tree.map(lambda g: g / n.astype(g.dtype), grad)
+
+  def combine(values, weight, src):
+    """Rows ``sum_k weight[a, k] * values[src[a, k]]`` for the local receivers ``a``."""
+    if mixing == "shift":
+      def leaf(x):
+        acc = None
+        for j, s in enumerate(shifts):
+          term = weight[:, j].astype(x.dtype).reshape((-1,) + (1,) * (x.ndim - 1)) * _roll(
+              x, s, num_workers, num_devices, sharded)
+          acc = term if acc is None else acc + term
+        return acc
+      return jax.tree.map(leaf, values)
+    full = gather_all(values)
+    if mixing == "dense":
+      return jax.tree.map(lambda x: jnp.tensordot(weight.astype(x.dtype), x, axes=1), full)
+
+    def leaf(x):
+      acc = None
+      for k in range(src.shape[1]):
+        term = weight[:, k].astype(x.dtype).reshape((-1,) + (1,) * (x.ndim - 1)) * x[src[:, k]]
+        acc = term if acc is None else acc + term
+      return acc
+    return jax.tree.map(leaf, full)
+
+  def gathered_with_history(current, hist):
+    """All messages followed by every replica's kept past messages: ``M + M * H`` rows."""
+    full_c, full_h = gather_all(current), gather_all(hist)
+    return jax.tree.map(lambda c, h: jnp.concatenate([c, h.reshape((-1,) + h.shape[2:])], axis=0), full_c, full_h)
+
+  def write_history(hist, mask, slot, params, extra):
+    if history == 1:
+      return hist
+    msg = jax.vmap(method.message)(params, extra)
+    onehot = (jnp.arange(history)[None, :] == slot[:, None]) & mask[:, None]
+    return jax.tree.map(lambda h, v: jnp.where(onehot.reshape(onehot.shape + (1,) * (v.ndim - 1)), v[:, None], h),
+                        hist, msg)
+
+  def params_mix(params, extra, hist, tab, p):
+    recv, member = tab["mix_recv"][p], tab["mix_member"][p]
+    if method.advance is not None:
+      advanced = jax.vmap(method.advance)(params, extra, tab["mix_dt"][p])
+      params, extra = _where(member, advanced[0], params), _where(member, advanced[1], extra)
+    msgs = jax.vmap(method.message)(params, extra)
+    if history > 1:
+      full = gathered_with_history(msgs, hist)
+      mixed = jax.tree.map(lambda x: _gather_rows(x, tab["mix_weight"][p], tab["mix_src"][p]), full)
+    else:
+      mixed = combine(msgs, tab["mix_weight"][p], tab["mix_src"][p] if "mix_src" in tab else None)
+    dt = tab["mix_dt"][p]
+    new_params, new_extra = jax.vmap(method.receive)(params, extra, mixed, tab["mix_self"][p], dt)
+    params, extra = _where(recv, new_params, params), _where(recv, new_extra, extra)
+    hist = write_history(hist, recv, tab["mix_hist"][p], params, extra)
+    return params, extra, hist
+
+  def step(carry, tab, consts):
+    params, opt_state, extra, snap, gbuf, hist = carry
+    data, shard_rows, shard_sizes, replica_ids = consts
+    active = tab["lane_active"]
+    loss, grads = jax.vmap(lane, in_axes=(None, 0, 0, 0, 0, 0, 0, 0))(
+        data, snap, tab["lane_index"], tab["lane_draw"], tab["lane_batches"], replica_ids, shard_rows, shard_sizes)
+    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(g.reshape(g.shape[0], -1)), axis=1)
+                                for g in jax.tree.leaves(grads)]), axis=0)
+    gbuf = _where(active, grads, gbuf)
+    for p in range(plan.phases):
+      if plan.used[p, SLOT_MIX]:
+        if plan.has_gmix:
+          mixed = combine(gbuf, tab["gmix_weight"][p], tab["gmix_src"][p] if "gmix_src" in tab else None)
+          gbuf = _where(tab["gmix_recv"][p], mixed, gbuf)
+        if plan.has_pmix:
+          params, extra, hist = params_mix(params, extra, hist, tab, p)
+      if plan.used[p, SLOT_GRAD]:
+        mask = tab["grad_mask"][p]
+        new = jax.vmap(method.apply, in_axes=(None, 0, 0, 0, 0, 0))(tx, gbuf, opt_state, params, extra,
+                                                                     tab["grad_dt"][p])
+        params, opt_state, extra = (_where(mask, new[0], params), _where(mask, new[1], opt_state),
+                                    _where(mask, new[2], extra))
+        hist = write_history(hist, mask, tab["grad_hist"][p], params, extra)
+      if plan.used[p, SLOT_READ]:
+        snap = _where(tab["read_mask"][p], jax.vmap(method.grad_params)(params, extra), snap)
+
+    z = jax.vmap(method.grad_params)(params, extra)
+    mean = jax.tree.map(lambda x: total(jnp.sum(x, axis=0)) / jnp.asarray(num_workers, x.dtype), z)
+    consensus = sum(total(jnp.sum(jnp.square(x - mu[None]).astype(jnp.float32)))
+                    for x, mu in zip(jax.tree.leaves(z), jax.tree.leaves(mean))) / num_workers
+    big = jnp.asarray(np.inf, jnp.float32)
+    out = {
+        "loss": total(jnp.sum(jnp.where(active, loss, 0.0))),
+        "loss_min": -jax.lax.pmax(-jnp.min(jnp.where(active, loss, big)), AXIS) if sharded
+        else jnp.min(jnp.where(active, loss, big)),
+        "loss_max": jax.lax.pmax(jnp.max(jnp.where(active, loss, -big)), AXIS) if sharded
+        else jnp.max(jnp.where(active, loss, -big)),
+        "count": total(jnp.sum(active.astype(jnp.int32))),
+        "consensus": consensus,
+        "finite": gather_all(finite) if sharded else finite,
+    }
+    if eval_fn is not None:
+      def evaluate(args):
+        avg, zs = args
+        return eval_fn(avg), gather_all(jax.vmap(eval_fn)(zs))
+
+      def skip(args):
+        return (jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_like),
+                jax.tree.map(lambda s: jnp.zeros((num_workers,) + s.shape, s.dtype), metric_like))
+
+      out["metrics"], out["replica_metrics"] = jax.lax.cond(tab["eval"], evaluate, skip, (mean, z))
+    else:
+      out["metrics"], out["replica_metrics"] = (), ()
+    return (params, opt_state, extra, snap, gbuf, hist), out
+
+  return step
+
+
+def _gather_rows(x: jax.Array, weight: jax.Array, src: jax.Array) -> jax.Array:
+  acc = None
+  for k in range(src.shape[1]):
+    term = weight[:, k].astype(x.dtype).reshape((-1,) + (1,) * (x.ndim - 1)) * x[src[:, k]]
+    acc = term if acc is None else acc + term
+  return acc

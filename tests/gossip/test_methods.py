@@ -1,0 +1,104 @@
+"""Each gossip method against a NumPy re-implementation of its rule, on short random event sequences."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import delayjax as dj
+from delayjax.cluster._gossip import GRADS, GossipSchedule
+
+sys.path.insert(0, os.path.dirname(__file__))
+from method_reference import random_schedule, regression, run_reference  # noqa: E402
+
+LR, BETA, BATCH = 0.05, 0.5, 4
+
+
+def _run(method, schedule, **kw):
+  data, loss_fn, params = regression()
+  return dj.simulate_gossip(loss_fn, optax.sgd(LR, momentum=BETA), method, params, data, schedule,
+                            batch_size=BATCH, **kw), data, params
+
+
+def _stacked(params):
+  return np.concatenate([np.asarray(params["w"], np.float64), np.asarray(params["b"], np.float64)[:, None]], axis=1)
+
+
+CASES = [
+    ("d_psgd", lambda: dj.gossip.d_psgd(), dict(group=3), {}),
+    ("ad_psgd", lambda: dj.gossip.ad_psgd(), dict(group=2, lag=2), {}),
+    ("sgp", lambda: dj.gossip.sgp(), dict(group=2, push_sum=True, lag=2), {}),
+    ("gossip_grad", lambda: dj.gossip.gossip_grad(), dict(group=2, mixes=GRADS), {}),
+    ("dc_s3gd", lambda: dj.gossip.dc_s3gd(0.7), dict(group=4), dict(lam=0.7)),
+    ("a2cid2", lambda: dj.gossip.a2cid2(0.4, 0.3, time_unit=0.8), dict(group=2),
+     dict(eta=0.4, beta_tilde=0.3, time_unit=0.8)),
+]
+
+
+@pytest.mark.parametrize("name,make,schedule_kw,rule_kw", CASES, ids=[c[0] for c in CASES])
+def test_method_matches_numpy_rule(name, make, schedule_kw, rule_kw):
+  schedule = random_schedule(4, 60, seed=3, max_batches=2, **schedule_kw)
+  result, data, params = _run(make(), schedule)
+  ref = run_reference(name if name != "ad_psgd" else "d_psgd", schedule, params, data, lr=LR, beta=BETA,
+                      batch_size=BATCH, **rule_kw)
+  np.testing.assert_allclose(_stacked(result.params), ref["x"], rtol=2e-5, atol=2e-6)
+  if name == "sgp":
+    np.testing.assert_allclose(np.asarray(result.extra.weight), ref["w"], rtol=1e-6)
+  if name == "a2cid2":
+    np.testing.assert_allclose(_stacked(result.extra.tilde), ref["tilde"], rtol=2e-5, atol=2e-6)
+  if name == "dc_s3gd":
+    np.testing.assert_allclose(_stacked(result.extra.average), ref["average"], rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.standard_promotion
+@pytest.mark.parametrize("make", [dj.gossip.d_psgd, dj.gossip.sgp, dj.gossip.gossip_grad,
+                                  lambda: dj.gossip.dc_s3gd(0.5), lambda: dj.gossip.a2cid2(0.3, 0.2)])
+def test_one_replica_is_plain_training_bit_for_bit(make):
+  # One replica: reads and gradients alternate; mixes of it alone with weight 1 change nothing.
+  method = make()
+  rows_kind = [0, 1] * 6
+  schedule = GossipSchedule(
+      num_workers=1, time=np.arange(12.0), kind=np.array(rows_kind, np.int8), worker=np.zeros(12, np.int64),
+      num_batches=np.ones(12, np.int64), mix=-np.ones(12, np.int64), members=np.zeros((0, 1), np.int64),
+      weights=np.zeros((0, 1, 1)), lag=np.zeros((0, 1), np.int64), receives=np.zeros((0, 1), bool),
+      mixes=np.zeros(0, np.int8))
+  data, loss_fn, params = regression()
+  tx = optax.adam(0.05)
+  result = dj.simulate_gossip(loss_fn, tx, method, params, data, schedule, batch_size=BATCH)
+  p, s = jax.tree.map(jnp.asarray, params), tx.init(params)
+  for k in range(6):
+    idx = dj.runtime.minibatch_indices(0, k, 0, k, num_examples=40, batch_size=BATCH)
+    g = jax.grad(loss_fn)(p, jax.tree.map(lambda x: jnp.asarray(x)[idx], data))
+    u, s = tx.update(g, s, p)
+    p = optax.apply_updates(p, u)
+  for a, b in zip(jax.tree.leaves(result.params), jax.tree.leaves(p)):
+    np.testing.assert_array_equal(np.asarray(a)[0], np.asarray(b))
+
+
+def test_acid_constants_on_a_ring_match_the_closed_form():
+  # Ring of M nodes, W = (S + S^T)/2: lambda_2(I - W) = 1 - cos(2 pi / M); an edge's effective resistance
+  # with conductance 1/2 is 2 (M - 1) / M, so chi_2 = (M - 1) / M.
+  m = 8
+  adjacency = np.roll(np.eye(m), 1, axis=1) + np.roll(np.eye(m), -1, axis=1)
+  chi_1, chi_2 = 1.0 / (1.0 - np.cos(2 * np.pi / m)), (m - 1) / m
+  eta, beta = dj.gossip.acid_constants(adjacency)
+  assert eta == pytest.approx(0.5 / np.sqrt(chi_1 * chi_2))
+  assert beta == pytest.approx(0.5 * np.sqrt(chi_1 / chi_2))
+  # Twice the communication rate: L doubles, chi_1 and chi_2 halve.
+  eta2, beta2 = dj.gossip.acid_constants(adjacency, rate=2.0)
+  assert eta2 == pytest.approx(2 * eta) and beta2 == pytest.approx(beta)
+
+
+def test_bad_arguments_name_themselves():
+  with pytest.raises(ValueError, match="eta"):
+    dj.gossip.a2cid2(-1.0, 0.1)
+  with pytest.raises(ValueError, match="lam"):
+    dj.gossip.dc_s3gd(-0.1)
+  with pytest.raises(ValueError, match="connected"):
+    dj.gossip.acid_constants(np.zeros((3, 3)))

@@ -1,0 +1,169 @@
+"""``dj.simulate_gossip``: devices, restarts, history, non-finite reports and argument checks."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import delayjax as dj
+from delayjax.cluster._gossip import GossipSchedule
+
+sys.path.insert(0, os.path.dirname(__file__))
+from method_reference import flat, random_schedule, regression, run_reference  # noqa: E402
+
+LR, BETA, BATCH = 0.05, 0.5, 4
+
+
+def _ring_rounds(num_workers: int, rounds: int) -> GossipSchedule:
+  """Synchronous rounds on a ring: all replicas read, average with both neighbours (one MIX), then step."""
+  ring = np.zeros((num_workers, num_workers))
+  for i in range(num_workers):
+    ring[i, [i, (i - 1) % num_workers, (i + 1) % num_workers]] = 1.0 / 3.0
+  rows = []
+  for r in range(rounds):
+    rows += [(3.0 * r, 0, i) for i in range(num_workers)] + [(3.0 * r + 1, 2, -1)]
+    rows += [(3.0 * r + 2, 1, i) for i in range(num_workers)]
+  kind = np.array([x[1] for x in rows], np.int8)
+  return GossipSchedule(
+      num_workers=num_workers, time=[x[0] for x in rows], kind=kind, worker=np.array([x[2] for x in rows]),
+      num_batches=np.where(kind == 2, 0, 1), mix=np.where(kind == 2, np.cumsum(kind == 2) - 1, -1),
+      members=np.tile(np.arange(num_workers), (rounds, 1)), weights=np.broadcast_to(ring, (rounds,) + ring.shape),
+      lag=np.zeros((rounds, num_workers), np.int64), receives=np.ones((rounds, num_workers), bool),
+      mixes=np.zeros(rounds, np.int8))
+
+
+def _run(schedule, method=None, **kw):
+  data, loss_fn, params = regression()
+  return dj.simulate_gossip(loss_fn, optax.sgd(LR, momentum=BETA), method or dj.gossip.d_psgd(), params, data,
+                            schedule, batch_size=BATCH, **kw)
+
+
+def _equal(a, b):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.mark.parametrize("kind", ["pairs", "ring"])
+def test_one_device_and_eight_agree_bit_for_bit(kind):
+  mesh = jax.make_mesh((8,), ("workers",))
+  if kind == "pairs":
+    # Arbitrary partners, late messages: the all-gather fallback.
+    schedule, method = random_schedule(8, 90, seed=5, group=2, lag=1, push_sum=True), dj.gossip.sgp()
+  else:
+    # Fixed offsets -1, 0, +1: lax.ppermute.
+    schedule, method = _ring_rounds(8, 3), dj.gossip.d_psgd()
+  one = _run(schedule, method)
+  eight = _run(schedule, method, mesh=mesh)
+  assert eight.stats["mixing"] == ("gather" if kind == "pairs" else "shift")
+  _equal((one.params, one.extra, one.opt_state), (eight.params, eight.extra, eight.opt_state))
+  # Summed over devices (psum) rather than over one array: equal up to rounding.
+  np.testing.assert_allclose(one.history.consensus, eight.history.consensus, rtol=1e-6)
+
+
+def test_resume_is_bit_identical(tmp_path):
+  schedule = random_schedule(4, 70, seed=2, group=2)
+  full = _run(schedule, chunk_size=3)
+
+  def stop_after_two(info):
+    if info["chunk"] == 1:
+      raise KeyboardInterrupt
+
+  with pytest.raises(KeyboardInterrupt):
+    _run(schedule, chunk_size=3, checkpoint_dir=tmp_path, callback=stop_after_two)
+  resumed = _run(schedule, chunk_size=3, checkpoint_dir=tmp_path)
+  _equal((full.params, full.opt_state), (resumed.params, resumed.opt_state))
+  np.testing.assert_array_equal(full.history.loss, resumed.history.loss)
+  np.testing.assert_array_equal(full.history.consensus, resumed.history.consensus)
+  with pytest.raises(ValueError, match="different run"):
+    _run(random_schedule(4, 70, seed=3, group=2), chunk_size=3, checkpoint_dir=tmp_path)
+
+
+def test_complete_graph_full_averaging_is_all_reduce_sgd():
+  # Rounds READ, GRAD, MIX with W = 1/M on all replicas: x <- mean_i (x - lr g_i(x)) = x - lr mean_i g_i(x).
+  m, rounds = 4, 5
+  rows = []
+  for r in range(rounds):
+    rows += [(3.0 * r, 0, i) for i in range(m)] + [(3.0 * r + 1, 1, i) for i in range(m)] + [(3.0 * r + 2, 2, -1)]
+  kind = np.array([x[1] for x in rows], np.int8)
+  k = rounds
+  schedule = GossipSchedule(
+      num_workers=m, time=[x[0] for x in rows], kind=kind, worker=np.array([x[2] for x in rows]),
+      num_batches=np.where(kind == 2, 0, 1), mix=np.where(kind == 2, np.cumsum(kind == 2) - 1, -1),
+      members=np.tile(np.arange(m), (k, 1)), weights=np.full((k, m, m), 1.0 / m), lag=np.zeros((k, m), np.int64),
+      receives=np.ones((k, m), bool), mixes=np.zeros(k, np.int8))
+  data, loss_fn, params = regression()
+  result = dj.simulate_gossip(loss_fn, optax.sgd(LR), dj.gossip.d_psgd(), params, data, schedule,
+                              batch_size=BATCH, eval_fn=lambda p: {"loss": loss_fn(p, data)}, eval_every=8)
+  theta = flat(params)
+  from method_reference import grad
+  for r in range(rounds):
+    gs = [grad(theta, data, np.asarray(dj.runtime.minibatch_indices(0, r, i, r, num_examples=40,
+                                                                     batch_size=BATCH))) for i in range(m)]
+    theta = theta - LR * np.mean(gs, axis=0)
+  for i in range(m):
+    np.testing.assert_allclose(flat(jax.tree.map(lambda x: x[i], result.params)), theta, rtol=1e-5, atol=1e-6)
+  # Full averaging leaves no disagreement; evaluations at 0, 8, 16 and 20 gradients, of the average model.
+  np.testing.assert_allclose(result.history.consensus, 0.0, atol=1e-10)
+  np.testing.assert_array_equal(result.history.eval_gradients, [0, 8, 16, 20])
+  x = np.asarray(data["x"], np.float64)
+  want = np.mean((x @ theta[:-1] + theta[-1] - np.asarray(data["y"], np.float64)) ** 2)
+  np.testing.assert_allclose(result.history.eval_metrics["loss"][-1], want, rtol=1e-5)
+  assert result.history.replica_metrics["loss"].shape == (4, m)
+
+
+def test_history_consensus_and_loss_match_the_reference():
+  schedule = random_schedule(4, 50, seed=7, group=2)
+  data, loss_fn, params = regression()
+  result = _run(schedule)
+  ref = run_reference("d_psgd", schedule, params, data, lr=LR, beta=BETA, batch_size=BATCH)
+  want = np.mean(np.sum((ref["x"] - ref["x"].mean(axis=0)) ** 2, axis=1))
+  np.testing.assert_allclose(result.history.consensus[-1], want, rtol=1e-4)
+  assert result.history.gradients[-1] == int(np.sum(schedule.kind == 1))
+  assert result.history.events[-1] == schedule.num_events
+  np.testing.assert_array_equal(np.diff(result.history.time) >= 0, True)
+  np.testing.assert_allclose(flat(jax.tree.map(np.asarray, result.average)), ref["x"].mean(axis=0), rtol=1e-5)
+
+
+def test_nonfinite_gradients_are_reported():
+  schedule = random_schedule(4, 40, seed=1, group=2)
+  data, loss_fn, params = regression()
+  data = dict(data, y=data["y"].copy())
+  data["y"][::2] = np.inf
+  # Zero updates keep every model finite, so a gradient is non-finite iff its minibatch has an even example.
+  result = dj.simulate_gossip(loss_fn, optax.set_to_zero(), dj.gossip.d_psgd(), params, data, schedule,
+                              batch_size=2)
+  reads = np.zeros(4, int)
+  want = []
+  for e in range(schedule.num_events):
+    if schedule.kind[e] == 0:
+      i = int(schedule.worker[e])
+      idx = np.asarray(dj.runtime.minibatch_indices(0, int(reads[i]), i, int(schedule.batch_index()[e]),
+                                                    num_examples=40, batch_size=2))
+      later = np.any((schedule.kind[e + 1:] == 1) & (schedule.worker[e + 1:] == i))
+      if np.any(idx % 2 == 0) and later:
+        want.append((i, reads[i]))
+      reads[i] += 1
+  assert len(want) > 0
+  np.testing.assert_array_equal(result.history.nonfinite, sorted(want))
+
+
+def test_bad_arguments_name_themselves():
+  schedule = random_schedule(4, 20, seed=0)
+  data, loss_fn, params = regression()
+  tx = optax.sgd(0.1)
+  with pytest.raises(TypeError, match="method"):
+    dj.simulate_gossip(loss_fn, tx, "d_psgd", params, data, schedule)
+  with pytest.raises(TypeError, match="schedule"):
+    dj.simulate_gossip(loss_fn, tx, dj.gossip.d_psgd(), params, data, None)
+  with pytest.raises(ValueError, match="batch_size"):
+    dj.simulate_gossip(loss_fn, tx, dj.gossip.d_psgd(), params, data, schedule, batch_size=0)
+  with pytest.raises(ValueError, match="split evenly"):
+    dj.simulate_gossip(loss_fn, tx, dj.gossip.d_psgd(), params, data, schedule, mesh=jax.make_mesh((8,), ("workers",)))
+  with pytest.raises(ValueError, match="mixes gradients"):
+    dj.simulate_gossip(loss_fn, tx, dj.gossip.gossip_grad(), params, data, schedule)
