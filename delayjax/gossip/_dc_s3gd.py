@@ -15,21 +15,20 @@ from delayjax.gossip._method import PARAMS, GossipMethod, params_themselves
 class DCS3GDState(NamedTuple):
   """Per-replica state of :func:`dc_s3gd`."""
 
-  average: Any  # pytree like params: the last all-reduced model x_bar the replica knows
-  update: Any  # pytree like params: the replica's last update, sent in the next all-reduce (zeros at the start)
+  average: Any  # pytree like params: the last all-reduced model x_bar the replica knows (params at the start)
 
 
 def dc_s3gd(lam: float = 0.04) -> GossipMethod:
   r"""DC-S3GD: each replica's update is all-reduced one step late, and its gradient delay-compensated.
 
   Replica :math:`i` keeps its local model :math:`x_i` (its ``params``, where
-  it computes gradients), the last all-reduced model :math:`\bar x_i` it
-  knows and its last update :math:`u_i` (zero at the start). A ``PARAMS``
-  mix (the all-reduce, weights :math:`W`, normally :math:`1/M`) combines
-  the members' last updates into the average,
-  :math:`\bar x_i \leftarrow \bar x_i + \sum_j W_{ij}\, u_j`; a ``GRAD``
-  corrects the gradient computed at the local model towards the average with
-  DC-ASGD's first-order term, steps the average and continues from there:
+  it computes gradients) and the last all-reduced model :math:`\bar x_i` it
+  knows (``params`` at the start). A ``PARAMS`` mix (the all-reduce, weights
+  :math:`W`, normally :math:`1/M`) averages the members' local models into
+  it, :math:`\bar x_i \leftarrow \sum_j W_{ij}\, x_j`, and leaves
+  :math:`x_i` alone; a ``GRAD`` corrects the gradient computed at the local
+  model towards the average with DC-ASGD's first-order term, steps the
+  average and continues from there:
 
   .. math::
 
@@ -38,10 +37,12 @@ def dc_s3gd(lam: float = 0.04) -> GossipMethod:
     x_i \leftarrow \bar x_i + u_i
 
   so in synchronous rounds ``READ``, ``MIX``, ``GRAD`` the gradient of round
-  :math:`k` is taken at :math:`\bar x^{k-1} + u_i^{k-1}` while the all-reduce
-  of round :math:`k - 1`'s updates is in flight (computation and
-  communication overlap), and the model all replicas agree on is
-  :math:`\bar x^{k} = \bar x^{k-1} + \tfrac1M \sum_j u_j^{k-1}`. With
+  :math:`k` is taken at :math:`x_i^k = \bar x^{k-1} + u_i^{k-1}` while the
+  all-reduce of the :math:`x^k` is in flight (computation and communication
+  overlap): every replica's update reaches the others one step late, and the
+  model they agree on is :math:`\bar x^{k} = \bar x^{k-1} + \tfrac1M
+  \sum_j u_j^{k-1}` (averaging the models rather than the updates gives the
+  same average, and with one replica exactly its model). With
   ``lam=0`` it is the same stale-synchronous scheme without compensation;
   with one replica, plain training with ``tx``.
 
@@ -72,21 +73,17 @@ def dc_s3gd(lam: float = 0.04) -> GossipMethod:
   lam = check_float("lam", lam, minimum=0.0)
 
   def init(params):
-    return DCS3GDState(jax.tree.map(jnp.array, params), jax.tree.map(jnp.zeros_like, params))
+    return DCS3GDState(jax.tree.map(jnp.array, params))
 
   def apply(tx, grads, opt_state, params, extra, dt):
     del dt
     corrected = jax.tree.map(lambda g, a, x: g + jnp.asarray(lam, g.dtype) * g * g * (a - x),
                              grads, extra.average, params)
     update, opt_state = tx.update(corrected, opt_state, extra.average)
-    return optax.apply_updates(extra.average, update), opt_state, DCS3GDState(extra.average, update)
-
-  def message(params, extra):
-    del params
-    return extra.update
+    return optax.apply_updates(extra.average, update), opt_state, extra
 
   def receive(params, extra, mixed, self_weight, dt):
-    del self_weight, dt
-    return params, DCS3GDState(jax.tree.map(jnp.add, extra.average, mixed), extra.update)
+    del extra, self_weight, dt
+    return params, DCS3GDState(mixed)
 
-  return GossipMethod("dc_s3gd", init, params_themselves, apply, message, receive, mixes=PARAMS)
+  return GossipMethod("dc_s3gd", init, params_themselves, apply, params_themselves, receive, mixes=PARAMS)

@@ -36,6 +36,28 @@ _SLOT_COST = 0.3
 _PHASE_CANDIDATES = (1, 2, 3, 4)
 # Mixing rows wider than this are applied as a dense [M, M] matrix product instead of a gather.
 DENSE_WIDTH = 8
+# Mixes whose sources sit at no more than this many fixed offsets (b - a) mod M move by whole-axis rolls.
+MAX_SHIFTS = 4
+
+
+def mixing_form(schedule: Any) -> tuple[str, tuple[int, ...]]:
+  """How the runtime combines messages: ``("shift", offsets)`` when every nonzero weight of every mix
+  sits at one of at most ``MAX_SHIFTS`` offsets ``(b - a) mod M`` and no message is late (rolls, or
+  ``lax.ppermute`` on a mesh); else ``("gather", ())`` for groups of at most ``DENSE_WIDTH`` and
+  ``("dense", ())`` (an ``[M, M]`` matrix per slot) for wider ones."""
+  m = schedule.num_workers
+  members = np.asarray(schedule.members)
+  weights = np.asarray(schedule.weights)
+  if members.shape[0] == 0:
+    return "shift", (0,)
+  valid = members >= 0
+  used = (weights != 0) & valid[:, :, None] & valid[:, None, :] & np.asarray(schedule.receives)[:, :, None]
+  offsets = (members[:, None, :] - members[:, :, None]) % m
+  found = set(np.unique(offsets[used]).tolist()) | {0}
+  lags = np.asarray(schedule.lag)
+  if len(found) <= MAX_SHIFTS and not np.any(lags[np.asarray(schedule.mixes) != GRADS] > 0):
+    return "shift", tuple(sorted(found))
+  return ("dense" if members.shape[1] > DENSE_WIDTH else "gather"), ()
 
 
 def place_events(kind: np.ndarray, worker: np.ndarray, mix: np.ndarray, members: np.ndarray,
@@ -95,12 +117,13 @@ class ReplicaPlan(NamedTuple):
   """Everything the compiled step needs, as per-step NumPy tables (leading axis: steps).
 
   ``lane_*`` ``[S, M]``: the gradient each replica computes at the start of a step: ``lane_active``,
-  ``lane_index`` (the replica's gradient count, the ``update`` of its minibatches), ``lane_draw`` (its
-  first minibatch's draw), ``lane_batches`` (minibatches, 0 when inactive). ``grad_*`` ``[S, P, M]``:
-  ``grad_mask``, ``grad_dt`` (time since the replica's previous GRAD or MIX), ``grad_hist`` (history slot
-  written). ``read_mask`` ``[S, P, M]``. Mixes ``[S, P, M, K]`` (gather) or ``[S, P, M, M]`` (dense):
-  ``mix_src``, ``mix_weight``; ``[S, P, M]``: ``mix_recv``, ``mix_self`` (own weight), ``mix_member``
-  (advanced to the event's time), ``mix_dt``, ``mix_hist``; ``gmix_*`` likewise for mixes of gradients.
+  ``lane_index`` (the replica's gradient count), ``lane_draw`` (the replica's number of its first
+  minibatch), ``lane_batches`` (minibatches, 0 when inactive). ``grad_*`` ``[S, P, M]``: ``grad_mask``,
+  ``grad_dt`` (time since the replica's previous GRAD or MIX), ``grad_hist`` (history slot written).
+  ``read_mask`` ``[S, P, M]``. Mixes ``[S, P, M, K]``: ``mix_weight`` (per offset for ``"shift"``, per
+  source for ``"gather"`` with its ``mix_src``, per replica for ``"dense"``); ``[S, P, M]``:
+  ``mix_recv``, ``mix_self`` (own weight), ``mix_member`` (advanced to the event's time), ``mix_dt``,
+  ``mix_hist``; ``gmix_*`` likewise for mixes of gradients.
   ``step_time``, ``step_events``, ``step_grads`` ``[S]``: simulated time reached, events and GRAD events
   done after each step.
   """
@@ -108,8 +131,9 @@ class ReplicaPlan(NamedTuple):
   num_steps: int
   phases: int
   used: np.ndarray  # bool [P, 3]
-  dense: bool  # mixes as [M, M] matrices
-  width: int  # K
+  mixing: str  # "shift", "gather" or "dense"
+  shifts: tuple[int, ...]  # the offsets of "shift" mixing
+  width: int  # K: entries of a mixing row
   history: int  # H: past messages kept per replica (1: none)
   has_pmix: bool
   has_gmix: bool
@@ -142,8 +166,10 @@ def make_plan(schedule: Any, *, phases: int | None = None) -> ReplicaPlan:
   pmix = is_mix & (event_mixes != GRADS)
   gmix = is_mix & (event_mixes == GRADS)
   group = max(1, members.shape[1])
-  dense = group > DENSE_WIDTH
-  width = m if dense else group
+  mixing, shifts = mixing_form(schedule)
+  dense = mixing == "dense"
+  width = {"shift": len(shifts), "gather": group, "dense": m}[mixing]
+  shift_index = {s_: j for j, s_ in enumerate(shifts)}
   lags = np.asarray(schedule.lag)
   history = int(lags[mixes != GRADS].max()) + 1 if pmix.any() and lags.size else 1
   batches = np.asarray(schedule.num_batches)
@@ -163,8 +189,8 @@ def make_plan(schedule: Any, *, phases: int | None = None) -> ReplicaPlan:
   for prefix, present in (("mix", pmix.any()), ("gmix", gmix.any())):
     if not present:
       continue
-    t[f"{prefix}_src"] = np.tile(np.arange(m, dtype=np.int32)[:, None], (num_steps, phases, 1, width)) if not dense \
-        else np.zeros((num_steps, phases, m, 0), np.int32)
+    if mixing == "gather":
+      t[f"{prefix}_src"] = np.tile(np.arange(m, dtype=np.int32)[:, None], (num_steps, phases, 1, width))
     t[f"{prefix}_weight"] = np.zeros((num_steps, phases, m, width), np.float32)
     t[f"{prefix}_recv"] = np.zeros((num_steps, phases, m), bool)
     if prefix == "mix":
@@ -173,10 +199,17 @@ def make_plan(schedule: Any, *, phases: int | None = None) -> ReplicaPlan:
       t["mix_dt"] = np.zeros((num_steps, phases, m), np.float32)
       t["mix_hist"] = np.zeros((num_steps, phases, m), np.int32)
 
-  # A replica's last read without a gradient event after it is never computed.
-  is_read = kind == READ
-  unmatched = (np.bincount(worker[is_read], minlength=m) > np.bincount(worker[kind == GRAD], minlength=m))
-  reads_total = np.bincount(worker[is_read], minlength=m)
+  # A read's gradient is computed only if something uses it: its GRAD, or a mix of pending gradients.
+  needed = np.zeros(kind.shape[0], bool)
+  wanted = np.zeros(m, bool)
+  for e in range(kind.shape[0] - 1, -1, -1):
+    if kind[e] == GRAD:
+      wanted[worker[e]] = True
+    elif kind[e] == READ:
+      needed[e], wanted[worker[e]] = wanted[worker[e]], False
+    elif gmix[e]:
+      group_e = members[mix[e]]
+      wanted[group_e[group_e >= 0]] = True
   version = np.zeros(m, np.int64)
   last_time = np.zeros(m, np.float64)
   reads_done = np.zeros(m, np.int64)
@@ -187,8 +220,7 @@ def make_plan(schedule: Any, *, phases: int | None = None) -> ReplicaPlan:
     if k == READ:
       r = int(worker[e])
       t["read_mask"][s, p, r] = True
-      computed = not (unmatched[r] and reads_done[r] == reads_total[r] - 1) and s + 1 < num_steps
-      if computed:
+      if needed[e]:
         # The replica's lane computes it at the start of the next step.
         t["lane_active"][s + 1, r] = True
         t["lane_index"][s + 1, r] = reads_done[r]
@@ -215,9 +247,13 @@ def make_plan(schedule: Any, *, phases: int | None = None) -> ReplicaPlan:
         if not recv[a]:
           continue
         t[f"{prefix}_recv"][s, p, dst] = True
-        if dense:
+        if mixing == "dense":
           # Sources with a lag are not supported densely (checked by the runtime).
           t[f"{prefix}_weight"][s, p, dst, group_e] = w[a]
+        elif mixing == "shift":
+          for b, src in enumerate(group_e):
+            if w[a, b] != 0:
+              t[f"{prefix}_weight"][s, p, dst, shift_index[(src - dst) % m]] = w[a, b]
         else:
           for b, src in enumerate(group_e):
             lag = int(lags[k_mix, b]) if pmix[e] else 0
@@ -242,5 +278,5 @@ def make_plan(schedule: Any, *, phases: int | None = None) -> ReplicaPlan:
   step_grads = np.cumsum(np.bincount(step_of[kind == GRAD], minlength=num_steps)).astype(np.int64)
   t["step_time"], t["step_events"], t["step_grads"] = step_time, step_events, step_grads
   active = t["lane_active"].sum()
-  return ReplicaPlan(num_steps, phases, used, dense, width, history, bool(pmix.any()), bool(gmix.any()),
+  return ReplicaPlan(num_steps, phases, used, mixing, shifts, width, history, bool(pmix.any()), bool(gmix.any()),
                      max_batches, t, float(active) / max(1, num_steps * m))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from typing import Any, Callable, NamedTuple
@@ -109,37 +110,6 @@ def _where(mask: jax.Array, new: Any, old: Any) -> Any:
   return jax.tree.map(lambda n, o: jnp.where(mask.reshape(mask.shape + (1,) * (o.ndim - 1)), n, o), new, old)
 
 
-def _shifts(plan: ReplicaPlan, num_workers: int) -> tuple[int, ...] | None:
-  """The static source offsets ``(src - dst) mod M`` of every mixing row, when few and lag-free."""
-  if plan.dense or plan.history > 1:
-    return None
-  offsets = set()
-  for prefix in ("mix", "gmix"):
-    if f"{prefix}_src" not in plan.tables:
-      continue
-    src, weight = plan.tables[f"{prefix}_src"], plan.tables[f"{prefix}_weight"]
-    dst = np.arange(num_workers)[None, None, :, None]
-    offsets.update(np.unique(((src - dst) % num_workers)[weight != 0]).tolist())
-  offsets.add(0)
-  return tuple(sorted(offsets)) if len(offsets) <= 4 else None
-
-
-def _shift_tables(plan: ReplicaPlan, shifts: tuple[int, ...], num_workers: int) -> dict[str, np.ndarray]:
-  """Mixing weights per static offset, ``[S, P, M, len(shifts)]``, replacing the gather tables."""
-  out = {}
-  for prefix in ("mix", "gmix"):
-    if f"{prefix}_src" not in plan.tables:
-      continue
-    src, weight = plan.tables[f"{prefix}_src"], plan.tables[f"{prefix}_weight"]
-    dst = np.arange(num_workers)[None, None, :, None]
-    offset = (src - dst) % num_workers
-    per_shift = np.zeros(weight.shape[:3] + (len(shifts),), np.float32)
-    for j, s in enumerate(shifts):
-      per_shift[..., j] = np.where((offset == s) & (weight != 0), weight, 0.0).sum(axis=-1)
-    out[f"{prefix}_weight"] = per_shift
-  return out
-
-
 def simulate_gossip(
     loss_fn: Callable[..., Any],
     tx: optax.GradientTransformation,
@@ -170,10 +140,9 @@ def simulate_gossip(
   * ``READ`` of replica :math:`i`: it stores :math:`z_i` =
     ``method.grad_params`` (its parameters; :math:`x_i / w_i` for SGP) and
     computes, on its :math:`n` = ``num_batches`` minibatches, the mean
-    gradient of ``loss_fn`` there. Minibatch :math:`j` of the replica's
-    :math:`k`-th gradient is
-    ``minibatch_indices(seed, k, i, batch_index + j, ...)`` (``batch_index``:
-    the replica's minibatches drawn before, ``GossipSchedule.batch_index``).
+    gradient of ``loss_fn`` there. The replica's :math:`b`-th minibatch
+    (counted over all its gradients, ``GossipSchedule.batch_index``) is
+    ``minibatch_indices(seed, 0, i, b, ...)``.
   * ``GRAD`` of replica :math:`i`: ``method.apply`` with the replica's own
     optimizer state (``tx`` is applied to each replica separately).
   * ``MIX`` of ``PARAMS``: every member is first advanced to the event's
@@ -273,16 +242,10 @@ def simulate_gossip(
                      f"schedule whose mixes are GRADS (e.g. a GossipGraD paradigm).")
 
   plan = make_plan(schedule, phases=phases)
-  if plan.dense and plan.history > 1:
+  if plan.mixing == "dense" and plan.history > 1:
     raise ValueError(f"mixes of more than 8 replicas with late messages (lag > 0) are not supported; the "
                      f"schedule's largest group has {schedule.group_size} members.")
-  shifts = _shifts(plan, m)
   tables = dict(plan.tables)
-  if shifts is not None:
-    tables.update(_shift_tables(plan, shifts, m))
-    for prefix in ("mix", "gmix"):
-      tables.pop(f"{prefix}_src", None)
-  mixing = "dense" if plan.dense else ("shift" if shifts is not None else "gather")
 
   if chunk_size is None:
     num_chunks = max(1, -(-plan.num_steps // 256))
@@ -304,21 +267,19 @@ def simulate_gossip(
     extra = padded - x.shape[0]
     return x if extra == 0 else np.concatenate([x, np.zeros((extra,) + x.shape[1:], x.dtype)])
 
-  tables = {k: pad(v) for k, v in tables.items()}
-  host_tables = {k: tables[k] for k in ("step_time", "step_events", "step_grads")}
-  device_tables = {k: v for k, v in tables.items() if k not in host_tables}
-
   if sampling == "shard":
     shard_rows, shard_sizes = shard_table(shards, num_examples, m, m)
   else:
     shard_rows, shard_sizes = np.zeros((m, 1), np.int32), np.ones(m, np.int32)
+  tables = {k: pad(v) for k, v in tables.items()}
+  host_tables = {k: tables[k] for k in ("step_time", "step_events", "step_grads", "lane_index", "lane_draw")}
+  device_tables = {k: v for k, v in tables.items() if k not in host_tables}
 
   init_state = (params, tx.init(params), method.init(params))
   stacked = jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (m,) + np.shape(x)).copy(), init_state)
   replica_params, opt_state, extra = stacked
   snap = jax.tree.map(np.zeros_like, replica_params)
   gbuf = jax.tree.map(np.zeros_like, replica_params)
-  message_like = jax.eval_shape(method.message, params, init_state[2])
   if plan.history > 1:
     first = jax.jit(method.message)(params, init_state[2])
     hist = jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (m, plan.history) + np.shape(x)).copy(), first)
@@ -326,22 +287,30 @@ def simulate_gossip(
     hist = ()
   carry = (replica_params, opt_state, extra, snap, gbuf, hist)
   carry_specs = (P(AXIS),) * 6
-  constants = (data, shard_rows, shard_sizes, np.arange(m, dtype=np.int32))
-  constant_specs = (P(), P(AXIS), P(AXIS), P(AXIS))
-  table_specs = {k: (P(None, AXIS) if v.ndim == 2 else P(None, None, AXIS)) if v.ndim >= 2 else P()
+  constants = data
+  constant_specs = P()
+  # Per-replica tables are split over the mesh on their replica axis: [S, M] lanes, [S, P, M] slots.
+  table_specs = {k: P() if v.ndim == 1 else P(None, AXIS) if k.startswith("lane_") else P(None, None, AXIS)
                  for k, v in device_tables.items()}
+  table_specs["lane_examples"] = P(None, AXIS)
   metric_like = None if eval_fn is None else jax.eval_shape(eval_fn, params)
 
   step = _step_function(
-      loss_fn=loss_fn, has_aux=has_aux, tx=tx, method=method, plan=plan, shifts=shifts, mixing=mixing,
-      seed=seed, num_examples=num_examples, batch_size=batch_size, sampling=sampling, eval_fn=eval_fn,
-      metric_like=metric_like, num_workers=m, sharded=mesh is not None, num_devices=num_devices,
-      message_like=message_like)
+      loss_fn=loss_fn, has_aux=has_aux, tx=tx, method=method, plan=plan, eval_fn=eval_fn,
+      metric_like=metric_like, num_workers=m, sharded=mesh is not None, num_devices=num_devices)
   output_specs = {"loss": P(), "loss_min": P(), "loss_max": P(), "count": P(), "consensus": P(),
                   "finite": P(), "metrics": P(), "replica_metrics": P()}
 
   def chunk_tables(chunk):
-    return {k: v[chunk * chunk_size:(chunk + 1) * chunk_size] for k, v in device_tables.items()}
+    steps = slice(chunk * chunk_size, (chunk + 1) * chunk_size)
+    out = {k: v[steps] for k, v in device_tables.items()}
+    # Minibatch indices are drawn on the host, a chunk at a time, outside the compiled steps: the random
+    # number generator would otherwise dominate their compile time.
+    out["lane_examples"] = _lane_examples(
+        out["lane_active"], out["lane_batches"], host_tables["lane_draw"][steps], plan.max_batches, seed=seed,
+        num_examples=num_examples, batch_size=batch_size, sampling=sampling, shard_rows=shard_rows,
+        shard_sizes=shard_sizes)
+    return out
 
   def collect(chunk, tabs, outputs):
     steps = slice(chunk * chunk_size, min((chunk + 1) * chunk_size, plan.num_steps))
@@ -353,7 +322,7 @@ def simulate_gossip(
                         np.nan)
     finite = _engine.host(outputs["finite"])[:n]
     bad = tabs["lane_active"][:n] & ~finite
-    rows = np.stack([np.nonzero(bad)[1], tabs["lane_index"][:n][bad]], axis=1)
+    rows = np.stack([np.nonzero(bad)[1], host_tables["lane_index"][steps][bad]], axis=1)
     flags = tabs["eval"][:n]
     rec = {"loss": loss.astype(np.float32), "spread": spread.astype(np.float32),
            "consensus": _engine.host(outputs["consensus"])[:n].astype(np.float32),
@@ -413,7 +382,7 @@ def simulate_gossip(
       eval_metrics=records.get("metrics"), replica_metrics=records.get("replica_metrics"),
       nonfinite=sorted_pairs(records["nonfinite"]))
   stats = {"num_steps": plan.num_steps, "phases": plan.phases, "slots": int(plan.used.sum()),
-           "lane_utilization": plan.lane_utilization, "mixing": mixing, "history": plan.history,
+           "lane_utilization": plan.lane_utilization, "mixing": plan.mixing, "history": plan.history,
            "num_devices": num_devices, "chunk_size": chunk_size, "num_chunks": num_chunks}
   return GossipResult(params_out, opt_out, extra_out, average, history, stats)
 
@@ -446,10 +415,10 @@ def _roll(x: jax.Array, shift: int, num_workers: int, num_devices: int, sharded:
   return jnp.concatenate([first[r:], from_device(q + 1)[:r]], axis=0)
 
 
-def _step_function(*, loss_fn, has_aux, tx, method, plan: ReplicaPlan, shifts, mixing, seed, num_examples,
-                   batch_size, sampling, eval_fn, metric_like, num_workers, sharded, num_devices, message_like):
+def _step_function(*, loss_fn, has_aux, tx, method, plan: ReplicaPlan, eval_fn, metric_like, num_workers, sharded,
+                   num_devices):
   """One step of the replica runtime (per device under ``shard_map``)."""
-  del message_like
+  mixing, shifts = plan.mixing, plan.shifts
   max_batches = plan.max_batches
   history = plan.history
 
@@ -459,11 +428,9 @@ def _step_function(*, loss_fn, has_aux, tx, method, plan: ReplicaPlan, shifts, m
   def gather_all(tree):
     return jax.tree.map(lambda x: jax.lax.all_gather(x, AXIS, axis=0, tiled=True), tree) if sharded else tree
 
-  def lane(data, stale, index, draw, batches, worker, shard_row, shard_size):
+  def lane(data, stale, examples, batches):
     def one(b):
-      idx = minibatch_indices(seed, index, worker, draw + b, num_examples=num_examples, batch_size=batch_size,
-                              sampling=sampling, shard=shard_row, shard_size=shard_size)
-      batch = jax.tree.map(lambda x: x[idx], data)
+      batch = jax.tree.map(lambda x: x[examples[b]], data)
       out, grad = jax.value_and_grad(loss_fn, has_aux=has_aux)(stale, batch)
       return jnp.asarray(out[0] if has_aux else out).astype(jnp.float32), grad
 
@@ -495,14 +462,7 @@ def _step_function(*, loss_fn, has_aux, tx, method, plan: ReplicaPlan, shifts, m
     full = gather_all(values)
     if mixing == "dense":
       return jax.tree.map(lambda x: jnp.tensordot(weight.astype(x.dtype), x, axes=1), full)
-
-    def leaf(x):
-      acc = None
-      for k in range(src.shape[1]):
-        term = weight[:, k].astype(x.dtype).reshape((-1,) + (1,) * (x.ndim - 1)) * x[src[:, k]]
-        acc = term if acc is None else acc + term
-      return acc
-    return jax.tree.map(leaf, full)
+    return jax.tree.map(lambda x: _gather_rows(x, weight, src), full)
 
   def gathered_with_history(current, hist):
     """All messages followed by every replica's kept past messages: ``M + M * H`` rows."""
@@ -536,10 +496,9 @@ def _step_function(*, loss_fn, has_aux, tx, method, plan: ReplicaPlan, shifts, m
 
   def step(carry, tab, consts):
     params, opt_state, extra, snap, gbuf, hist = carry
-    data, shard_rows, shard_sizes, replica_ids = consts
+    data = consts
     active = tab["lane_active"]
-    loss, grads = jax.vmap(lane, in_axes=(None, 0, 0, 0, 0, 0, 0, 0))(
-        data, snap, tab["lane_index"], tab["lane_draw"], tab["lane_batches"], replica_ids, shard_rows, shard_sizes)
+    loss, grads = jax.vmap(lane, in_axes=(None, 0, 0, 0))(data, snap, tab["lane_examples"], tab["lane_batches"])
     finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(g.reshape(g.shape[0], -1)), axis=1)
                                 for g in jax.tree.leaves(grads)]), axis=0)
     gbuf = _where(active, grads, gbuf)
@@ -592,7 +551,44 @@ def _step_function(*, loss_fn, has_aux, tx, method, plan: ReplicaPlan, shifts, m
   return step
 
 
+def _lane_examples(active: np.ndarray, batches: np.ndarray, first: np.ndarray, max_batches: int, *, seed: int,
+                   num_examples: int, batch_size: int, sampling: str, shard_rows: np.ndarray,
+                   shard_sizes: np.ndarray) -> np.ndarray:
+  """int32 ``[S, M, max_batches, batch_size]``: the examples of every lane's minibatches (zeros where unused).
+
+  Minibatch ``b`` of replica ``i``'s gradient whose first minibatch is the replica's ``first``-th is
+  ``minibatch_indices(seed, 0, i, first + b)``.
+  """
+  steps, m = active.shape
+  out = np.zeros((steps, m, max_batches, batch_size), np.int32)
+  s, i = np.nonzero(active)
+  if s.size == 0:
+    return out
+  b = np.arange(max_batches)
+  keep = b[None, :] < batches[s, i][:, None]
+  ss, ii, bb = np.broadcast_to(s[:, None], keep.shape)[keep], np.broadcast_to(i[:, None], keep.shape)[keep], \
+      np.broadcast_to(b[None, :], keep.shape)[keep]
+  draws = first[ss, ii] + bb
+  # One compiled draw per power-of-two bucket of minibatches, shared by runs of the same settings.
+  size = 1 << int(np.ceil(np.log2(max(1, draws.size))))
+  pad = size - draws.size
+  workers = np.r_[ii, np.zeros(pad, ii.dtype)].astype(np.int32)
+  drawn = np.asarray(_draw(seed, workers, np.r_[draws, np.zeros(pad, draws.dtype)].astype(np.int32),
+                           shard_rows[workers], shard_sizes[workers], num_examples=num_examples,
+                           batch_size=batch_size, sampling=sampling))
+  out[ss, ii, bb] = drawn[:draws.size]
+  return out
+
+
+@functools.partial(jax.jit, static_argnames=("seed", "num_examples", "batch_size", "sampling"))
+def _draw(seed, workers, draws, shard_rows, shard_sizes, *, num_examples, batch_size, sampling):
+  return jax.vmap(lambda w, d, row, size: minibatch_indices(
+      seed, 0, w, d, num_examples=num_examples, batch_size=batch_size, sampling=sampling, shard=row,
+      shard_size=size))(workers, draws, shard_rows, shard_sizes)
+
+
 def _gather_rows(x: jax.Array, weight: jax.Array, src: jax.Array) -> jax.Array:
+  """``sum_k weight[:, k] * x[src[:, k]]``, the terms added in ``k`` order (the same on every device count)."""
   acc = None
   for k in range(src.shape[1]):
     term = weight[:, k].astype(x.dtype).reshape((-1,) + (1,) * (x.ndim - 1)) * x[src[:, k]]

@@ -119,10 +119,8 @@ def run_reference(method: str, schedule: GossipSchedule, params, data, *, lr: fl
   w = np.ones(m)
   tilde = x.copy()  # A2CiD2's twin
   avg = x.copy()  # DC-S3GD: last all-reduced model
-  last_update = np.zeros_like(x)  # DC-S3GD: the update sent in the next all-reduce
   last_time = np.zeros(m)
   pending = [None] * m
-  reads = np.zeros(m, np.int64)
   draws = np.zeros(m, np.int64)
   history = [[(x[i].copy(), w[i])] for i in range(m)]  # messages by local version
 
@@ -142,11 +140,10 @@ def run_reference(method: str, schedule: GossipSchedule, params, data, *, lr: fl
       nb = int(schedule.num_batches[e])
       gs = []
       for j in range(nb):
-        idx = np.asarray(minibatch_indices(seed, int(reads[i]), i, int(draws[i]) + j, num_examples=n,
+        idx = np.asarray(minibatch_indices(seed, 0, i, int(draws[i]) + j, num_examples=n,
                                            batch_size=batch_size))
         gs.append(grad(at, data, idx))
       pending[i] = np.mean(gs, axis=0)
-      reads[i] += 1
       draws[i] += nb
     elif kind == GRAD:
       i = int(schedule.worker[e])
@@ -155,8 +152,7 @@ def run_reference(method: str, schedule: GossipSchedule, params, data, *, lr: fl
       if method == "dc_s3gd":
         g = g + lam * g * g * (avg[i] - x[i])
         mom[i] = beta * mom[i] + g
-        last_update[i] = -lr * mom[i]
-        x[i] = avg[i] + last_update[i]
+        x[i] = avg[i] - lr * mom[i]
       else:
         mom[i] = beta * mom[i] + g
         x[i] = x[i] - lr * mom[i]
@@ -179,10 +175,11 @@ def run_reference(method: str, schedule: GossipSchedule, params, data, *, lr: fl
       for b in group:
         flow(b, t)
       if method == "dc_s3gd":
-        sent = [last_update[b].copy() for b in group]
+        # The all-reduce averages the local models into each receiver's known average; x stays.
+        sent = [x[b].copy() for b in group]
         for a in range(k):
           if recv[a]:
-            avg[group[a]] = avg[group[a]] + sum(W[a, b] * sent[b] for b in range(k))
+            avg[group[a]] = sum(W[a, b] * sent[b] for b in range(k))
         for a in range(k):
           if recv[a]:
             history[group[a]].append((x[group[a]].copy(), w[group[a]]))

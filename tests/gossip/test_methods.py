@@ -12,7 +12,7 @@ import optax
 import pytest
 
 import delayjax as dj
-from delayjax.cluster._gossip import GRADS, GossipSchedule
+from delayjax.cluster import GRADS, PARAMS, GossipSchedule
 
 sys.path.insert(0, os.path.dirname(__file__))
 from method_reference import random_schedule, regression, run_reference  # noqa: E402
@@ -56,27 +56,36 @@ def test_method_matches_numpy_rule(name, make, schedule_kw, rule_kw):
     np.testing.assert_allclose(_stacked(result.extra.average), ref["average"], rtol=2e-5, atol=2e-6)
 
 
-@pytest.mark.standard_promotion
+def _one_replica_rounds(rounds: int, mixes: int) -> GossipSchedule:
+  """One replica: rounds of READ, MIX (with itself, weight 1), GRAD."""
+  kind = np.tile(np.array([0, 2, 1], np.int8), rounds)
+  return GossipSchedule(
+      num_workers=1, time=np.arange(3.0 * rounds), kind=kind, worker=np.where(kind == 2, -1, 0),
+      num_batches=np.where(kind == 2, 0, 1), mix=np.where(kind == 2, np.cumsum(kind == 2) - 1, -1),
+      members=np.zeros((rounds, 1), np.int64), weights=np.ones((rounds, 1, 1)), lag=np.zeros((rounds, 1), np.int64),
+      receives=np.ones((rounds, 1), bool), mixes=np.full(rounds, mixes, np.int8))
+
+
 @pytest.mark.parametrize("make", [dj.gossip.d_psgd, dj.gossip.sgp, dj.gossip.gossip_grad,
                                   lambda: dj.gossip.dc_s3gd(0.5), lambda: dj.gossip.a2cid2(0.3, 0.2)])
 def test_one_replica_is_plain_training_bit_for_bit(make):
-  # One replica: reads and gradients alternate; mixes of it alone with weight 1 change nothing.
   method = make()
-  rows_kind = [0, 1] * 6
-  schedule = GossipSchedule(
-      num_workers=1, time=np.arange(12.0), kind=np.array(rows_kind, np.int8), worker=np.zeros(12, np.int64),
-      num_batches=np.ones(12, np.int64), mix=-np.ones(12, np.int64), members=np.zeros((0, 1), np.int64),
-      weights=np.zeros((0, 1, 1)), lag=np.zeros((0, 1), np.int64), receives=np.zeros((0, 1), bool),
-      mixes=np.zeros(0, np.int8))
+  schedule = _one_replica_rounds(6, GRADS if method.mixes == "gradients" else PARAMS)
   data, loss_fn, params = regression()
-  tx = optax.adam(0.05)
+  # The optimizer of AD-PSGD's reference code: weight decay, then SGD with Nesterov momentum.
+  tx = optax.chain(optax.add_decayed_weights(1e-3), optax.sgd(0.05, momentum=0.9, nesterov=True))
   result = dj.simulate_gossip(loss_fn, tx, method, params, data, schedule, batch_size=BATCH)
-  p, s = jax.tree.map(jnp.asarray, params), tx.init(params)
-  for k in range(6):
-    idx = dj.runtime.minibatch_indices(0, k, 0, k, num_examples=40, batch_size=BATCH)
+
+  @jax.jit
+  def train_step(p, s, k):
+    idx = dj.runtime.minibatch_indices(0, 0, 0, k, num_examples=40, batch_size=BATCH)
     g = jax.grad(loss_fn)(p, jax.tree.map(lambda x: jnp.asarray(x)[idx], data))
     u, s = tx.update(g, s, p)
-    p = optax.apply_updates(p, u)
+    return optax.apply_updates(p, u), s
+
+  p, s = jax.tree.map(jnp.asarray, params), tx.init(params)
+  for k in range(6):
+    p, s = train_step(p, s, k)
   for a, b in zip(jax.tree.leaves(result.params), jax.tree.leaves(p)):
     np.testing.assert_array_equal(np.asarray(a)[0], np.asarray(b))
 
