@@ -214,6 +214,86 @@ def time_python_loop(model: str, paradigm: str, num_workers: int, num_updates: i
   return {"rate": block / float(np.median(np.diff(marks)))}
 
 
+def gossip_schedule(num_workers: int, rounds: int):
+  """Synchronous D-PSGD rounds on a ring (one mix of all replicas per round), equal compute times."""
+  return dj.cluster.simulate_gossip(dj.cluster.d_psgd(dj.topology.ring(num_workers)),
+                                    dj.cluster.workers(num_workers, compute="constant"), num_steps=rounds, seed=0)
+
+
+def time_replicas(model: str, num_workers: int, rounds: int, python_rounds: int):
+  """Gradient evaluations per second of dj.simulate_gossip (D-PSGD, ring) and of a Python-loop gossip simulator."""
+  init, loss_fn = MODELS[model]()
+  data = digits_data()
+  schedule = gossip_schedule(num_workers, rounds)
+  marks = []
+  result = dj.simulate_gossip(loss_fn, tx(), dj.gossip.d_psgd(), init(jax.random.key(0)), data, schedule,
+                              batch_size=BATCH, chunk_size=max(1, rounds // 8),
+                              callback=lambda info: marks.append((time.perf_counter(), info["steps_done"])))
+  grads = np.r_[0, result.history.gradients]
+  rates = [(grads[s1] - grads[s0]) / (t1 - t0) for (t0, s0), (t1, s1) in zip(marks[:-1], marks[1:])]
+
+  # The straightforward simulator: a Python loop over events, one jitted call per gradient and per mix row.
+  small = gossip_schedule(num_workers, python_rounds)
+  jdata = jax.tree.map(jnp.asarray, data)
+  n = jdata["x"].shape[0]
+  opt = tx()
+
+  @jax.jit
+  def apply(params, state, snap, i, draw):
+    idx = dj.runtime.minibatch_indices(0, 0, i, draw, num_examples=n, batch_size=BATCH)
+    grads = jax.grad(loss_fn)(snap, jax.tree.map(lambda x: x[idx], jdata))
+    updates, state = opt.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  @jax.jit
+  def combine(rows, weights):
+    return jax.tree.map(lambda *xs: sum(w * x for w, x in zip(weights, xs)), *rows)
+
+  params = [init(jax.random.key(0))] * num_workers
+  states = [opt.init(params[0])] * num_workers
+  snaps, drawn, stamps = list(params), np.zeros(num_workers, np.int64), []
+  for e in range(small.num_events):
+    kind = small.kind[e]
+    if kind == dj.cluster.READ:
+      snaps[small.worker[e]] = params[small.worker[e]]
+    elif kind == dj.cluster.GRAD:
+      i = int(small.worker[e])
+      params[i], states[i] = apply(params[i], states[i], snaps[i], i, int(drawn[i]))
+      drawn[i] += 1
+    else:
+      k = small.mix[e]
+      members = small.members[k][small.members[k] >= 0]
+      new = {}
+      for a, dst in enumerate(members):
+        nz = np.flatnonzero(small.weights[k, a, :len(members)])
+        new[dst] = combine(tuple(params[members[b]] for b in nz),
+                           tuple(jnp.float32(small.weights[k, a, b]) for b in nz))
+      params = [new.get(i, p) for i, p in enumerate(params)]
+      jax.block_until_ready(params)
+      stamps.append(time.perf_counter())
+  py_rates = num_workers / np.diff(stamps[2:])  # one round of M gradients between mixes; warm-up left out
+  return {"rate": float(np.median(rates)), "python": float(np.median(py_rates)),
+          "utilization": result.stats["lane_utilization"], "mixing": result.stats["mixing"]}
+
+
+def replica_lines(model: str = "mlp", quick: bool = False) -> list[str]:
+  """The replica runtime's rows: M = 16 and 64 replicas against the plain loop and the Python loop."""
+  lines = ["", "dj.simulate_gossip (D-PSGD on a ring, sgd, batch 32 per replica, digits, one CPU device): "
+           "gradient evaluations per second",
+           f"{'model':5s} {'M':>3s} {'rounds':>6s} {'gossip/s':>8s} {'sync/s':>7s} {'(d)g/sync':>9s} {'py/s':>6s} "
+           f"{'(e)g/py':>7s} {'mixing':>6s}"]
+  for m, rounds in ((16, 100 if quick else 300), (64, 40 if quick else 120)):
+    r = time_replicas(model, m, rounds, python_rounds=6)
+    s = time_sync(model, m * rounds)
+    lines.append(f"{model:5s} {m:3d} {rounds:6d} {r['rate']:8.0f} {s['rate']:7.0f} {r['rate'] / s['rate']:9.2f} "
+                 f"{r['python']:6.0f} {r['rate'] / r['python']:7.1f} {r['mixing']:>6s}")
+    print(lines[-1], flush=True)
+  lines += ["(d) sync: the plain synchronous loop above doing as many gradients; target >= 0.8",
+            "(e) py: a Python loop over the gossip events, one jitted call per gradient and per mixing row; "
+            "target >= 3"]
+  return lines
+
+
 def child(args):
   """Runs the 8-device measurements and prints one JSON line per configuration."""
   mesh = jax.make_mesh((len(jax.devices()),), ("workers",))
@@ -226,9 +306,13 @@ def main(argv=None):
   parser = argparse.ArgumentParser()
   parser.add_argument("--quick", action="store_true", help="fewer updates and configurations")
   parser.add_argument("--child", help=argparse.SUPPRESS)
+  parser.add_argument("--replicas", action="store_true", help="only the replica runtime's rows")
   args = parser.parse_args(argv)
   if args.child:
     return child(args)
+  if args.replicas:
+    print("\n".join(replica_lines(quick=args.quick)))
+    return None
 
   workers = (4, 16, 64)
   updates = {4: 1500, 16: 3000, 64: 6000} if not args.quick else {4: 600, 16: 1200, 64: 2400}
@@ -279,6 +363,7 @@ def main(argv=None):
       "util: fraction of computed gradient lanes that were real (the rest masked); lanes: per step",
       "mem: peak bytes of the compiled chunk / of the synchronous loop (XLA memory analysis)",
   ]
+  lines += replica_lines(quick=args.quick)
   lines += ["", f"command: python -m experiments.bench_runtime{' --quick' if args.quick else ''} "
             f"(rates are medians; on shared CPUs expect +-15%)"]
   text = "\n".join(lines) + "\n"

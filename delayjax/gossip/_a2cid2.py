@@ -156,6 +156,12 @@ def acid_constants(topology: Any, rate: float = 1.0) -> tuple[float, float]:
   Returns:
     ``(eta, beta_tilde)`` as Python floats.
 
+  Examples:
+    >>> import delayjax as dj
+    >>> eta, beta_tilde = dj.gossip.acid_constants(dj.topology.ring(8))
+    >>> round(eta, 4), round(beta_tilde, 4)
+    (0.2893, 0.9877)
+
   References:
     Nabli, Belilovsky, Oyallon, `A2CiD2: Accelerating Asynchronous
     Communication in Decentralized Deep Learning
