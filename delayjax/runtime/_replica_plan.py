@@ -11,13 +11,16 @@ stored. It then runs ``P`` *phases*, each a fixed sequence of three *slots*:
 - ``READ``: reads of distinct replicas (their gradients are computed at the
   start of the next step).
 
+The compiled step scans one phase over the ``P`` phases, so it compiles one
+phase whatever ``P`` is; a slot kind that no phase of any step uses is left
+out of it.
+
 Events are placed one by one in the schedule's order, each in the earliest
 slot of its kind after the last slot of every replica it touches (and, for a
 ``GRAD`` or a ``GRADS`` mix, in a step after its read). Events of disjoint
 replicas commute, and every replica sees its own events in the schedule's
 order, so executing the slots in order is executing the schedule: the plan
-only decides which events run side by side. Slots that no step uses are
-left out of the compiled step.
+only decides which events run side by side.
 """
 
 from __future__ import annotations
@@ -93,6 +96,11 @@ def place_events(kind: np.ndarray, worker: np.ndarray, mix: np.ndarray, members:
   return out
 
 
+def _slot_passes(used: np.ndarray) -> int:
+  """Slot passes per step: every phase runs each slot kind that any phase uses."""
+  return int(used.shape[0] * used.any(axis=0).sum())
+
+
 def _used_slots(slots: np.ndarray, phases: int) -> np.ndarray:
   """bool ``[phases, 3]``: which (phase, slot) any step uses."""
   used = np.zeros((phases, _SLOTS), bool)
@@ -102,12 +110,12 @@ def _used_slots(slots: np.ndarray, phases: int) -> np.ndarray:
 
 
 def choose_phases(kind, worker, mix, members, mixes, num_workers) -> tuple[int, np.ndarray]:
-  """The phases per step that minimize ``steps * (1 + slot cost * used slots)``, and its placement."""
+  """The phases per step that minimize ``steps * (1 + slot cost * slot passes)``, and its placement."""
   best = None
   for phases in _PHASE_CANDIDATES:
     slots = place_events(kind, worker, mix, members, mixes, num_workers, phases)
     steps = int(slots.max()) // (_SLOTS * phases) + 1 if slots.size else 1
-    cost = steps * (1.0 + _SLOT_COST * _used_slots(slots, phases).sum())
+    cost = steps * (1.0 + _SLOT_COST * _slot_passes(_used_slots(slots, phases)))
     if best is None or cost < best[0] - 1e-9:
       best = (cost, phases, slots)
   return best[1], best[2]

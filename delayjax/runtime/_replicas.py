@@ -79,8 +79,8 @@ class GossipResult(NamedTuple):
     average: the average model :math:`\\bar z` (the mean of what replicas
       compute gradients at).
     history: a :class:`GossipHistory`.
-    stats: ``num_steps``, ``phases`` (slot triples per step), ``slots`` (slots
-      compiled per step), ``lane_utilization`` (gradients computed / lanes),
+    stats: ``num_steps``, ``phases`` (slot triples per step), ``slots`` (slot
+      kinds compiled into a phase), ``lane_utilization`` (gradients computed / lanes),
       ``mixing`` (``"gather"``, ``"shift"`` or ``"dense"``), ``history``
       (messages kept per replica), ``num_devices``, ``chunk_size``,
       ``num_chunks``.
@@ -399,7 +399,7 @@ def simulate_gossip(
                  else np.zeros(0)),
       eval_metrics=records.get("metrics"), replica_metrics=records.get("replica_metrics"),
       nonfinite=sorted_pairs(records["nonfinite"]))
-  stats = {"num_steps": plan.num_steps, "phases": plan.phases, "slots": int(plan.used.sum()),
+  stats = {"num_steps": plan.num_steps, "phases": plan.phases, "slots": int(plan.used.any(axis=0).sum()),
            "lane_utilization": plan.lane_utilization, "mixing": plan.mixing, "history": plan.history,
            "num_devices": num_devices, "chunk_size": chunk_size, "num_chunks": num_chunks}
   return GossipResult(params_out, opt_out, extra_out, average, history, stats)
@@ -495,22 +495,42 @@ def _step_function(*, loss_fn, has_aux, tx, method, plan: ReplicaPlan, eval_fn, 
     return jax.tree.map(lambda h, v: jnp.where(onehot.reshape(onehot.shape + (1,) * (v.ndim - 1)), v[:, None], h),
                         hist, msg)
 
-  def params_mix(params, extra, hist, tab, p):
-    recv, member = tab["mix_recv"][p], tab["mix_member"][p]
+  def params_mix(params, extra, hist, tab):
+    recv, member = tab["mix_recv"], tab["mix_member"]
     if method.advance is not None:
-      advanced = jax.vmap(method.advance)(params, extra, tab["mix_dt"][p])
+      advanced = jax.vmap(method.advance)(params, extra, tab["mix_dt"])
       params, extra = _where(member, advanced[0], params), _where(member, advanced[1], extra)
     msgs = jax.vmap(method.message)(params, extra)
     if history > 1:
       full = gathered_with_history(msgs, hist)
-      mixed = jax.tree.map(lambda x: _gather_rows(x, tab["mix_weight"][p], tab["mix_src"][p]), full)
+      mixed = jax.tree.map(lambda x: _gather_rows(x, tab["mix_weight"], tab["mix_src"]), full)
     else:
-      mixed = combine(msgs, tab["mix_weight"][p], tab["mix_src"][p] if "mix_src" in tab else None)
-    dt = tab["mix_dt"][p]
-    new_params, new_extra = jax.vmap(method.receive)(params, extra, mixed, tab["mix_self"][p], dt)
+      mixed = combine(msgs, tab["mix_weight"], tab.get("mix_src"))
+    new_params, new_extra = jax.vmap(method.receive)(params, extra, mixed, tab["mix_self"], tab["mix_dt"])
     params, extra = _where(recv, new_params, params), _where(recv, new_extra, extra)
-    hist = write_history(hist, recv, tab["mix_hist"][p], params, extra)
+    hist = write_history(hist, recv, tab["mix_hist"], params, extra)
     return params, extra, hist
+
+  kinds = plan.used.any(axis=0)
+
+  def phase(state, tab):
+    """One phase: its mixes, then its gradient events, then its reads (slot kinds no step uses left out)."""
+    params, opt_state, extra, snap, gbuf, hist = state
+    if kinds[SLOT_MIX]:
+      if plan.has_gmix:
+        mixed = combine(gbuf, tab["gmix_weight"], tab.get("gmix_src"))
+        gbuf = _where(tab["gmix_recv"], mixed, gbuf)
+      if plan.has_pmix:
+        params, extra, hist = params_mix(params, extra, hist, tab)
+    if kinds[SLOT_GRAD]:
+      mask = tab["grad_mask"]
+      new = jax.vmap(method.apply, in_axes=(None, 0, 0, 0, 0, 0))(tx, gbuf, opt_state, params, extra, tab["grad_dt"])
+      params, opt_state, extra = (_where(mask, new[0], params), _where(mask, new[1], opt_state),
+                                  _where(mask, new[2], extra))
+      hist = write_history(hist, mask, tab["grad_hist"], params, extra)
+    if kinds[SLOT_READ]:
+      snap = _where(tab["read_mask"], jax.vmap(method.grad_params)(params, extra), snap)
+    return (params, opt_state, extra, snap, gbuf, hist), None
 
   def step(carry, tab, consts):
     params, opt_state, extra, snap, gbuf, hist = carry
@@ -520,22 +540,14 @@ def _step_function(*, loss_fn, has_aux, tx, method, plan: ReplicaPlan, eval_fn, 
     finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(g.reshape(g.shape[0], -1)), axis=1)
                                 for g in jax.tree.leaves(grads)]), axis=0)
     gbuf = _where(active, grads, gbuf)
-    for p in range(plan.phases):
-      if plan.used[p, SLOT_MIX]:
-        if plan.has_gmix:
-          mixed = combine(gbuf, tab["gmix_weight"][p], tab["gmix_src"][p] if "gmix_src" in tab else None)
-          gbuf = _where(tab["gmix_recv"][p], mixed, gbuf)
-        if plan.has_pmix:
-          params, extra, hist = params_mix(params, extra, hist, tab, p)
-      if plan.used[p, SLOT_GRAD]:
-        mask = tab["grad_mask"][p]
-        new = jax.vmap(method.apply, in_axes=(None, 0, 0, 0, 0, 0))(tx, gbuf, opt_state, params, extra,
-                                                                     tab["grad_dt"][p])
-        params, opt_state, extra = (_where(mask, new[0], params), _where(mask, new[1], opt_state),
-                                    _where(mask, new[2], extra))
-        hist = write_history(hist, mask, tab["grad_hist"][p], params, extra)
-      if plan.used[p, SLOT_READ]:
-        snap = _where(tab["read_mask"][p], jax.vmap(method.grad_params)(params, extra), snap)
+    state = (params, opt_state, extra, snap, gbuf, hist)
+    phase_tabs = {k: v for k, v in tab.items() if k.startswith(("grad_", "read_", "mix_", "gmix_"))}
+    # One phase compiled once, scanned over the step's phases.
+    if plan.phases == 1:
+      state, _ = phase(state, jax.tree.map(lambda x: x[0], phase_tabs))
+    else:
+      state, _ = jax.lax.scan(phase, state, phase_tabs)
+    params, opt_state, extra, snap, gbuf, hist = state
 
     z = jax.vmap(method.grad_params)(params, extra)
     mean = jax.tree.map(lambda x: total(jnp.sum(x, axis=0)) / jnp.asarray(num_workers, x.dtype), z)
