@@ -33,10 +33,11 @@ from delayjax.cluster._gossip import GRAD, GRADS, MIX, READ
 
 SLOT_MIX, SLOT_GRAD, SLOT_READ = 0, 1, 2
 _SLOTS = 3
-# Rough cost of one slot pass over all replicas, relative to computing one gradient per replica: the
-# planner trades more phases per step (more slots, most of them masked) against more steps.
-_SLOT_COST = 0.3
-_PHASE_CANDIDATES = (1, 2, 3, 4)
+# Rough cost of one slot pass over all replicas, relative to computing one gradient per replica (about
+# a tenth for an MLP on a CPU): the planner trades more phases per step (more slot passes, most of them
+# masked) against more steps.
+_SLOT_COST = 0.1
+_PHASE_CANDIDATES = (1, 2, 3, 4, 6)
 # Mixing rows wider than this are applied as a dense [M, M] matrix product instead of a gather.
 DENSE_WIDTH = 8
 # Mixes whose sources sit at no more than this many fixed offsets (b - a) mod M move by whole-axis rolls.
