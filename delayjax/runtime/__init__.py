@@ -5,14 +5,14 @@ from delayjax.runtime._batch_growth import growing_batches as growing_batches
 from delayjax.runtime._delayed import DelayedState as DelayedState
 from delayjax.runtime._delayed import delayed as delayed
 from delayjax.runtime._flax import apply_gradients as apply_gradients
-from delayjax.runtime._replicas import GossipHistory as GossipHistory
-from delayjax.runtime._replicas import GossipResult as GossipResult
-from delayjax.runtime._replicas import simulate_gossip as simulate_gossip
 from delayjax.runtime._local import dylu_local_steps as dylu_local_steps
 from delayjax.runtime._pipeline import PipelineHistory as PipelineHistory
 from delayjax.runtime._pipeline import PipelineResult as PipelineResult
 from delayjax.runtime._pipeline import simulate_pipeline as simulate_pipeline
 from delayjax.runtime._pipeline import staged_value_and_grad as staged_value_and_grad
+from delayjax.runtime._replicas import GossipHistory as GossipHistory
+from delayjax.runtime._replicas import GossipResult as GossipResult
+from delayjax.runtime._replicas import simulate_gossip as simulate_gossip
 from delayjax.runtime._sampling import minibatch_indices as minibatch_indices
 from delayjax.runtime._sampling import server_minibatch_indices as server_minibatch_indices
 from delayjax.runtime._simulate import History as History
