@@ -47,11 +47,18 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
   args = _parser().parse_args(argv)
-  if args.command == "list":
-    return _list()
-  if args.command == "run":
-    return _run(args)
-  return _report(args.dir, plots=not args.no_plot)
+  try:
+    if args.command == "list":
+      return _list()
+    if args.command == "run":
+      return _run(args)
+    return _report(args.dir, plots=not args.no_plot)
+  except (ValueError, FileNotFoundError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  except KeyboardInterrupt:
+    print("\ninterrupted; nothing was lost that a rerun of the same command would not redo.", file=sys.stderr)
+    return 130
 
 
 def run_one(name: str, argv: list[str] | None = None) -> int:
@@ -70,74 +77,102 @@ def _list() -> int:
 
 def _run(args: argparse.Namespace) -> int:
   names = list(_registry.NAMES) if args.name == "all" else [args.name]
-  try:
-    repros = [_registry.get(n) for n in names]
-  except ValueError as e:
-    print(e, file=sys.stderr)
-    return 2
+  repros = [_registry.get(n) for n in names]
+  if not 0 <= args.seed < 2 ** 32:
+    raise ValueError(f"--seed must be an integer in [0, 2**32), got {args.seed}.")
+  overrides = _overrides(args.set)
+  # Everything is checked before anything is computed: configs, --only, and that --out can be written.
+  plan = []
   for repro in repros:
+    if len(repros) > 1:
+      # `run all --set k=v` sets k where a reproduction has it.
+      own = {k: v for k, v in overrides.items() if k in repro.scales.get(args.scale, {})}
+    else:
+      own = overrides
     config = _framework.config_for(repro, args.scale, steps=args.steps, seeds=args.seeds,
-                                   overrides={**(repro.smoke if args.smoke else {}), **_overrides(args.set)})
+                                   overrides={**(repro.smoke if args.smoke else {}), **own})
     if args.data_dir is not None:
       config["data_dir"] = os.path.abspath(os.path.expanduser(args.data_dir))
     if args.out is None:
       out = os.path.join("results", repro.name, args.scale)
     else:
       out = os.path.join(args.out, repro.name) if len(repros) > 1 else args.out
-    _framework.execute(repro, config, out, first_seed=args.seed, only=args.only, plots=not args.no_plot)
+    if args.only and not any(o in s["key"] for s in repro.specs(config) for o in args.only):
+      if len(repros) == 1:
+        keys = ", ".join(s["key"] for s in repro.specs(config))
+        raise ValueError(f"--only {' '.join(args.only)}: no run of {repro.name} matches; its runs are {keys}.")
+      continue
+    plan.append((repro, config, out))
+  if len(repros) > 1:
+    unknown = sorted(set(overrides) - {k for r in repros for k in r.scales.get(args.scale, {})})
+    if unknown:
+      raise ValueError(f"--set {unknown[0]}=...: no reproduction has a setting {unknown[0]!r}.")
+    if not plan:
+      raise ValueError(f"--only {' '.join(args.only)}: no run of any reproduction matches.")
+  for _, _, out in plan:
+    _framework.check_writable(out)
+  for repro, config, out in plan:
+    try:
+      _framework.execute(repro, config, out, first_seed=args.seed, only=args.only, plots=not args.no_plot)
+    except KeyboardInterrupt:
+      saved = len(_framework.finished_records(repro, config, out, damaged="skip"))
+      print(f"\ninterrupted: {saved} finished runs of {repro.name} are saved in {os.path.join(out, 'runs')} (and the "
+            "interrupted run's last checkpoint, if it had one); rerun the same command to resume.", file=sys.stderr)
+      return 130
   if len(repros) > 1:
     _report(args.out or "results", plots=False, tables=False)
   return 0
 
 
 def _overrides(pairs: list[str]) -> dict[str, Any]:
+  """``--set KEY=VALUE`` pairs as a dict, each VALUE read as JSON (a bare word is a string)."""
   out = {}
   for pair in pairs:
     key, sep, value = pair.partition("=")
-    if not sep:
-      raise SystemExit(f"--set expects KEY=VALUE, got {pair!r}.")
+    if not sep or not key:
+      raise ValueError(f"--set expects KEY=VALUE (VALUE in JSON, e.g. lr=0.05 or workers=[4,8]), got {pair!r}.")
+    if key in out:
+      raise ValueError(f"--set {key}: given twice.")
     try:
       out[key] = json.loads(value)
     except json.JSONDecodeError:
-      out[key] = value  # a bare string such as compute=exponential
+      out[key] = value  # a bare string such as compute=exponential; the config's type check decides
   return out
 
 
 def _result_dirs(root: str) -> list[str]:
   found = []
   for directory, subdirs, files in os.walk(root):
-    subdirs[:] = sorted(d for d in subdirs if d != "runs")
+    subdirs[:] = sorted(d for d in subdirs if d not in ("runs", "checkpoints"))
     if "results.json" in files:
       found.append(directory)
   return found
 
 
 def _report(root: str, plots: bool = True, tables: bool = True) -> int:
+  if not os.path.isdir(root):
+    raise FileNotFoundError(f"report {root}: no such folder.")
   dirs = _result_dirs(root)
   if not dirs:
     print(f"no results.json under {root}; run a reproduction with --out {root} first.", file=sys.stderr)
     return 1
-  lines = ["| reproduction | claim | held | figures |", "|---|---|---|---|"]
+  lines = ["| reproduction | claim | verdict | mean [95% interval], seeds | figures |", "|---|---|---|---|---|"]
   for directory in dirs:
     saved = _framework.load_results(directory)
     if saved.get("reproduction") not in _registry.NAMES:
       continue  # another tool's results.json (e.g. experiments.delayed_digits)
     repro = _registry.get(saved["reproduction"])
     config: dict[str, Any] = saved["config"]
-    order = {s["key"]: i for i, s in enumerate(repro.specs(config))}
-    # Only the runs of the saved config: a folder may also hold runs of an earlier, different config.
-    records = sorted((r for r in _framework.load_records(directory) if r["key"] in order
-                      and r["fingerprint"] == _framework.fingerprint(config, r["spec"], r["seed"])),
-                     key=lambda r: (order[r["key"]], r["seed"]))
+    records = _framework.finished_records(repro, config, directory)
     result = _framework.finish(repro, config, records, directory, reused=len(records), plots=plots,
                                verbose=tables)
     for c in result["claims"]:
-      held = {True: "held", False: "**not held**", None: "n/a"}[c["held"]]
-      lines.append(f"| {repro.name} ({config.get('scale')}) | {c['statement']} | {held} | {c['figures']} |")
+      verdict = c["verdict"] if c["verdict"] == "held" else f"**{c['verdict']}**"
+      lines.append(f"| {repro.name} ({config.get('scale')}) | {c['statement']} | {verdict} | "
+                   f"{_framework.claim_summary(c)} | {c['figures']} |")
   table = "\n".join(lines)
   print("\nclaims\n" + table)
-  with open(os.path.join(root, "claims.md"), "w") as f:
-    f.write(table + "\n")
+  _framework.write_text(os.path.join(root, "claims.md"), table + "\n")
   return 0
 
 

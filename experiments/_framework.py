@@ -51,20 +51,233 @@ class RunProgress:
 Summary = Mapping[str, Mapping[str, Any]]  # row key -> that row's numbers (means over seeds)
 
 
+# ---------------------------------------------------------------- statistics: claims decided over seeds
+
+VERDICTS = ("held", "not held", "inconclusive", "not evaluated")
+CONFIDENCE = 0.95  # two-sided level of every interval; a verdict needs the whole interval on one side
+
+
+def t_two_sided_probability(t: float, df: int) -> float:
+  r"""``P(|T| <= t)`` for Student's t with ``df`` (a positive integer) degrees of freedom, in closed form.
+
+  With :math:`\theta = \arctan(|t| / \sqrt{\nu})`, Abramowitz & Stegun 26.7.3 and 26.7.4:
+
+  .. math::
+
+    \nu \text{ odd: } A = \tfrac{2}{\pi}\Big(\theta + \sin\theta \big(\cos\theta
+      + \tfrac{2}{3}\cos^3\theta + \dots + \tfrac{2 \cdot 4 \cdots (\nu - 3)}{1 \cdot 3 \cdots (\nu - 2)}
+      \cos^{\nu - 2}\theta\big)\Big) \quad (\text{for } \nu = 1\text{: } 2\theta/\pi),
+
+    \nu \text{ even: } A = \sin\theta \Big(1 + \tfrac12 \cos^2\theta + \dots
+      + \tfrac{1 \cdot 3 \cdots (\nu - 3)}{2 \cdot 4 \cdots (\nu - 2)} \cos^{\nu - 2}\theta\Big).
+  """
+  if isinstance(df, bool) or not isinstance(df, int) or df < 1:
+    raise ValueError(f"df must be a positive integer, got {df!r}.")
+  theta = math.atan(abs(t) / math.sqrt(df))
+  sin, cos = math.sin(theta), math.cos(theta)
+  if df % 2 == 1:
+    term, total = cos, 0.0
+    for k in range(1, (df - 1) // 2 + 1):
+      total += term
+      term *= cos * cos * (2 * k) / (2 * k + 1)
+    return min(1.0, 2.0 / math.pi * (theta + sin * total))
+  term, total = 1.0, 0.0
+  for k in range(1, df // 2 + 1):
+    total += term
+    term *= cos * cos * (2 * k - 1) / (2 * k)
+  return min(1.0, sin * total)
+
+
+def t_quantile(confidence: float, df: int) -> float:
+  """The ``t`` with ``P(|T| <= t) = confidence`` (e.g. 2.776 for 0.95 and 4 degrees of freedom), by bisection."""
+  if not 0.0 < confidence < 1.0:
+    raise ValueError(f"confidence must be in (0, 1), got {confidence!r}.")
+  low, high = 0.0, 1.0
+  while t_two_sided_probability(high, df) < confidence:
+    low, high = high, 2.0 * high
+  for _ in range(200):
+    mid = 0.5 * (low + high)
+    if t_two_sided_probability(mid, df) < confidence:
+      low = mid
+    else:
+      high = mid
+    if high - low <= 1e-12 * high:
+      break
+  return 0.5 * (low + high)
+
+
+def binomial_tail(k: int, n: int) -> float:
+  """``P(X >= k)`` for ``X ~ Binomial(n, 1/2)``: the one-sided p-value of ``k`` of ``n`` signs (sign test)."""
+  return sum(math.comb(n, i) for i in range(max(k, 0), n + 1)) / 2.0 ** n
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+  """The per-seed difference ``a - b`` (or the values ``a`` alone) against a claimed side of ``margin``.
+
+  ``verdict``: ``"held"`` when the whole confidence interval of the mean
+  lies on the claimed side, ``"not held"`` when it lies on the opposite side
+  (the opposite is significant), ``"inconclusive"`` otherwise (within the
+  noise: any tie, and any comparison of a single seed), ``"not evaluated"``
+  when no seed has both values.
+  """
+
+  verdict: str
+  what: str  # what the difference is, e.g. "error of dc-asgd-a-M4 - asgd-M4 (points)"
+  n: int  # seeds compared
+  mean: float  # mean over the seeds (NaN when a sign test decided)
+  low: float  # the confidence interval of the mean (NaN when a sign test decided)
+  high: float
+  test: str  # "paired t", "sign" or "none"
+  note: str = ""  # the sign test's count and p-value, or why there is no interval
+
+  def text(self) -> str:
+    if self.test == "paired t":
+      return (f"{self.what}: {self.mean:+.4g} [{self.low:+.4g}, {self.high:+.4g}] "
+              f"({CONFIDENCE:.0%} interval, {self.n} seeds)")
+    return f"{self.what}: {self.note}"
+
+
+def compare(a: Mapping[Any, Any] | Sequence[Any], b: Mapping[Any, Any] | Sequence[Any] | None = None, *,
+            claim: str = "less", margin: float = 0.0, what: str = "difference", censor: float | None = None,
+            confidence: float = CONFIDENCE) -> Comparison:
+  """Decides a claim on per-seed values: a paired t interval of ``a - b`` (or of ``a``), or a sign test.
+
+  Args:
+    a, b: per-seed values, ``{seed: value}`` (paired on the seeds both have)
+      or equal-length sequences (paired by position); ``b=None`` compares
+      ``a`` itself with ``margin``. ``None`` and NaN mean missing (that seed
+      is left out); ``inf`` means infinitely bad (never reached, diverged).
+    claim: ``"less"`` (the claim is ``a - b < margin``), ``"greater"``
+      (``a - b > margin``) or ``"within"`` (``|a - b| < margin``).
+    censor: a finite value that replaces ``+inf`` (and ``-censor`` for
+      ``-inf``) before the t interval, e.g. the run's budget for a target
+      never reached within it: a lower bound of the true value, so the
+      difference it gives is conservative. Without it, infinite values are
+      decided by an exact sign test on the signs of ``a - b - margin`` (ties
+      left out), held or not held when its one-sided p-value is at most
+      ``(1 - confidence) / 2``, which takes at least 6 seeds at 95%.
+    confidence: the two-sided level of the interval.
+  """
+  if claim not in ("less", "greater", "within"):
+    raise ValueError(f"claim must be 'less', 'greater' or 'within', got {claim!r}.")
+  pairs = _paired_values(a, b)
+  if censor is not None:
+    pairs = [(_censored(x, censor), _censored(y, censor)) for x, y in pairs]
+  pairs = [(x, y) for x, y in pairs if not (math.isnan(x) or math.isnan(y))]
+  n = len(pairs)
+  if n == 0:
+    return Comparison("not evaluated", what, 0, math.nan, math.nan, math.nan, "none", "no seed has both values")
+  diffs = [x - y for x, y in pairs]
+  if all(math.isfinite(d) for d in diffs):
+    mean = sum(diffs) / n
+    if n < 2:
+      return Comparison("inconclusive", what, n, mean, -math.inf, math.inf, "paired t",
+                        "one seed: no interval")
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
+    half = t_quantile(confidence, n - 1) * sd / math.sqrt(n)
+    low, high = mean - half, mean + half
+    if claim == "less":
+      verdict = "held" if high < margin else "not held" if low > margin else "inconclusive"
+    elif claim == "greater":
+      verdict = "held" if low > margin else "not held" if high < margin else "inconclusive"
+    else:
+      verdict = ("held" if -margin < low and high < margin else
+                 "not held" if low > margin or high < -margin else "inconclusive")
+    return Comparison(verdict, what, n, mean, low, high, "paired t")
+  if claim == "within":  # an infinite difference is outside any band
+    favour = sum(1 for d in diffs if abs(d) < margin)
+    outside = sum(1 for d in diffs if abs(d) >= margin)
+  else:
+    shifted = [d - margin for d in diffs if not math.isnan(d) and d != margin]
+    favour = sum(1 for d in shifted if (d < 0) == (claim == "less"))
+    outside = len(shifted) - favour
+  m = favour + outside
+  alpha = (1.0 - confidence) / 2.0
+  p_held, p_not = binomial_tail(favour, m), binomial_tail(outside, m)
+  verdict = "held" if m and p_held <= alpha else "not held" if m and p_not <= alpha else "inconclusive"
+  note = (f"{favour} of {m} seeds on the claimed side (sign test, one-sided p = {min(p_held, 1.0):.3g}; "
+          f"{n - m} ties)") if m else f"all {n} seeds tie"
+  return Comparison(verdict, what, n, math.nan, math.nan, math.nan, "sign", note)
+
+
+def _paired_values(a: Any, b: Any) -> list[tuple[float, float]]:
+  if isinstance(a, Mapping):
+    if b is None:
+      return [(_num(a[s]), 0.0) for s in sorted(a, key=str)]
+    if not isinstance(b, Mapping):
+      raise TypeError("a and b must both be {seed: value} mappings or both sequences.")
+    return [(_num(a[s]), _num(b[s])) for s in sorted(set(a) & set(b), key=str)]
+  a = list(a)
+  if b is None:
+    return [(_num(x), 0.0) for x in a]
+  if isinstance(b, Mapping):
+    raise TypeError("a and b must both be {seed: value} mappings or both sequences.")
+  b = list(b)
+  if len(a) != len(b):
+    raise ValueError(f"a and b must have the same length, got {len(a)} and {len(b)}.")
+  return [(_num(x), _num(y)) for x, y in zip(a, b)]
+
+
+def _censored(value: float, censor: float) -> float:
+  return censor if value == math.inf else -censor if value == -math.inf else value
+
+
+def combined_verdict(comparisons: Sequence[Comparison]) -> str:
+  """The verdict of "all of these": not held if any is, then not evaluated, inconclusive, held."""
+  verdicts = [c.verdict for c in comparisons]
+  for verdict in ("not held", "not evaluated", "inconclusive"):
+    if verdict in verdicts:
+      return verdict
+  return "held" if verdicts else "not evaluated"
+
+
 @dataclasses.dataclass(frozen=True)
 class ClaimResult:
-  """A claim checked on a run's own numbers: whether it held and the figures that decided it."""
+  """A claim checked on a run's own numbers: its verdict and the figures that decided it.
 
-  held: bool | None  # None: the numbers needed are missing (e.g. a run was left out by --only)
+  Build it with :meth:`decide` from :class:`Comparison` s; ``ClaimResult(held,
+  figures)`` (a verdict without statistics) is kept for claims that are
+  decided without seeds, such as a missing result (``held=None``).
+  """
+
+  held: bool | None  # True: held, False: not held, None: inconclusive or not evaluated (see verdict)
   figures: str
+  verdict: str = ""  # one of VERDICTS; derived from held when empty
+  comparison: Comparison | None = None  # the comparison that decided the verdict (its interval is shown)
+
+  def __post_init__(self):
+    if not self.verdict:
+      object.__setattr__(self, "verdict", {True: "held", False: "not held", None: "not evaluated"}[self.held])
+    if self.verdict not in VERDICTS:
+      raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}.")
+
+  @classmethod
+  def decide(cls, comparisons: Comparison | Sequence[Comparison], figures: str = "") -> "ClaimResult":
+    """The claim holds if every comparison holds; it is not held if any is significantly the opposite.
+
+    The comparison shown is the one that decided: the first opposite one, else
+    the first undecided one, else the held one whose interval is nearest its margin.
+    """
+    comparisons = [comparisons] if isinstance(comparisons, Comparison) else list(comparisons)
+    verdict = combined_verdict(comparisons)
+    deciding = [c for c in comparisons if c.verdict == verdict]
+    if verdict == "held":
+      deciding.sort(key=lambda c: c.high - c.low if c.test == "paired t" else math.inf)
+    shown = deciding[0] if deciding else None
+    text = "; ".join(c.text() for c in comparisons)
+    return cls({"held": True, "not held": False}.get(verdict), f"{text}{'; ' if figures and text else ''}{figures}",
+               verdict, shown)
 
 
 @dataclasses.dataclass(frozen=True)
 class Claim:
   """One claim of a paper and the check that decides it from the summary of a reproduction.
 
-  ``check`` receives the summary (row key -> numbers, means over seeds) and
-  returns a :class:`ClaimResult`; it must compute ``held`` from those numbers.
+  ``check`` receives the summary (row key -> row: the means over seeds and,
+  under ``"per_seed"``, each metric's ``{seed: value}``) and returns a
+  :class:`ClaimResult`, normally ``ClaimResult.decide`` of :func:`compare` s
+  of per-seed values (:func:`paired` reads them from the summary).
   """
 
   name: str
@@ -76,6 +289,96 @@ class Claim:
       return self.check(summary)
     except KeyError as missing:
       return ClaimResult(None, f"not evaluated: no result for {missing}")
+    except (IndexError, StopIteration, ValueError) as e:  # e.g. an empty grid (--only left its runs out)
+      return ClaimResult(None, f"not evaluated: the runs it needs are missing ({type(e).__name__}: {e})")
+
+
+def seed_values(summary: Summary, key: str, metric: str, *, scale: float = 1.0,
+                missing: float = math.inf) -> dict[Any, float]:
+  """``{seed: value * scale}`` of ``metric`` for the row ``key``; a missing value (``None``: diverged, never
+  reached) becomes ``missing`` (default ``inf``: infinitely bad when lower is better)."""
+  per_seed = summary[key].get("per_seed", {})
+  if metric not in per_seed:
+    raise KeyError(f"{key}: {metric} per seed")
+  return {s: missing if v is None or (isinstance(v, float) and math.isnan(v)) else float(v) * scale
+          for s, v in per_seed[metric].items()}
+
+
+def across_seeds(fn: Callable[..., float], *values: Mapping[Any, float]) -> dict[Any, float]:
+  """``{seed: fn(v1, v2, ...)}`` over the seeds every mapping of ``values`` has (a per-seed statistic of rows)."""
+  seeds = set(values[0]).intersection(*values[1:]) if values else set()
+  return {s: float(fn(*(v[s] for v in values))) for s in sorted(seeds, key=str)}
+
+
+def log_or_inf(value: float) -> float:
+  """``log(value)``, with ``inf`` (never reached, diverged) kept as ``inf``: for ratios compared on a log scale."""
+  return math.inf if value == math.inf else math.log(value) if value > 0 else -math.inf
+
+
+def paired(summary: Summary, key_a: str, key_b: str | None, metric: str, *, claim: str = "less",
+           margin: float = 0.0, scale: float = 1.0, missing: float = math.inf, censor: float | None = None,
+           what: str | None = None) -> Comparison:
+  """:func:`compare` of ``metric`` between the rows ``key_a`` and ``key_b`` (or ``key_a`` alone), seed by seed."""
+  a = seed_values(summary, key_a, metric, scale=scale, missing=missing)
+  b = None if key_b is None else seed_values(summary, key_b, metric, scale=scale, missing=missing)
+  label = what or (f"{metric} {key_a} - {key_b}" if key_b is not None else f"{metric} {key_a}")
+  return compare(a, b, claim=claim, margin=margin, what=label, censor=censor)
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+  """The allowed values of a numeric setting (of each number, for a list or a mapping of numbers)."""
+
+  low: float | None = None
+  high: float | None = None
+  low_open: bool = False
+  high_open: bool = False
+  integer: bool = False
+
+  def __contains__(self, value: float) -> bool:
+    if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+      return False
+    return not (self.high is not None and (value >= self.high if self.high_open else value > self.high))
+
+  def __str__(self) -> str:
+    kind = "an integer" if self.integer else "a number"
+    if self.low is not None and self.high is not None:
+      return (f"{kind} in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}"
+              f"{')' if self.high_open else ']'}")
+    if self.low is not None:
+      return f"{kind} {'>' if self.low_open else '>='} {self.low:g}"
+    if self.high is not None:
+      return f"{kind} {'<' if self.high_open else '<='} {self.high:g}"
+    return kind
+
+
+POSITIVE = Range(0.0, low_open=True)
+COUNT = Range(1, integer=True)  # a number of things (workers, steps, seeds, ...)
+NON_NEGATIVE_INT = Range(0, integer=True)
+FRACTION = Range(0.0, 1.0, low_open=True)
+# Ranges of the settings that several reproductions share (by name); a reproduction adds its own in ``limits``.
+COMMON_LIMITS: Mapping[str, Range | tuple[str, ...]] = {
+    **{k: POSITIVE for k in ("lr", "client_lr", "inner_lr", "outer_lr", "server_lr", "max_step", "step_budget",
+                             "time_budget", "step_scale", "speeds", "trace_slow", "dc_lambda0", "target",
+                             "sgd_floor", "mild_factor", "optimizers", "lam_logreg", "lam_lsq", "label_noise")},
+    **{k: COUNT for k in ("batch", "seeds", "eval_every", "eval_points", "epochs", "workers", "learners", "clients",
+                          "hidden", "width", "depth", "depths", "heads", "ks", "ns", "local_steps", "sums", "buffer",
+                          "trace_workers", "classes_per_client", "vocab", "seq_len", "corpus_tokens", "lsq_n",
+                          "lsq_d", "adasync_k0", "adasync_chunk")},
+    **{k: NON_NEGATIVE_INT for k in ("steps", "staleness", "taus", "s_lower", "s_upper")},
+    "momentum": Range(-1.0, 1.0, low_open=True, high_open=True),
+    "momenta": Range(-1.0, 1.0, low_open=True, high_open=True),
+    "outer_momentum": Range(0.0, 1.0, high_open=True),
+    "dc_mu": Range(0.0, 1.0, high_open=True),
+    "dc_lambda": Range(0.0),
+    "poly_a": Range(0.0),
+    "lsq_noise": Range(0.0),
+    "mixing": FRACTION,
+    "target_accuracy": FRACTION,
+    "data": ("digits", "mnist", "cifar10"),
+    "model": ("mlp", "resnet20"),
+    "compute": ("constant", "uniform", "exponential", "gamma", "lognormal"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +395,8 @@ class Reproduction:
     run: ``run(config, spec, seed, progress) -> record``, ``progress`` a
       :class:`RunProgress` (a JSON-serializable
       dict with ``"metrics"`` (scalars) and optionally ``"curves"`` (name ->
-      list) and ``"staleness_hist"``).
+      list), ``"staleness_hist"`` and ``"diverged"`` (True when the run's
+      loss or parameters stopped being finite)).
     summarize: ``(config, records) -> rows`` (dicts with a ``"key"``), the
       results table, averaged over seeds; :func:`mean_rows` does the usual.
     claims: the paper's claims.
@@ -102,6 +406,9 @@ class Reproduction:
     columns: the table's columns (default: every column of the rows).
     smoke: config overrides for ``--smoke`` (a seconds-long run of the whole
       pipeline, for tests): fewer steps, seeds and grid points.
+    limits: setting -> its allowed values (a :class:`Range` for numbers, a
+      tuple for strings), added to :data:`COMMON_LIMITS`; ``--set`` values are
+      checked against them and against the type of the scale's own value.
   """
 
   name: str
@@ -116,28 +423,83 @@ class Reproduction:
   paper_numbers: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
   columns: Sequence[str] = ()
   smoke: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  limits: Mapping[str, Range | tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
 
 def config_for(repro: Reproduction, scale: str, steps: int | None = None, seeds: int | None = None,
                overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-  """The config of ``scale`` with the ``--set``, ``--steps`` and ``--seeds`` overrides applied."""
+  """The config of ``scale`` with the ``--set``, ``--steps`` and ``--seeds`` overrides applied and checked.
+
+  A ``--set`` value must name a setting of the scale, have the type of the
+  scale's own value (an integer where it is an integer; a list of such where
+  it is a list) and lie in the setting's range (:data:`COMMON_LIMITS`,
+  ``repro.limits``); otherwise a ``ValueError`` names the setting, the value
+  and what is allowed.
+  """
   if scale not in repro.scales:
-    raise ValueError(f"scale must be one of {sorted(repro.scales)} for {repro.name}, got {scale!r}.")
+    raise ValueError(f"--scale must be one of {sorted(repro.scales)} for {repro.name}, got {scale!r}.")
   config = dict(repro.scales[scale])
+  limits = {**COMMON_LIMITS, **repro.limits}
   for key, value in (overrides or {}).items():
     if key not in config:
-      raise ValueError(f"--set {key}=...: {repro.name} ({scale}) has no such setting; it has {sorted(config)}.")
-    config[key] = value
+      raise ValueError(f"--set {key}=...: {repro.name} ({scale}) has no setting {key!r}; it has "
+                       f"{', '.join(sorted(config))}.")
+    config[key] = checked_setting(key, value, config[key], limits.get(key))
   config["scale"] = scale
   if steps is not None:
-    if steps < 1:
-      raise ValueError(f"steps must be >= 1, got {steps}.")
-    config["steps"] = int(steps)
+    config["steps"] = checked_setting("--steps", steps, 1, COUNT)
   if seeds is not None:
-    if seeds < 1:
-      raise ValueError(f"seeds must be >= 1, got {seeds}.")
-    config["seeds"] = int(seeds)
+    config["seeds"] = checked_setting("--seeds", seeds, 1, COUNT)
   return config
+
+
+def checked_setting(name: str, value: Any, default: Any, limit: Range | tuple[str, ...] | None) -> Any:
+  """``value`` if it has the type of ``default`` and lies in ``limit``; a ``ValueError`` naming ``name`` otherwise."""
+  where = name if name.startswith("--") else f"--set {name}"
+  shown = json.dumps(value) if _jsonable(value) else repr(value)
+
+  def fail(allowed: str) -> ValueError:
+    return ValueError(f"{where}={shown}: {name.lstrip('-')} must be {allowed}, got {shown}.")
+
+  if default is None:
+    return value  # an optional setting (e.g. a file name): any value; the run checks it
+  if isinstance(default, bool):
+    if not isinstance(value, bool):
+      raise fail("true or false")
+    return value
+  if isinstance(default, (int, float)):
+    integer = isinstance(default, int) or (isinstance(limit, Range) and limit.integer)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+      raise fail(str(limit) if isinstance(limit, Range) else "an integer" if integer else "a number")
+    if not math.isfinite(value) or (isinstance(limit, Range) and value not in limit):
+      raise fail(str(limit) if isinstance(limit, Range) else "finite")
+    return value
+  if isinstance(default, str):
+    if not isinstance(value, str) or (isinstance(limit, tuple) and value not in limit):
+      raise fail("one of " + ", ".join(map(repr, limit)) if isinstance(limit, tuple) else "a string")
+    return value
+  if isinstance(default, (list, tuple)):
+    if not isinstance(value, list) or (default and not value):
+      raise fail(f"a non-empty list like {json.dumps(default)}")
+    if default:
+      return [checked_setting(f"{name}[{i}]", v, default[0], limit) for i, v in enumerate(value)]
+    return value
+  if isinstance(default, Mapping):
+    if not isinstance(value, Mapping) or not value:
+      raise fail(f"a non-empty mapping like {json.dumps(default)}")
+    unknown = sorted(set(value) - set(default))
+    if unknown:
+      raise fail(f"a mapping with keys among {sorted(default)} (unknown: {unknown})")
+    return {k: checked_setting(f"{name}.{k}", v, default[k], limit) for k, v in value.items()}
+  return value
+
+
+def _jsonable(value: Any) -> bool:
+  try:
+    json.dumps(value)
+  except (TypeError, ValueError):
+    return False
+  return True
 
 
 def fingerprint(*parts: Any) -> str:
@@ -146,19 +508,38 @@ def fingerprint(*parts: Any) -> str:
   return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def write_json(path: str, value: Any) -> None:
-  """Writes ``value`` as JSON atomically: an interrupted run never leaves a truncated file."""
+def run_fingerprint(config: Mapping[str, Any], spec: Mapping[str, Any], seed: int) -> str:
+  """What identifies a finished run: the config (less the number of seeds, so that adding seeds reuses the
+  ones already run), the spec and the seed."""
+  return fingerprint({k: v for k, v in config.items() if k != "seeds"}, spec, seed)
+
+
+def _file_mode() -> int:
+  """The mode ``open`` would give a new file under the user's umask (``mkstemp`` alone gives 0600)."""
+  umask = os.umask(0)
+  os.umask(umask)
+  return 0o666 & ~umask
+
+
+def write_text(path: str, text: str) -> None:
+  """Writes ``text`` atomically (a temporary file renamed over ``path``), with the user's umask."""
   directory = os.path.dirname(path) or "."
   os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")
+  fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.splitext(path)[1])
   try:
-    with os.fdopen(fd, "w") as f:
-      json.dump(to_json(value), f, indent=1)
+    with os.fdopen(fd, "w", newline="") as f:
+      f.write(text)
+    os.chmod(tmp, _file_mode())
     os.replace(tmp, path)
   except BaseException:
     if os.path.exists(tmp):
       os.remove(tmp)
     raise
+
+
+def write_json(path: str, value: Any) -> None:
+  """Writes ``value`` as JSON atomically: an interrupted run never leaves a truncated file."""
+  write_text(path, json.dumps(to_json(value), indent=1))
 
 
 def to_json(value: Any) -> Any:
@@ -182,9 +563,23 @@ def run_path(out: str, spec_key: str, seed: int) -> str:
   return os.path.join(out, "runs", f"{safe}__seed{seed}.json")
 
 
+def check_writable(out: str, argument: str = "--out") -> None:
+  """Creates ``out`` and writes a file there, so that an unwritable folder fails before any compute."""
+  try:
+    os.makedirs(out, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out, prefix=".tmp-")
+    os.close(fd)
+    os.remove(tmp)
+  except OSError as e:
+    raise ValueError(f"{argument} {out}: cannot write there ({e.strerror or e}).") from None
+
+
 def execute(repro: Reproduction, config: Mapping[str, Any], out: str, *, first_seed: int = 0,
             only: Sequence[str] | None = None, plots: bool = True, verbose: bool = True) -> dict[str, Any]:
   """Runs every (spec, seed) not already finished in ``out``, then writes the table, claims and plots.
+
+  The outputs cover every finished run of this config in ``out``, whatever
+  seeds or ``only`` this call asked for, so ``run`` and ``report`` agree.
 
   Returns:
     ``{"config", "rows", "claims", "records", "ran", "reused", "seconds", "files"}``;
@@ -198,46 +593,63 @@ def execute(repro: Reproduction, config: Mapping[str, Any], out: str, *, first_s
     raise ValueError(f"{repro.name}: run spec keys must be unique, got {keys}.")
   if only:
     specs = [s for s in specs if any(o in s["key"] for o in only)]
+    if not specs:
+      raise ValueError(f"--only {' '.join(only)}: no run of {repro.name} matches; its runs are "
+                       f"{', '.join(keys)}.")
+  check_writable(out)
   seeds = list(range(first_seed, first_seed + int(config.get("seeds", 1))))
   jobs = [(spec, seed) for spec in specs for seed in seeds]
-  records, ran, reused = [], 0, 0
+  ran, reused = 0, 0
   start = time.perf_counter()
   bar = tqdm(jobs, desc=repro.name, unit="run", file=sys.stderr, disable=not verbose)
-  for spec, seed in bar:
-    path = run_path(out, spec["key"], seed)
-    stamp = fingerprint(config, spec, seed)
-    record = _finished(path, stamp)
-    if record is None:
+  try:
+    for spec, seed in bar:
+      path = run_path(out, spec["key"], seed)
+      stamp = run_fingerprint(config, spec, seed)
+      if _finished(path, stamp):
+        reused += 1
+        continue
       bar.set_postfix_str(f"{spec['key']} seed {seed}")
       inner = tqdm(total=1, desc="  updates", file=sys.stderr, leave=False, disable=not verbose)
       checkpoints = os.path.join(out, "checkpoints", os.path.basename(path)[:-len(".json")] + f"__{stamp}")
       t0 = time.perf_counter()
-      record = dict(repro.run(config, spec, seed, RunProgress(inner, checkpoints)))
-      inner.close()
-      record.update(key=spec["key"], spec=spec, seed=seed, fingerprint=stamp,
-                    seconds=time.perf_counter() - t0)
-      # Fresh records take the JSON form too, so a resumed run summarizes exactly what a fresh one does.
-      record = to_json(record)
+      try:
+        record = dict(repro.run(config, spec, seed, RunProgress(inner, checkpoints)))
+      finally:
+        inner.close()
+      record.update(key=spec["key"], spec=spec, seed=seed, fingerprint=stamp, seconds=time.perf_counter() - t0)
       write_json(path, record)
       shutil.rmtree(checkpoints, ignore_errors=True)
       ran += 1
-    else:
-      reused += 1
-    records.append(record)
-  bar.close()
-  return finish(repro, config, records, out, ran=ran, reused=reused,
+  finally:
+    bar.close()
+  return finish(repro, config, finished_records(repro, config, out, damaged="skip"), out, ran=ran, reused=reused,
                 seconds=time.perf_counter() - start, plots=plots, verbose=verbose)
 
 
-def _finished(path: str, stamp: str) -> dict[str, Any] | None:
+def _finished(path: str, stamp: str) -> bool:
+  """Whether ``path`` holds a readable record with fingerprint ``stamp`` (a damaged one is redone)."""
   if not os.path.exists(path):
-    return None
+    return False
   try:
     with open(path) as f:
       record = json.load(f)
   except (OSError, json.JSONDecodeError):
-    return None
-  return record if record.get("fingerprint") == stamp else None
+    return False
+  return isinstance(record, dict) and record.get("fingerprint") == stamp
+
+
+def finished_records(repro: Reproduction, config: Mapping[str, Any], out: str, *,
+                     damaged: str = "raise") -> list[dict[str, Any]]:
+  """Every finished run of ``config`` in ``out`` (any seed), in spec order then by seed.
+
+  Records are read back from their JSON files, so a fresh run and a resumed
+  one summarize exactly the same numbers.
+  """
+  order = {s["key"]: i for i, s in enumerate(repro.specs(config))}
+  found = [r for r in load_records(out, damaged=damaged)
+           if r.get("key") in order and r.get("fingerprint") == run_fingerprint(config, r["spec"], r["seed"])]
+  return sorted(found, key=lambda r: (order[r["key"]], r["seed"]))
 
 
 def finish(repro: Reproduction, config: Mapping[str, Any], records: list[dict[str, Any]], out: str, *,
@@ -246,16 +658,25 @@ def finish(repro: Reproduction, config: Mapping[str, Any], records: list[dict[st
   """Summarizes records into the table, checks the claims, writes the outputs, prints the table."""
   rows = repro.summarize(config, records)
   summary = {r["key"]: r for r in rows}
+  diverged = sum(1 for r in records if r.get("diverged"))
   claims = []
   for claim in repro.claims:
-    result = claim.evaluate(summary)
-    claims.append({"claim": claim.name, "statement": claim.statement,
-                   "held": result.held, "figures": result.figures})
+    if records and diverged == len(records):
+      result = ClaimResult(None, f"not evaluated: every one of the {diverged} runs diverged (non-finite loss or "
+                           "parameters), so the settings are outside the range the claim is about")
+    else:
+      result = claim.evaluate(summary)
+    c = result.comparison
+    claims.append({"claim": claim.name, "statement": claim.statement, "verdict": result.verdict,
+                   "held": result.held, "seeds": c.n if c else None, "mean": c.mean if c else None,
+                   "low": c.low if c else None, "high": c.high if c else None, "test": c.test if c else None,
+                   "figures": result.figures})
   os.makedirs(out, exist_ok=True)
   files = [os.path.join(out, "results.json"), os.path.join(out, "results.csv"), os.path.join(out, "claims.csv")]
   write_json(files[0], {"reproduction": repro.name, "paper": repro.paper, "config": dict(config),
-                        "rows": rows, "claims": claims, "paper_numbers": dict(repro.paper_numbers),
-                        "run_seconds": sum(float(r.get("seconds", 0.0)) for r in records)})
+                        "seeds": sorted({r["seed"] for r in records}), "rows": rows, "claims": claims,
+                        "paper_numbers": dict(repro.paper_numbers), "diverged_runs": diverged,
+                        "run_seconds": sum(float(r.get("seconds") or 0.0) for r in records)})
   write_csv(files[1], rows)
   write_csv(files[2], claims)
   if plots and records:
@@ -265,22 +686,24 @@ def finish(repro: Reproduction, config: Mapping[str, Any], records: list[dict[st
   if verbose:
     print(render(repro, rows, claims))
     print(f"\n{ran} runs performed, {reused} reused from {os.path.join(out, 'runs')}, {seconds:.1f} s; "
+          f"{len(records)} runs summarized ({len({r['seed'] for r in records})} seeds); "
           f"wrote {', '.join(os.path.basename(f) for f in files)} to {out}")
   return result
 
 
 def write_csv(path: str, rows: list[dict[str, Any]]) -> None:
   """Writes rows (dicts) as CSV with the union of their keys as columns, atomically."""
+  import io
+
   columns: list[str] = []
   for r in rows:
     columns += [k for k in r if k not in columns and not isinstance(r[k], (list, dict))]
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".tmp-", suffix=".csv")
-  with os.fdopen(fd, "w", newline="") as f:
-    writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
-    writer.writeheader()
-    for r in rows:
-      writer.writerow({k: _cell(r.get(k)) for k in columns})
-  os.replace(tmp, path)
+  text = io.StringIO(newline="")
+  writer = csv.DictWriter(text, fieldnames=columns, extrasaction="ignore")
+  writer.writeheader()
+  for r in rows:
+    writer.writerow({k: _cell(r.get(k)) for k in columns})
+  write_text(path, text.getvalue())
 
 
 def _cell(value: Any) -> Any:
@@ -295,8 +718,9 @@ def mean_rows(records: list[dict[str, Any]], *, fields: Sequence[str] = ()) -> l
   A metric ``m`` becomes ``m`` (the mean over seeds: NaN if any seed's value
   is missing or NaN, e.g. a diverged run or a target never reached, so that
   no claim is decided on the lucky seeds alone) and ``m_std`` (over the
-  finite values); ``seeds`` counts the records and ``nonfinite`` the most
-  seeds any one metric was not finite for.
+  finite values); ``seeds`` counts the records, ``nonfinite`` the most
+  seeds any one metric was not finite for, and ``per_seed[m]`` is
+  ``{seed: value}`` (``None`` where not finite), which the claims compare.
   """
   groups: dict[str, list[dict[str, Any]]] = {}
   for r in records:
@@ -308,14 +732,19 @@ def mean_rows(records: list[dict[str, Any]], *, fields: Sequence[str] = ()) -> l
       row[f] = group[0]["spec"].get(f)
     names = list(group[0]["metrics"])
     nonfinite = 0
+    per_seed: dict[str, dict[Any, float | None]] = {}
     for name in names:
-      values = np.array([_num(g["metrics"].get(name)) for g in group], dtype=np.float64)
+      raw = [g["metrics"].get(name) for g in group]
+      values = np.array([_num(v) for v in raw], dtype=np.float64)
       finite = values[np.isfinite(values)]
       nonfinite = max(nonfinite, int(np.sum(~np.isfinite(values))))
       row[name] = float(values.mean()) if finite.size == values.size else float("nan")
       row[f"{name}_std"] = float(finite.std()) if finite.size else float("nan")
+      per_seed[name] = {g.get("seed", i): None if not math.isfinite(v) else float(v)
+                        for i, (g, v) in enumerate(zip(group, values))}
     row["seeds"] = len(group)
     row["nonfinite"] = nonfinite
+    row["per_seed"] = per_seed
     rows.append(row)
   return rows
 
@@ -334,7 +763,7 @@ def render(repro: Reproduction, rows: list[dict[str, Any]], claims: list[dict[st
   lines = [f"\n{repro.name}: {repro.paper}", repro.description, ""]
   columns = list(repro.columns)
   if not columns and rows:
-    columns = [k for k in rows[0] if not k.endswith("_std")]
+    columns = [k for k in rows[0] if not k.endswith("_std") and not isinstance(rows[0][k], (dict, list))]
   paper_cols = sorted({c for v in repro.paper_numbers.values() for c in v})
   header = columns + [f"paper {c}" for c in paper_cols]
   table = [[_fmt(r.get(c), r.get(f"{c}_std")) for c in columns]
@@ -343,11 +772,23 @@ def render(repro: Reproduction, rows: list[dict[str, Any]], claims: list[dict[st
   lines.append("  ".join(h.rjust(w) for h, w in zip(header, widths)))
   lines.append("  ".join("-" * w for w in widths))
   lines += ["  ".join(c.rjust(w) for c, w in zip(t, widths)) for t in table]
-  lines.append("\nclaims (checked on this run's numbers):")
+  seeds = max((r.get("seeds", 0) for r in rows), default=0)
+  lines.append(f"(mean ± std over {seeds} seeds)" if seeds > 1 else "")
+  lines.append(f"\nclaims (checked on this run's numbers; {CONFIDENCE:.0%} intervals of the mean over seeds):")
   for c in claims:
-    verdict = {True: "HELD", False: "NOT HELD", None: "n/a"}[c["held"]]
-    lines.append(f"  [{verdict:>8}] {c['claim']}: {c['statement']}\n             {c['figures']}")
+    lines.append(f"  [{c['verdict'].upper():>13}] {c['claim']}: {c['statement']}\n{'':18}{c['figures']}")
   return "\n".join(lines)
+
+
+def claim_summary(claim: Mapping[str, Any]) -> str:
+  """The deciding comparison of a claim row: ``mean [low, high], n seeds`` (or the test used)."""
+  if claim.get("test") == "paired t" and claim.get("mean") is not None:
+    low = "-inf" if claim.get("low") is None else f"{claim['low']:+.3g}"
+    high = "inf" if claim.get("high") is None else f"{claim['high']:+.3g}"
+    return f"{claim['mean']:+.3g} [{low}, {high}], {claim['seeds']} seeds"
+  if claim.get("test") == "sign":
+    return f"sign test, {claim['seeds']} seeds"
+  return "-"
 
 
 def _fmt(value: Any, std: Any = None) -> str:
@@ -364,22 +805,44 @@ def _fmt(value: Any, std: Any = None) -> str:
 
 
 def load_results(out: str) -> dict[str, Any]:
-  """Reads ``results.json`` written by :func:`finish`."""
+  """Reads ``results.json`` written by :func:`finish`; a damaged file is a ``ValueError`` naming it."""
   path = os.path.join(out, "results.json")
   if not os.path.exists(path):
     raise FileNotFoundError(f"{out} holds no results.json; run a reproduction with --out {out} first.")
-  with open(path) as f:
-    return json.load(f)
+  try:
+    with open(path) as f:
+      saved = json.load(f)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path} is damaged (not valid JSON: {e}); rerun the reproduction with --out {out} to "
+                     "rewrite it (its finished runs are reused).") from None
+  if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict) or "reproduction" not in saved:
+    raise ValueError(f"{path} is not a results file of python -m experiments (no reproduction and config).")
+  return saved
 
 
-def load_records(out: str) -> list[dict[str, Any]]:
-  """Every finished run record under ``OUT/runs`` (sorted by file name)."""
+def load_records(out: str, *, damaged: str = "raise") -> list[dict[str, Any]]:
+  """Every finished run record under ``OUT/runs`` (sorted by file name).
+
+  A file that is not a valid record raises a ``ValueError`` naming it
+  (``damaged="raise"``) or is skipped with a warning (``damaged="skip"``).
+  """
   directory = os.path.join(out, "runs")
   if not os.path.isdir(directory):
     return []
   records = []
   for name in sorted(os.listdir(directory)):
     if name.endswith(".json") and not name.startswith("."):
-      with open(os.path.join(directory, name)) as f:
-        records.append(json.load(f))
+      path = os.path.join(directory, name)
+      try:
+        with open(path) as f:
+          record = json.load(f)
+        if not isinstance(record, dict) or not {"key", "spec", "seed", "fingerprint", "metrics"} <= set(record):
+          raise ValueError("not a run record")
+      except ValueError as e:
+        message = f"{path} is damaged ({e}); delete it to redo that run."
+        if damaged == "raise":
+          raise ValueError(message) from None
+        print(f"warning: {message}", file=sys.stderr)
+        continue
+      records.append(record)
   return records

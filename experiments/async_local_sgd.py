@@ -26,7 +26,7 @@ import optax
 
 import delayjax as dj
 from experiments import _plots
-from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, or_inf
+from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, paired
 from experiments._training import simulate_record, task_for, with_time_to_target, within_time
 
 # Config: outer lr 0.7, momentum 0.9 (the defaults seen for delayed Nesterov); N = number of workers.
@@ -85,28 +85,19 @@ def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dic
   return rows
 
 
-def _time(summary: Summary, key: str) -> float:
-  return or_inf(summary[key]["time_to_target"])
-
-
-def _error(summary: Summary, key: str) -> float:
-  return 100 * or_inf(summary[key]["test_error"])
-
-
 def _delayed_beats_plain(summary: Summary) -> ClaimResult:
-  d, p = _error(summary, "async-delayed-nesterov"), _error(summary, "async-nesterov")
-  return ClaimResult(d < p, f"final error: delayed Nesterov {d:.2f}%, plain Nesterov {p:.2f}%")
+  return ClaimResult.decide(paired(summary, "async-delayed-nesterov", "async-nesterov", "test_error", scale=100.0,
+                                   what="final error delayed - plain Nesterov (points)"))
 
 
 def _dylu_faster_than_sync(summary: Summary) -> ClaimResult:
-  a, s = _time(summary, "async-delayed-nesterov-dylu"), _time(summary, "sync-nesterov")
-  return ClaimResult(a < s, f"simulated seconds to the target: async + delayed Nesterov + DyLU {a:.1f}, "
-                     f"synchronous {s:.1f}")
+  return ClaimResult.decide(paired(summary, "async-delayed-nesterov-dylu", "sync-nesterov", "time_to_target_bound",
+                                   what="seconds to the target async + delayed Nesterov + DyLU - synchronous"))
 
 
 def _dylu_helps(summary: Summary) -> ClaimResult:
-  a, b = _time(summary, "async-delayed-nesterov-dylu"), _time(summary, "async-delayed-nesterov")
-  return ClaimResult(a < b, f"simulated seconds to the target: with DyLU {a:.1f}, without {b:.1f}")
+  return ClaimResult.decide(paired(summary, "async-delayed-nesterov-dylu", "async-delayed-nesterov",
+                                   "time_to_target_bound", what="seconds to the target with DyLU - without"))
 
 
 CLAIMS = [

@@ -29,7 +29,8 @@ import optax
 
 import delayjax as dj
 from experiments import _plots
-from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, or_inf
+from experiments._framework import (Claim, ClaimResult, Reproduction, Summary, compare, log_or_inf, mean_rows,
+                                    paired, seed_values)
 from experiments._training import simulate_record, task_for
 
 SCALES = {
@@ -97,26 +98,27 @@ def _ms(summary: Summary) -> list[int]:
   return sorted({r["workers"] for r in summary.values()})
 
 
+def _log_gap(summary: Summary, key: str) -> dict[Any, float]:
+  return {s: log_or_inf(v) for s, v in seed_values(summary, key, "gap_rms").items()}
+
+
 def _smaller_gap(summary: Summary) -> ClaimResult:
-  parts, held = [], True
-  for m in _ms(summary):
-    g = {k: summary[f"{k}-M{m}"]["gap_rms"] for k in METHODS}
-    held &= g["dana"] < g["asgd"] and g["dana"] < g["nag-asgd"]
-    parts.append(f"M={m}: DANA {g['dana']:.2e}, ASGD {g['asgd']:.2e}, NAG-ASGD {g['nag-asgd']:.2e}")
-  return ClaimResult(held, "gap RMS " + "; ".join(parts))
+  return ClaimResult.decide([compare(_log_gap(summary, f"dana-M{m}"), _log_gap(summary, f"{k}-M{m}"),
+                                     what=f"log gap RMS dana - {k} at M={m}")
+                             for m in _ms(summary) for k in ("asgd", "nag-asgd")])
 
 
 def _gap_grows(summary: Summary) -> ClaimResult:
-  gaps = [(m, summary[f"asgd-M{m}"]["gap_rms"]) for m in _ms(summary)]
-  return ClaimResult(all(b > a for (_, a), (_, b) in zip(gaps, gaps[1:])),
-                     "ASGD gap RMS " + ", ".join(f"M={m}: {g:.2e}" for m, g in gaps))
+  ms = _ms(summary)
+  return ClaimResult.decide([compare(_log_gap(summary, f"asgd-M{b}"), _log_gap(summary, f"asgd-M{a}"),
+                                     claim="greater", what=f"log gap RMS of asgd M={b} - M={a}")
+                             for a, b in zip(ms, ms[1:])])
 
 
 def _best_at_scale(summary: Summary) -> ClaimResult:
   m = _ms(summary)[-1]
-  e = {k: or_inf(summary[f"{k}-M{m}"]["error_pct"]) for k in METHODS}
-  return ClaimResult(e["dana"] <= min(e["asgd"], e["nag-asgd"]),
-                     f"M={m}: DANA {e['dana']:.2f}%, ASGD {e['asgd']:.2f}%, NAG-ASGD {e['nag-asgd']:.2f}%")
+  return ClaimResult.decide([paired(summary, f"dana-M{m}", f"{k}-M{m}", "test_error", scale=100.0,
+                                    what=f"error dana - {k} at M={m} (points)") for k in ("asgd", "nag-asgd")])
 
 
 CLAIMS = [

@@ -22,7 +22,8 @@ import optax
 
 import delayjax as dj
 from experiments import _plots
-from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows
+from experiments._framework import (Claim, ClaimResult, Reproduction, Summary, across_seeds, compare, mean_rows,
+                                    paired, seed_values)
 from experiments._training import learning_rate, simulate_record, task_for
 
 # Config. The paper: CIFAR-10, 30 learners, minibatch 4 (lambda = 30, mu = 4), one alpha_0 for all n.
@@ -70,37 +71,41 @@ def _ns(summary: Summary) -> list[int]:
 
 
 def _staleness_tracks_n(summary: Summary) -> ClaimResult:
-  pairs = [(n, summary[f"fixed-n{n}"]["mean_staleness"]) for n in _ns(summary)]
-  figures = ", ".join(f"n={n}: {s:.2f}" for n, s in pairs)
-  return ClaimResult(all(abs(s - n) <= 0.3 * n for n, s in pairs if n > 1), f"mean staleness {figures}")
+  comparisons = []
+  for n in _ns(summary):
+    if n > 1:
+      stale = seed_values(summary, f"fixed-n{n}", "mean_staleness")
+      comparisons.append(compare({s: (v - n) / n for s, v in stale.items()}, claim="within", margin=0.3,
+                                 what=f"(mean staleness - n) / n at n={n}"))
+  return ClaimResult.decide(comparisons)
 
 
 def _fixed_fails(summary: Summary) -> ClaimResult:
   ns = _ns(summary)
-  small, large = summary[f"fixed-n{ns[0]}"]["error_pct"], summary[f"fixed-n{ns[-1]}"]["error_pct"]
-  return ClaimResult(large >= small + 10.0,
-                     f"fixed step: n={ns[0]}: {small:.2f}%, n={ns[-1]}: {large:.2f}% (needed: +10 points)")
+  return ClaimResult.decide(paired(summary, f"fixed-n{ns[-1]}", f"fixed-n{ns[0]}", "test_error", scale=100.0,
+                                   claim="greater", margin=10.0,
+                                   what=f"fixed-step error n={ns[-1]} - n={ns[0]} (points; claimed > 10)"))
 
 
 def _lrtau_robust(summary: Summary) -> ClaimResult:
-  errs = {n: summary[f"lrtau-n{n}"]["error_pct"] for n in _ns(summary)}
-  spread = max(errs.values()) - min(errs.values())
-  return ClaimResult(spread <= 5.0, "alpha0/tau: " + ", ".join(f"n={n}: {e:.2f}%" for n, e in errs.items())
-                     + f"; spread {spread:.2f} points (allowed: 5)")
+  errors = [seed_values(summary, f"lrtau-n{n}", "test_error", scale=100.0) for n in _ns(summary)]
+  spread = across_seeds(lambda *e: max(e) - min(e), *errors)
+  return ClaimResult.decide(compare(spread, claim="less", margin=5.0,
+                                    what="alpha0/tau error spread over n (points; claimed < 5)"))
 
 
 def _lrtau_beats_fixed(summary: Summary) -> ClaimResult:
   n = _ns(summary)[-1]
-  fixed, lrtau = summary[f"fixed-n{n}"]["error_pct"], summary[f"lrtau-n{n}"]["error_pct"]
-  return ClaimResult(lrtau < fixed, f"n={n}: alpha0/tau {lrtau:.2f}% vs fixed {fixed:.2f}%")
+  return ClaimResult.decide(paired(summary, f"lrtau-n{n}", f"fixed-n{n}", "test_error", scale=100.0,
+                                   what=f"error alpha0/tau - fixed at n={n} (points)"))
 
 
 CLAIMS = [
     Claim("staleness-about-n", "n-softsync's measured mean staleness is about n (within 30% for n > 1)",
           _staleness_tracks_n),
-    Claim("fixed-step-fails", "with a fixed step, the largest n ends at least 10 points worse than n = 1",
+    Claim("fixed-step-fails", "with a fixed step, the largest n ends more than 10 points worse than n = 1",
           _fixed_fails),
-    Claim("lr-tau-robust", "with alpha0/tau, every n reaches about the same error (spread <= 5 points)",
+    Claim("lr-tau-robust", "with alpha0/tau, every n reaches about the same error (spread < 5 points)",
           _lrtau_robust),
     Claim("lr-tau-beats-fixed", "at the largest n, alpha0/tau ends with lower error than the fixed step",
           _lrtau_beats_fixed),

@@ -1,6 +1,7 @@
 """The reproduction framework: resumable runs, atomic records, outputs, claims decided by the numbers."""
 
 import csv
+import dataclasses
 import json
 import os
 
@@ -11,8 +12,11 @@ from experiments import _framework as fw
 from experiments import dc_asgd
 
 
-def _toy(calls: list, claim_threshold: float = 0.5) -> fw.Reproduction:
-  """A reproduction whose 'training' is a formula: error = 1 / (1 + lr * seed + 1); counts its runs."""
+def _toy(calls: list, claim_threshold: float = 0.0, seeds: int = 2) -> fw.Reproduction:
+  """A reproduction whose 'training' is a formula: error = 1 / (1 + lr (update + 1) (seed + 1)); counts its runs.
+
+  Its claim: lr = 1 ends with an error lower than lr = 0.1 by more than ``-claim_threshold``.
+  """
 
   def specs(config):
     return [{"key": f"lr{lr}", "lr": lr} for lr in config["lrs"]]
@@ -30,8 +34,8 @@ def _toy(calls: list, claim_threshold: float = 0.5) -> fw.Reproduction:
     return fw.mean_rows(records, fields=("lr",))
 
   def check(summary):
-    best = min(r["test_error"] for r in summary.values())
-    return fw.ClaimResult(best < claim_threshold, f"best error {best:.3f}")
+    return fw.ClaimResult.decide(fw.paired(summary, "lr1.0", "lr0.1", "test_error", margin=claim_threshold,
+                                           what="error lr1.0 - lr0.1"))
 
   def plots(config, records, rows, out):
     from experiments import _plots
@@ -39,7 +43,7 @@ def _toy(calls: list, claim_threshold: float = 0.5) -> fw.Reproduction:
 
   return fw.Reproduction(
       name="toy", paper="nobody", description="a formula", scales={"quick": {"lrs": [0.1, 1.0], "steps": 20,
-                                                                              "seeds": 2}},
+                                                                              "seeds": seeds}},
       specs=specs, run=run, summarize=summarize, claims=[fw.Claim("low", "error below threshold", check)],
       plots=plots)
 
@@ -82,7 +86,9 @@ def test_outputs_are_written_and_well_formed(tmp_path):
   assert float(table[0]["test_error"]) == pytest.approx(expected, rel=1e-5)
   with open(tmp_path / "claims.csv") as f:
     claims = list(csv.DictReader(f))
-  assert claims[0]["held"] == "True"
+  # Two seeds: the interval (t = 12.7 for one degree of freedom) still straddles zero.
+  assert claims[0]["verdict"] == "inconclusive" and claims[0]["seeds"] == "2"
+  assert saved["seeds"] == [0, 1] and saved["claims"][0]["low"] < 0 < saved["claims"][0]["high"]
   for name in ("curves.png", "staleness.png"):
     with open(tmp_path / name, "rb") as f:
       assert f.read(8) == b"\x89PNG\r\n\x1a\n"
@@ -92,10 +98,15 @@ def test_outputs_are_written_and_well_formed(tmp_path):
 
 
 def test_claim_is_decided_by_the_numbers(tmp_path):
-  repro = _toy([], claim_threshold=0.01)
-  result = fw.execute(repro, fw.config_for(repro, "quick"), str(tmp_path), verbose=False)
-  assert result["claims"][0]["held"] is False
-  assert "best error" in result["claims"][0]["figures"]
+  # Five seeds: the differences lr1.0 - lr0.1 are about -0.28, -0.17, -0.12, -0.09, -0.07 (all negative).
+  repro = _toy([], seeds=5)
+  result = fw.execute(repro, fw.config_for(repro, "quick"), str(tmp_path / "a"), verbose=False)
+  assert result["claims"][0]["verdict"] == "held" and result["claims"][0]["held"] is True
+  assert "error lr1.0 - lr0.1" in result["claims"][0]["figures"]
+  # Claimed 0.5 lower: far beyond what the formula gives, so the opposite is significant.
+  repro = _toy([], seeds=5, claim_threshold=-0.5)
+  result = fw.execute(repro, fw.config_for(repro, "quick"), str(tmp_path / "b"), verbose=False)
+  assert result["claims"][0]["verdict"] == "not held" and result["claims"][0]["held"] is False
 
 
 def test_write_json_is_atomic_and_converts_numpy(tmp_path):
@@ -109,52 +120,70 @@ def test_write_json_is_atomic_and_converts_numpy(tmp_path):
 def test_config_overrides_are_checked():
   repro = _toy([])
   assert fw.config_for(repro, "quick", overrides={"lrs": [0.5]})["lrs"] == [0.5]
-  with pytest.raises(ValueError, match="no such setting"):
+  with pytest.raises(ValueError, match="has no setting 'nope'"):
     fw.config_for(repro, "quick", overrides={"nope": 1})
   with pytest.raises(ValueError, match="scale must be one of"):
     fw.config_for(repro, "huge")
 
 
-def _dc_summary(errors: dict[str, float]) -> dict[str, dict]:
-  rows = {}
-  for key, error in errors.items():
+def _summary(table: dict, fields: tuple = ()) -> dict:
+  """A summary as the framework builds it, from fabricated per-seed metrics: {key: (spec, {metric: [values]})}."""
+  records = [{"key": key, "spec": spec, "seed": seed, "metrics": {m: v[seed] for m, v in metrics.items()}}
+             for key, (spec, metrics) in table.items() for seed in range(len(next(iter(metrics.values()))))]
+  return {r["key"]: r for r in fw.mean_rows(records, fields=fields)}
+
+
+JITTER = np.array([0.0, 0.002, -0.001, 0.001, -0.002])  # per-seed noise, different for each row below
+
+
+def _dc(loss: dict, error: dict) -> dict:
+  table = {}
+  for i, key in enumerate(loss):
     method, _, m = key.rpartition("-M")
-    rows[key] = {"key": key, "method": method or key, "workers": int(m) if method else 1, "error_pct": error}
-  return rows
+    spec = {"method": method or key, "workers": int(m) if method else 1}
+    noise = np.roll(JITTER, i)
+    table[key] = (spec, {"train_loss": list(loss[key] + noise), "test_error": list(error.get(key, 0.05) + noise / 10)})
+  return _summary(table, fields=("method", "workers"))
 
 
-def _dc_verdicts(errors):
-  summary = _dc_summary(errors)
-  return {c.name: c.evaluate(summary).held for c in dc_asgd.CLAIMS}
+def _verdicts(claims, summary):
+  return {c.name: c.evaluate(summary).verdict for c in claims}
 
 
-def test_dc_asgd_claims_follow_fabricated_numbers_both_ways():
-  # The paper's story: ASGD degrades with M, DC-ASGD fixes it.
-  good = {"sequential": 8.6}
-  for m, asgd in ((4, 9.3), (8, 10.0), (16, 11.0)):
-    good |= {f"ssgd-M{m}": asgd + 0.2, f"asgd-M{m}": asgd, f"dc-asgd-c-M{m}": asgd - 0.5,
-             f"dc-asgd-a-M{m}": 8.6 + (m / 16)}
-  verdicts = _dc_verdicts(good)
-  assert all(verdicts.values()), verdicts
+def test_dc_asgd_claims_follow_fabricated_numbers_both_ways_and_ties_are_inconclusive():
+  # The paper's story: ASGD degrades with M, DC-ASGD fixes it (training losses; test errors as fractions).
+  loss, error = {"sequential": 0.10}, {"sequential": 0.020, "dc-asgd-a-M4": 0.022}
+  for m, asgd in ((4, 0.12), (16, 0.20)):
+    loss |= {f"ssgd-M{m}": asgd + 0.05, f"asgd-M{m}": asgd, f"dc-asgd-c-M{m}": asgd - 0.01, f"dc-asgd-a-M{m}": 0.105}
+  assert set(_verdicts(dc_asgd.CLAIMS, _dc(loss, error)).values()) == {"held"}
   # The opposite story: delay compensation hurts, ASGD is as good as sequential.
-  bad = {"sequential": 8.6}
-  for m in (4, 8, 16):
-    bad |= {f"ssgd-M{m}": 8.0, f"asgd-M{m}": 8.5, f"dc-asgd-c-M{m}": 9.0, f"dc-asgd-a-M{m}": 9.5}
-  verdicts = _dc_verdicts(bad)
-  assert not any(verdicts.values()), verdicts
+  loss, error = {"sequential": 0.20}, {"sequential": 0.020, "dc-asgd-a-M4": 0.040}
+  for m in (4, 16):
+    loss |= {f"ssgd-M{m}": 0.10, f"asgd-M{m}": 0.15 - m / 1000, f"dc-asgd-c-M{m}": 0.25, f"dc-asgd-a-M{m}": 0.3}
+  assert set(_verdicts(dc_asgd.CLAIMS, _dc(loss, error)).values()) == {"not held"}
+  # Every method the same, seed for seed: no comparison is decided (and "within 0.5 points" holds).
+  same = {k: 0.1 for k in ("sequential", "ssgd-M4", "asgd-M4", "dc-asgd-c-M4", "dc-asgd-a-M4")}
+  summary = _summary({k: ({"method": k.rpartition("-M")[0] or k, "workers": 4}, {"train_loss": [0.1, 0.2, 0.3],
+                                                                                "test_error": [0.1, 0.2, 0.3]})
+                      for k in same}, fields=("method", "workers"))
+  verdicts = _verdicts(dc_asgd.CLAIMS, summary)
+  assert verdicts.pop("dca-near-sequential") == "held" and set(verdicts.values()) == {"inconclusive"}
 
 
 def test_a_claim_without_its_numbers_is_not_evaluated():
   result = dc_asgd.CLAIMS[0].evaluate({})
-  assert result.held is None and "not evaluated" in result.figures
+  assert result.held is None and result.verdict == "not evaluated" and "not evaluated" in result.figures
 
 
 def test_mean_is_nan_when_any_seed_is_missing():
-  records = [{"key": "a", "spec": {}, "metrics": {"t": 2.0}}, {"key": "a", "spec": {}, "metrics": {"t": None}},
-             {"key": "b", "spec": {}, "metrics": {"t": 1.0}}, {"key": "b", "spec": {}, "metrics": {"t": 3.0}}]
+  records = [{"key": "a", "spec": {}, "seed": 0, "metrics": {"t": 2.0}},
+             {"key": "a", "spec": {}, "seed": 1, "metrics": {"t": None}},
+             {"key": "b", "spec": {}, "seed": 0, "metrics": {"t": 1.0}},
+             {"key": "b", "spec": {}, "seed": 1, "metrics": {"t": 3.0}}]
   rows = {r["key"]: r for r in fw.mean_rows(records)}
   assert np.isnan(rows["a"]["t"]) and rows["a"]["nonfinite"] == 1 and rows["a"]["t_std"] == 0.0
   assert rows["b"]["t"] == 2.0 and rows["b"]["t_std"] == 1.0 and rows["b"]["nonfinite"] == 0
+  assert rows["a"]["per_seed"]["t"] == {0: 2.0, 1: None} and rows["b"]["per_seed"]["t"] == {0: 1.0, 1: 3.0}
   assert fw.or_inf(None) == float("inf") and fw.or_inf(float("nan")) == float("inf") and fw.or_inf(2) == 2.0
 
 
@@ -162,32 +191,262 @@ def test_staleness_aware_claims_follow_fabricated_numbers_both_ways():
   from experiments import staleness_aware
 
   def summary(fixed, lrtau, stale):
-    rows = {}
-    for n in (1, 30):
-      rows[f"fixed-n{n}"] = {"n": n, "rule": "fixed", "error_pct": fixed[n], "mean_staleness": stale[n]}
-      rows[f"lrtau-n{n}"] = {"n": n, "rule": "lrtau", "error_pct": lrtau[n], "mean_staleness": stale[n]}
-    return rows
+    table = {}
+    for i, n in enumerate((1, 30)):
+      for rule, error in (("fixed", fixed), ("lrtau", lrtau)):
+        noise = np.roll(JITTER, i + 2 * len(table))
+        table[f"{rule}-n{n}"] = ({"n": n, "rule": rule}, {"test_error": list(error[n] + noise),
+                                                          "mean_staleness": list(stale[n] + noise)})
+    return _summary(table, fields=("n", "rule"))
 
-  paper = summary({1: 18.0, 30: 90.0}, {1: 18.0, 30: 19.0}, {1: 1.0, 30: 29.0})
-  assert all(c.evaluate(paper).held for c in staleness_aware.CLAIMS)
-  opposite = summary({1: 18.0, 30: 19.0}, {1: 18.0, 30: 40.0}, {1: 1.0, 30: 5.0})
-  assert not any(c.evaluate(opposite).held for c in staleness_aware.CLAIMS)
+  paper = summary({1: 0.18, 30: 0.90}, {1: 0.18, 30: 0.19}, {1: 1.0, 30: 29.0})
+  assert set(_verdicts(staleness_aware.CLAIMS, paper).values()) == {"held"}
+  opposite = summary({1: 0.18, 30: 0.19}, {1: 0.18, 30: 0.40}, {1: 1.0, 30: 5.0})
+  assert set(_verdicts(staleness_aware.CLAIMS, opposite).values()) == {"not held"}
 
 
 def test_dssp_claims_follow_fabricated_numbers_both_ways():
   from experiments import dssp
 
-  def summary(wait, reach, acc):
-    return {p: {"paradigm": p, "total_wait": wait[p], "time_to_target": reach[p], "accuracy_pct": acc[p]}
-            for p in ("bsp", "asp", "ssp", "dssp")}
+  def summary(wait, reach, error):
+    return _summary({p: ({"paradigm": p}, {"total_wait": list(wait[p] + 10 * np.roll(JITTER, i)),
+                                           "time_to_target_bound": list(reach[p] + 10 * np.roll(JITTER, i + 1)),
+                                           "test_error": list(error[p] + np.roll(JITTER, i + 2))})
+                     for i, p in enumerate(("bsp", "asp", "ssp", "dssp"))}, fields=("paradigm",))
 
   good = summary({"bsp": 90, "asp": 0, "ssp": 50, "dssp": 20}, {"bsp": 90, "asp": 40, "ssp": 60, "dssp": 45},
-                 {"bsp": 97, "asp": 95, "ssp": 97, "dssp": 97})
-  assert all(c.evaluate(good).held for c in dssp.CLAIMS)
-  # DSSP never reaching the target (None) counts as infinitely slow.
-  bad = summary({"bsp": 90, "asp": 0, "ssp": 50, "dssp": 70}, {"bsp": 90, "asp": 40, "ssp": 60, "dssp": None},
-                {"bsp": 97, "asp": 95, "ssp": 97, "dssp": 90})
-  assert not any(c.evaluate(bad).held for c in dssp.CLAIMS)
+                 {"bsp": 0.03, "asp": 0.05, "ssp": 0.03, "dssp": 0.03})
+  assert set(_verdicts(dssp.CLAIMS, good).values()) == {"held"}
+  bad = summary({"bsp": 90, "asp": 0, "ssp": 50, "dssp": 70}, {"bsp": 90, "asp": 40, "ssp": 60, "dssp": 120},
+                {"bsp": 0.03, "asp": 0.05, "ssp": 0.03, "dssp": 0.10})
+  assert set(_verdicts(dssp.CLAIMS, bad).values()) == {"not held"}
+
+
+# ---------------------------------------------------------------- the statistics, against known values
+
+
+@pytest.mark.parametrize("confidence, df, expected", [
+    (0.95, 1, 12.706), (0.95, 2, 4.303), (0.95, 4, 2.776), (0.95, 9, 2.262), (0.95, 29, 2.045),
+    (0.95, 200, 1.972), (0.90, 4, 2.132), (0.99, 9, 3.250), (0.80, 3, 1.638)])
+def test_t_quantile_matches_the_printed_table(confidence, df, expected):
+  assert fw.t_quantile(confidence, df) == pytest.approx(expected, abs=6e-4)
+
+
+@pytest.mark.parametrize("t", [0.1, 1.0, 2.5, 30.0])
+def test_t_probability_matches_closed_forms(t):
+  # df = 1 is the Cauchy distribution, df = 2 has P(|T| <= t) = t / sqrt(2 + t^2).
+  assert fw.t_two_sided_probability(t, 1) == pytest.approx(2 / np.pi * np.arctan(t), rel=1e-12)
+  assert fw.t_two_sided_probability(t, 2) == pytest.approx(t / np.sqrt(2 + t * t), rel=1e-12)
+  assert fw.t_two_sided_probability(np.sqrt(3.0), 3) == pytest.approx(0.5 + 1 / np.pi, rel=1e-12)
+
+
+def test_compare_gives_the_paired_t_interval_and_three_verdicts():
+  a = np.array([1.0, 1.2, 0.7, 1.1, 0.9])
+  d = a - 2.0
+  half = 2.7764451 * d.std(ddof=1) / np.sqrt(5)
+  c = fw.compare(list(a), [2.0] * 5)
+  assert (c.verdict, c.n, c.test) == ("held", 5, "paired t")
+  assert (c.mean, c.low, c.high) == pytest.approx((d.mean(), d.mean() - half, d.mean() + half), rel=1e-6)
+  assert fw.compare(list(a), [2.0] * 5, claim="greater").verdict == "not held"
+  assert fw.compare(list(a), [2.0] * 5, margin=-0.5).verdict == "held"  # -1.02 [-1.26, -0.78] < -0.5
+  assert fw.compare(list(a), [2.0] * 5, margin=-1.0).verdict == "inconclusive"
+  # A tie, a single seed and a one-seed difference decide nothing.
+  assert fw.compare([1.0, 2.0, 3.0], [1.0, 2.0, 3.0]).verdict == "inconclusive"
+  assert fw.compare([1.0], [5.0]).verdict == "inconclusive"
+  assert fw.compare([1.0, 1.0, 1.0, 1.0, 0.0], [1.0] * 5).verdict == "inconclusive"
+  # Seeds are paired by name; missing values leave the seed out; nothing to pair: not evaluated.
+  assert fw.compare({0: 1.0, 1: 2.0, 2: 3.0}, {1: 1.0, 2: 2.0, 3: 9.0}).n == 2
+  assert fw.compare([1.0, None, 3.0], [0.0, 0.0, float("nan")]).n == 1
+  assert fw.compare([None], [1.0]).verdict == "not evaluated"
+  # One-sample "within": the whole interval inside the band, or wholly outside it.
+  assert fw.compare([0.1, 0.12, 0.09, 0.11], claim="within", margin=0.3).verdict == "held"
+  assert fw.compare([0.5, 0.6, 0.55, 0.52], claim="within", margin=0.3).verdict == "not held"
+
+
+def test_infinite_values_take_the_sign_test_or_the_censor():
+  assert fw.binomial_tail(6, 6) == 1 / 64 and fw.binomial_tail(5, 6) == 7 / 64 and fw.binomial_tail(0, 3) == 1.0
+  never = [float("inf")] * 6
+  reached = [50.0, 60.0, 55.0, 52.0, 58.0, 61.0]
+  c = fw.compare(never, reached, claim="greater")
+  assert (c.verdict, c.test) == ("held", "sign") and "6 of 6" in c.note
+  # Five seeds cannot reach one-sided p <= 0.025 (1/32 = 0.031): inconclusive.
+  assert fw.compare(never[:5], reached[:5], claim="greater").verdict == "inconclusive"
+  assert fw.compare(never[:5], reached[:5], claim="less").verdict == "inconclusive"
+  # Censored at the budget (a lower bound of the never-reached times), the t interval decides.
+  c = fw.compare(never[:5], reached[:5], claim="greater", censor=120.0)
+  assert (c.verdict, c.test) == ("held", "paired t") and c.mean == pytest.approx(120 - np.mean(reached[:5]))
+  assert fw.compare([float("inf")] * 4, [float("inf")] * 4).note == "all 4 seeds tie"
+
+
+def test_decide_combines_comparisons():
+  held = fw.compare([1.0, 1.1, 0.9], [2.0, 2.0, 2.0], what="h")
+  opposite = fw.compare([3.0, 3.1, 2.9], [2.0, 2.0, 2.0], what="o")
+  tie = fw.compare([1.0, 2.0], [1.0, 2.0], what="t")
+  assert fw.ClaimResult.decide([held, held]).verdict == "held"
+  assert fw.ClaimResult.decide([held, tie]).verdict == "inconclusive"
+  result = fw.ClaimResult.decide([held, tie, opposite])
+  assert (result.verdict, result.held, result.comparison.what) == ("not held", False, "o")
+  assert "h:" in result.figures and "o:" in result.figures
+  assert fw.ClaimResult.decide([]).verdict == "not evaluated"
+  assert fw.ClaimResult(True, "legacy").verdict == "held"
+
+
+# ---------------------------------------------------------------- the CLI refuses nonsense and keeps its manners
+
+
+@pytest.fixture
+def toy_cli(monkeypatch):
+  """The CLI with the toy reproduction registered as 'toy'."""
+  from experiments import _registry
+  from experiments.__main__ import main
+
+  calls = []
+  repro = dataclasses.replace(_toy(calls, seeds=3), limits={"lrs": fw.POSITIVE})
+  known = _registry.get
+  monkeypatch.setattr(_registry, "NAMES", (*_registry.NAMES, "toy"))
+  monkeypatch.setattr(_registry, "get", lambda name: repro if name == "toy" else known(name))
+  return main, calls, repro
+
+
+@pytest.mark.parametrize("args, names", [
+    (["--set", "lrs=abc"], "--set lrs"),
+    (["--set", "lrs=[]"], "--set lrs"),
+    (["--set", "lrs=[-1]"], "lrs[0]"),
+    (["--set", "lrs=[0.1, \"x\"]"], "lrs[1]"),
+    (["--set", "lrs=[1e999]"], "lrs[0]"),
+    (["--set", "steps=2.5"], "--set steps"),
+    (["--set", "steps=-1"], "--set steps"),
+    (["--set", "steps=true"], "--set steps"),
+    (["--set", "nope=1"], "nope"),
+    (["--set", "lrs"], "--set"),
+    (["--set", "=1"], "--set"),
+    (["--set", "lrs=[1]", "lrs=[2]"], "--set lrs"),
+    (["--steps", "0"], "--steps"),
+    (["--seeds", "0"], "--seeds"),
+    (["--seed", "-1"], "--seed"),
+    (["--seed", "4294967296"], "--seed"),
+    (["--only", "nomatch"], "--only"),
+])
+def test_bad_cli_input_is_an_error_naming_the_argument(toy_cli, tmp_path, capsys, args, names):
+  main, calls, _ = toy_cli
+  assert main(["run", "toy", "--out", str(tmp_path / "out"), *args]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("error: ") and names in err and "Traceback" not in err
+  assert calls == []  # refused before any run
+
+
+@pytest.mark.parametrize("argv, names", [
+    (["run", "dc_asgd", "--set", "lr=abc"], "--set lr"),
+    (["run", "dc_asgd", "--set", "lr=-1"], "--set lr"),
+    (["run", "dc_asgd", "--set", "compute=fast"], "--set compute"),
+    (["run", "dssp", "--set", "speeds=[1, 0]"], "speeds[1]"),
+    (["run", "all", "--set", "nope=1"], "--set nope"),
+    (["run", "nope"], "nope"),
+])
+def test_bad_cli_input_to_the_real_reproductions_fails_before_any_compute(tmp_path, capsys, argv, names):
+  from experiments.__main__ import main
+
+  assert main([*argv, "--out", str(tmp_path)]) == 2
+  err = capsys.readouterr().err
+  assert names in err and "Traceback" not in err
+  assert not os.path.exists(tmp_path / "runs")
+
+
+@pytest.mark.parametrize("args, names", [(["--scale", "huge"], "--scale"), (["--seed", "x"], "--seed"),
+                                         (["--steps", "1.5"], "--steps")])
+def test_malformed_options_are_refused_by_the_parser(toy_cli, capsys, args, names):
+  main, _, _ = toy_cli
+  with pytest.raises(SystemExit) as exit_info:
+    main(["run", "toy", *args])
+  assert exit_info.value.code == 2 and names in capsys.readouterr().err
+
+
+def test_unwritable_out_fails_before_any_compute(toy_cli, tmp_path, capsys):
+  main, calls, _ = toy_cli
+  blocker = tmp_path / "a_file"
+  blocker.write_text("")
+  assert main(["run", "toy", "--out", str(blocker / "sub")]) == 2
+  assert "--out" in capsys.readouterr().err and calls == []
+
+
+def test_damaged_results_are_errors_naming_the_file(toy_cli, tmp_path, capsys):
+  main, _, _ = toy_cli
+  out = tmp_path / "out"
+  assert main(["run", "toy", "--out", str(out), "--no-plot"]) == 0
+  results = out / "results.json"
+  results.write_text(results.read_text()[:40])
+  assert main(["report", str(out), "--no-plot"]) == 2
+  assert f"{results} is damaged" in capsys.readouterr().err
+  assert main(["run", "toy", "--out", str(out), "--no-plot"]) == 0  # a rerun rewrites it
+  record = sorted((out / "runs").iterdir())[0]
+  record.write_text("{")
+  assert main(["report", str(out), "--no-plot"]) == 2
+  assert f"{record} is damaged" in capsys.readouterr().err
+  assert main(["report", str(tmp_path / "missing")]) == 2
+
+
+def test_every_run_diverged_leaves_the_claims_not_evaluated(tmp_path):
+  repro = _toy([], seeds=3)
+  diverging = dataclasses.replace(repro, run=lambda config, spec, seed, progress: {
+      "metrics": {"test_error": None}, "curves": {"update": [0, 1], "time": [0, 1], "test_error": [0.5, None]},
+      "diverged": True})
+  result = fw.execute(diverging, fw.config_for(diverging, "quick"), str(tmp_path), verbose=False, plots=False)
+  claim = result["claims"][0]
+  assert claim["verdict"] == "not evaluated" and "every one of the 6 runs diverged" in claim["figures"]
+
+
+def test_results_cover_every_seed_and_run_and_report_agree(toy_cli, tmp_path, capsys):
+  main, calls, _ = toy_cli
+  out = str(tmp_path / "out")
+  assert main(["run", "toy", "--out", out, "--seed", "1", "--seeds", "1", "--no-plot"]) == 0
+  assert main(["run", "toy", "--out", out, "--seeds", "1", "--no-plot"]) == 0
+  with open(os.path.join(out, "results.json")) as f:
+    after_run = json.load(f)
+  assert after_run["seeds"] == [0, 1] and all(r["seeds"] == 2 for r in after_run["rows"])
+  assert main(["report", out, "--no-plot"]) == 0
+  with open(os.path.join(out, "results.json")) as f:
+    after_report = json.load(f)
+  assert after_report["rows"] == after_run["rows"] and after_report["claims"] == after_run["claims"]
+  # --only on the finished folder runs nothing and keeps every row.
+  calls.clear()
+  assert main(["run", "toy", "--out", out, "--seeds", "1", "--only", "lr0.1", "--no-plot"]) == 0
+  with open(os.path.join(out, "results.json")) as f:
+    assert len(json.load(f)["rows"]) == 2
+  assert calls == []
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600)])
+def test_files_are_written_with_the_users_umask(tmp_path, umask, mode):
+  old = os.umask(umask)
+  try:
+    fw.write_json(str(tmp_path / "a.json"), {"x": 1})
+    fw.write_csv(str(tmp_path / "b.csv"), [{"x": 1}])
+  finally:
+    os.umask(old)
+  assert os.stat(tmp_path / "a.json").st_mode & 0o777 == mode
+  assert os.stat(tmp_path / "b.csv").st_mode & 0o777 == mode
+
+
+def test_ctrl_c_says_what_was_saved_and_how_to_resume(toy_cli, tmp_path, capsys):
+  main, calls, repro = toy_cli
+  run = repro.run
+
+  def interrupted_second(config, spec, seed, progress):
+    if len(calls) == 1:
+      calls.append("interrupt")
+      raise KeyboardInterrupt
+    return run(config, spec, seed, progress)
+
+  object.__setattr__(repro, "run", interrupted_second)
+  out = str(tmp_path / "out")
+  assert main(["run", "toy", "--out", out, "--no-plot"]) == 130
+  err = capsys.readouterr().err.strip().splitlines()
+  assert "Traceback" not in "\n".join(err)
+  assert "1 finished runs of toy are saved" in err[-1] and "rerun the same command to resume" in err[-1]
+  object.__setattr__(repro, "run", run)
+  calls.clear()
+  assert main(["run", "toy", "--out", out, "--no-plot"]) == 0
+  assert len(calls) == 5  # six runs, one kept
 
 
 def test_cli_set_parses_json_values():
@@ -195,7 +454,7 @@ def test_cli_set_parses_json_values():
 
   assert _overrides(["workers=[4, 8]", "lr=0.5", "compute=exponential", "trace=null"]) == {
       "workers": [4, 8], "lr": 0.5, "compute": "exponential", "trace": None}
-  with pytest.raises(SystemExit, match="KEY=VALUE"):
+  with pytest.raises(ValueError, match="KEY=VALUE"):
     _overrides(["lr"])
 
 
