@@ -1,11 +1,21 @@
-"""Plots every reproduction draws the same way: curves against updates and simulated time, staleness histograms."""
+"""Plots every reproduction draws the same way: curves against updates and simulated time, staleness histograms.
+
+Conventions, so that a reader can trust a figure: one colour per method
+across all figures of a reproduction (:func:`palette`, passed as
+``colors``); test errors in percent everywhere; every curve is the mean over
+seeds with a band from the lowest to the highest seed, and the figure says
+so; legends sit outside the axes, so they never cover a curve.
+"""
 
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
+
+COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray",
+          "tab:olive", "tab:cyan", "navy", "darkgoldenrod", "teal", "crimson", "indigo", "black")
 
 
 def pyplot() -> Any:
@@ -18,15 +28,34 @@ def pyplot() -> Any:
   return plt
 
 
-def mean_curve(records: Sequence[dict[str, Any]], x: str, y: str) -> tuple[np.ndarray, np.ndarray]:
-  """The seeds' ``y`` curves averaged on the first seed's ``x`` grid (linear interpolation)."""
+def palette(names: Sequence[Any]) -> dict[str, str]:
+  """One colour per name (by position in ``names``): build it once per reproduction and pass it to every plot."""
+  return {str(n): COLORS[i % len(COLORS)] for i, n in enumerate(dict.fromkeys(names))}
+
+
+def _color(colors: Mapping[str, str] | None, label: str, seen: dict[str, str]) -> str:
+  if colors and label in colors:
+    return colors[label]
+  if label not in seen:
+    seen[label] = COLORS[(len(seen) + len(colors or {})) % len(COLORS)]
+  return seen[label]
+
+
+def seed_curves(records: Sequence[dict[str, Any]], x: str, y: str) -> tuple[np.ndarray, np.ndarray]:
+  """The seeds' ``y`` curves on the first seed's ``x`` grid (linear interpolation): ``(grid, [seeds, points])``."""
   grid = np.asarray(records[0]["curves"][x], np.float64)
   ys = []
   for r in records:
     xs = np.asarray(r["curves"][x], np.float64)
     values = np.asarray([np.nan if v is None else v for v in r["curves"][y]], np.float64)
     ys.append(np.interp(grid, xs, values) if xs.shape != grid.shape or np.any(xs != grid) else values)
-  return grid, np.nanmean(np.stack(ys), axis=0) if ys else np.zeros_like(grid)
+  return grid, np.stack(ys) if ys else np.zeros((0,) + grid.shape)
+
+
+def mean_curve(records: Sequence[dict[str, Any]], x: str, y: str) -> tuple[np.ndarray, np.ndarray]:
+  """The seeds' ``y`` curves averaged on the first seed's ``x`` grid (linear interpolation)."""
+  grid, ys = seed_curves(records, x, y)
+  return grid, np.nanmean(ys, axis=0) if ys.size else np.zeros_like(grid)
 
 
 def group(records: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -37,20 +66,58 @@ def group(records: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
   return out
 
 
+def aggregation(records: Sequence[dict[str, Any]], band: str = "band: lowest to highest seed") -> str:
+  """What a curve of these records is: ``"mean of 5 seeds; band: lowest to highest seed"``."""
+  counts = {len(recs) for recs in group(records).values()}
+  n = max(counts) if counts else 0
+  seeds = f"{n} seeds" if len(counts) <= 1 else f"{min(counts)}-{n} seeds"
+  return f"mean of {seeds}; {band}" if n > 1 else "one seed"
+
+
+def legend_outside(fig: Any, ax: Any, colors_used: Mapping[str, Any] | None = None) -> None:
+  """One legend for the figure, to the right of the axes (it never covers a curve); only labels drawn."""
+  handles, labels = [], []
+  for a in fig.axes:
+    for h, label in zip(*a.get_legend_handles_labels()):
+      if label not in labels and not label.startswith("_"):
+        handles.append(h)
+        labels.append(label)
+  if handles:
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
+
+
+def save(fig: Any, out: str, name: str) -> str:
+  path = os.path.join(out, f"{name}.png")
+  fig.savefig(path, dpi=110, bbox_inches="tight")
+  pyplot().close(fig)
+  return path
+
+
 def curves(records: Sequence[dict[str, Any]], out: str, name: str, *, y: str = "test_error",
-           ylabel: str = "test error", panels: Callable[[dict[str, Any]], str] | None = None,
+           ylabel: str | None = None, panels: Callable[[dict[str, Any]], Any] | None = None,
            label: Callable[[dict[str, Any]], str] | None = None, log_y: bool = False,
-           xs: Sequence[str] = ("update", "time")) -> str:
+           xs: Sequence[str] = ("update", "time"), colors: Mapping[str, str] | None = None,
+           percent: bool | None = None) -> str:
   """Writes ``name.png``: one row of panels per x axis (updates, simulated time), one column per panel group.
+
+  Each line is the mean over seeds, its band the lowest to highest seed.
 
   Args:
     records: run records with ``curves``.
+    y: the curve drawn; an error (``*_error``) is drawn in percent unless ``percent=False``.
     panels: spec -> panel title (e.g. ``"M = 8"``) or titles (a baseline drawn in
       several panels); one panel for all if None.
     label: spec -> line label; the spec key if None.
+    colors: label -> colour (:func:`palette`), the same in every figure of a reproduction.
   """
   plt = pyplot()
+  percent = y.endswith("error") if percent is None else percent
+  scale = 100.0 if percent else 1.0
+  ylabel = ylabel or y.replace("_", " ")
+  if percent and "%" not in ylabel:
+    ylabel += " (%)"
   by_key = group(records)
+
   def panel_titles(spec: dict[str, Any]) -> list[str]:
     t = panels(spec) if panels else ""
     return [t] if isinstance(t, str) else list(t)
@@ -58,13 +125,20 @@ def curves(records: Sequence[dict[str, Any]], out: str, name: str, *, y: str = "
   titles: list[str] = []
   for recs in by_key.values():
     titles += [t for t in panel_titles(recs[0]["spec"]) if t not in titles]
-  fig, axes = plt.subplots(len(xs), len(titles), figsize=(4.2 * len(titles), 3.2 * len(xs)), squeeze=False)
+  fig, axes = plt.subplots(len(xs), len(titles), figsize=(4.2 * len(titles), 3.1 * len(xs)), squeeze=False)
+  seen: dict[str, str] = {}
   for key, recs in by_key.items():
     spec = recs[0]["spec"]
+    text = label(spec) if label else key
+    color = _color(colors, text, seen)
     for title in panel_titles(spec):
       for row, x in enumerate(xs):
-        gx, gy = mean_curve(recs, x, y)
-        axes[row, titles.index(title)].plot(gx, gy, label=label(spec) if label else key)
+        gx, gy = seed_curves(recs, x, y)
+        ax = axes[row, titles.index(title)]
+        ax.plot(gx, scale * np.nanmean(gy, axis=0), color=color, label=text, linewidth=1.4)
+        if gy.shape[0] > 1:
+          ax.fill_between(gx, scale * np.nanmin(gy, axis=0), scale * np.nanmax(gy, axis=0), color=color,
+                          alpha=0.15, linewidth=0)
   for col, title in enumerate(titles):
     for row, x in enumerate(xs):
       ax = axes[row, col]
@@ -74,45 +148,43 @@ def curves(records: Sequence[dict[str, Any]], out: str, name: str, *, y: str = "
       if log_y:
         ax.set_yscale("log")
       ax.grid(alpha=0.3)
-    axes[0, col].legend(fontsize=7)
+  fig.suptitle(aggregation(records), fontsize=9)
   fig.tight_layout()
-  path = os.path.join(out, f"{name}.png")
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return path
+  legend_outside(fig, axes[0, -1])
+  return save(fig, out, name)
 
 
 def staleness_histograms(records: Sequence[dict[str, Any]], out: str, name: str = "staleness",
-                         label: Callable[[dict[str, Any]], str] | None = None) -> str:
+                         label: Callable[[dict[str, Any]], str] | None = None,
+                         colors: Mapping[str, str] | None = None) -> str:
   """Writes ``name.png``: the fraction of gradients applied at each staleness, one line per spec (first seed)."""
   plt = pyplot()
-  fig, ax = plt.subplots(figsize=(6, 3.6))
+  fig, ax = plt.subplots(figsize=(6, 3.4))
+  seen: dict[str, str] = {}
   for key, recs in group(records).items():
     hist = np.asarray(recs[0].get("staleness_hist") or [1], np.float64)
     if hist.sum() <= 0:
       continue
-    ax.step(np.arange(hist.shape[0]), hist / hist.sum(), where="mid",
-            label=label(recs[0]["spec"]) if label else key)
+    text = label(recs[0]["spec"]) if label else key
+    ax.step(np.arange(hist.shape[0]), hist / hist.sum(), where="mid", label=text, color=_color(colors, text, seen))
   ax.set_xlabel("staleness tau (updates)")
   ax.set_ylabel("fraction of gradients")
-  ax.set_title("Staleness histogram")
+  ax.set_title("Staleness histogram (first seed of each run)", fontsize=10)
   ax.grid(alpha=0.3)
-  ax.legend(fontsize=7)
   fig.tight_layout()
-  path = os.path.join(out, f"{name}.png")
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return path
+  legend_outside(fig, ax)
+  return save(fig, out, name)
 
 
 def bars(rows: Sequence[dict[str, Any]], out: str, name: str, *, x: str, y: str, series: str,
-         ylabel: str, xlabel: str) -> str:
-  """Writes ``name.png``: grouped bars of ``y`` (with its ``y_std`` error bar) by ``x`` (groups) and ``series`` (bars)."""
+         ylabel: str, xlabel: str, colors: Mapping[str, str] | None = None, log_y: bool = False) -> str:
+  """Writes ``name.png``: grouped bars of ``y`` (mean over seeds, with ``y_std`` whiskers) by ``x`` and ``series``."""
   plt = pyplot()
   xs = list(dict.fromkeys(r[x] for r in rows))
   ss = list(dict.fromkeys(r[series] for r in rows))
   width = 0.8 / max(len(ss), 1)
-  fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(xs) * max(1, len(ss) / 3), 3.8))
+  fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(xs) * max(1, len(ss) / 3), 3.6))
+  seen: dict[str, str] = {}
   for i, s in enumerate(ss):
     pos, val, err = [], [], []
     for j, xv in enumerate(xs):
@@ -121,14 +193,16 @@ def bars(rows: Sequence[dict[str, Any]], out: str, name: str, *, x: str, y: str,
         pos.append(j + (i - (len(ss) - 1) / 2) * width)
         val.append(match[0][y])
         err.append(match[0].get(f"{y}_std") or 0.0)
-    ax.bar(pos, val, width, yerr=err, capsize=2, label=str(s))
+    ax.bar(pos, val, width, yerr=err, capsize=2, label=str(s), color=_color(colors, str(s), seen))
   ax.set_xticks(range(len(xs)), [str(v) for v in xs])
   ax.set_xlabel(xlabel)
   ax.set_ylabel(ylabel)
-  ax.legend(fontsize=7, ncol=2)
+  if log_y:
+    ax.set_yscale("log")
+  seeds = max((r.get("seeds", 1) for r in rows), default=1)
+  ax.set_title(f"mean of {seeds} seeds; whiskers: ± one standard deviation" if seeds > 1 else "one seed",
+               fontsize=9)
   ax.grid(axis="y", alpha=0.3)
   fig.tight_layout()
-  path = os.path.join(out, f"{name}.png")
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return path
+  legend_outside(fig, ax)
+  return save(fig, out, name)
