@@ -31,7 +31,7 @@ def test_reproduction_runs_resumes_and_reports(name, tmp_path, capsys):
   out = str(tmp_path / name)
   assert main(["run", name, "--smoke", "--out", out]) == 0
   printed = capsys.readouterr().out
-  assert "claims (checked on this run's numbers)" in printed
+  assert "claims (checked on this run's numbers" in printed
 
   with open(os.path.join(out, "results.json")) as f:
     saved = json.load(f)
@@ -44,7 +44,8 @@ def test_reproduction_runs_resumes_and_reports(name, tmp_path, capsys):
   assert not os.path.isdir(checkpoints) or not os.listdir(checkpoints)
   assert [c["claim"] for c in saved["claims"]] == [c.name for c in repro.claims]
   for claim in saved["claims"]:
-    assert claim["held"] in (True, False, None) and claim["figures"]
+    assert claim["verdict"] in ("held", "not held", "inconclusive", "not evaluated") and claim["figures"]
+    assert claim["held"] == {"held": True, "not held": False}.get(claim["verdict"])
   with open(os.path.join(out, "results.csv")) as f:
     rows = list(csv.DictReader(f))
   assert [r["key"] for r in rows] == [r["key"] for r in saved["rows"]]
