@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "run":
       return _run(args)
     return _report(args.dir, plots=not args.no_plot)
-  except (ValueError, FileNotFoundError) as e:
+  except (_framework.UsageError, FileNotFoundError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   except KeyboardInterrupt:
@@ -77,9 +77,12 @@ def _list() -> int:
 
 def _run(args: argparse.Namespace) -> int:
   names = list(_registry.NAMES) if args.name == "all" else [args.name]
+  if args.name != "all" and args.name not in _registry.NAMES:
+    raise _framework.UsageError(f"unknown reproduction {args.name!r}; known: {', '.join(_registry.NAMES)} "
+                                "(python -m experiments list).")
   repros = [_registry.get(n) for n in names]
   if not 0 <= args.seed < 2 ** 32:
-    raise ValueError(f"--seed must be an integer in [0, 2**32), got {args.seed}.")
+    raise _framework.UsageError(f"--seed must be an integer in [0, 2**32), got {args.seed}.")
   overrides = _overrides(args.set)
   # Everything is checked before anything is computed: configs, --only, and that --out can be written.
   plan = []
@@ -100,15 +103,16 @@ def _run(args: argparse.Namespace) -> int:
     if args.only and not any(o in s["key"] for s in repro.specs(config) for o in args.only):
       if len(repros) == 1:
         keys = ", ".join(s["key"] for s in repro.specs(config))
-        raise ValueError(f"--only {' '.join(args.only)}: no run of {repro.name} matches; its runs are {keys}.")
+        raise _framework.UsageError(f"--only {' '.join(args.only)}: no run of {repro.name} matches; its runs are "
+                                    f"{keys}.")
       continue
     plan.append((repro, config, out))
   if len(repros) > 1:
     unknown = sorted(set(overrides) - {k for r in repros for k in r.scales.get(args.scale, {})})
     if unknown:
-      raise ValueError(f"--set {unknown[0]}=...: no reproduction has a setting {unknown[0]!r}.")
+      raise _framework.UsageError(f"--set {unknown[0]}=...: no reproduction has a setting {unknown[0]!r}.")
     if not plan:
-      raise ValueError(f"--only {' '.join(args.only)}: no run of any reproduction matches.")
+      raise _framework.UsageError(f"--only {' '.join(args.only)}: no run of any reproduction matches.")
   for _, _, out in plan:
     _framework.check_writable(out)
   for repro, config, out in plan:
@@ -130,9 +134,10 @@ def _overrides(pairs: list[str]) -> dict[str, Any]:
   for pair in pairs:
     key, sep, value = pair.partition("=")
     if not sep or not key:
-      raise ValueError(f"--set expects KEY=VALUE (VALUE in JSON, e.g. lr=0.05 or workers=[4,8]), got {pair!r}.")
+      raise _framework.UsageError(f"--set expects KEY=VALUE (VALUE in JSON, e.g. lr=0.05 or workers=[4,8]), got "
+                                  f"{pair!r}.")
     if key in out:
-      raise ValueError(f"--set {key}: given twice.")
+      raise _framework.UsageError(f"--set {key}: given twice.")
     try:
       out[key] = json.loads(value)
     except json.JSONDecodeError:

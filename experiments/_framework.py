@@ -51,6 +51,10 @@ class RunProgress:
 Summary = Mapping[str, Mapping[str, Any]]  # row key -> that row's numbers (means over seeds)
 
 
+class UsageError(ValueError):
+  """A bad setting, option or file given to the experiments; the CLI prints its message, not a traceback."""
+
+
 # ---------------------------------------------------------------- statistics: claims decided over seeds
 
 VERDICTS = ("held", "not held", "inconclusive", "not evaluated")
@@ -437,12 +441,12 @@ def config_for(repro: Reproduction, scale: str, steps: int | None = None, seeds:
   and what is allowed.
   """
   if scale not in repro.scales:
-    raise ValueError(f"--scale must be one of {sorted(repro.scales)} for {repro.name}, got {scale!r}.")
+    raise UsageError(f"--scale must be one of {sorted(repro.scales)} for {repro.name}, got {scale!r}.")
   config = dict(repro.scales[scale])
   limits = {**COMMON_LIMITS, **repro.limits}
   for key, value in (overrides or {}).items():
     if key not in config:
-      raise ValueError(f"--set {key}=...: {repro.name} ({scale}) has no setting {key!r}; it has "
+      raise UsageError(f"--set {key}=...: {repro.name} ({scale}) has no setting {key!r}; it has "
                        f"{', '.join(sorted(config))}.")
     config[key] = checked_setting(key, value, config[key], limits.get(key))
   config["scale"] = scale
@@ -458,8 +462,8 @@ def checked_setting(name: str, value: Any, default: Any, limit: Range | tuple[st
   where = name if name.startswith("--") else f"--set {name}"
   shown = json.dumps(value) if _jsonable(value) else repr(value)
 
-  def fail(allowed: str) -> ValueError:
-    return ValueError(f"{where}={shown}: {name.lstrip('-')} must be {allowed}, got {shown}.")
+  def fail(allowed: str) -> UsageError:
+    return UsageError(f"{where}={shown}: {name.lstrip('-')} must be {allowed}, got {shown}.")
 
   if default is None:
     return value  # an optional setting (e.g. a file name): any value; the run checks it
@@ -571,7 +575,7 @@ def check_writable(out: str, argument: str = "--out") -> None:
     os.close(fd)
     os.remove(tmp)
   except OSError as e:
-    raise ValueError(f"{argument} {out}: cannot write there ({e.strerror or e}).") from None
+    raise UsageError(f"{argument} {out}: cannot write there ({e.strerror or e}).") from None
 
 
 def execute(repro: Reproduction, config: Mapping[str, Any], out: str, *, first_seed: int = 0,
@@ -594,7 +598,7 @@ def execute(repro: Reproduction, config: Mapping[str, Any], out: str, *, first_s
   if only:
     specs = [s for s in specs if any(o in s["key"] for o in only)]
     if not specs:
-      raise ValueError(f"--only {' '.join(only)}: no run of {repro.name} matches; its runs are "
+      raise UsageError(f"--only {' '.join(only)}: no run of {repro.name} matches; its runs are "
                        f"{', '.join(keys)}.")
   check_writable(out)
   seeds = list(range(first_seed, first_seed + int(config.get("seeds", 1))))
@@ -666,6 +670,9 @@ def finish(repro: Reproduction, config: Mapping[str, Any], records: list[dict[st
                            "parameters), so the settings are outside the range the claim is about")
     else:
       result = claim.evaluate(summary)
+      if result.comparison is None and result.verdict in ("held", "not held"):
+        result = dataclasses.replace(result, figures=f"{result.figures} [decided on the means, without a per-seed "
+                                     "interval]")
     c = result.comparison
     claims.append({"claim": claim.name, "statement": claim.statement, "verdict": result.verdict,
                    "held": result.held, "seeds": c.n if c else None, "mean": c.mean if c else None,
@@ -813,17 +820,17 @@ def load_results(out: str) -> dict[str, Any]:
     with open(path) as f:
       saved = json.load(f)
   except json.JSONDecodeError as e:
-    raise ValueError(f"{path} is damaged (not valid JSON: {e}); rerun the reproduction with --out {out} to "
+    raise UsageError(f"{path} is damaged (not valid JSON: {e}); rerun the reproduction with --out {out} to "
                      "rewrite it (its finished runs are reused).") from None
   if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict) or "reproduction" not in saved:
-    raise ValueError(f"{path} is not a results file of python -m experiments (no reproduction and config).")
+    raise UsageError(f"{path} is not a results file of python -m experiments (no reproduction and config).")
   return saved
 
 
 def load_records(out: str, *, damaged: str = "raise") -> list[dict[str, Any]]:
   """Every finished run record under ``OUT/runs`` (sorted by file name).
 
-  A file that is not a valid record raises a ``ValueError`` naming it
+  A file that is not a valid record raises a :class:`UsageError` naming it
   (``damaged="raise"``) or is skipped with a warning (``damaged="skip"``).
   """
   directory = os.path.join(out, "runs")
@@ -841,7 +848,7 @@ def load_records(out: str, *, damaged: str = "raise") -> list[dict[str, Any]]:
       except ValueError as e:
         message = f"{path} is damaged ({e}); delete it to redo that run."
         if damaged == "raise":
-          raise ValueError(message) from None
+          raise UsageError(message) from None
         print(f"warning: {message}", file=sys.stderr)
         continue
       records.append(record)

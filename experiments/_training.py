@@ -144,12 +144,18 @@ _TASKS: dict[tuple[Any, ...], Task] = {}
 def task_for(config: dict[str, Any]) -> Task:
   """The task a config names (``data``: digits, mnist or cifar10; ``model``: mlp or resnet20), built once.
 
-  ``mlp`` takes flattened inputs and ``hidden`` (an int or a list of widths);
-  paper-scale data comes from ``config["data_dir"]`` (see ``_datasets``).
+  ``mlp`` takes flattened inputs and ``hidden`` (an int or a list of widths;
+  ``[]`` is softmax regression); paper-scale data comes from
+  ``config["data_dir"]`` (see ``_datasets``). ``label_noise`` (a fraction,
+  default 0) replaces that share of the training labels, chosen once with a
+  fixed seed, by uniformly random classes: a loss floor that no model can
+  pass, as in the noisy problems of the error-runtime analyses. Test labels
+  stay clean.
   """
   hidden = config.get("hidden", 128)
   hidden = tuple(hidden) if isinstance(hidden, (list, tuple)) else (int(hidden),)
-  key = (config["data"], config["model"], hidden, config.get("data_dir"))
+  noise = float(config.get("label_noise", 0.0))
+  key = (config["data"], config["model"], hidden, config.get("data_dir"), noise)
   if key not in _TASKS:
     from experiments import _datasets
     from experiments.data import Split
@@ -163,6 +169,11 @@ def task_for(config: dict[str, Any]) -> Task:
       split = _datasets.cifar10(config.get("data_dir"))
     else:
       raise ValueError(f"data must be digits, mnist or cifar10, got {config['data']!r}.")
+    if noise:
+      rng = np.random.default_rng(20180401)
+      flip = rng.random(split.y_train.shape[0]) < noise
+      y = np.where(flip, rng.integers(0, 10, split.y_train.shape[0]), split.y_train).astype(split.y_train.dtype)
+      split = Split(split.x_train, y, split.x_test, split.y_test)
     if config["model"] == "mlp":
       split = Split(*(a.reshape(a.shape[0], -1) if a.ndim > 2 else a for a in split))
       sizes = (split.x_train.shape[1],) + hidden + (10,)

@@ -135,12 +135,18 @@ def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict
   ms = [f"M = {m}" for m in config["workers"]]
   panels = lambda spec: ms if spec["method"] == "sequential" else f"M = {spec['workers']}"  # noqa: E731
   label = lambda spec: spec["method"]  # noqa: E731
+  colors = _plots.palette(("sequential",) + METHODS)
+  per_m = ([r for r in rows if r["method"] != "sequential"] +
+           [dict(r, workers=m) for r in rows if r["method"] == "sequential" for m in config["workers"]])
+  per_m.sort(key=lambda r: (r["workers"], (("sequential",) + METHODS).index(r["method"])))
   return [
-      _plots.curves(records, out, "error_curves", panels=panels, label=label),
-      _plots.bars([r for r in rows if r["method"] != "sequential"] +
-                  [dict(r, workers=m) for r in rows if r["method"] == "sequential" for m in config["workers"]],
-                  out, "error_by_workers", x="workers", y="error_pct", series="method",
-                  ylabel="final test error (%)", xlabel="workers M"),
+      _plots.curves(records, out, "loss_curves", y="train_loss", ylabel="training loss", log_y=True, panels=panels,
+                    label=label, colors=colors),
+      _plots.curves(records, out, "error_curves", panels=panels, label=label, colors=colors),
+      _plots.bars(per_m, out, "loss_by_workers", x="workers", y="train_loss", series="method",
+                  ylabel="final training loss", xlabel="workers M", colors=colors, log_y=True),
+      _plots.bars(per_m, out, "error_by_workers", x="workers", y="error_pct", series="method",
+                  ylabel="final test error (%)", xlabel="workers M", colors=colors),
       _plots.staleness_histograms([r for r in records if r["spec"]["method"] == "asgd"], out,
                                   label=lambda spec: f"ASP, M = {spec['workers']}"),
   ]

@@ -25,7 +25,8 @@ import optax
 
 import delayjax as dj
 from experiments import _plots
-from experiments._framework import Claim, ClaimResult, Reproduction, Summary, compare, log_or_inf, mean_rows, seed_values
+from experiments._framework import (Claim, ClaimResult, Reproduction, Summary, compare, log_or_inf, mean_rows,
+                                    seed_values)
 from experiments._training import simulate_record, task_for
 
 # Config: gamma' and alpha' are the same for every method; "fixed-worst" derives its step from the trace.
