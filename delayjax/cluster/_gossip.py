@@ -910,10 +910,10 @@ def _round_engine(paradigm: GossipParadigm, workers: Workers, times: _Times, num
   return b
 
 
-def _pick_peer(paradigm: ADPSGD, m: int, count: int, peers: np.ndarray | None, neighbors: list[np.ndarray],
+def _pick_peer(paradigm: ADPSGD, m: int, count: int, peers: list[list[int]], neighbors: list[np.ndarray],
                rng: np.random.Generator) -> int:
   if paradigm.topology is None:
-    return int(peers[count % peers.shape[0], m]) if m % 2 else -1
+    return peers[m][count % len(peers[m])] if m % 2 else -1
   options = neighbors[m]
   return int(options[rng.integers(options.shape[0])])
 
@@ -923,7 +923,8 @@ def _ad_psgd_engine(paradigm: ADPSGD, workers: Workers, times: _Durations, total
   """AD-PSGD as an event loop over (time, order) keys: reads, pairwise averagings, applies."""
   num = workers.num_workers
   b = _Builder(num)
-  peers = topo.bipartite_peers(num, 2 * num) if paradigm.topology is None else None
+  # Each active node's rotating list of passive peers (dj.topology.bipartite_peers, one period).
+  peers = [topo._bipartite_peer_list(num, m) if m % 2 else [] for m in range(num)]
   neighbors = [] if paradigm.topology is None else [paradigm.topology.neighbors(m) for m in range(num)]
   heap: list[tuple[float, int, str, int, int]] = []
   seq = 0

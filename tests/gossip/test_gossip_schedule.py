@@ -125,15 +125,15 @@ def test_every_paradigm_is_seeded_saved_and_loaded(paradigm, tmp_path):
   np.testing.assert_allclose(s.busy + s.wait, s.total_time)
 
 
-def test_ad_psgd_times_and_bipartite_peers_with_constant_durations():
+@pytest.mark.parametrize("num", [8, 14])
+def test_ad_psgd_times_and_bipartite_peers_with_constant_durations(num):
   # Compute 1 s, comm 0.25 s: worker m reads at j, averages at j + 0.25 (odd m, with its j-th even peer),
   # applies at j + 1.
-  num = 8
-  s = C.simulate_gossip(C.ad_psgd(), C.workers(num, compute="constant", comm=0.25), 5, seed=0)
-  peers = dj.topology.bipartite_peers(num, 5)
+  s = C.simulate_gossip(C.ad_psgd(), C.workers(num, compute="constant", comm=0.25), 40, seed=0)
+  peers = dj.topology.bipartite_peers(num, 40)
   for m in range(num):
-    np.testing.assert_allclose(s.time[(s.kind == R) & (s.worker == m)][:5], np.arange(5))
-    np.testing.assert_allclose(s.time[(s.kind == G) & (s.worker == m)], np.arange(1, 6)[:len(
+    np.testing.assert_allclose(s.time[(s.kind == R) & (s.worker == m)][:40], np.arange(40))
+    np.testing.assert_allclose(s.time[(s.kind == G) & (s.worker == m)], np.arange(1, 41)[:len(
         s.time[(s.kind == G) & (s.worker == m)])])
   assert np.all(s.members[:, 0] % 2 == 1) and np.all(s.members[:, 1] % 2 == 0)
   np.testing.assert_allclose(s.time[s.kind == X] % 1.0, 0.25)
