@@ -20,7 +20,7 @@ not held when the interval excludes zero on one side, inconclusive when it
 contains zero): (1) after the same number of updates Async-SGDI's
 :math:`\\log_{10} \\|\\nabla F\\|^2` (mean of the last three evaluations) is
 lower; (2) over the second half of the run it keeps falling more (the
-third quarter's mean :math:`\log_{10} \|\nabla F\|^2` minus the last
+third quarter's mean :math:`\\log_{10} \\|\\nabla F\\|^2` minus the last
 quarter's is larger), where Async-SGD's flattens at its noise floor.
 
     python -m experiments run async_sgdi
