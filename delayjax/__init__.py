@@ -38,6 +38,7 @@ from delayjax.transforms import implicit_momentum as implicit_momentum
 from delayjax.transforms import mindthestep as mindthestep
 from delayjax.transforms import mindthestep_weight as mindthestep_weight
 from delayjax.transforms import pipemare as pipemare
+from delayjax.transforms import per_contribution as per_contribution
 from delayjax.transforms import prox_asaga as prox_asaga
 from delayjax.transforms import prox_box as prox_box
 from delayjax.transforms import prox_elastic_net as prox_elastic_net

@@ -36,10 +36,13 @@ _CHECKPOINT_FILE = "simulate.msgpack"
 # server_inputs); lane inputs by each contribution's lane, on its own
 # minibatch (minibatch_payload), and reduced per update.
 SERVER_INPUTS = ("full_grad", "zeno_grad")
+# Per-contribution inputs (dj.per_contribution): each contribution of an update on a leading axis.
+CONTRIBUTION_INPUTS = ("contribution_grads", "contribution_stale_params", "contribution_staleness",
+                       "contribution_weights", "contribution_workers")
 LANE_INPUTS = ("sample_features", "sample_grads", "sample_indices", "sample_mask", "sample_scalars", "snapshot_grad")
 # Per-example payload entries: one row per example a contribution draws.
 _PER_EXAMPLE = ("sample_features", "sample_grads", "sample_scalars")
-RUNTIME_INPUTS = tuple(sorted(SERVER_INPUTS + LANE_INPUTS))
+RUNTIME_INPUTS = tuple(sorted(SERVER_INPUTS + LANE_INPUTS + CONTRIBUTION_INPUTS))
 # Payload entries that are averaged over an update's contributions like the gradient.
 _MIXED = ("grad", "snapshot_grad")
 
@@ -196,13 +199,20 @@ def _terms_spec(sample_terms: Callable[..., Any], params: Any, data: Any, batch_
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), (scalars, features))
 
 
-def _input_examples(params: Any, inputs: tuple[str, ...], samples: int, terms: Any = None) -> dict[str, Any]:
+def _input_examples(params: Any, inputs: tuple[str, ...], samples: int, terms: Any = None,
+                    num_contrib: int = 1) -> dict[str, Any]:
   """Stand-ins for the runtime inputs ``inputs``, with their shapes and dtypes."""
   payload = _payload_like(params, inputs, samples, terms)
   out = {}
   for name in inputs:
     if name in ("zeno_grad", "full_grad"):
       out[name] = params
+    elif name in ("contribution_grads", "contribution_stale_params"):
+      out[name] = jax.tree.map(lambda x: np.zeros((num_contrib,) + np.shape(x), jnp.result_type(x)), params)
+    elif name in ("contribution_staleness", "contribution_workers"):
+      out[name] = np.zeros((num_contrib,), np.int32)
+    elif name == "contribution_weights":
+      out[name] = np.full((num_contrib,), 1 / num_contrib, np.float32)
     elif name == "sample_mask":
       out[name] = np.ones((samples,), bool)
     else:
@@ -213,20 +223,31 @@ def _input_examples(params: Any, inputs: tuple[str, ...], samples: int, terms: A
 
 
 def _uses_stale_params(tx: optax.GradientTransformationExtraArgs, params: Any, inputs: tuple[str, ...],
-                       samples: int, terms: Any) -> bool:
-  """Whether ``tx.update`` reads its ``stale_params`` argument at all (traced once, abstractly)."""
+                       samples: int, terms: Any, num_contrib: int) -> bool:
+  """Whether ``tx.update``'s result depends on the stale parameters it is given (traced once, abstractly):
+  its ``stale_params`` argument, or each contribution's (``contribution_stale_params``)."""
   spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)), params)
   state = jax.eval_shape(tx.init, spec)
 
   def update(stale, state, params):
-    extra = jax.tree.map(jnp.asarray, _input_examples(params, inputs, samples, terms))
+    extra = jax.tree.map(jnp.asarray, _input_examples(params, inputs, samples, terms, num_contrib))
+    if "contribution_stale_params" in inputs:
+      extra["contribution_stale_params"] = jax.tree.map(lambda s: jnp.stack([s] * num_contrib), stale)
     return tx.update(params, state, params, staleness=jnp.int32(0), stale_params=stale, worker=jnp.int32(0),
                      **extra)
 
   jaxpr = jax.make_jaxpr(update)(spec, state, spec).jaxpr
   stale_vars = {id(v) for v in jaxpr.invars[:len(jax.tree.leaves(spec))]}
-  used = [v for eqn in jaxpr.eqns for v in eqn.invars] + list(jaxpr.outvars)
-  return any(id(v) in stale_vars for v in used)
+  # Only equations that reach an output count: a value computed from the stale parameters and then
+  # dropped (a per-contribution stage's padding) does not need them kept.
+  needed = {id(v) for v in jaxpr.outvars}
+  used = {id(v) for v in jaxpr.outvars}
+  for eqn in reversed(jaxpr.eqns):
+    if any(id(v) in needed for v in eqn.outvars) or eqn.effects:
+      ids = {id(v) for v in eqn.invars}
+      needed |= ids
+      used |= ids
+  return bool(used & stale_vars)
 
 
 def _lanes_stale(opt_state: Any, params: Any, slots: Any, rows: jax.Array, workers: jax.Array, slot: jax.Array,
@@ -780,9 +801,10 @@ def _step_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples,
   num_contrib = plan.upd_worker.shape[2]
   max_len = plan.upd_index.shape[1]
   metric_shapes = jax.eval_shape(eval_fn, params) if eval_fn is not None else ()
-  keep_stale = _uses_stale_params(tx, params, inputs, num_contrib * samples, terms)
+  keep_stale = _uses_stale_params(tx, params, inputs, num_contrib * samples, terms, num_contrib)
   svrg = "snapshot_grad" in inputs
   per_example = "sample_indices" in inputs
+  per_contribution = "contribution_grads" in inputs
   max_local = int(local_steps.max()) if local_steps is not None else 1
   uniform_local = local_steps is None or bool(np.all(local_steps == max_local))
   # A static bound on the reads after one update: unrolled when small (the
@@ -1018,6 +1040,16 @@ def _step_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples,
         tau = staleness[first, 0]
       else:
         tau = _map_groups(lambda g, p: staleness[first, g], leaf_groups, params)
+      if per_contribution:
+        # Each contribution's own inputs, in the update's order (stalest first); left-out ones weigh 0.
+        extra["contribution_grads"] = jax.tree.map(lambda b: b[positions], payload_buf["grad"])
+        extra["contribution_stale_params"] = (
+            jax.tree.map(lambda b: b[positions], stale_buf) if keep_stale
+            else jax.tree.map(lambda p: jnp.broadcast_to(p, (num_contrib,) + p.shape), params))
+        extra["contribution_staleness"] = (
+            staleness[:, 0] if leaf_groups is None else _map_groups(lambda g, p: staleness[:, g], leaf_groups, params))
+        extra["contribution_workers"] = tab["upd_worker"][i]
+        extra["contribution_weights"] = kept_batches.astype(jnp.float32) / total.astype(jnp.float32)
       updates, new_state = tx.update(mixed["grad"], opt_state, params, staleness=tau,
                                      stale_params=stale_params, worker=tab["upd_worker"][i][first], **extra)
       new_params = optax.apply_updates(params, updates)

@@ -42,6 +42,8 @@ from delayjax.transforms._pipeline_remedies import SpecTrainState as SpecTrainSt
 from delayjax.transforms._pipeline_remedies import pipemare as pipemare
 from delayjax.transforms._pipeline_remedies import spectrain as spectrain
 from delayjax.transforms._pipeline_remedies import stage_read as stage_read
+from delayjax.transforms._per_contribution import PerContributionState as PerContributionState
+from delayjax.transforms._per_contribution import per_contribution as per_contribution
 from delayjax.transforms._prox_asaga import ProxAsagaState as ProxAsagaState
 from delayjax.transforms._prox_asaga import prox_asaga as prox_asaga
 from delayjax.transforms._proximal import ProximalState as ProximalState

@@ -98,6 +98,13 @@ def runtime_inputs(opt_state: Any) -> tuple[str, ...]:
   - ``"sample_indices"``, ``"sample_grads"``, ``"sample_mask"``: the
     examples of the update's contributions, their per-example gradients at
     the parameters their workers read, and which entries count (``dj.saga``).
+  - ``"contribution_grads"``, ``"contribution_staleness"``,
+    ``"contribution_stale_params"``, ``"contribution_workers"``,
+    ``"contribution_weights"``: each contribution of the update (stalest
+    first) with its own gradient, staleness, stale parameters, worker and
+    weight (its ``num_batches`` over the update's total; 0 for padding and
+    skipped contributions), on a leading contribution axis
+    (``dj.per_contribution``).
 
   A new input is added by giving it a name here and a computation in the
   runtime; transformations then request it the same way, and no runtime work

@@ -1,0 +1,123 @@
+"""dj.per_contribution: per-gradient rules applied to each contribution of an update, through the runtimes."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import delayjax as dj
+from delayjax.runtime._sampling import minibatch_indices
+from tests.runtime.simulate_reference import regression_problem
+
+
+def _two_gradient_schedule() -> dj.cluster.Schedule:
+  """Updates 0..3: one fresh gradient each (worker 0); update 4: a fresh one and one read at version 0."""
+  contributes = np.zeros((5, 2), bool)
+  read_version = np.full((5, 2), -1, np.int64)
+  contributes[:, 0] = True
+  read_version[:, 0] = np.arange(5)
+  contributes[4, 1], read_version[4, 1] = True, 0
+  return dj.cluster.Schedule(time=np.arange(5.0), contributes=contributes, read_version=read_version,
+                             wait=np.zeros(2), paradigm="two contributions")
+
+
+def test_inverse_rate_per_gradient_moves_by_the_paper_amount():
+  # Zhang et al.: alpha0 / tau per gradient, then averaged: update 4 moves by (1/1 + 1/4) / 2 = 0.625
+  # (a fresh gradient counts as tau = 1); the per-update form moves by 1/4 of the mean, 0.25.
+  def loss_fn(w, batch):
+    return jnp.sum(w) + 0.0 * jnp.sum(batch["x"])  # g = 1 for every gradient
+
+  data = {"x": np.zeros((4, 1), np.float32)}
+  schedule = _two_gradient_schedule()
+  per = dj.simulate(loss_fn, optax.chain(dj.per_contribution(dj.scale_by_staleness("inverse")), optax.sgd(1.0)),
+                    jnp.zeros(1), data, schedule, batch_size=1)
+  whole = dj.simulate(loss_fn, optax.chain(dj.scale_by_staleness("inverse"), optax.sgd(1.0)),
+                      jnp.zeros(1), data, schedule, batch_size=1)
+  np.testing.assert_allclose(np.asarray(per.params), [-(4 + 0.625)])
+  np.testing.assert_allclose(np.asarray(whole.params), [-(4 + 0.25)])
+
+
+def _dc_a(num_workers):
+  return dj.delay_compensation(0.5, adaptive=True, num_workers=num_workers)
+
+
+def test_one_contribution_per_update_is_the_plain_rule_bit_for_bit():
+  data, loss_fn, params = regression_problem()
+  schedule = dj.cluster.simulate(dj.cluster.asp(), dj.cluster.workers(4, compute="exponential"), num_updates=40,
+                                 seed=1)
+  assert schedule.contributes.sum(axis=1).max() == 1
+  per = dj.simulate(loss_fn, optax.chain(dj.per_contribution(optax.chain(_dc_a(4), dj.scale_by_staleness("inverse"))),
+                                         optax.sgd(0.05)), params, data, schedule, batch_size=8, seed=2)
+  plain = dj.simulate(loss_fn, optax.chain(_dc_a(4), dj.scale_by_staleness("inverse"), optax.sgd(0.05)),
+                      params, data, schedule, batch_size=8, seed=2)
+  for a, b in zip(jax.tree.leaves(per.params), jax.tree.leaves(plain.params), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  np.testing.assert_array_equal(np.asarray(per.opt_state[0].inner[0].mean_square["w"]),
+                                np.asarray(plain.opt_state[0].mean_square["w"]))
+
+
+def _numpy_dc_a_per_contribution(data, schedule, *, lr, lam, mu, eps, batch_size, seed):
+  """DC-ASGD-a (Zheng et al. 2017) applied to each gradient with its worker's mean square, then averaged
+  with the num_batches weights; contributions in the runtime's order (stalest first, then by worker)."""
+  x, y = data["x"].astype(np.float64), data["y"].astype(np.float64)
+  n, dim = x.shape
+  versions = [np.zeros(dim + 1)]  # w then b
+  ms = np.zeros((schedule.num_workers, dim + 1))
+  drawn = np.zeros(schedule.num_workers, np.int64)  # minibatches each worker drew so far
+
+  def gradient(w, u, m):
+    grads = []
+    for _ in range(schedule.num_batches[u, m]):
+      idx = np.asarray(minibatch_indices(seed, u, int(m), int(drawn[m]), num_examples=n, batch_size=batch_size))
+      drawn[m] += 1
+      err = x[idx] @ w[:dim] + w[dim] - y[idx]
+      grads.append(np.concatenate([2 * x[idx].T @ err / batch_size, [2 * err.mean()]]))
+    return np.mean(grads, axis=0)
+
+  for u in range(schedule.num_updates):
+    w = versions[-1]
+    workers = np.flatnonzero(schedule.contributes[u])
+    reads = schedule.read_version[u, workers]
+    order = np.lexsort((workers, reads))  # earliest read (stalest) first, then lowest worker
+    weights = schedule.num_batches[u, workers][order].astype(np.float64)
+    weights /= weights.sum()
+    step = np.zeros_like(w)
+    for k, j in enumerate(order):
+      m, v = workers[j], reads[j]
+      w_bak = versions[v]
+      g = gradient(w_bak, u, m)
+      ms[m] = mu * ms[m] + (1 - mu) * g * g
+      step += weights[k] * (g + lam / np.sqrt(ms[m] + eps) * g * g * (w - w_bak))
+    versions.append(w - lr * step)
+  return versions[-1]
+
+
+def test_dc_asgd_a_per_worker_on_k_async_against_numpy():
+  data, loss_fn, params = regression_problem()
+  schedule = dj.cluster.simulate(dj.cluster.k_async(2), dj.cluster.workers(4, compute="exponential"),
+                                 num_updates=30, seed=3)
+  assert schedule.contributes.sum(axis=1).max() == 2
+  tx = optax.chain(dj.per_contribution(_dc_a(4)), optax.sgd(0.05))
+  result = dj.simulate(loss_fn, tx, params, data, schedule, batch_size=8, seed=4)
+  expected = _numpy_dc_a_per_contribution(data, schedule, lr=0.05, lam=0.5, mu=0.95, eps=1e-7, batch_size=8,
+                                          seed=4)
+  got = np.concatenate([np.asarray(result.params["w"]), np.asarray(result.params["b"])[None]])
+  np.testing.assert_allclose(got, expected, rtol=2e-5, atol=1e-6)
+
+
+def test_with_delayed_one_gradient_per_call_equals_the_plain_rule():
+  rule = optax.chain(dj.delay_compensation(0.5, adaptive=True), dj.scale_by_staleness("inverse"), optax.sgd(0.1))
+  per = optax.chain(dj.per_contribution(optax.chain(dj.delay_compensation(0.5, adaptive=True),
+                                                    dj.scale_by_staleness("inverse"))), optax.sgd(0.1))
+  grads = jax.random.normal(jax.random.key(0), (6, 3))
+  outs = []
+  for tx in (dj.delayed(rule, dj.delays.constant(2)), dj.delayed(per, dj.delays.constant(2))):
+    params, state = jnp.zeros(3), tx.init(jnp.zeros(3))
+    update = jax.jit(tx.update)
+    for g in grads:
+      step, state = update(g, state, params)
+      params = optax.apply_updates(params, step)
+    outs.append(np.asarray(params))
+  np.testing.assert_array_equal(outs[0], outs[1])
