@@ -33,19 +33,26 @@ Optax transformation per stage.
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import PartitionSpec as P
 
 from delayjax._checks import check_int
 from delayjax.cluster._pipeline import PipelineSchedule
+from delayjax.runtime import _engine as engine
+from delayjax.runtime import _history as history_lib
 from delayjax.runtime._sampling import minibatch_indices
 from delayjax.transforms._pipeline_remedies import stage_read
 
 StageFn = Callable[[Any, Any], Any]
+
+_CHECKPOINT_FILE = "pipeline.msgpack"
 
 __all__ = ["staged_value_and_grad", "simulate_pipeline", "PipelineHistory", "PipelineResult"]
 
@@ -179,6 +186,16 @@ def _leading(tree: Any, depth: int) -> Any:
   return jax.tree.map(lambda x: jnp.zeros((depth,) + jnp.shape(x), jnp.result_type(x)).at[0].set(x), tree)
 
 
+def _fingerprint(schedule: PipelineSchedule, params: Sequence[Any], **config: Any) -> str:
+  h = hashlib.sha256()
+  for a in (schedule.forward_version, schedule.backward_version):
+    h.update(np.ascontiguousarray(a).tobytes())
+  for leaf in jax.tree.leaves(params):
+    h.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
+  h.update(repr(sorted(config.items())).encode())
+  return h.hexdigest()
+
+
 def simulate_pipeline(
     stage_fns: Sequence[StageFn],
     loss_fn: Callable[[Any, Any], jax.Array],
@@ -191,14 +208,18 @@ def simulate_pipeline(
     seed: int = 0,
     eval_fn: Callable[[tuple[Any, ...]], Any] | None = None,
     eval_every: int | None = None,
+    chunk_size: int | None = None,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    resume: bool = True,
+    callback: Callable[[dict[str, Any]], None] | None = None,
 ) -> PipelineResult:
-  """Trains a staged model on a pipeline schedule, each pass at the weight version the schedule gives.
+  r"""Trains a staged model on a pipeline schedule, each pass at the weight version the schedule gives.
 
   Update ``u`` of stage ``k``:
 
   .. math::
-    g_k = \\frac{1}{m} \\sum_{n \\in u} g_k\\big(w^f_{n}, w^b_{n}; \\xi_n\\big), \\qquad
-    (\\Delta_k, s_k) = \\mathrm{tx.update}(g_k, s_k, w_k^{(u)}), \\qquad w_k^{(u+1)} = w_k^{(u)} + \\Delta_k
+    g_k = \frac{1}{m} \sum_{n \in u} g_k\big(w^f_{n}, w^b_{n}; \xi_n\big), \qquad
+    (\Delta_k, s_k) = \mathrm{tx.update}(g_k, s_k, w_k^{(u)}), \qquad w_k^{(u+1)} = w_k^{(u)} + \Delta_k
 
   where micro-batch ``n`` reads, at each stage ``j``, the forward weights
   of version ``schedule.forward_version[n, j]`` and the backward weights of
@@ -212,22 +233,31 @@ def simulate_pipeline(
   update's first micro-batch, the stalest). A transformation whose state
   defines pipeline reads (``dj.spectrain``, ``dj.pipemare``; see
   ``dj.transforms.stage_read``) changes the weights the passes read: a pass
-  at version ``v`` reads :math:`w_v - s\\, d_v`, with the state's direction
+  at version ``v`` reads :math:`w_v - s\, d_v`, with the state's direction
   :math:`d_v` stored with version ``v`` and its steps ``s``.
+
+  The run goes through the runtimes' engine (``delayjax.runtime._engine``):
+  ``chunk_size`` updates per compiled ``lax.scan``, a checkpoint after every
+  chunk in ``checkpoint_dir`` (a restarted run resumes from it, bit for bit),
+  and ``callback`` after every chunk. Each stage keeps its versions in a ring
+  of ``D`` slots, ``D - 1`` the largest staleness the schedule holds.
 
   Args:
     stage_fns: ``K`` stage functions; stage 0 receives ``batch["x"]``.
     loss_fn: ``loss_fn(h_K, batch) -> scalar``.
     tx: the per-stage optimizer.
     params: ``K`` parameter trees.
-    data: a pytree of arrays with a leading example axis (with ``"x"``).
+    data: a dict of arrays with a leading example axis, holding ``"x"``.
     schedule: a ``dj.cluster.pipeline`` schedule with ``K`` stages.
     batch_size: examples per micro-batch.
     seed: seeds the minibatches.
-    eval_fn: optional ``eval_fn(params) -> metrics``, called on the tuple of
-      stage parameters between compiled chunks (pass a jitted function).
-    eval_every: evaluate every this many updates (default: only at the
-      start and the end).
+    eval_fn: optional jittable ``eval_fn(params) -> metrics`` on the tuple of
+      stage parameters, at version 0, every ``eval_every`` updates and at the end.
+    eval_every: updates between evaluations (``None``: start and end only).
+    chunk_size: updates per compiled chunk (default ``min(U, 256)``).
+    checkpoint_dir: where to checkpoint after every chunk (``None``: never).
+    resume: continue from a checkpoint of the same run found there.
+    callback: called after every chunk with ``{"updates_done", "num_updates"}``.
 
   Returns:
     A :class:`PipelineResult`.
@@ -241,16 +271,20 @@ def simulate_pipeline(
   params = _check_stage_params("params", params, K)
   batch_size = check_int("batch_size", batch_size, minimum=1)
   seed = check_int("seed", seed, minimum=0)
-  eval_every = U if eval_every is None else check_int("eval_every", eval_every, minimum=1)
+  if eval_every is not None:
+    eval_every = check_int("eval_every", eval_every, minimum=1)
+  if eval_fn is not None and not callable(eval_fn):
+    raise TypeError(f"eval_fn must be callable or None, got {type(eval_fn).__name__}.")
+  chunk_size = min(U, 256) if chunk_size is None else min(check_int("chunk_size", chunk_size, minimum=1), U)
   if not isinstance(data, dict) or "x" not in data:
     raise ValueError("data must be a dict of arrays with a leading example axis, holding the inputs under 'x'.")
-  data = jax.tree.map(jnp.asarray, data)
-  num_examples = int(jax.tree.leaves(data)[0].shape[0])
+  data = {k: np.asarray(v) for k, v in data.items()}
+  num_examples = int(data["x"].shape[0])
   value_and_grad = staged_value_and_grad(stage_fns, loss_fn)
   tx = optax.with_extra_args_support(tx)
 
-  forward_version = schedule.forward_version.reshape(U, m, K)
-  backward_version = schedule.backward_version.reshape(U, m, K)
+  forward_version = schedule.forward_version.reshape(U, m, K).astype(np.int32)
+  backward_version = schedule.backward_version.reshape(U, m, K).astype(np.int32)
   updates = np.arange(U)
   # Versions live in a ring of `depth` slots: the stalest read is depth - 1 versions back.
   depth = int(max((updates[:, None, None] - forward_version).max(),
@@ -259,6 +293,10 @@ def simulate_pipeline(
   readers = [stage_read(s) for s in opt_states]
   history = tuple(_leading(p, depth) for p in params)
   directions = tuple(None if r is None else _leading(r.read_direction(), depth) for r in readers)
+  eval_points = history_lib.eval_points(U, eval_every) if eval_fn is not None else np.zeros(0, np.int64)
+  eval_flag = np.zeros(U, bool)
+  eval_flag[eval_points[eval_points > 0] - 1] = True
+  metric_shapes = jax.eval_shape(eval_fn, params) if eval_fn is not None else None
 
   def read(hist, direction, reader, version, steps):
     w = jax.tree.map(lambda h: h[version % depth], hist)
@@ -266,9 +304,12 @@ def simulate_pipeline(
       return w
     return jax.tree.map(lambda x, d: x - steps.astype(x.dtype) * d[version % depth], w, direction)
 
-  def step(data, carry, xs):
+  def current_params(hist, version):
+    return tuple(jax.tree.map(lambda h: h[version % depth], h_k) for h_k in hist)
+
+  def step(carry, tab, constants):
     hist, dirs, states = carry
-    u, fv, bv, indices = xs  # fv, bv: [m, K]; indices: [m, B]
+    u, fv, bv, indices, valid = tab["update"], tab["forward"], tab["backward"], tab["indices"], tab["valid"]
 
     def micro(idx, fv_j, bv_j):
       fps, bps = [], []
@@ -276,7 +317,7 @@ def simulate_pipeline(
         sf, sb = (jnp.zeros([], jnp.int32),) * 2 if readers[k] is None else readers[k].read_steps(u, fv_j[k], bv_j[k])
         fps.append(read(hist[k], dirs[k], readers[k], fv_j[k], sf))
         bps.append(read(hist[k], dirs[k], readers[k], bv_j[k], sb))
-      batch = jax.tree.map(lambda a: a[idx], data)
+      batch = jax.tree.map(lambda a: a[idx], constants)
       loss, grads = value_and_grad(fps, bps, batch)
       return loss, grads, fps
 
@@ -289,44 +330,62 @@ def simulate_pipeline(
       upd, state = tx.update(g, states[k], current, staleness=u - fv[0, k], backward_staleness=u - bv[0, k],
                              stale_params=stale)
       new = optax.apply_updates(current, upd)
-      new_hist.append(jax.tree.map(lambda h, x: h.at[(u + 1) % depth].set(x), hist[k], new))
       reader = stage_read(state)
+      slot = (u + 1) % depth
+      # Padding steps (past the last update) change nothing: a where, not a cond, over the trees.
+      keep = lambda old, x: jnp.where(valid, x, old)  # noqa: E731
+      new_hist.append(jax.tree.map(lambda h, x: h.at[slot].set(keep(h[slot], x)), hist[k], new))
       new_dirs.append(None if reader is None else jax.tree.map(
-          lambda h, x: h.at[(u + 1) % depth].set(x), dirs[k], reader.read_direction()))
-      new_states.append(state)
-    return (tuple(new_hist), tuple(new_dirs), tuple(new_states)), jnp.mean(losses)
+          lambda h, x: h.at[slot].set(keep(h[slot], x)), dirs[k], reader.read_direction()))
+      new_states.append(jax.tree.map(keep, states[k], state))
+    new_carry = (tuple(new_hist), tuple(new_dirs), tuple(new_states))
+    out = {"loss": jnp.mean(losses)}
+    if eval_fn is not None:
+      # A cond, not a where: evaluation is costly and due only every eval_every updates.
+      out["metrics"] = jax.lax.cond(
+          tab["eval"] & valid, lambda h: eval_fn(current_params(h, u + 1)),
+          lambda h: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes), new_carry[0])
+    return new_carry, out
 
-  # The data is an argument, not a constant folded into the compiled scan.
-  @jax.jit
-  def chunk(data, carry, xs):
-    return jax.lax.scan(functools.partial(step, data), carry, xs)
+  num_chunks = -(-U // chunk_size)
 
-  def current_params(hist, version):
-    return tuple(jax.tree.map(lambda h: h[version % depth], h_k) for h_k in hist)
+  def tables(chunk: int) -> dict[str, np.ndarray]:
+    lo, hi = chunk * chunk_size, min(U, (chunk + 1) * chunk_size)
+    pad = chunk_size - (hi - lo)
+    span = np.arange(lo, hi, dtype=np.int32)
+    indices = np.asarray(_micro_indices(jnp.int32(seed), jnp.asarray(span), num_microbatches=m,
+                                        num_examples=num_examples, batch_size=batch_size))
+    fill = lambda a: np.concatenate([a, np.zeros((pad,) + a.shape[1:], a.dtype)])  # noqa: E731
+    return {"update": fill(span), "forward": fill(forward_version[lo:hi]), "backward": fill(backward_version[lo:hi]),
+            "indices": fill(indices), "valid": fill(np.ones(hi - lo, bool)), "eval": fill(eval_flag[lo:hi])}
 
-  evaluate = eval_fn
-  carry = (history, directions, opt_states)
-  losses, eval_updates, metrics = [], [0], []
-  if evaluate is not None:
-    metrics.append(evaluate(current_params(history, 0)))
-  bounds = list(range(0, U, eval_every)) + [U]
-  for lo, hi in zip(bounds[:-1], bounds[1:]):
-    span = jnp.arange(lo, hi, dtype=jnp.int32)
-    indices = _micro_indices(jnp.int32(seed), span, num_microbatches=m, num_examples=num_examples,
-                             batch_size=batch_size)
-    xs = (span, jnp.asarray(forward_version[lo:hi], jnp.int32), jnp.asarray(backward_version[lo:hi], jnp.int32),
-          indices)
-    carry, chunk_losses = chunk(data, carry, xs)
-    losses.append(np.asarray(chunk_losses))
-    eval_updates.append(hi)
-    if evaluate is not None:
-      metrics.append(evaluate(current_params(carry[0], hi)))
+  def collect(chunk: int, tabs: Any, outputs: Any) -> dict[str, Any]:
+    valid = tabs["valid"]
+    rows = {"loss": engine.host(outputs["loss"])[valid]}
+    if eval_fn is not None:
+      rows["metrics"] = jax.tree.map(lambda x: engine.host(x)[tabs["eval"] & valid], outputs["metrics"])
+    return rows
+
+  records_like = {"loss": np.zeros(0, np.float32)}
+  if eval_fn is not None:
+    records_like["metrics"] = jax.tree.map(lambda s: np.zeros((0,) + s.shape, s.dtype), metric_shapes)
+  program = engine.Program(
+      carry=(history, directions, opt_states), carry_specs=(P(), P(), P()), constants=data, constant_specs=P(),
+      step=step, table_specs=P(), output_specs=P(), num_chunks=num_chunks, tables=tables, collect=collect,
+      records_like=records_like,
+      progress=lambda chunk: {"updates_done": min(U, (chunk + 1) * chunk_size), "num_updates": U},
+      fingerprint=_fingerprint(schedule, params, seed=seed, batch_size=batch_size, chunk_size=chunk_size,
+                               eval_points=eval_points.tolist(), depth=depth),
+      initial=None if eval_fn is None else (
+          lambda carry: {"metrics": jax.tree.map(lambda x: engine.host(x)[None],
+                                                 jax.jit(eval_fn)(current_params(carry[0], 0)))}))
+  carry, records = engine.run(program, checkpoint_dir=checkpoint_dir, checkpoint_name=_CHECKPOINT_FILE,
+                              resume=resume, callback=callback)
   time = schedule.update_time.max(axis=1)
-  eval_update = np.asarray(eval_updates, np.int64)
   history_out = PipelineHistory(
-      update=updates.astype(np.int64), time=time, loss=np.concatenate(losses),
+      update=updates.astype(np.int64), time=time, loss=np.asarray(records["loss"]),
       forward_staleness=(updates[:, None] - forward_version.min(axis=1)).astype(np.int64),
       backward_staleness=(updates[:, None] - backward_version.min(axis=1)).astype(np.int64),
-      eval_update=eval_update, eval_time=np.r_[0.0, time][eval_update],
-      eval_metrics=None if evaluate is None else jax.tree.map(lambda *xs: np.stack(xs), *metrics))
+      eval_update=eval_points, eval_time=np.r_[0.0, time][eval_points],
+      eval_metrics=records.get("metrics"))
   return PipelineResult(current_params(carry[0], U), carry[2], history_out)

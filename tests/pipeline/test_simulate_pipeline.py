@@ -68,3 +68,34 @@ def test_bad_arguments():
     dj.simulate_pipeline(stages, loss_fn, optax.sgd(0.1), params, data, sched, batch_size=0)
   with pytest.raises(ValueError, match="'x'"):
     dj.simulate_pipeline(stages, loss_fn, optax.sgd(0.1), params, {"inputs": data["x"]}, sched, batch_size=4)
+
+
+def test_checkpoint_and_resume_are_bit_identical(tmp_path):
+  """Interrupted after its second chunk, a run resumes from the engine's checkpoint to the same bits."""
+  stages, loss_fn, params, data = mlp_problem(2)
+  sched = dj.cluster.pipeline("1f1b", 2, 10, weights="latest")
+  tx = dj.pipemare(0.2, warmup_steps=4, momentum=0.5, discrepancy_decay=0.1)
+  kwargs = dict(batch_size=8, seed=3, chunk_size=3, eval_every=4,
+                eval_fn=jax.jit(lambda ps: {"w0": jnp.sum(ps[0]["w"])}))
+  full = dj.simulate_pipeline(stages, loss_fn, tx, params, data, sched, **kwargs)
+
+  class Stop(Exception):
+    pass
+
+  def stop_after_two(info):
+    if info["updates_done"] == 6:
+      raise Stop
+
+  with pytest.raises(Stop):
+    dj.simulate_pipeline(stages, loss_fn, tx, params, data, sched, checkpoint_dir=str(tmp_path),
+                         callback=stop_after_two, **kwargs)
+  resumed = dj.simulate_pipeline(stages, loss_fn, tx, params, data, sched, checkpoint_dir=str(tmp_path), **kwargs)
+  jax.tree.map(np.testing.assert_array_equal, resumed.params, full.params)
+  jax.tree.map(np.testing.assert_array_equal, resumed.opt_states, full.opt_states)
+  np.testing.assert_array_equal(resumed.history.loss, full.history.loss)
+  np.testing.assert_array_equal(resumed.history.eval_update, [0, 4, 8, 10])
+  np.testing.assert_array_equal(resumed.history.eval_metrics["w0"], full.history.eval_metrics["w0"])
+  # Another seed is another run: its checkpoint is refused, not silently continued.
+  with pytest.raises(ValueError):
+    dj.simulate_pipeline(stages, loss_fn, tx, params, data, sched, checkpoint_dir=str(tmp_path),
+                         **{**kwargs, "seed": 4})
