@@ -6,6 +6,8 @@ import math
 import numbers
 from typing import Any
 
+import numpy as np
+
 
 def check_int(name: str, value: Any, *, minimum: int | None = None) -> int:
   """Returns ``value`` as a Python int, or raises naming ``name``."""
@@ -45,4 +47,23 @@ def check_choice(name: str, value: Any, allowed: tuple[str, ...]) -> str:
   """Returns ``value`` if it is one of ``allowed``, or raises naming ``name``."""
   if value not in allowed:
     raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}; got {value!r}.")
+  return value
+
+
+def check_bool(name: str, value: Any) -> bool:
+  """Returns ``value`` if it is a bool (``True``/``False``, NumPy's included), or raises naming ``name``.
+
+  Strings such as ``"False"`` are refused: they are truthy, so taking them would do the opposite of what
+  they say.
+  """
+  if not isinstance(value, (bool, np.bool_)):
+    raise TypeError(f"{name} must be a bool, got {value!r} of type {type(value).__name__}.")
+  return bool(value)
+
+
+def check_seed(name: str, value: Any) -> int:
+  """Returns ``value`` as an int in ``[0, 2**32)``, or raises naming ``name`` (no silent wrap-around)."""
+  value = check_int(name, value, minimum=0)
+  if value >= 2**32:
+    raise ValueError(f"{name} must be an integer below 2**32 = {2**32}, got {value}.")
   return value

@@ -9,12 +9,30 @@ gathering it and process 0 writes.
 from __future__ import annotations
 
 import os
+import tempfile
 from typing import Any
 
 import jax
 import numpy as np
 from flax import serialization
 from jax.experimental import multihost_utils
+
+
+def check_directory(name: str, directory: Any) -> str | None:
+  """``directory`` as a path, created if missing and checked writable, before any compute; ``None`` stays."""
+  if directory is None:
+    return None
+  if not isinstance(directory, (str, os.PathLike)):
+    raise TypeError(f"{name} must be a path (str or os.PathLike) or None, got {type(directory).__name__}.")
+  path = os.fspath(directory)
+  try:
+    os.makedirs(path, exist_ok=True)
+    # Writing is what a checkpoint needs: try it now rather than after the first chunk's compute.
+    with tempfile.TemporaryFile(dir=path):
+      pass
+  except OSError as e:
+    raise ValueError(f"{name}={path!r} cannot be written: {e.strerror or e}.") from e
+  return path
 
 
 def gathered(x: Any) -> np.ndarray:

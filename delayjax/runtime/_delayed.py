@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from delayjax import delays as delays_lib
-from delayjax._checks import check_int
+from delayjax._checks import check_bool, check_seed
 from delayjax.cluster._schedule import Schedule
 from delayjax.runtime._buffers import check_update_call, rings
 from delayjax.runtime._replay import replay
@@ -152,9 +152,8 @@ def delayed(
   """
   if not isinstance(inner, optax.GradientTransformation):
     raise TypeError(f"inner must be an optax.GradientTransformation, got {type(inner).__name__}.")
-  seed = check_int("seed", seed)
-  if not isinstance(store_stale_params, bool):
-    raise TypeError(f"store_stale_params must be a bool, got {store_stale_params!r}.")
+  seed = check_seed("seed", seed)
+  store_stale_params = check_bool("store_stale_params", store_stale_params)
   if isinstance(delays, Schedule):
     return replay(optax.with_extra_args_support(inner), delays)
   model = delays_lib.check_model("delays", delays)

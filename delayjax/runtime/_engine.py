@@ -77,6 +77,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from delayjax.runtime import _checkpoint
+from delayjax.transforms._hooks import worker_capacity
 
 AXIS = "workers"
 
@@ -114,6 +115,21 @@ def check_mesh(mesh: Any) -> int:
         f"mesh may only spread the {AXIS!r} axis; got other axes of size > 1: "
         f"{ {n: mesh.shape[n] for n in others} }.")
   return int(mesh.shape[AXIS])
+
+
+def check_worker_capacity(opt_state: Any, num_workers: int, source: str) -> None:
+  """Refuses, before anything compiles, a state whose per-worker tables have fewer rows than the workers.
+
+  Inside ``jit`` a worker index past a table could not raise (it makes the
+  update NaN, see ``dj.worker_capacity``); the runtime knows the worker count
+  up front, so it says so clearly instead.
+  """
+  capacity = worker_capacity(opt_state)
+  if capacity is not None and capacity < num_workers:
+    raise ValueError(
+        f"tx keeps per-worker tables of {capacity} rows (the num_workers of dj.dana, dj.dana_slim or "
+        f"dj.delay_compensation), but {source} has {num_workers} workers; pass num_workers={num_workers} "
+        f"(or more).")
 
 
 def host(x: Any) -> np.ndarray:

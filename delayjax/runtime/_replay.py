@@ -12,6 +12,7 @@ import optax
 
 from delayjax.cluster._schedule import Schedule
 from delayjax.runtime._buffers import check_update_call, rings
+from delayjax.runtime._engine import check_worker_capacity
 
 _COMPUTED = ("staleness", "stale_params", "worker")
 
@@ -112,8 +113,10 @@ def replay(inner: optax.GradientTransformationExtraArgs, schedule: Schedule) -> 
   num_calls = plan.slot.shape[0]
 
   def init_fn(params):
+    inner_state = inner.init(params)
+    check_worker_capacity(inner_state, schedule.num_workers, "the schedule (delays)")
     return ReplayState(count=jnp.zeros([], jnp.int32), grads=rings(params, plan.num_slots),
-                       stale_params=rings(params, plan.num_slots), inner_state=inner.init(params))
+                       stale_params=rings(params, plan.num_slots), inner_state=inner_state)
 
   def update_fn(updates, state, params=None, **extra_args):
     check_update_call(updates, params, extra_args, _COMPUTED)

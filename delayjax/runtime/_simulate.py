@@ -14,11 +14,12 @@ import optax
 from jax.sharding import PartitionSpec as P
 
 from delayjax import delays as delays_lib
-from delayjax._checks import check_choice, check_int
+from delayjax._checks import check_bool, check_choice, check_int, check_seed
 from delayjax.cluster._schedule import Schedule
+from delayjax.runtime import _checkpoint
 from delayjax.runtime import _engine as engine
 from delayjax.runtime import _history as history_lib
-from delayjax.runtime._engine import AXIS
+from delayjax.runtime._engine import AXIS, check_worker_capacity
 from delayjax.runtime._local import check_local_steps, local_pseudo_gradient
 from delayjax.runtime._sampling import SAMPLINGS, minibatch_indices, server_minibatch_indices, shard_table
 from delayjax.runtime._waves import StepPlan, plan_steps
@@ -582,7 +583,11 @@ def simulate(
   """
   batch_size = check_int("batch_size", batch_size, minimum=1)
   check_choice("sampling", sampling, SAMPLINGS)
-  seed = check_int("seed", seed)
+  seed = check_seed("seed", seed)
+  resume, skip_nonfinite, has_aux = (check_bool(n, v) for n, v in (
+      ("resume", resume), ("skip_nonfinite", skip_nonfinite), ("has_aux", has_aux)))
+  keep_local_state = check_bool("keep_local_state", keep_local_state)
+  checkpoint_dir = _checkpoint.check_directory("checkpoint_dir", checkpoint_dir)
   if num_updates is not None:
     num_updates = check_int("num_updates", num_updates, minimum=1)
   if eval_every is not None:
@@ -617,8 +622,6 @@ def simulate(
   if lanes is not None:
     lanes = check_int("lanes", lanes, minimum=1)
   worker_steps = check_local_steps(local_steps, local_optimizer, schedule.num_workers)
-  if not isinstance(keep_local_state, bool):
-    raise TypeError(f"keep_local_state must be a bool, got {type(keep_local_state).__name__}.")
   if keep_local_state and worker_steps is None:
     raise ValueError("keep_local_state=True needs local_steps (local-SGD workers); got local_steps=None.")
   if worker_steps is not None:
@@ -627,6 +630,7 @@ def simulate(
 
   tx = optax.with_extra_args_support(tx)
   opt_state = tx.init(params)
+  check_worker_capacity(opt_state, schedule.num_workers, "source")
   inputs = _check_runtime_inputs(opt_state, local=worker_steps is not None, has_terms=sample_terms is not None)
   terms = None if sample_terms is None else _terms_spec(sample_terms, params, data, batch_size)
   if "full_grad" in inputs:

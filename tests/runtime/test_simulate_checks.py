@@ -1,0 +1,76 @@
+"""Inputs that used to run silently wrong: each is now a clear error before anything compiles."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import delayjax as dj
+from tests.runtime.simulate_reference import regression_problem
+
+
+@pytest.fixture(scope="module")
+def problem():
+  data, loss_fn, params = regression_problem()
+  schedule = dj.cluster.simulate(dj.cluster.asp(), dj.cluster.workers(16), num_updates=20, seed=0)
+  return loss_fn, params, data, schedule
+
+
+@pytest.mark.parametrize("tx", [
+    dj.dana(0.05, momentum=0.5, num_workers=4),
+    optax.chain(dj.delay_compensation(0.5, adaptive=True, num_workers=4), optax.sgd(0.05)),
+], ids=["dana", "dc_asgd_a"])
+def test_per_worker_table_smaller_than_the_schedule_is_refused(problem, tx):
+  # Inside jit a worker past the table cannot raise: the runtime knows the 16 workers up front.
+  loss_fn, params, data, schedule = problem
+  with pytest.raises(ValueError, match=r"4 rows .* has 16 workers; pass num_workers=16"):
+    dj.simulate(loss_fn, tx, params, data, schedule)
+
+
+def test_delay_model_workers_count_too(problem):
+  loss_fn, params, data, _ = problem
+  with pytest.raises(ValueError, match="has 6 workers"):
+    dj.simulate(loss_fn, dj.dana(0.05, num_workers=4), params, data, dj.delays.uniform(5), num_updates=10)
+
+
+def test_delayed_replaying_a_schedule_refuses_a_small_table(problem):
+  _, params, _, schedule = problem
+  tx = dj.delayed(optax.chain(dj.delay_compensation(0.5, adaptive=True, num_workers=8), optax.sgd(0.1)), schedule)
+  with pytest.raises(ValueError, match=r"8 rows .* has 16 workers"):
+    tx.init(params)
+
+
+@pytest.mark.parametrize("name", ["resume", "skip_nonfinite", "has_aux", "keep_local_state"])
+def test_booleans_must_be_bools(problem, name):
+  # "False" is truthy: taking it would do the opposite of what it says.
+  loss_fn, params, data, schedule = problem
+  with pytest.raises(TypeError, match=f"{name} must be a bool, got 'False'"):
+    dj.simulate(loss_fn, optax.sgd(0.1), params, data, schedule, **{name: "False"})
+
+
+@pytest.mark.parametrize("seed, error", [(-1, ValueError), (2**32, ValueError), (1.5, TypeError), (True, TypeError)])
+def test_seeds_are_non_negative_ints_below_2_32(problem, seed, error):
+  loss_fn, params, data, schedule = problem
+  with pytest.raises(error, match="seed"):
+    dj.simulate(loss_fn, optax.sgd(0.1), params, data, schedule, seed=seed)
+  with pytest.raises(error, match="seed"):
+    dj.delayed(optax.sgd(0.1), dj.delays.constant(1), seed=seed)
+
+
+def test_unwritable_checkpoint_dir_fails_before_any_compute(problem, tmp_path):
+  loss_fn, params, data, schedule = problem
+  blocker = tmp_path / "a_file"
+  blocker.write_text("")
+  calls = []
+
+  def counting_loss(w, batch):
+    calls.append(1)  # traced only if the run got as far as compiling
+    return loss_fn(w, batch)
+
+  with pytest.raises(ValueError, match="checkpoint_dir=.*a_file/run.* cannot be written"):
+    dj.simulate(counting_loss, optax.sgd(0.1), params, data, schedule, checkpoint_dir=blocker / "run")
+  assert not calls
+  with pytest.raises(TypeError, match="checkpoint_dir must be a path"):
+    dj.simulate(loss_fn, optax.sgd(0.1), params, data, schedule, checkpoint_dir=3)
