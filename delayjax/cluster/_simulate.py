@@ -156,6 +156,23 @@ class _Record:
     self.single = True
     self.in_flight(heap, read_time, read_version)
 
+  def rounds(self, start: np.ndarray, end: np.ndarray, duration: np.ndarray, contributes: np.ndarray) -> None:
+    """Records rounds in which every worker reads version ``r`` at ``start[r]`` and computes for
+    ``duration[r]``; update ``r`` is applied at ``end[r]`` with the ``contributes[r]`` gradients; the
+    others are cancelled then (K-sync and its kin)."""
+    num_updates, num = contributes.shape
+    push_time = start[:, None] + duration
+    updates = np.arange(num_updates)
+    self.time = end  # type: ignore[assignment]
+    cu, cw = np.nonzero(contributes)
+    self.cu, self.cw, self.cv = cu, cw, cu  # type: ignore[assignment]
+    self.ew = np.broadcast_to(np.arange(num), (num_updates, num)).ravel()  # type: ignore[assignment]
+    self.ert = np.repeat(start, num)  # type: ignore[assignment]
+    self.eet = np.where(contributes, push_time, end[:, None]).ravel()  # type: ignore[assignment]
+    self.eu = np.where(contributes, updates[:, None], -1).ravel()  # type: ignore[assignment]
+    self.ev = np.repeat(updates, num)  # type: ignore[assignment]
+    self.wait = np.where(contributes, end[:, None] - push_time, 0.0).sum(axis=0)  # type: ignore[assignment]
+
   def blocked_until(self, since: dict[int, float], t_end: float) -> None:
     for m, t in since.items():
       self.wait[m] += t_end - t
@@ -666,17 +683,7 @@ def _run_cutoff(workers: Workers, times: _Times, num_updates: int, window: int) 
     start[r], ks[r], cutoff[r] = t, k, c
     t += cut
     end[r] = t
-  push_time = start[:, None] + duration
-  updates = np.arange(num_updates)
-  rec.time = end  # type: ignore[assignment]
-  cu, cw = np.nonzero(contributes)
-  rec.cu, rec.cw, rec.cv = cu, cw, cu  # type: ignore[assignment]
-  rec.ew = np.broadcast_to(np.arange(num), (num_updates, num)).ravel()  # type: ignore[assignment]
-  rec.ert = np.repeat(start, num)  # type: ignore[assignment]
-  rec.eet = np.where(contributes, push_time, end[:, None]).ravel()  # type: ignore[assignment]
-  rec.eu = np.where(contributes, updates[:, None], -1).ravel()  # type: ignore[assignment]
-  rec.ev = np.repeat(updates, num)  # type: ignore[assignment]
-  rec.wait = np.where(contributes, end[:, None] - push_time, 0.0).sum(axis=0)  # type: ignore[assignment]
+  rec.rounds(start, end, duration, contributes)
   rec.extras["k"] = ks
   rec.extras["cutoff"] = cutoff
   return rec
@@ -777,17 +784,7 @@ class Simulation:
     rank = np.empty_like(order)
     np.put_along_axis(rank, order, np.broadcast_to(np.arange(num), order.shape), axis=1)
     contributes = rank < k
-    push_time = start[:, None] + duration
-    updates = np.arange(num_updates)
-    rec.time = end  # type: ignore[assignment]
-    cu, cw = np.nonzero(contributes)
-    rec.cu, rec.cw, rec.cv = cu, cw, cu  # type: ignore[assignment]
-    rec.ew = np.broadcast_to(np.arange(num), (num_updates, num)).ravel()  # type: ignore[assignment]
-    rec.ert = np.repeat(start, num)  # type: ignore[assignment]
-    rec.eet = np.where(contributes, push_time, end[:, None]).ravel()  # type: ignore[assignment]
-    rec.eu = np.where(contributes, updates[:, None], -1).ravel()  # type: ignore[assignment]
-    rec.ev = np.repeat(updates, num)  # type: ignore[assignment]
-    rec.wait = np.where(contributes, end[:, None] - push_time, 0.0).sum(axis=0)  # type: ignore[assignment]
+    rec.rounds(start, end, duration, contributes)
     if isinstance(self.paradigm, P.AdaSync):
       rec.extras["k"] = np.full(num_updates, k, np.int64)
     self._now = float(end[-1])
