@@ -2,11 +2,16 @@
 
 Asynchronous paradigms run a heap-based event loop over pushes (keys are
 ``(push time, worker)``, so simultaneous pushes are taken in worker order);
-round-synchronous ones (BSP, K-sync, AdaSync) are vectorized over rounds.
-Durations are pre-drawn in blocks per worker and gradient index (see ``Workers.draw``).
+round-synchronous ones (BSP, K-sync, AdaSync) are vectorized over rounds
+(the predictive cutoff loops over rounds, its ``K`` depending on the last ones).
+Durations are pre-drawn in blocks per worker and gradient index (see
+``Workers.draw``). Records grow in typed arrays (8 bytes an entry), and the
+schedule stores its contributions sparsely, so memory grows with the number
+of gradients, not with ``updates x workers``.
 
 Besides the fields of :class:`Schedule`, every schedule records one entry per
-gradient a worker started, in ``extras`` (sorted by worker, then time):
+gradient a worker started, in ``extras`` (sorted by worker, then time; left out
+with ``record_events=False``):
 
 - ``event_worker``: int64, the worker.
 - ``event_read_time``: float64, when it read (started computing).
@@ -862,7 +867,8 @@ def simulate(paradigm: P.Paradigm, workers: Workers, num_updates: int, seed: int
 
   Returns:
     The schedule, with the per-gradient events described in this module's
-    docstring in ``extras`` (and DSSP's ``threshold``, AdaSync's ``k``).
+    docstring in ``extras`` (and DSSP's ``threshold``, AdaSync's ``k``, ElasticBSP's
+    ``period``, the predictive cutoff's ``k`` and ``cutoff``).
     Contributions are stored sparsely: memory and time grow with the number
     of gradients, not with ``num_updates x num_workers``.
 

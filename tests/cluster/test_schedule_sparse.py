@@ -27,6 +27,7 @@ def test_sparse_contributions_are_the_entries_of_the_dense_views(paradigm):
   for view, dtype in (("contributes", bool), ("read_version", np.int64), ("num_batches", np.int64),
                       ("staleness", np.int64)):
     assert getattr(s, view).dtype == dtype and getattr(s, view).shape == (200, 4)
+    assert getattr(s, view) is getattr(s, view) and not getattr(s, view).flags.writeable   # built once
   # The same schedule built from its dense arrays is equal, and so is one built from the rows.
   dense = C.Schedule(time=s.time, contributes=s.contributes, read_version=s.read_version, wait=s.wait,
                      num_batches=s.num_batches, dropped=s.dropped, busy=s.busy, paradigm=s.paradigm,
