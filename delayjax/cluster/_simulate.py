@@ -533,23 +533,26 @@ def _run_backup(workers: Workers, times: _Times, num_updates: int, b: int) -> _R
   take, pop, push = times.take, heapq.heappop, heapq.heappush
   waiting: list[int] = []
   since: dict[int, float] = {}
+  # Bound once: these run for every gradient.
+  ew, ert, eet, ev, eu = rec.ew.append, rec.ert.append, rec.eet.append, rec.ev.append, rec.eu.append
+  cu, cw, cv = rec.cu.append, rec.cw.append, rec.cv.append
   u = 0
   while u < num_updates:
     t, m = pop(heap)
-    rec.ew.append(m)
-    rec.ert.append(rt[m])
-    rec.eet.append(t)
-    rec.ev.append(rv[m])
+    ew(m)
+    ert(rt[m])
+    eet(t)
+    ev(rv[m])
     if rv[m] != u:
-      rec.eu.append(-1)
+      eu(-1)
       rv[m] = u
       rt[m] = t
       push(heap, (t + take(m, t), m))
       continue
-    rec.eu.append(u)
-    rec.cu.append(u)
-    rec.cw.append(m)
-    rec.cv.append(u)
+    eu(u)
+    cu(u)
+    cw(m)
+    cv(u)
     if len(waiting) + 1 < needed:
       waiting.append(m)
       since[m] = t
