@@ -1,6 +1,8 @@
 """ElasticBSP and the predictive cutoff against independent NumPy references, invariants and baselines."""
 
 import itertools
+import os
+import sys
 
 import numpy as np
 import pytest
@@ -159,3 +161,21 @@ def test_predictive_cutoff_beats_every_fixed_cutoff_when_stragglers_come_and_go(
 def test_bad_arguments_are_named(call, error, match):
   with pytest.raises(error, match=match):
     call()
+
+
+def test_dj_simulate_trains_under_elastic_bsp_as_the_sequential_reference():
+  # The runtime's sequential reference (one gradient at a time, each at the version it read). The
+  # predictive cutoff's schedules are K-sync rounds, which the runtime's own tests cover.
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "runtime"))
+  from simulate_reference import assert_trees_close, probe, reference, regression_problem  # noqa: PLC0415
+
+  data, loss_fn, params = regression_problem()
+  schedule = C.simulate(C.elastic_bsp(3), C.workers(3, compute="lognormal"), 16, seed=2)
+  assert schedule.max_staleness.max() > 1
+  tx = probe(0.05, schedule.num_workers)
+  result = dj.simulate(loss_fn, tx, params, data, schedule, batch_size=4, seed=1)
+  ref_params, ref_state, ref_loss, _, _ = reference(loss_fn, tx, params, data, schedule, batch_size=4, seed=1)
+  assert_trees_close(result.params, ref_params, rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(result.opt_state.per_worker, ref_state.per_worker)
+  np.testing.assert_array_equal(result.history.staleness, schedule.max_staleness)
+  np.testing.assert_allclose(result.history.loss, ref_loss, rtol=1e-5, atol=1e-6)
