@@ -132,6 +132,7 @@ def main(argv=None):
             f"{sched.mean_staleness():>15.2f} {sched.idle_fraction.mean():>14.3f}")
     print(line, flush=True)
     lines.append(line)
+    write(args.out, lines)   # after every row: a run stopped early keeps what it measured
     del sched
   if args.large:
     header = ["", "Large ASP runs (sparse schedules; each in a fresh process; lean = record_events=False)",
@@ -156,10 +157,14 @@ def main(argv=None):
               f"{r['peak_gib']:>12.2f} {r['schedule_gib']:>12.2f} {r['dense_gib']:>10.1f}")
       print(line, flush=True)
       lines.append(line)
-  text = "\n".join(lines)
-  os.makedirs(os.path.dirname(args.out), exist_ok=True)
-  with open(args.out, "w") as f:
-    f.write(text + "\n")
+      write(args.out, lines)
+  write(args.out, lines)
+
+
+def write(path: str, lines: list[str]) -> None:
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "w") as f:
+    f.write("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
