@@ -21,7 +21,7 @@ from typing import Any
 
 import delayjax as dj
 from experiments import _gossip_train as gt
-from experiments._framework import Claim, ClaimResult, Reproduction, Summary
+from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, paired
 
 SCALES = {
     "quick": dict(speeds=[1.0] * 16, compute="exponential", comm=None, steps=200, batch=16, lr=0.5,
@@ -42,7 +42,7 @@ def specs(config: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-  rows = gt.summarize(records, fields=("paradigm", "topology"))
+  rows = mean_rows(records, fields=("paradigm", "topology"))
   for r in rows:
     r["shards"] = next(rec["spec"].get("shards", config.get("shards")) for rec in records if rec["key"] == r["key"])
   num = len(config["speeds"])
@@ -54,10 +54,10 @@ def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dic
 
 def _ordered(summary: Summary, metric: str) -> ClaimResult:
   rows = sorted((r for r in summary.values() if r["paradigm"] == "d_psgd"), key=lambda r: r["spectral_gap"])
-  parts = [gt.paired(summary, small["key"], big["key"], metric, "greater") for small, big in zip(rows, rows[1:])]
-  return gt.verdict([p[0] for p in parts], f"{metric} by spectral gap: " + ", ".join(
-      f"{r['topology']} (gap {r['spectral_gap']:.3f}) {r[metric]:.4g}" for r in rows)
-      + "; " + "; ".join(p[1] for p in parts))
+  return ClaimResult.decide(
+      [paired(summary, small["key"], big["key"], metric, claim="greater") for small, big in zip(rows, rows[1:])],
+      f"{metric} by spectral gap: " + ", ".join(
+          f"{r['topology']} (gap {r['spectral_gap']:.3f}) {r[metric]:.4g}" for r in rows))
 
 
 def _consensus(summary: Summary) -> ClaimResult:
@@ -69,13 +69,12 @@ def _loss(summary: Summary) -> ClaimResult:
 
 
 def _sgp(summary: Summary) -> ClaimResult:
-  s, a = summary["sgp-exponential-iid"], summary["allreduce-iid"]
-  margin = 0.05 * a["loss"]
-  held, text = gt.paired(summary, "sgp-exponential-iid", "allreduce-iid", "loss", "within", margin)
-  h = summary["sgp-exponential"]
-  return gt.verdict([held], f"final loss (iid data): SGP {s['loss']:.4f}, all-reduce {a['loss']:.4f} (band "
-                    f"+-{margin:.4f}); {text}; simulated seconds: SGP {s['simulated_time']:.1f}, all-reduce "
-                    f"{a['simulated_time']:.1f}; with label-sorted data SGP ends at {h['loss']:.4f}")
+  s, a, h = summary["sgp-exponential-iid"], summary["allreduce-iid"], summary["sgp-exponential"]
+  return ClaimResult.decide(
+      paired(summary, "sgp-exponential-iid", "allreduce-iid", "loss", claim="within", margin=0.05 * a["loss"]),
+      f"final loss (iid data): SGP {s['loss']:.4f}, all-reduce {a['loss']:.4f} (band +-{0.05 * a['loss']:.4f}); "
+      f"simulated seconds: SGP {s['simulated_time']:.1f}, all-reduce {a['simulated_time']:.1f}; with label-sorted "
+      f"data SGP ends at {h['loss']:.4f}")
 
 
 CLAIMS = [
