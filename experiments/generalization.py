@@ -18,17 +18,16 @@ also shrinks the gap of an underfitted model: the paper's claim is about the
 gap, whatever its cause.
 
 Claims are decided per seed, paired (the same seed gives the same
-initialization and minibatches at every :math:`\\tau`): the change of the
-gap from :math:`\\tau = 0` has a 95% t-interval over seeds; a claim holds if
-the interval lies on the claimed side of zero, fails if it lies on the other
-side, and is inconclusive (``held = None``) if it contains zero.
+initialization and minibatches at every :math:`\\tau`), by the framework's
+paired t-intervals (``experiments._framework.paired``): held if the
+interval of the gap's change from :math:`\\tau = 0` lies below zero, not
+held if above, inconclusive if it contains zero.
 
     python -m experiments run generalization
 """
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any
 
@@ -39,7 +38,7 @@ import optax
 
 import delayjax as dj
 from experiments import _plots
-from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows
+from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, paired
 from experiments._training import Task, digits_split, simulate_record
 from experiments.data import Split
 from experiments.delayed_digits import init_mlp, mlp
@@ -50,35 +49,6 @@ SCALES = {
     "paper": dict(data="digits", n_train=300, hidden=[], steps=20_000, batch=8, lr=0.1, taus=[0, 2, 4, 8, 16, 32, 64],
                   seeds=10, eval_every=1000),
 }
-
-
-def paired_interval(diffs: Any, level: float = 0.95) -> tuple[float, float, float]:
-  """The mean of paired differences and its two-sided t-interval ``(mean, low, high)`` (NaN below 2 pairs)."""
-  from scipy import stats
-
-  d = np.asarray(diffs, np.float64)
-  if d.size < 2 or not np.all(np.isfinite(d)):
-    return float(np.mean(d)) if d.size else math.nan, math.nan, math.nan
-  half = float(stats.t.ppf(0.5 + level / 2, d.size - 1) * d.std(ddof=1) / math.sqrt(d.size))
-  return float(d.mean()), float(d.mean() - half), float(d.mean() + half)
-
-
-def verdict(low: float, high: float, claimed_sign: int) -> bool | None:
-  """Held if the interval lies on the claimed side of 0 (``claimed_sign`` -1 or +1), not held if on the other,
-  ``None`` (inconclusive) if it contains 0 or is missing."""
-  if not (math.isfinite(low) and math.isfinite(high)):
-    return None
-  if claimed_sign * low > 0 and claimed_sign * high > 0:
-    return True
-  if claimed_sign * low < 0 and claimed_sign * high < 0:
-    return False
-  return None
-
-
-def decided(held: bool | None, figures: str) -> ClaimResult:
-  """A claim's result; an undecided one says so (the table prints it as n/a)."""
-  return ClaimResult(held, figures if held is not None
-                     else "inconclusive (an interval straddles the claim's boundary, or is missing): " + figures)
 
 
 def task(config: dict[str, Any]):
@@ -114,30 +84,26 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> di
 
 def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
   rows = mean_rows(records, fields=("tau",))
-  gap = {(r["spec"]["tau"], r["seed"]): float(r["metrics"]["gap"]) for r in records}
-  base = min(int(t) for t in config["taus"])
+  base = min(rows, key=lambda r: r["tau"])
   for r in rows:
-    seeds = sorted(s for (t, s) in gap if t == r["tau"] and (base, s) in gap)
-    r["gap_change"], r["gap_change_low"], r["gap_change_high"] = paired_interval(
-        [gap[(r["tau"], s)] - gap[(base, s)] for s in seeds])
+    r["gap_change"] = r["gap"] - base["gap"]
   return rows
 
 
+def _by_delay(summary: Summary) -> list[str]:
+  return sorted(summary, key=lambda k: summary[k]["tau"])
+
+
 def _largest_delay_shrinks_gap(summary: Summary) -> ClaimResult:
-  keys = sorted(summary, key=lambda k: summary[k]["tau"])
-  low, high = summary[keys[-1]]["gap_change_low"], summary[keys[-1]]["gap_change_high"]
-  return decided(verdict(low, high, -1), f"gap change from {keys[0]} to {keys[-1]}: "
-                     f"{summary[keys[-1]]['gap_change']:+.4f}, 95% interval [{low:+.4f}, {high:+.4f}] "
-                     f"(gaps {summary[keys[0]]['gap']:.4f} -> {summary[keys[-1]]['gap']:.4f})")
+  keys = _by_delay(summary)
+  return ClaimResult.decide(paired(summary, keys[-1], keys[0], "gap", claim="less",
+                                   what=f"gap {keys[-1]} - {keys[0]} (nats)"))
 
 
 def _every_delay_shrinks_gap(summary: Summary) -> ClaimResult:
-  keys = sorted(summary, key=lambda k: summary[k]["tau"])[1:]
-  each = [verdict(summary[k]["gap_change_low"], summary[k]["gap_change_high"], -1) for k in keys]
-  held = False if False in each else (True if all(v is True for v in each) else None)
-  return decided(held, "gap change from tau=0 (95% interval): " + ", ".join(
-      f"{k} {summary[k]['gap_change']:+.4f} [{summary[k]['gap_change_low']:+.4f}, "
-      f"{summary[k]['gap_change_high']:+.4f}]" for k in keys))
+  keys = _by_delay(summary)
+  return ClaimResult.decide([paired(summary, k, keys[0], "gap", claim="less", what=f"gap {k} - {keys[0]} (nats)")
+                             for k in keys[1:]])
 
 
 CLAIMS = [
@@ -173,7 +139,7 @@ REPRODUCTION = Reproduction(
     description="The train-test gap of SGD with a constant delay against the delay, on a small digits subset, "
                 "paired over seeds.",
     scales=SCALES, specs=specs, run=run, summarize=summarize, claims=CLAIMS, plots=plots,
-    columns=("key", "gap", "gap_change", "gap_change_low", "gap_change_high", "train_loss", "test_loss",
+    columns=("key", "gap", "gap_change", "train_loss", "test_loss",
              "test_error"),
     smoke=dict(steps=20, seeds=2, taus=[0, 4], eval_every=10, n_train=100),
 )
