@@ -77,6 +77,10 @@ def restore(path: str, fingerprint: str, carry: tuple[Any, ...],
   records = {}
   for name, like in records_like.items():
     treedef = jax.tree.structure(like)
-    saved = record["records"][name]
+    saved = record.get("records", {}).get(name)
+    if saved is None:
+      raise ValueError(
+          f"checkpoint_dir holds a checkpoint ({path}) in an older format, without the record {name!r}; "
+          f"use another directory or resume=False.")
     records[name] = jax.tree.unflatten(treedef, [saved[str(i)] for i in range(treedef.num_leaves)])
   return carry, records, int(record["chunks_done"])

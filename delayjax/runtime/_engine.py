@@ -57,6 +57,11 @@ The interface is :class:`Program`, a ``NamedTuple`` a runtime fills in:
 ``fingerprint``
   a string that changes with anything that changes the run's numbers: a
   checkpoint of another fingerprint is refused.
+``check(carry) -> bool scalar`` or ``None``
+  a health check of the carry (e.g. "the parameters and optimizer state are
+  finite"), computed inside the chunk's program after its last step (one
+  reduction per chunk, not per step) and recorded, one row per chunk, as
+  the record ``"check"``.
 
 :func:`run` executes a ``Program`` and returns the final carry (on the
 devices) and the records. A runtime then assembles its own result (history,
@@ -99,6 +104,7 @@ class Program(NamedTuple):
   progress: Callable[[int], dict[str, Any]]
   fingerprint: str
   initial: Callable[[Any], dict[str, Any]] | None = None
+  check: Callable[[Any], Any] | None = None
 
 
 def check_mesh(mesh: Any) -> int:
@@ -167,14 +173,17 @@ def chunk_function(program: Program, mesh: Any) -> Callable[[Any, Any, Any], tup
   chunk's steps, jitted with the carry donated (inside ``shard_map`` with a ``mesh``)."""
   step = program.step
 
+  check = program.check
+
   def chunk(carry, constants, tables):
-    return jax.lax.scan(lambda c, t: step(c, t, constants), carry, tables)
+    carry, outputs = jax.lax.scan(lambda c, t: step(c, t, constants), carry, tables)
+    return (carry, outputs) if check is None else (carry, (outputs, check(carry)))
 
   if mesh is not None:
     chunk = jax.shard_map(
         chunk, mesh=mesh,
         in_specs=(program.carry_specs, program.constant_specs, program.table_specs),
-        out_specs=(program.carry_specs, program.output_specs),
+        out_specs=(program.carry_specs, program.output_specs if check is None else (program.output_specs, P())),
         # A replicated carry is replicated by construction (every device applies the same gathered
         # values), but public all_gather is typed device-varying, so the replication check would reject it.
         check_vma=False)
@@ -203,11 +212,14 @@ def run(program: Program, *, mesh: Any = None, checkpoint_dir: str | os.PathLike
   """
   chunk_fn = chunk_function(program, mesh)
   carry = program.carry
-  records: dict[str, list[Any]] = {name: [] for name in program.records_like}
+  like = dict(program.records_like)
+  if program.check is not None:
+    like["check"] = np.zeros(0, bool)
+  records: dict[str, list[Any]] = {name: [] for name in like}
   first_chunk = 0
   path = None if checkpoint_dir is None else os.path.join(os.fspath(checkpoint_dir), checkpoint_name)
   if path is not None and resume and os.path.exists(path):
-    carry, restored, first_chunk = _checkpoint.restore(path, program.fingerprint, carry, program.records_like)
+    carry, restored, first_chunk = _checkpoint.restore(path, program.fingerprint, carry, like)
     records = {name: [rows] for name, rows in restored.items()}
 
   put = placer(mesh)
@@ -223,12 +235,15 @@ def run(program: Program, *, mesh: Any = None, checkpoint_dir: str | os.PathLike
       inspect(chunk_fn, (carry, constants, device_tables))
       inspect = None
     carry, outputs = chunk_fn(carry, constants, device_tables)
+    if program.check is not None:
+      outputs, healthy = outputs
+      _append(records, {"check": np.asarray(host(healthy)).reshape(1)})
     _append(records, program.collect(chunk, tables, outputs))
     if path is not None:
-      _checkpoint.save(path, program.fingerprint, carry, _joined(records, program.records_like), chunk + 1)
+      _checkpoint.save(path, program.fingerprint, carry, _joined(records, like), chunk + 1)
     if callback is not None:
       callback(program.progress(chunk))
-  return carry, _joined(records, program.records_like)
+  return carry, _joined(records, like)
 
 
 def _append(records: dict[str, list[Any]], rows: dict[str, Any]) -> None:

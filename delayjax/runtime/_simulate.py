@@ -69,6 +69,16 @@ class History(NamedTuple):
       leaf, or ``None`` without ``eval_fn``.
     nonfinite: int64 ``[n, 2]``, ``(update, worker)`` of every contribution
       whose gradient had a NaN or infinite entry, sorted.
+    skipped: int64 ``[n, 2]``, with ``skip_nonfinite``: ``(update, worker)``
+      of every update left out because its update or new optimizer state was
+      not finite (``worker``: the contribution that speaks for it); empty
+      without ``skip_nonfinite``.
+    nonfinite_state: ``None``, or the updates ``(first, last)`` of the chunk
+      after which the server parameters or optimizer state were first found
+      non-finite (the run checks them after every chunk).
+
+  Any of the three non-empty also raises a ``RuntimeWarning`` at the end of
+  the run that names the first update and worker.
   """
 
   update: np.ndarray
@@ -79,6 +89,8 @@ class History(NamedTuple):
   eval_time: np.ndarray
   eval_metrics: Any
   nonfinite: np.ndarray
+  skipped: np.ndarray = np.zeros((0, 2), np.int64)
+  nonfinite_state: tuple[int, int] | None = None
 
 
 class SimulationResult(NamedTuple):
@@ -274,6 +286,11 @@ def _map_groups(fn: Callable[..., Any], leaf_groups: tuple[int, ...] | None, *tr
 
 def _tree_where(pred: jax.Array, new: Any, old: Any) -> Any:
   return jax.tree.map(lambda n, o: jnp.where(pred, n, o), new, old)
+
+
+def _inexact(tree: Any) -> list[jax.Array]:
+  """The floating-point leaves of ``tree`` (the ones that can be NaN or infinite)."""
+  return [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
 
 
 def _all_finite(tree: Any) -> jax.Array:
@@ -479,8 +496,13 @@ def simulate(
     resume: whether to continue from a checkpoint found in ``checkpoint_dir``.
     skip_nonfinite: leave contributions whose gradient is not finite out of
       their update (weights renormalized over the rest, extra arguments
-      taken from the rest); an update with none left changes nothing.
-      Non-finite gradients are reported in ``history.nonfinite`` either way.
+      taken from the rest); an update with none left changes nothing. An
+      update whose own result or new optimizer state is not finite (e.g.
+      Adam's second moment overflowing on a huge, finite gradient) is
+      skipped whole, as ``optax.apply_if_finite`` does (``history.skipped``).
+      Either way, non-finite gradients are listed in ``history.nonfinite``,
+      non-finite parameters or state in ``history.nonfinite_state``, and a
+      ``RuntimeWarning`` at the end names the first.
     mesh: a ``jax.sharding.Mesh`` with a ``workers`` axis (other axes of size
       1), possibly spanning processes (``jax.distributed``); ``None`` runs on
       one device. Workers are padded to a multiple of the axis size with idle
@@ -697,16 +719,22 @@ def simulate(
             {k: v for k, v in rows.items() if not k.startswith("lane_")})
 
   def collect(chunk: int, tables: Any, outputs: Any) -> dict[str, Any]:
-    (lane, tab), (loss, metrics, finite) = tables, outputs
+    (lane, tab), (loss, metrics, finite, rejected) = tables, outputs
     valid = np.arange(plan.upd_index.shape[1]) < tab["upd_count"][:, None]
     bad = lane["lane_active"] & ~engine.host(finite)
     rows = {"loss": engine.host(loss)[valid],
             "nonfinite": np.stack([lane["lane_update"][bad], lane["lane_worker"][bad]], axis=1).astype(np.int64)}
+    if skip_nonfinite:
+      worker = engine.host(rejected)
+      left_out = valid & (worker >= 0)
+      rows["skipped"] = np.stack([tab["upd_index"][left_out], worker[left_out]], axis=1).astype(np.int64)
     if eval_fn is not None:
       rows["metrics"] = jax.tree.map(lambda x: engine.host(x)[tab["upd_eval"]], metrics)
     return rows
 
   records_like = {"loss": np.zeros(0, np.float32), "nonfinite": np.zeros((0, 2), np.int64)}
+  if skip_nonfinite:
+    records_like["skipped"] = np.zeros((0, 2), np.int64)
   if eval_fn is not None:
     records_like["metrics"] = jax.tree.map(lambda s: np.zeros((0,) + s.shape, s.dtype),
                                            jax.eval_shape(eval_fn, params))
@@ -718,8 +746,9 @@ def simulate(
   program = engine.Program(
       carry=carry, carry_specs=CARRY_SPECS, constants=(data, (shard_rows, shard_sizes)),
       constant_specs=(P(), (P(AXIS), P(AXIS))), step=step, table_specs=(P(None, AXIS), P()),
-      output_specs=(P(), P(), P()), num_chunks=num_chunks, tables=tables, collect=collect,
+      output_specs=(P(), P(), P(), P()), num_chunks=num_chunks, tables=tables, collect=collect,
       records_like=records_like, progress=progress, fingerprint=fingerprint,
+      check=lambda carry: _all_finite(_inexact(carry[:2])),
       initial=None if eval_fn is None else (
           lambda carry: {"metrics": jax.tree.map(lambda x: engine.host(x)[None], jax.jit(eval_fn)(carry[0]))}))
   carry, records = engine.run(program, mesh=mesh, checkpoint_dir=checkpoint_dir, checkpoint_name=_CHECKPOINT_FILE,
@@ -735,7 +764,12 @@ def simulate(
       eval_time=np.where(eval_points > 0, times[np.maximum(eval_points - 1, 0)], 0.0),
       eval_metrics=records.get("metrics"),
       nonfinite=history_lib.sorted_pairs(records["nonfinite"]),
+      skipped=history_lib.sorted_pairs(records["skipped"]) if skip_nonfinite else np.zeros((0, 2), np.int64),
+      nonfinite_state=history_lib.chunk_span(
+          np.add.reduceat(plan.upd_count, np.arange(0, plan.num_steps, chunk_size)), records["check"]),
   )
+  history_lib.nonfinite_report("dj.simulate", hist.nonfinite, hist.skipped if skip_nonfinite else None,
+                               hist.nonfinite_state)
   stats = {
       "num_waves": plan.num_waves,
       "mean_wave_length": num_updates / plan.num_waves,
@@ -1004,7 +1038,7 @@ def _step_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples,
     _, _, slots = jax.lax.fori_loop(0, tab["read_first"], read, (params, opt_state, slots))
 
     def apply(i, state):
-      params, opt_state, slots, losses, metrics, snapshot_due = state
+      params, opt_state, slots, losses, metrics, snapshot_due, rejected = state
       positions, batches, staleness = tab["upd_pos"][i], tab["upd_batches"][i], tab["upd_staleness"][i]
       present = batches > 0
       kept = present & finite_buf[positions] if skip_nonfinite else present
@@ -1059,6 +1093,12 @@ def _step_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples,
       new_params = optax.apply_updates(params, updates)
       if skip_nonfinite or not always_applies:
         applied = jnp.any(kept)
+        if skip_nonfinite:
+          # As optax.apply_if_finite, and for the state too (Adam's second moment can overflow while
+          # its update stays finite): such an update is left out whole.
+          finite = _all_finite(_inexact((updates, new_state)))
+          rejected = rejected.at[i].set(jnp.where(applied & ~finite, tab["upd_worker"][i][first], -1))
+          applied = applied & finite
         new_params = _tree_where(applied, new_params, params)
         new_state = _tree_where(applied, new_state, opt_state)
         if refresh is not None:
@@ -1082,18 +1122,20 @@ def _step_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples,
         value = jax.lax.cond(tab["upd_eval"][i], eval_fn,
                              lambda p: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes), params)
         metrics = jax.tree.map(lambda m, v: m.at[i].set(v), metrics, value)
-      return params, opt_state, slots, losses, metrics, snapshot_due
+      return params, opt_state, slots, losses, metrics, snapshot_due, rejected
 
     losses = jnp.zeros((max_len,), jnp.float32)
     metrics = jax.tree.map(lambda s: jnp.zeros((max_len,) + s.shape, s.dtype), metric_shapes)
-    params, opt_state, slots, losses, metrics, snapshot_due = jax.lax.fori_loop(
-        0, tab["upd_count"], apply, (params, opt_state, slots, losses, metrics, snapshot_due))
+    # With skip_nonfinite: the worker speaking for each update left out for a non-finite update or state.
+    rejected = jnp.full((max_len,), -1, jnp.int32) if skip_nonfinite else ()
+    params, opt_state, slots, losses, metrics, snapshot_due, rejected = jax.lax.fori_loop(
+        0, tab["upd_count"], apply, (params, opt_state, slots, losses, metrics, snapshot_due, rejected))
     # The next step's parameters are assembled last: gathering from the slots
     # before writing them would make XLA copy the slots every step.
     stale = _lanes_stale(opt_state, params, slots, local_rows(lane["lane_next_worker"]), lane["lane_next_worker"],
                         lane["lane_next_slot"], lane["lane_next_fresh"], leaf_groups)
     carry = (params, opt_state, slots, stale, payload_buf, stale_buf, loss_buf, finite_buf, snapshot_due,
              local_states)
-    return carry, (losses, metrics, finite_all)
+    return carry, (losses, metrics, finite_all, rejected)
 
   return step

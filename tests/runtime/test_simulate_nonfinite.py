@@ -1,0 +1,88 @@
+"""Non-finite values are never silent: reported in the history and by a warning, and skipped on request."""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import delayjax as dj
+from delayjax.runtime._sampling import minibatch_indices
+
+N, UPDATES, SEED, BAD = 8, 40, 1, 3
+
+
+def _loss(w, batch):
+  return jnp.mean(batch["c"]) * jnp.sum(w)  # gradient c (the minibatch's one example) for every entry
+
+
+def _data(value):
+  c = np.ones(N, np.float32)
+  c[BAD] = value
+  return {"c": c}
+
+
+def _draws():
+  # The stale-read model with delay 0: one worker, update t draws the worker's t-th minibatch.
+  return np.array([int(minibatch_indices(SEED, t, 0, t, num_examples=N, batch_size=1)[0]) for t in range(UPDATES)])
+
+
+def _run(tx, data, **kw):
+  return dj.simulate(_loss, tx, jnp.zeros(2), data, dj.delays.constant(0), num_updates=UPDATES, batch_size=1,
+                     seed=SEED, chunk_size=8, **kw)
+
+
+def test_a_nan_gradient_is_reported_with_its_update_and_worker():
+  first = int(np.argmax(_draws() == BAD))
+  with pytest.warns(RuntimeWarning, match=f"gradients were not finite, the first at update {first} from worker 0"):
+    result = _run(optax.sgd(0.1), _data(np.nan))
+  assert result.history.nonfinite[0].tolist() == [first, 0]
+  # The NaN reached the parameters in the chunk of that update.
+  lo, hi = result.history.nonfinite_state
+  assert lo <= first <= hi
+
+
+def _adam_skipping_reference(data, lr):
+  """Plain Optax Adam over the same minibatches, an update skipped when it or the new state is not finite."""
+  tx = optax.adam(lr)
+  params, state, skipped = jnp.zeros(2), tx.init(jnp.zeros(2)), []
+  for t, i in enumerate(_draws()):
+    updates, new_state = tx.update(jnp.full(2, data["c"][i]), state, params)
+    if all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves((updates, new_state))
+           if jnp.issubdtype(x.dtype, jnp.inexact)):
+      params, state = optax.apply_updates(params, updates), new_state
+    else:
+      skipped.append(t)
+  return params, skipped
+
+
+@pytest.mark.standard_promotion
+def test_adam_second_moment_overflow_is_reported_and_skipped():
+  # A finite but huge gradient: g * g overflows float32, Adam's second moment becomes inf and its updates
+  # 0, so the run would stall with finite parameters and finite gradients.
+  data = _data(1e25)
+  first = int(np.argmax(_draws() == BAD))
+  with pytest.warns(RuntimeWarning, match="optimizer state became non-finite"):
+    stalled = _run(optax.adam(0.1), data)
+  assert len(stalled.history.nonfinite) == 0
+  lo, hi = stalled.history.nonfinite_state
+  assert lo <= first <= hi
+
+  with pytest.warns(RuntimeWarning, match=f"updates were skipped .* the first at update {first}"):
+    skipping = _run(optax.adam(0.1), data, skip_nonfinite=True)
+  params, skipped = _adam_skipping_reference(data, 0.1)
+  assert skipping.history.skipped[:, 0].tolist() == skipped
+  assert skipping.history.nonfinite_state is None
+  np.testing.assert_allclose(np.asarray(skipping.params), np.asarray(params), rtol=1e-6)
+
+
+@pytest.mark.standard_promotion
+def test_a_finite_run_stays_quiet():
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", RuntimeWarning)
+    result = _run(optax.adam(0.1), _data(2.0), skip_nonfinite=True)
+  assert result.history.nonfinite_state is None and len(result.history.skipped) == 0
