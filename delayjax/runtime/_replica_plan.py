@@ -1,15 +1,16 @@
 """Host planning of the replica runtime: a gossip schedule's events packed into steps of parallel slots.
 
-A *step* first computes one gradient per replica (a *lane*): the gradients of
-the ``READ`` events of the previous step, at the parameters those reads
-stored. It then runs ``P`` *phases*, each a fixed sequence of three *slots*:
+A *step* first computes, in ``K`` *lanes* per device, gradients of earlier
+``READ`` events at the parameters those reads stored (each in the first
+step after its read with a free lane on its replica's device). It then runs
+``P`` *phases*, each a fixed sequence of three *slots*:
 
 - ``MIX``: mixing events on disjoint sets of replicas, as one table of rows
   (each receiving replica: its sources, weights and message lags);
 - ``GRAD``: gradient events of distinct replicas (their gradients were
   computed at the start of this step or an earlier one);
 - ``READ``: reads of distinct replicas (their gradients are computed at the
-  start of the next step).
+  start of a later step).
 
 The compiled step scans one phase over the ``P`` phases, so it compiles one
 phase whatever ``P`` is; a slot kind that no phase of any step uses is left
@@ -17,7 +18,9 @@ out of it.
 
 Events are placed one by one in the schedule's order, each in the earliest
 slot of its kind after the last slot of every replica it touches (and, for a
-``GRAD`` or a ``GRADS`` mix, in a step after its read). Events of disjoint
+``GRAD`` or a ``GRADS`` mix, no earlier than the step that computes its
+gradient). ``P`` and ``K`` are chosen to minimize the steps times their
+cost (lanes, plus a tenth of a lane set per slot pass). Events of disjoint
 replicas commute, and every replica sees its own events in the schedule's
 order, so executing the slots in order is executing the schedule: the plan
 only decides which events run side by side.
@@ -37,7 +40,9 @@ _SLOTS = 3
 # a tenth for an MLP on a CPU): the planner trades more phases per step (more slot passes, most of them
 # masked) against more steps.
 _SLOT_COST = 0.1
-_PHASE_CANDIDATES = (1, 2, 3, 4, 6)
+_PHASE_CANDIDATES = (1, 2, 4)
+# Lanes per device tried, in percent of its replicas.
+_LANE_FRACTIONS = (50, 25)
 # Mixing rows wider than this are applied as a dense [M, M] matrix product instead of a gather.
 DENSE_WIDTH = 8
 # Mixes whose sources sit at no more than this many fixed offsets (b - a) mod M move by whole-axis rolls.
@@ -64,13 +69,39 @@ def mixing_form(schedule: Any) -> tuple[str, tuple[int, ...]]:
   return ("dense" if members.shape[1] > DENSE_WIDTH else "gather"), ()
 
 
+def needed_reads(kind: np.ndarray, worker: np.ndarray, mix: np.ndarray, members: np.ndarray, mixes: np.ndarray,
+                 num_workers: int) -> np.ndarray:
+  """bool ``[E]``: which ``READ`` events' gradients something uses (their ``GRAD``, or a mix of gradients)."""
+  needed = np.zeros(kind.shape[0], bool)
+  wanted = np.zeros(num_workers, bool)
+  for e in range(kind.shape[0] - 1, -1, -1):
+    if kind[e] == GRAD:
+      wanted[worker[e]] = True
+    elif kind[e] == READ:
+      needed[e], wanted[worker[e]] = wanted[worker[e]], False
+    elif mixes[mix[e]] == GRADS:
+      group = members[mix[e]]
+      wanted[group[group >= 0]] = True
+  return needed
+
+
 def place_events(kind: np.ndarray, worker: np.ndarray, mix: np.ndarray, members: np.ndarray,
-                 mixes: np.ndarray, num_workers: int, phases: int) -> np.ndarray:
-  """int64 ``[E]``: each event's global slot ``(step * phases + phase) * 3 + slot``."""
+                 mixes: np.ndarray, needed: np.ndarray, num_workers: int, phases: int, lanes: int,
+                 num_devices: int) -> tuple[np.ndarray, np.ndarray]:
+  """Each event's global slot ``(step * phases + phase) * 3 + slot`` (int64 ``[E]``), and for each needed
+  ``READ`` the step whose lanes compute its gradient (``-1`` elsewhere).
+
+  A gradient is computed in the first step after its read with a free lane among the ``lanes`` of its
+  replica's device (replicas ``d * M / D .. (d + 1) * M / D - 1`` are device ``d``'s); its ``GRAD`` (and a
+  mix of it) comes in that step or later.
+  """
   block = _SLOTS * phases
+  per_device = num_workers // num_devices
   last = [-1] * num_workers
-  read_step = [-1] * num_workers
+  ready = [0] * num_workers  # the first step at which the replica's pending gradient is computed
+  busy: dict[tuple[int, int], int] = {}
   out = np.empty(kind.shape[0], np.int64)
+  lane_step = np.full(kind.shape[0], -1, np.int64)
   member_lists = [row[row >= 0].tolist() for row in members]
   for e in range(kind.shape[0]):
     k = kind[e]
@@ -78,8 +109,7 @@ def place_events(kind: np.ndarray, worker: np.ndarray, mix: np.ndarray, members:
       group = member_lists[mix[e]]
       after = max(last[q] for q in group)
       if mixes[mix[e]] == GRADS:
-        # Pending gradients are computed at the start of the step after their read.
-        after = max(after, max((read_step[q] + 1) * block - 1 for q in group))
+        after = max(after, max(ready[q] * block - 1 for q in group))
       slot = after + 1 + (SLOT_MIX - after - 1) % _SLOTS
       for q in group:
         last[q] = slot
@@ -87,14 +117,19 @@ def place_events(kind: np.ndarray, worker: np.ndarray, mix: np.ndarray, members:
       r = int(worker[e])
       after = last[r]
       if k == GRAD:
-        after = max(after, (read_step[r] + 1) * block - 1)
+        after = max(after, ready[r] * block - 1)
         slot = after + 1 + (SLOT_GRAD - after - 1) % _SLOTS
       else:
         slot = after + 1 + (SLOT_READ - after - 1) % _SLOTS
-        read_step[r] = slot // block
+        if needed[e]:
+          step, device = slot // block + 1, r // per_device
+          while busy.get((step, device), 0) >= lanes:
+            step += 1
+          busy[(step, device)] = busy.get((step, device), 0) + 1
+          lane_step[e] = ready[r] = step
       last[r] = slot
     out[e] = slot
-  return out
+  return out, lane_step
 
 
 def _slot_passes(used: np.ndarray) -> int:
@@ -110,22 +145,61 @@ def _used_slots(slots: np.ndarray, phases: int) -> np.ndarray:
   return used
 
 
-def choose_phases(kind, worker, mix, members, mixes, num_workers) -> tuple[int, np.ndarray]:
-  """The phases per step that minimize ``steps * (1 + slot cost * slot passes)``, and its placement."""
+def _placement_cost(slots: np.ndarray, lane_step: np.ndarray, phases: int, lanes: int, num_devices: int,
+                    num_workers: int) -> tuple[float, int]:
+  steps = max(int(slots.max()) // (_SLOTS * phases), int(lane_step.max())) + 1 if slots.size else 1
+  return steps * (lanes * num_devices / num_workers + _SLOT_COST * _slot_passes(_used_slots(slots, phases))), steps
+
+
+def choose_placement(kind, worker, mix, members, mixes, needed, num_workers, num_devices, phases=None):
+  """The phases per step and lanes per device that minimize ``steps * (lanes / M + slot cost * slot
+  passes)`` (first the phases with a lane for every replica, then fewer lanes), and the placement."""
+  per_device = num_workers // num_devices
+  args = (kind, worker, mix, members, mixes, needed, num_workers)
   best = None
-  for phases in _PHASE_CANDIDATES:
-    slots = place_events(kind, worker, mix, members, mixes, num_workers, phases)
-    steps = int(slots.max()) // (_SLOTS * phases) + 1 if slots.size else 1
-    cost = steps * (1.0 + _SLOT_COST * _slot_passes(_used_slots(slots, phases)))
+  for p in _PHASE_CANDIDATES if phases is None else (phases,):
+    slots, lane_step = place_events(*args, p, per_device, num_devices)
+    cost, _ = _placement_cost(slots, lane_step, p, per_device, num_devices, num_workers)
     if best is None or cost < best[0] - 1e-9:
-      best = (cost, phases, slots)
-  return best[1], best[2]
+      best = (cost, p, per_device, slots, lane_step)
+  p = best[1]
+  for fraction in _LANE_FRACTIONS:
+    lanes = max(1, -(-per_device * fraction // 100))
+    if lanes >= per_device:
+      continue
+    slots, lane_step = place_events(*args, p, lanes, num_devices)
+    cost, _ = _placement_cost(slots, lane_step, p, lanes, num_devices, num_workers)
+    if cost < best[0] - 1e-9:
+      best = (cost, p, lanes, slots, lane_step)
+  return best[1:]
+
+
+def pack_lanes(tables: dict[str, np.ndarray], num_devices: int, lanes: int) -> dict[str, np.ndarray]:
+  """The ``[S, M]`` lane tables packed into ``[S, D * K]``: each device's ``K`` = ``lanes`` lanes compute
+  the gradients of its own replicas that are due (the placement gives no device more in a step).
+
+  Adds ``lane_replica`` (the replica's index on its device) and ``lane_worker`` (its global index); lanes
+  beyond a device's due gradients are inactive.
+  """
+  active = tables["lane_active"]
+  steps, m = active.shape
+  block = m // num_devices
+  per_device = active.reshape(steps, num_devices, block)
+  # Due replicas first, in replica order.
+  order = np.argsort(~per_device, axis=2, kind="stable")[:, :, :lanes]
+  out = {"lane_replica": order.reshape(steps, -1).astype(np.int32),
+         "lane_worker": (order + block * np.arange(num_devices)[None, :, None]).reshape(steps, -1).astype(np.int32)}
+  for name in ("lane_active", "lane_index", "lane_draw", "lane_batches"):
+    values = tables[name].reshape(steps, num_devices, block)
+    out[name] = np.take_along_axis(values, order, axis=2).reshape(steps, -1)
+  return out
 
 
 class ReplicaPlan(NamedTuple):
   """Everything the compiled step needs, as per-step NumPy tables (leading axis: steps).
 
-  ``lane_*`` ``[S, M]``: the gradient each replica computes at the start of a step: ``lane_active``,
+  ``lane_*`` ``[S, M]``: the gradient each replica computes at the start of a step (the runtime packs the
+  active ones into fewer lanes, see :func:`pack_lanes`): ``lane_active``,
   ``lane_index`` (the replica's gradient count), ``lane_draw`` (the replica's number of its first
   minibatch), ``lane_batches`` (minibatches, 0 when inactive). ``grad_*`` ``[S, P, M]``: ``grad_mask``,
   ``grad_dt`` (time since the replica's previous GRAD or MIX), ``grad_hist`` (history slot written).
@@ -139,6 +213,7 @@ class ReplicaPlan(NamedTuple):
 
   num_steps: int
   phases: int
+  lanes: int  # gradients computed per device per step
   used: np.ndarray  # bool [P, 3]
   mixing: str  # "shift", "gather" or "dense"
   shifts: tuple[int, ...]  # the offsets of "shift" mixing
@@ -151,8 +226,8 @@ class ReplicaPlan(NamedTuple):
   lane_utilization: float
 
 
-def make_plan(schedule: Any, *, phases: int | None = None) -> ReplicaPlan:
-  """Packs ``schedule`` (a ``GossipSchedule``) into steps (see the module docstring)."""
+def make_plan(schedule: Any, *, phases: int | None = None, num_devices: int = 1) -> ReplicaPlan:
+  """Packs ``schedule`` (a ``GossipSchedule``) into steps for ``num_devices`` (see the module docstring)."""
   kind = np.asarray(schedule.kind)
   worker = np.asarray(schedule.worker)
   mix = np.asarray(schedule.mix)
@@ -160,12 +235,11 @@ def make_plan(schedule: Any, *, phases: int | None = None) -> ReplicaPlan:
   mixes = np.asarray(schedule.mixes)
   time = np.asarray(schedule.time)
   m = schedule.num_workers
-  if phases is None:
-    phases, slots = choose_phases(kind, worker, mix, members, mixes, m)
-  else:
-    slots = place_events(kind, worker, mix, members, mixes, m, phases)
+  needed = needed_reads(kind, worker, mix, members, mixes, m)
+  phases, lanes, slots, lane_step = choose_placement(kind, worker, mix, members, mixes, needed, m, num_devices,
+                                                     phases)
   block = _SLOTS * phases
-  num_steps = int(slots.max()) // block + 1 if slots.size else 1
+  num_steps = max(int(slots.max()) // block, int(lane_step.max())) + 1 if slots.size else 1
   used = _used_slots(slots, phases)
   step_of = slots // block
   phase_of = (slots % block) // _SLOTS
@@ -176,7 +250,6 @@ def make_plan(schedule: Any, *, phases: int | None = None) -> ReplicaPlan:
   gmix = is_mix & (event_mixes == GRADS)
   group = max(1, members.shape[1])
   mixing, shifts = mixing_form(schedule)
-  dense = mixing == "dense"
   width = {"shift": len(shifts), "gather": group, "dense": m}[mixing]
   shift_index = {s_: j for j, s_ in enumerate(shifts)}
   lags = np.asarray(schedule.lag)
@@ -208,17 +281,6 @@ def make_plan(schedule: Any, *, phases: int | None = None) -> ReplicaPlan:
       t["mix_dt"] = np.zeros((num_steps, phases, m), np.float32)
       t["mix_hist"] = np.zeros((num_steps, phases, m), np.int32)
 
-  # A read's gradient is computed only if something uses it: its GRAD, or a mix of pending gradients.
-  needed = np.zeros(kind.shape[0], bool)
-  wanted = np.zeros(m, bool)
-  for e in range(kind.shape[0] - 1, -1, -1):
-    if kind[e] == GRAD:
-      wanted[worker[e]] = True
-    elif kind[e] == READ:
-      needed[e], wanted[worker[e]] = wanted[worker[e]], False
-    elif gmix[e]:
-      group_e = members[mix[e]]
-      wanted[group_e[group_e >= 0]] = True
   version = np.zeros(m, np.int64)
   last_time = np.zeros(m, np.float64)
   reads_done = np.zeros(m, np.int64)
@@ -230,11 +292,12 @@ def make_plan(schedule: Any, *, phases: int | None = None) -> ReplicaPlan:
       r = int(worker[e])
       t["read_mask"][s, p, r] = True
       if needed[e]:
-        # The replica's lane computes it at the start of the next step.
-        t["lane_active"][s + 1, r] = True
-        t["lane_index"][s + 1, r] = reads_done[r]
-        t["lane_draw"][s + 1, r] = draws[e]
-        t["lane_batches"][s + 1, r] = batches[e]
+        # A lane computes it at the start of its lane step.
+        q = lane_step[e]
+        t["lane_active"][q, r] = True
+        t["lane_index"][q, r] = reads_done[r]
+        t["lane_draw"][q, r] = draws[e]
+        t["lane_batches"][q, r] = batches[e]
       reads_done[r] += 1
     elif k == GRAD:
       r = int(worker[e])
@@ -286,6 +349,5 @@ def make_plan(schedule: Any, *, phases: int | None = None) -> ReplicaPlan:
   step_events = np.cumsum(np.bincount(step_of, minlength=num_steps)).astype(np.int64)
   step_grads = np.cumsum(np.bincount(step_of[kind == GRAD], minlength=num_steps)).astype(np.int64)
   t["step_time"], t["step_events"], t["step_grads"] = step_time, step_events, step_grads
-  active = t["lane_active"].sum()
-  return ReplicaPlan(num_steps, phases, used, mixing, shifts, width, history, bool(pmix.any()), bool(gmix.any()),
-                     max_batches, t, float(active) / max(1, num_steps * m))
+  return ReplicaPlan(num_steps, phases, lanes, used, mixing, shifts, width, history, bool(pmix.any()),
+                     bool(gmix.any()), max_batches, t, float(t["lane_active"].sum()) / (num_steps * lanes * num_devices))

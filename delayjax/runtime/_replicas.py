@@ -21,7 +21,7 @@ from delayjax.runtime import _engine
 from delayjax.runtime._checkpoint import gathered
 from delayjax.runtime._engine import AXIS
 from delayjax.runtime._history import sorted_pairs
-from delayjax.runtime._replica_plan import SLOT_GRAD, SLOT_MIX, SLOT_READ, ReplicaPlan, make_plan
+from delayjax.runtime._replica_plan import SLOT_GRAD, SLOT_MIX, SLOT_READ, ReplicaPlan, make_plan, pack_lanes
 from delayjax.runtime._sampling import SAMPLINGS, minibatch_indices, shard_table
 
 _CHECKPOINT_FILE = "simulate_gossip.msgpack"
@@ -80,7 +80,8 @@ class GossipResult(NamedTuple):
       compute gradients at).
     history: a :class:`GossipHistory`.
     stats: ``num_steps``, ``phases`` (slot triples per step), ``slots`` (slot
-      kinds compiled into a phase), ``lane_utilization`` (gradients computed / lanes),
+      kinds compiled into a phase), ``lanes`` (gradients computed per device
+      per step), ``lane_utilization`` (gradients needed / computed),
       ``mixing`` (``"gather"``, ``"shift"`` or ``"dense"``), ``history``
       (messages kept per replica), ``num_devices``, ``chunk_size``,
       ``num_chunks``.
@@ -259,7 +260,7 @@ def simulate_gossip(
     raise ValueError(f"method {method.name!r} mixes gradients, but the schedule has PARAMS mixes; use a "
                      f"schedule whose mixes are GRADS (e.g. a GossipGraD paradigm).")
 
-  plan = make_plan(schedule, phases=phases)
+  plan = make_plan(schedule, phases=phases, num_devices=num_devices)
   if plan.mixing == "dense" and plan.history > 1:
     raise ValueError(f"mixes of more than 8 replicas with late messages (lag > 0) are not supported; the "
                      f"schedule's largest group has {schedule.group_size} members.")
@@ -289,8 +290,10 @@ def simulate_gossip(
     shard_rows, shard_sizes = shard_table(shards, num_examples, m, m)
   else:
     shard_rows, shard_sizes = np.zeros((m, 1), np.int32), np.ones(m, np.int32)
+  tables.update(pack_lanes(tables, num_devices, plan.lanes))
   tables = {k: pad(v) for k, v in tables.items()}
-  host_tables = {k: tables[k] for k in ("step_time", "step_events", "step_grads", "lane_index", "lane_draw")}
+  host_tables = {k: tables[k] for k in ("step_time", "step_events", "step_grads", "lane_index", "lane_draw",
+                                        "lane_worker")}
   device_tables = {k: v for k, v in tables.items() if k not in host_tables}
 
   init_state = (params, tx.init(params), method.init(params))
@@ -325,7 +328,8 @@ def simulate_gossip(
     # Minibatch indices are drawn on the host, a chunk at a time, outside the compiled steps: the random
     # number generator would otherwise dominate their compile time.
     out["lane_examples"] = _lane_examples(
-        out["lane_active"], out["lane_batches"], host_tables["lane_draw"][steps], plan.max_batches, seed=seed,
+        out["lane_active"], out["lane_batches"], host_tables["lane_draw"][steps], host_tables["lane_worker"][steps],
+        plan.max_batches, seed=seed,
         num_examples=num_examples, batch_size=batch_size, sampling=sampling, shard_rows=shard_rows,
         shard_sizes=shard_sizes)
     return out
@@ -340,7 +344,7 @@ def simulate_gossip(
                         np.nan)
     finite = _engine.host(outputs["finite"])[:n]
     bad = tabs["lane_active"][:n] & ~finite
-    rows = np.stack([np.nonzero(bad)[1], host_tables["lane_index"][steps][bad]], axis=1)
+    rows = np.stack([host_tables["lane_worker"][steps][bad], host_tables["lane_index"][steps][bad]], axis=1)
     flags = tabs["eval"][:n]
     rec = {"loss": loss.astype(np.float32), "spread": spread.astype(np.float32),
            "consensus": _engine.host(outputs["consensus"])[:n].astype(np.float32),
@@ -399,7 +403,7 @@ def simulate_gossip(
                  else np.zeros(0)),
       eval_metrics=records.get("metrics"), replica_metrics=records.get("replica_metrics"),
       nonfinite=sorted_pairs(records["nonfinite"]))
-  stats = {"num_steps": plan.num_steps, "phases": plan.phases, "slots": int(plan.used.any(axis=0).sum()),
+  stats = {"num_steps": plan.num_steps, "phases": plan.phases, "lanes": plan.lanes, "slots": int(plan.used.any(axis=0).sum()),
            "lane_utilization": plan.lane_utilization, "mixing": plan.mixing, "history": plan.history,
            "num_devices": num_devices, "chunk_size": chunk_size, "num_chunks": num_chunks}
   return GossipResult(params_out, opt_out, extra_out, average, history, stats)
@@ -535,11 +539,14 @@ def _step_function(*, loss_fn, has_aux, tx, method, plan: ReplicaPlan, eval_fn, 
   def step(carry, tab, consts):
     params, opt_state, extra, snap, gbuf, hist = carry
     data = consts
-    active = tab["lane_active"]
-    loss, grads = jax.vmap(lane, in_axes=(None, 0, 0, 0))(data, snap, tab["lane_examples"], tab["lane_batches"])
+    active, rows = tab["lane_active"], tab["lane_replica"]
+    stale = jax.tree.map(lambda x: x[rows], snap)
+    loss, grads = jax.vmap(lane, in_axes=(None, 0, 0, 0))(data, stale, tab["lane_examples"], tab["lane_batches"])
     finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(g.reshape(g.shape[0], -1)), axis=1)
                                 for g in jax.tree.leaves(grads)]), axis=0)
-    gbuf = _where(active, grads, gbuf)
+    # Inactive lanes write nowhere (an index past the end is dropped).
+    target = jnp.where(active, rows, jax.tree.leaves(gbuf)[0].shape[0])
+    gbuf = jax.tree.map(lambda buf, g: buf.at[target].set(g, mode="drop"), gbuf, grads)
     state = (params, opt_state, extra, snap, gbuf, hist)
     phase_tabs = {k: v for k, v in tab.items() if k.startswith(("grad_", "read_", "mix_", "gmix_"))}
     # One phase compiled once, scanned over the step's phases.
@@ -581,16 +588,16 @@ def _step_function(*, loss_fn, has_aux, tx, method, plan: ReplicaPlan, eval_fn, 
   return step
 
 
-def _lane_examples(active: np.ndarray, batches: np.ndarray, first: np.ndarray, max_batches: int, *, seed: int,
-                   num_examples: int, batch_size: int, sampling: str, shard_rows: np.ndarray,
-                   shard_sizes: np.ndarray) -> np.ndarray:
-  """int32 ``[S, M, max_batches, batch_size]``: the examples of every lane's minibatches (zeros where unused).
+def _lane_examples(active: np.ndarray, batches: np.ndarray, first: np.ndarray, worker: np.ndarray,
+                   max_batches: int, *, seed: int, num_examples: int, batch_size: int, sampling: str,
+                   shard_rows: np.ndarray, shard_sizes: np.ndarray) -> np.ndarray:
+  """int32 ``[S, L, max_batches, batch_size]``: the examples of every lane's minibatches (zeros where unused).
 
   Minibatch ``b`` of replica ``i``'s gradient whose first minibatch is the replica's ``first``-th is
   ``minibatch_indices(seed, 0, i, first + b)``.
   """
-  steps, m = active.shape
-  out = np.zeros((steps, m, max_batches, batch_size), np.int32)
+  steps, lanes = active.shape
+  out = np.zeros((steps, lanes, max_batches, batch_size), np.int32)
   s, i = np.nonzero(active)
   if s.size == 0:
     return out
@@ -602,7 +609,7 @@ def _lane_examples(active: np.ndarray, batches: np.ndarray, first: np.ndarray, m
   # One compiled draw per power-of-two bucket of minibatches, shared by runs of the same settings.
   size = 1 << int(np.ceil(np.log2(max(1, draws.size))))
   pad = size - draws.size
-  workers = np.r_[ii, np.zeros(pad, ii.dtype)].astype(np.int32)
+  workers = np.r_[worker[ss, ii], np.zeros(pad, np.int32)].astype(np.int32)
   drawn = np.asarray(_draw(seed, workers, np.r_[draws, np.zeros(pad, draws.dtype)].astype(np.int32),
                            shard_rows[workers], shard_sizes[workers], num_examples=num_examples,
                            batch_size=batch_size, sampling=sampling))
