@@ -99,7 +99,7 @@ def main(argv=None):
   parser.add_argument("--one", help=argparse.SUPPRESS)   # a large case, run in a child process
   parser.add_argument("--large", default="1024x1e6,1024x1e7",
                       help="comma-separated ASP sizes WORKERSxUPDATES[:lean]; empty to skip")
-  parser.add_argument("--rounds", type=int, default=3)
+  parser.add_argument("--rounds", type=int, default=3, help="runs per table row (0: large runs only)")
   parser.add_argument("--scale", type=float, default=1.0, help="multiplies every number of updates")
   parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                     "bench_cluster.txt"))
@@ -118,8 +118,10 @@ def main(argv=None):
       f"{'paradigm':<20} {'updates':>9} {'gradients':>10} {'seconds':>8} {'CPU s':>7} {'updates/CPU s':>13} "
       f"{'mean staleness':>15} {'idle fraction':>14}",
   ]
+  if args.rounds == 0:
+    lines = lines[1:2]   # the machine line only
   print("\n".join(lines), flush=True)
-  for name, paradigm, num_updates in cases(args.scale):
+  for name, paradigm, num_updates in cases(args.scale) if args.rounds else []:
     best = best_cpu = np.inf
     for _ in range(args.rounds):
       start, cpu = time.perf_counter(), time.process_time()
