@@ -11,7 +11,10 @@ the replicas' own losses, and the consensus distance
 
 The model is multinomial logistic regression on the 8x8 digits (64 pixels
 and a bias, 10 classes): small enough that a few thousand events run in well
-under a second, so the reproductions run in the test suite.
+under a second, so the reproductions run in the test suite. With
+``--set runtime=dj`` the same runs go through ``dj.simulate_gossip``, the
+compiled replica runtime (float32, its own minibatch draws; slower at this
+size because it compiles).
 """
 
 from __future__ import annotations
@@ -187,6 +190,47 @@ def run_schedule(task: GossipTask, schedule: C.GossipSchedule, *, lr: float, mom
   return {"metrics": final, "curves": curves, "x": x / w[:, None]}
 
 
+def run_replica_runtime(task: GossipTask, schedule: C.GossipSchedule, paradigm: str, *, lr: float,
+                        momentum: float, batch: int, seed: int, eval_every: int, shards: str) -> dict[str, Any]:
+  """The record of :func:`run_schedule`, computed by ``dj.simulate_gossip`` (the replica runtime)."""
+  import jax.numpy as jnp
+  import optax
+
+  x, y = jnp.asarray(task.x, jnp.float32), jnp.asarray(task.y, jnp.int32)
+  xt, yt = jnp.asarray(task.x_test, jnp.float32), jnp.asarray(task.y_test, jnp.int32)
+
+  def loss_fn(params, b):
+    return optax.softmax_cross_entropy_with_integer_labels(b["x"] @ params.reshape(65, 10), b["y"]).mean()
+
+  def eval_fn(params):
+    return {"loss": loss_fn(params, {"x": x, "y": y}),
+            "test_error": jnp.mean(jnp.argmax(xt @ params.reshape(65, 10), -1) != yt).astype(jnp.float32)}
+
+  method = {"allreduce": dj.gossip.d_psgd, "d_psgd": dj.gossip.d_psgd, "ad_psgd": dj.gossip.ad_psgd,
+            "sgp": dj.gossip.sgp, "gossipgrad": dj.gossip.gossip_grad}[paradigm]()
+  tx = optax.sgd(lr, momentum=momentum or None)
+  data = {"x": np.asarray(task.x, np.float32), "y": task.y.astype(np.int32)}
+  sampling = dict(sampling="shard", shards=task.shards) if shards == "label" else dict(sampling="iid")
+  result = dj.simulate_gossip(loss_fn, tx, method, jnp.zeros(650, jnp.float32), data, schedule, batch_size=batch,
+                              eval_fn=eval_fn, eval_every=eval_every, seed=seed, **sampling)
+  h = result.history
+  grads = np.asarray(h.eval_gradients)
+  # The consensus distance after the step at which each evaluation was taken (0 at the start: equal replicas).
+  at = np.searchsorted(np.asarray(h.gradients), grads, side="left")
+  consensus = np.where(grads > 0, np.asarray(h.consensus, np.float64)[np.minimum(at, len(h.gradients) - 1)], 0.0)
+  curves = {"gradients": grads.tolist(), "time": np.asarray(h.eval_time).tolist(),
+            "loss": np.asarray(h.eval_metrics["loss"], np.float64).tolist(),
+            "replica_loss": np.asarray(h.replica_metrics["loss"], np.float64).mean(axis=1).tolist(),
+            "consensus": consensus.tolist(),
+            "test_error": np.asarray(h.eval_metrics["test_error"], np.float64).tolist()}
+  final = {k: curves[k][-1] for k in ("loss", "replica_loss", "consensus", "test_error")}
+  final.update(gradients=int(grads[-1]), simulated_time=schedule.total_time,
+               mean_consensus=float(np.mean(curves["consensus"][1:])) if len(grads) > 1 else 0.0,
+               total_wait=float(schedule.wait.sum()), idle_fraction=float(schedule.idle_fraction.mean()),
+               mean_lag=float(np.mean(schedule.message_lags())) if schedule.message_lags().size else 0.0)
+  return {"metrics": final, "curves": curves}
+
+
 def time_to(record: dict[str, Any], target: float, x: str = "time") -> float | None:
   """The first ``x`` (simulated seconds or gradients) at which the average model's loss is ``<= target``."""
   from experiments._training import first_reach
@@ -235,13 +279,22 @@ def schedule_for(config: dict[str, Any], spec: dict[str, Any], seed: int) -> C.G
 
 
 def run_spec(config: dict[str, Any], spec: dict[str, Any], seed: int, progress: Any) -> dict[str, Any]:
-  """One run of a gossip reproduction: simulate the schedule, execute it, add the times to the target loss."""
+  """One run of a gossip reproduction: simulate the schedule, execute it, add the times to the target loss.
+
+  ``config["runtime"]``: ``"numpy"`` (default: :func:`run_schedule`, fast at this size) or ``"dj"``
+  (``dj.simulate_gossip``, the compiled replica runtime, float32, its own minibatch draws).
+  """
   schedule = schedule_for(config, spec, seed)
   task = digits_task(len(config["speeds"]), spec.get("shards", config.get("shards", "iid")))
   every = max(1, schedule.num_gradients // config.get("evals", 20))
-  record = run_schedule(task, schedule, lr=config["lr"], momentum=config.get("momentum", 0.0),
-                        batch=config["batch"], seed=seed, eval_every=every, push_sum=spec["paradigm"] == "sgp")
-  del record["x"]
+  if config.get("runtime", "numpy") == "dj":
+    record = run_replica_runtime(task, schedule, spec["paradigm"], lr=config["lr"],
+                                 momentum=config.get("momentum", 0.0), batch=config["batch"], seed=seed,
+                                 eval_every=every, shards=spec.get("shards", config.get("shards", "iid")))
+  else:
+    record = run_schedule(task, schedule, lr=config["lr"], momentum=config.get("momentum", 0.0),
+                          batch=config["batch"], seed=seed, eval_every=every, push_sum=spec["paradigm"] == "sgp")
+    del record["x"]
   record["metrics"]["time_to_target"] = time_to(record, config["target_loss"])
   record["metrics"]["gradients_to_target"] = time_to(record, config["target_loss"], "gradients")
   half = int(np.argmin(np.abs(np.asarray(record["curves"]["gradients"]) - schedule.num_gradients / 2)))

@@ -21,7 +21,7 @@ from experiments._framework import Claim, ClaimResult, Reproduction, Summary, me
 
 SCALES = {
     "quick": dict(speeds=[1.0] * 15 + [0.25], compute="exponential", comm=0.05, steps=200, batch=16, lr=0.5,
-                  momentum=0.0, shards="iid", target_loss=0.35, evals=20, seeds=3),
+                  momentum=0.0, shards="iid", target_loss=0.35, evals=20, seeds=3, runtime="numpy"),
 }
 
 

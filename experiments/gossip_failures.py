@@ -24,7 +24,7 @@ from experiments._framework import Claim, ClaimResult, Reproduction, Summary, co
 
 SCALES = {
     "quick": dict(speeds=[1.0] * 16, compute="exponential", comm=0.05, steps=300, batch=16, lr=0.5,
-                  momentum=0.0, shards="label", target_loss=0.5, evals=20, seeds=3),
+                  momentum=0.0, shards="label", target_loss=0.5, evals=20, seeds=3, runtime="numpy"),
 }
 
 

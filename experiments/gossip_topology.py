@@ -25,7 +25,7 @@ from experiments._framework import Claim, ClaimResult, Reproduction, Summary, me
 
 SCALES = {
     "quick": dict(speeds=[1.0] * 16, compute="exponential", comm=None, steps=200, batch=16, lr=0.5,
-                  momentum=0.0, shards="label", target_loss=0.45, evals=20, seeds=3),
+                  momentum=0.0, shards="label", target_loss=0.45, evals=20, seeds=3, runtime="numpy"),
 }
 
 GRAPHS = ("ring", "torus", "exponential", "complete")
