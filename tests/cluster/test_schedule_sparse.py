@@ -1,5 +1,7 @@
 """Sparse schedules: the contributions in compressed rows, the dense views built from them, old files."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -78,19 +80,6 @@ def test_a_dense_view_too_large_is_refused_and_the_rest_works_without_it(tmp_pat
   np.testing.assert_array_equal(joined.contributions.read_version[1000:], np.maximum(version[1000:], 1000))
 
 
-def test_a_dense_schedule_file_of_the_earlier_format_still_loads(tmp_path):
-  # The earlier format: every field as a dense array, written by np.savez under these names.
-  s = C.simulate(C.k_batch_async(3), C.workers(4, compute="gamma"), 100, seed=7)
-  path = tmp_path / "dense.npz"
-  np.savez(path, time=s.time, contributes=s.contributes, read_version=s.read_version, wait=s.wait,
-           num_batches=s.num_batches, dropped=s.dropped, busy=s.busy, paradigm=np.asarray(s.paradigm),
-           **{f"extras/{k}": v for k, v in s.extras.items()})
-  loaded = C.Schedule.load(path)
-  assert loaded == s
-  np.testing.assert_array_equal(loaded.num_batches, s.num_batches)
-  assert np.any(s.num_batches > 1)
-
-
 @pytest.mark.parametrize("change, match", [
     (dict(offsets=[0, 1, 1]), r"offsets must be non-decreasing from 0 with shape \[num_updates \+ 1\] = \[4\]"),
     (dict(offsets=[0, 2, 1, 3]), "offsets must be non-decreasing"),
@@ -107,3 +96,28 @@ def test_sparse_rows_are_checked(change, match):
   with pytest.raises(ValueError, match=match):
     C.Schedule.from_contributions([1.0, 2.0, 3.0], args.pop("offsets"), args.pop("worker"),
                                   args.pop("read_version"), np.zeros(max(args["num_workers"], 1)), **args)
+
+
+DENSE_FILES = os.path.join(os.path.dirname(__file__), "data", "dense_format")
+FILE_PARADIGMS = {
+    "asp": C.asp(), "bsp": C.bsp(), "ssp": C.ssp(1), "dssp": C.dssp(1, 3), "psp": C.psp(2, 1),
+    "k_sync": C.k_sync(2), "k_async": C.k_async(2), "k_batch_sync": C.k_batch_sync(4),
+    "k_batch_async": C.k_batch_async(2), "softsync": C.softsync(3), "backup_workers": C.backup_workers(1),
+    "adasync": C.adasync(2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FILE_PARADIGMS))
+def test_schedules_saved_by_the_dense_code_load_and_equal_todays(name):
+  # Written by Schedule.save before schedules were sparse (dense [U, M] arrays), from
+  # simulate(paradigm, workers(3, compute="lognormal", stragglers=straggler_window(2, 6, 3, workers=[1])),
+  # 30, seed=11): today's simulator gives the same schedule, bit for bit, and the file still loads.
+  path = os.path.join(DENSE_FILES, f"{name}.npz")
+  with np.load(path) as data:
+    assert "contributes" in data.files and data["contributes"].shape == (30, 3)
+    dense = {k: data[k] for k in ("contributes", "read_version", "num_batches")}
+  loaded = C.Schedule.load(path)
+  w = C.workers(3, compute="lognormal", stragglers=C.straggler_window(2.0, 6.0, 3.0, workers=[1]))
+  assert loaded == C.simulate(FILE_PARADIGMS[name], w, 30, seed=11)
+  for view, value in dense.items():
+    np.testing.assert_array_equal(getattr(loaded, view), value)
