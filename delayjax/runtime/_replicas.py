@@ -20,9 +20,10 @@ from delayjax.gossip._method import GossipMethod
 from delayjax.runtime import _engine
 from delayjax.runtime._checkpoint import gathered
 from delayjax.runtime._engine import AXIS
-from delayjax.runtime._history import sorted_pairs
+from delayjax.runtime._history import chunk_span, nonfinite_report, sorted_pairs
 from delayjax.runtime._replica_plan import SLOT_GRAD, SLOT_MIX, SLOT_READ, ReplicaPlan, make_plan, pack_lanes
 from delayjax.runtime._sampling import SAMPLINGS, minibatch_indices, shard_table
+from delayjax.runtime._simulate import _all_finite, _inexact
 
 _CHECKPOINT_FILE = "simulate_gossip.msgpack"
 
@@ -54,6 +55,11 @@ class GossipHistory(NamedTuple):
     replica_metrics: ``eval_fn`` of every replica's model, leaves ``[E, M]``.
     nonfinite: int64 ``[n, 2]``: ``(replica, gradient index)`` of every
       gradient with a NaN or infinite entry, sorted.
+    nonfinite_state: ``None``, or the events ``(first, last)`` (counted as in
+      ``events``, from 0) of the chunk after which some replica's
+      parameters, optimizer state or method state were first found
+      non-finite (checked after every chunk). Either report also raises a
+      ``RuntimeWarning``.
   """
 
   events: np.ndarray
@@ -67,6 +73,7 @@ class GossipHistory(NamedTuple):
   eval_metrics: Any
   replica_metrics: Any
   nonfinite: np.ndarray
+  nonfinite_state: tuple[int, int] | None = None
 
 
 class GossipResult(NamedTuple):
@@ -384,7 +391,9 @@ def simulate_gossip(
       carry=carry, carry_specs=carry_specs, constants=constants, constant_specs=constant_specs, step=step,
       table_specs=table_specs, output_specs=output_specs, num_chunks=num_chunks, tables=chunk_tables,
       collect=collect, records_like=records_like, progress=progress, fingerprint=fingerprint,
-      initial=initial if eval_fn is not None else None)
+      initial=initial if eval_fn is not None else None,
+      # Every replica's parameters, optimizer state and method state finite, after each chunk.
+      check=lambda carry: _replicas_finite(carry[:3], mesh is not None))
   final, records = _engine.run(program, mesh=mesh, checkpoint_dir=checkpoint_dir,
                                checkpoint_name=_CHECKPOINT_FILE, resume=resume, callback=callback)
 
@@ -402,7 +411,12 @@ def simulate_gossip(
       eval_time=(np.r_[0.0, host_tables["step_time"][steps_evaluated]] if eval_fn is not None
                  else np.zeros(0)),
       eval_metrics=records.get("metrics"), replica_metrics=records.get("replica_metrics"),
-      nonfinite=sorted_pairs(records["nonfinite"]))
+      nonfinite=sorted_pairs(records["nonfinite"]),
+      nonfinite_state=chunk_span(np.diff(np.r_[0, host_tables["step_events"][
+          np.minimum(np.arange(1, num_chunks + 1) * chunk_size, plan.num_steps) - 1]]), records["check"]))
+  # The warning names the first bad gradient as (gradient index, replica).
+  nonfinite_report("dj.simulate_gossip", sorted_pairs(history.nonfinite[:, ::-1]), None, history.nonfinite_state,
+                   stacklevel=2)
   stats = {"num_steps": plan.num_steps, "phases": plan.phases, "lanes": plan.lanes, "slots": int(plan.used.any(axis=0).sum()),
            "lane_utilization": plan.lane_utilization, "mixing": plan.mixing, "history": plan.history,
            "num_devices": num_devices, "chunk_size": chunk_size, "num_chunks": num_chunks}
@@ -542,7 +556,8 @@ def _step_function(*, loss_fn, has_aux, tx, method, plan: ReplicaPlan, eval_fn, 
     active, rows = tab["lane_active"], tab["lane_replica"]
     stale = jax.tree.map(lambda x: x[rows], snap)
     loss, grads = jax.vmap(lane, in_axes=(None, 0, 0, 0))(data, stale, tab["lane_examples"], tab["lane_batches"])
-    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(g.reshape(g.shape[0], -1)), axis=1)
+    # max |g| is NaN or infinite exactly when an entry is: cheaper than reducing a boolean array.
+    finite = jnp.all(jnp.stack([jnp.isfinite(jnp.max(jnp.abs(g.reshape(g.shape[0], -1)), axis=1))
                                 for g in jax.tree.leaves(grads)]), axis=0)
     # Inactive lanes write nowhere (an index past the end is dropped).
     target = jnp.where(active, rows, jax.tree.leaves(gbuf)[0].shape[0])
@@ -586,6 +601,12 @@ def _step_function(*, loss_fn, has_aux, tx, method, plan: ReplicaPlan, eval_fn, 
     return (params, opt_state, extra, snap, gbuf, hist), out
 
   return step
+
+
+def _replicas_finite(tree: Any, sharded: bool) -> jax.Array:
+  """Whether every floating-point entry of ``tree`` is finite, on every device."""
+  finite = _all_finite(_inexact(tree))
+  return jax.lax.pmin(finite.astype(jnp.int32), AXIS) > 0 if sharded else finite
 
 
 def _lane_examples(active: np.ndarray, batches: np.ndarray, first: np.ndarray, worker: np.ndarray,

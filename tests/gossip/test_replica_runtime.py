@@ -139,8 +139,9 @@ def test_nonfinite_gradients_are_reported():
   data = dict(data, y=data["y"].copy())
   data["y"][::2] = np.inf
   # Zero updates keep every model finite, so a gradient is non-finite iff its minibatch has an even example.
-  result = dj.simulate_gossip(loss_fn, optax.set_to_zero(), dj.gossip.d_psgd(), params, data, schedule,
-                              batch_size=2)
+  with pytest.warns(RuntimeWarning, match="gradients were not finite"):
+    result = dj.simulate_gossip(loss_fn, optax.set_to_zero(), dj.gossip.d_psgd(), params, data, schedule,
+                                batch_size=2)
   reads = np.zeros(4, int)
   want = []
   for e in range(schedule.num_events):
@@ -154,6 +155,14 @@ def test_nonfinite_gradients_are_reported():
       reads[i] += 1
   assert len(want) > 0
   np.testing.assert_array_equal(result.history.nonfinite, sorted(want))
+  assert result.history.nonfinite_state is None
+  # Applied, a non-finite gradient spoils the state: the chunk where it happened is named.
+  with pytest.warns(RuntimeWarning, match="became non-finite between"):
+    spoiled = dj.simulate_gossip(loss_fn, optax.sgd(LR), dj.gossip.d_psgd(), params, data, schedule, batch_size=2,
+                                 chunk_size=4)
+  first, last = spoiled.history.nonfinite_state
+  assert 0 <= first <= last < schedule.num_events
+  assert not np.all(np.isfinite(np.asarray(spoiled.params["w"])))
 
 
 def test_bad_arguments_name_themselves():
