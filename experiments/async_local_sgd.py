@@ -33,7 +33,7 @@ from experiments._training import simulate_record, task_for, with_time_to_target
 SCALES = {
     "quick": dict(data="digits", model="mlp", hidden=128, speeds=[1.0, 1.0, 1.0, 1.0, 0.5, 0.5, 0.25, 0.25],
                   local_steps=8, batch=16, inner_lr=0.05, outer_lr=0.7, outer_momentum=0.9, time_budget=60.0,
-                  target_accuracy=0.95, compute="gamma", seeds=2, eval_points=30, steps=0),
+                  target_accuracy=0.95, compute="gamma", seeds=5, eval_points=30, steps=0),
     "paper": dict(data="mnist", model="mlp", hidden=200, speeds=[1.0, 1.0, 1.0, 1.0, 0.5, 0.5, 0.25, 0.25],
                   local_steps=50, batch=32, inner_lr=0.05, outer_lr=0.7, outer_momentum=0.9, time_budget=2000.0,
                   target_accuracy=0.97, compute="gamma", seeds=2, eval_points=40, steps=0),
@@ -111,9 +111,11 @@ CLAIMS = [
 
 def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict[str, Any]], out: str) -> list[str]:
   label = lambda spec: spec["method"]  # noqa: E731
-  return [_plots.curves(records, out, "error_vs_time", label=label, xs=("time", "update")),
+  colors = _plots.palette(METHODS)
+  return [_plots.curves(records, out, "error_vs_time", label=label, xs=("time", "update"), colors=colors,
+                        log_y=True),
           _plots.staleness_histograms([r for r in records if r["spec"]["method"] != "sync-nesterov"], out,
-                                      label=label)]
+                                      label=label, colors=colors)]
 
 
 REPRODUCTION = Reproduction(

@@ -35,7 +35,7 @@ from experiments._training import simulate_record, task_for
 
 SCALES = {
     "quick": dict(data="digits", model="mlp", hidden=128, steps=1000, batch=32, lr=0.01, momentum=0.9,
-                  workers=[4, 16, 32], compute="gamma", seeds=1, eval_every=50),
+                  workers=[4, 32], compute="gamma", seeds=3, eval_every=50),
     "paper": dict(data="cifar10", model="resnet20", steps=62_500, batch=128, lr=0.1, momentum=0.9,
                   lr_decay_at=[0.5, 0.75], workers=[4, 8, 16, 32, 64], compute="gamma", seeds=1, eval_every=2500),
 }
@@ -131,24 +131,28 @@ CLAIMS = [
 
 def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict[str, Any]], out: str) -> list[str]:
   plt = _plots.pyplot()
+  colors = _plots.palette(METHODS)
   fig, (ax_gap, ax_err) = plt.subplots(1, 2, figsize=(9, 3.5))
   for method in METHODS:
     sel = [r for r in rows if r["method"] == method]
-    ax_gap.plot([r["workers"] for r in sel], [r["gap_rms"] for r in sel], "o-", label=method)
-    ax_err.plot([r["workers"] for r in sel], [r["error_pct"] for r in sel], "o-", label=method)
+    ms = [r["workers"] for r in sel]
+    ax_gap.errorbar(ms, [r["gap_rms"] for r in sel], yerr=[r["gap_rms_std"] for r in sel], fmt="o-", capsize=3,
+                    color=colors[method], label=method)
+    ax_err.errorbar(ms, [r["error_pct"] for r in sel], yerr=[100 * r["test_error_std"] for r in sel], fmt="o-",
+                    capsize=3, color=colors[method], label="_" + method)
   for ax, ylabel in ((ax_gap, "gap RMS(theta_apply - theta_read)"), (ax_err, "final test error (%)")):
     ax.set_xscale("log", base=2)
     ax.set_xlabel("workers M")
     ax.set_ylabel(ylabel)
-    ax.grid(alpha=0.3)
-    ax.legend()
-  ax_gap.set_yscale("log")
+    ax.set_yscale("log")
+    ax.grid(alpha=0.3, which="both")
+  seeds = max((r["seeds"] for r in rows), default=1)
+  fig.suptitle(f"mean of {seeds} seeds; whiskers: ± one standard deviation", fontsize=9)
   fig.tight_layout()
-  path = f"{out}/gap_and_error.png"
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  _plots.legend_outside(fig, ax_err)
+  path = _plots.save(fig, out, "gap_and_error")
   return [path, _plots.curves(records, out, "error_curves", panels=lambda spec: f"M = {spec['workers']}",
-                              label=lambda spec: spec["method"])]
+                              label=lambda spec: spec["method"], colors=colors, log_y=True)]
 
 
 REPRODUCTION = Reproduction(
@@ -157,7 +161,7 @@ REPRODUCTION = Reproduction(
     description="DANA, ASGD and NAG-ASGD (momentum 0.9) on ASP schedules of M workers; gap and final error.",
     scales=SCALES, specs=specs, run=run, summarize=summarize, claims=CLAIMS, plots=plots,
     columns=("key", "error_pct", "train_loss", "gap_rms", "mean_staleness"),
-    smoke=dict(steps=40, workers=[4], eval_every=20),
+    smoke=dict(steps=40, workers=[4], eval_every=20, seeds=1),
 )
 
 

@@ -33,7 +33,7 @@ from experiments._training import simulate_record, task_for
 # alpha' is not a multiple of gamma': otherwise every window sum is one too, and the two policies coincide.
 SCALES = {
     "quick": dict(data="digits", model="mlp", hidden=128, steps=1000, batch=32, max_step=0.4, step_budget=1.0,
-                  trace=None, trace_workers=8, trace_slow=[0.5, 0.25], seeds=2, eval_every=50),
+                  trace=None, trace_workers=8, trace_slow=[0.5, 0.25], seeds=5, eval_every=50),
     "paper": dict(data="mnist", model="mlp", hidden=200, steps=20_000, batch=32, max_step=0.4, step_budget=1.0,
                   trace=None, trace_workers=8, trace_slow=[0.5, 0.25], seeds=3, eval_every=1000),
 }
@@ -116,7 +116,7 @@ CLAIMS = [
 def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict[str, Any]], out: str) -> list[str]:
   label = lambda spec: spec["method"]  # noqa: E731
   return [_plots.curves(records, out, "loss_curves", y="train_loss", ylabel="training loss", log_y=True,
-                        label=label, xs=("update", "time")),
+                        label=label, xs=("update", "time"), colors=_plots.palette(METHODS)),
           _plots.staleness_histograms(records[:1], out, label=lambda spec: "replayed trace (ASP)")]
 
 

@@ -27,7 +27,7 @@ from experiments._training import simulate_record, task_for, with_time_to_target
 SCALES = {
     "quick": dict(data="digits", model="mlp", hidden=128, steps=1200, batch=32, lr=0.05, momentum=0.5,
                   speeds=[1.0, 1.0, 1.0, 1.0, 0.8, 0.8, 0.6, 0.6], compute="gamma", s_lower=3, s_upper=15,
-                  target_accuracy=0.95, seeds=3, eval_every=40),
+                  target_accuracy=0.95, seeds=5, eval_every=40),
     "paper": dict(data="cifar10", model="resnet20", steps=62_500, batch=128, lr=0.1, momentum=0.9,
                   speeds=[1.0, 1.0, 1.0, 1.0, 0.8, 0.8, 0.6, 0.6], compute="gamma", s_lower=3, s_upper=15,
                   target_accuracy=0.85, seeds=1, eval_every=1000),
@@ -96,17 +96,20 @@ CLAIMS = [
 
 def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict[str, Any]], out: str) -> list[str]:
   label = lambda spec: spec["key"].upper()  # noqa: E731
+  colors = _plots.palette([s["key"].upper() for s in specs(config)])
   plt = _plots.pyplot()
   fig, ax = plt.subplots(figsize=(4.5, 3.4))
-  ax.bar([r["key"].upper() for r in rows], [r["total_wait"] for r in rows])
+  names = [r["key"].upper() for r in rows]
+  ax.bar(names, [r["total_wait"] for r in rows], yerr=[r.get("total_wait_std") or 0.0 for r in rows], capsize=3,
+         color=[colors[n] for n in names])
   ax.set_ylabel("total waiting time (worker-seconds)")
-  ax.set_title("Time blocked by the barrier")
+  seeds = max((r["seeds"] for r in rows), default=1)
+  ax.set_title(f"Time blocked by the barrier\n(mean of {seeds} seeds; whiskers: ± one standard deviation)",
+               fontsize=9)
   fig.tight_layout()
-  path = f"{out}/waiting_time.png"
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return [_plots.curves(records, out, "error_vs_time", label=label, xs=("time", "update")),
-          _plots.staleness_histograms(records, out, label=label), path]
+  path = _plots.save(fig, out, "waiting_time")
+  return [_plots.curves(records, out, "error_vs_time", label=label, xs=("time", "update"), colors=colors),
+          _plots.staleness_histograms(records, out, label=label, colors=colors), path]
 
 
 REPRODUCTION = Reproduction(
