@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
 from typing import Any, Callable
@@ -26,10 +27,18 @@ def best_times(runs: dict[str, Callable[[], Any]], rounds: int) -> dict[str, flo
   return best
 
 
-def publish(lines: list[str], path: str) -> None:
-  """Prints the table and writes it to ``path``."""
+def add_out_argument(parser: argparse.ArgumentParser, name: str) -> None:
+  """``--out FILE``: where the table goes. By default it is only printed, so a benchmark run never rewrites the
+  tables published in ``experiments/results/`` unless asked (``--out experiments/results/NAME.txt``)."""
+  parser.add_argument("--out", default=None, metavar="FILE",
+                      help=f"also write the table to FILE (the published one is experiments/results/{name}.txt)")
+
+
+def publish(lines: list[str], path: str | None) -> None:
+  """Prints the table and, if ``path`` is given, writes it there (with the user's umask)."""
   text = "\n".join(lines)
   print(text)
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path, "w") as f:
-    f.write(text + "\n")
+  if path:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+      f.write(text + "\n")

@@ -5,8 +5,8 @@ ASP, SSP(3) and DSSP(3, 15) (the event-loop paradigms the design requires in
 seconds), and 1e5 under a few others (most of which apply or drop many
 gradients per update: see the gradients column). Each row is the best of ``--rounds`` runs of
 ``dj.cluster.simulate`` (event loop plus building and validating the
-``Schedule``). Prints a table and writes it to
-``experiments/results/bench_cluster.txt``.
+``Schedule``). Prints a table (and writes it to ``--out FILE``; the published
+one is ``experiments/results/bench_cluster.txt``).
 
 A second table shows the large runs that sparse schedules make possible:
 ASP on ``W`` workers for ``U`` updates (``--large 1024x1e6,1024x1e7``), each in
@@ -101,8 +101,8 @@ def main(argv=None):
                       help="comma-separated ASP sizes WORKERSxUPDATES[:lean]; empty to skip")
   parser.add_argument("--rounds", type=int, default=3, help="runs per table row (0: large runs only)")
   parser.add_argument("--scale", type=float, default=1.0, help="multiplies every number of updates")
-  parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                                    "bench_cluster.txt"))
+  parser.add_argument("--out", default=None, metavar="FILE",
+                      help="also write the table to FILE (the published one is experiments/results/bench_cluster.txt)")
   args = parser.parse_args(argv)
   if args.one:
     print(json.dumps(large_case(args.one)))
@@ -163,8 +163,11 @@ def main(argv=None):
   write(args.out, lines)
 
 
-def write(path: str, lines: list[str]) -> None:
-  os.makedirs(os.path.dirname(path), exist_ok=True)
+def write(path: str | None, lines: list[str]) -> None:
+  """Writes the table so far to ``path`` (nothing without ``--out``)."""
+  if not path:
+    return
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   with open(path, "w") as f:
     f.write("\n".join(lines) + "\n")
 

@@ -5,8 +5,8 @@ gradient and one optimizer update per step) runs with ``optax.sgd`` and with
 the same optimizer wrapped in ``dj.delayed`` at several delay models. Each
 variant is compiled first, then the variants are timed in interleaved rounds
 and the best round of each is kept, so background load hits all alike. Prints
-the time per step and the ratio to plain SGD, and writes them to
-``experiments/results/bench_delayed.txt``.
+the time per step and the ratio to plain SGD (and writes them to ``--out
+FILE``; the published table is ``experiments/results/bench_delayed.txt``).
 
     python -m experiments.bench_delayed [--steps 2000] [--rounds 7]
 """
@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import optax
 
 import delayjax as dj
-from experiments._bench import best_times, publish
+from experiments._bench import add_out_argument, best_times, publish
 from experiments.data import digits
 from experiments.delayed_digits import init_mlp, loss_fn
 
@@ -59,7 +59,7 @@ def main(argv=None):
   parser.add_argument("--steps", type=int, default=2000)
   parser.add_argument("--rounds", type=int, default=7)
   parser.add_argument("--batch", type=int, default=32)
-  parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "bench_delayed.txt"))
+  add_out_argument(parser, "bench_delayed")
   args = parser.parse_args(argv)
 
   data = digits()

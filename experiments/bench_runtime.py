@@ -17,9 +17,10 @@ that other processes briefly sharing the CPUs skew them less) of
 
 and the peak memory of the compiled chunk against the synchronous loop's,
 from XLA's memory analysis (arguments + outputs + temporaries - aliased).
-Prints the ratios and writes them to ``experiments/results/bench_runtime.txt``.
+Prints the ratios (and writes them to ``--out FILE``; the published table is
+``experiments/results/bench_runtime.txt``).
 
-    python -m experiments.bench_runtime [--quick]
+    python -m experiments.bench_runtime [--quick] [--out experiments/results/bench_runtime.txt]
 """
 
 from __future__ import annotations
@@ -38,9 +39,9 @@ import numpy as np
 import optax
 
 import delayjax as dj
+from experiments._bench import add_out_argument, publish
 
 BATCH = 32
-RESULTS = os.path.join(os.path.dirname(__file__), "results", "bench_runtime.txt")
 
 
 def digits_data():
@@ -307,6 +308,7 @@ def main(argv=None):
   parser.add_argument("--quick", action="store_true", help="fewer updates and configurations")
   parser.add_argument("--child", help=argparse.SUPPRESS)
   parser.add_argument("--replicas", action="store_true", help="only the replica runtime's rows")
+  add_out_argument(parser, "bench_runtime")
   args = parser.parse_args(argv)
   if args.child:
     return child(args)
@@ -366,11 +368,7 @@ def main(argv=None):
   lines += replica_lines(quick=args.quick)
   lines += ["", f"command: python -m experiments.bench_runtime{' --quick' if args.quick else ''} "
             f"(rates are medians; on shared CPUs expect +-15%)"]
-  text = "\n".join(lines) + "\n"
-  print(text)
-  os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-  with open(RESULTS, "w") as f:
-    f.write(text)
+  publish(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -17,8 +17,8 @@ interleaved rounds (best round kept):
 If a table were copied at every update, the time per update would grow with
 its size (16 MB for the largest SAGA table, 12.8 MB per worker table);
 written in place, it stays within a small factor of SGD's. Prints
-microseconds per update and the ratio to the baseline, and writes them to
-``experiments/results/bench_tables.txt``.
+microseconds per update and the ratio to the baseline (and writes them to
+``--out FILE``; the published table is ``experiments/results/bench_tables.txt``).
 
     python -m experiments.bench_tables [--updates 4000] [--rounds 5]
 """
@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import optax
 
 import delayjax as dj
-from experiments._bench import best_times, publish
+from experiments._bench import add_out_argument, best_times, publish
 
 DIM = 200
 WORKERS, PARAMS = 64, 50_000
@@ -106,7 +106,7 @@ def main(argv=None):
   parser = argparse.ArgumentParser()
   parser.add_argument("--updates", type=int, default=4000)
   parser.add_argument("--rounds", type=int, default=5)
-  parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "bench_tables.txt"))
+  add_out_argument(parser, "bench_tables")
   args = parser.parse_args(argv)
 
   loops = {}
