@@ -1,12 +1,16 @@
 """The experiments CLI: list the reproductions, run one (resumably), report on results.
 
     python -m experiments list
-    python -m experiments run NAME [--scale quick|paper] [--seed N] [--out DIR]
+    python -m experiments run NAME [--scale quick|paper|smoke] [--seed N] [--seeds N] [--set KEY=VALUE ...]
     python -m experiments run all                 # every reproduction at quick scale
     python -m experiments report DIR              # tables, claims and plots again from DIR's finished runs
 
 A run writes ``DIR/runs/<run>__seed<N>.json`` as each run finishes; run it
-again after an interruption and the finished runs are read back, not redone.
+again after an interruption (Ctrl-C says so) and the finished runs are read
+back, not redone; more seeds added later join the earlier ones. Every claim
+is decided over the seeds (see ``experiments._framework.compare``): held,
+not held, inconclusive or not evaluated. Bad options, settings and files are
+refused with a message naming them, before anything is computed.
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ def _parser() -> argparse.ArgumentParser:
   sub.add_parser("list", help="list the reproductions")
   run = sub.add_parser("run", help="run a reproduction (or 'all')")
   run.add_argument("name", help="a name from 'list', or 'all'")
-  run.add_argument("--scale", default="quick", choices=["quick", "paper"],
-                   help="quick: 2-core CPU, bundled data; paper: the paper's model and data (GPU)")
+  run.add_argument("--scale", default="quick", choices=["quick", "paper", "smoke"],
+                   help="quick: 2-core CPU, bundled data; paper: the paper's model and data (GPU); smoke: the "
+                        "quick scale cut to seconds (as --smoke), for CI")
   run.add_argument("--seed", type=int, default=0, help="first seed (a scale runs `seeds` consecutive seeds)")
   run.add_argument("--seeds", type=int, default=None, help="number of seeds (default: the scale's)")
   run.add_argument("--steps", type=int, default=None, help="override the length of every run (smoke tests)")
@@ -76,6 +81,8 @@ def _list() -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+  if args.scale == "smoke":
+    args.scale, args.smoke = "quick", True
   names = list(_registry.NAMES) if args.name == "all" else [args.name]
   if args.name != "all" and args.name not in _registry.NAMES:
     raise _framework.UsageError(f"unknown reproduction {args.name!r}; known: {', '.join(_registry.NAMES)} "
@@ -97,7 +104,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.data_dir is not None:
       config["data_dir"] = os.path.abspath(os.path.expanduser(args.data_dir))
     if args.out is None:
-      out = os.path.join("results", repro.name, args.scale)
+      out = os.path.join("results", repro.name, "smoke" if args.smoke else args.scale)
     else:
       out = os.path.join(args.out, repro.name) if len(repros) > 1 else args.out
     if args.only and not any(o in s["key"] for s in repro.specs(config) for o in args.only):
