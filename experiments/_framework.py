@@ -138,7 +138,7 @@ class Comparison:
   def text(self) -> str:
     if self.test == "paired t":
       return (f"{self.what}: {self.mean:+.4g} [{self.low:+.4g}, {self.high:+.4g}] "
-              f"({CONFIDENCE:.0%} interval, {self.n} seeds)")
+              f"({CONFIDENCE:.0%} interval, {self.n} seed{'s' if self.n != 1 else ''})")
     return f"{self.what}: {self.note}"
 
 

@@ -7,9 +7,12 @@ stalls; dividing the step by the staleness (``dj.scale_by_staleness("inverse")``
 lets every ``n`` train. Every run processes the same number of gradients
 (``steps``), so ``n``-softsync applies ``steps / c`` updates.
 
-One deviation, from the runtime: ``dj.simulate`` hands an update the
-staleness of its stalest contribution, so the ``c`` averaged gradients share
-one step ``alpha_0 / tau_max`` instead of each getting its own ``alpha_0 / tau_l``.
+The step is set per gradient, as the paper does: each of the ``c`` averaged
+gradients gets its own ``alpha_0 / tau_l`` (``dj.per_contribution`` at the head
+of the chain hands ``dj.scale_by_staleness("inverse")`` each contribution's
+own staleness) before they are averaged. ``lr_tau_per="update"`` instead
+scales the averaged gradient by ``alpha_0 / tau_max``, the staleness of its
+stalest contribution (what ``dj.simulate`` passes an update), for comparison.
 
     python -m experiments run staleness_aware
 """
@@ -32,12 +35,13 @@ from experiments._training import learning_rate, simulate_record, task_for
 # effects are tens of points, far above the seed-to-seed spread (a first run had n = 1, 2, 5, 15, 30, one seed).
 SCALES = {
     "quick": dict(data="digits", model="mlp", hidden=128, steps=3000, batch=4, lr=0.5, momentum=0.0,
-                  learners=30, ns=[1, 5, 30], compute="gamma", seeds=3, eval_every=100),
+                  learners=30, ns=[1, 5, 30], compute="gamma", lr_tau_per="gradient", seeds=3, eval_every=100),
     "paper": dict(data="cifar10", model="resnet20", steps=3_000_000, batch=4, lr=0.1, momentum=0.0,
-                  lr_decay_at=[0.5, 0.75], learners=30, ns=[1, 2, 4, 15, 30], compute="gamma", seeds=1,
-                  eval_every=50_000),
+                  lr_decay_at=[0.5, 0.75], learners=30, ns=[1, 2, 4, 15, 30], compute="gamma", lr_tau_per="gradient",
+                  seeds=1, eval_every=50_000),
 }
 RULES = ("fixed", "lrtau")
+LIMITS = {"lr_tau_per": ("gradient", "update")}
 
 
 def specs(config: dict[str, Any]) -> list[dict[str, Any]]:
@@ -46,7 +50,10 @@ def specs(config: dict[str, Any]) -> list[dict[str, Any]]:
 
 def optimizer(config: dict[str, Any], rule: str, num_updates: int) -> optax.GradientTransformation:
   sgd = optax.sgd(learning_rate(config, num_updates), momentum=config["momentum"] or None)
-  return optax.chain(dj.scale_by_staleness("inverse"), sgd) if rule == "lrtau" else sgd
+  if rule == "fixed":
+    return sgd
+  inverse = dj.scale_by_staleness("inverse")
+  return optax.chain(dj.per_contribution(inverse) if config["lr_tau_per"] == "gradient" else inverse, sgd)
 
 
 def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
@@ -145,7 +152,7 @@ REPRODUCTION = Reproduction(
     name="staleness_aware",
     paper="Zhang, Gupta, Lian, Liu: Staleness-aware Async-SGD for Distributed Deep Learning, IJCAI 2016",
     description="n-softsync with 30 learners, fixed step against alpha0/tau; equal number of gradients for all.",
-    scales=SCALES, specs=specs, run=run, summarize=summarize, claims=CLAIMS, plots=plots,
+    scales=SCALES, specs=specs, run=run, summarize=summarize, claims=CLAIMS, plots=plots, limits=LIMITS,
     columns=("key", "error_pct", "train_loss", "updates", "mean_staleness", "max_staleness"),
     smoke=dict(steps=120, ns=[1, 30], eval_every=40, seeds=1),
 )
