@@ -21,12 +21,13 @@ import optax
 
 import delayjax as dj
 from experiments import _plots
-from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, or_inf
+from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, paired
 from experiments._training import first_reach
-from experiments.pipeline_common import lower, pipeline_record
+from experiments.pipeline_common import pipeline_record
 
+# Config: at lr 0.2 with momentum 0.9 both asynchronous runs diverged in a first quick run (GPipe did not); lr 0.05.
 SCALES = {
-    "quick": dict(stages=4, layers=4, width=64, microbatches=4, steps=300, batch=8, lr=0.2, momentum=0.9,
+    "quick": dict(stages=4, layers=4, width=64, microbatches=4, steps=300, batch=8, lr=0.05, momentum=0.9,
                   target_accuracy=0.9, eval_every=25, seeds=2),
     "paper": dict(stages=8, layers=8, width=256, microbatches=8, steps=4000, batch=16, lr=0.1, momentum=0.9,
                   target_accuracy=0.95, eval_every=100, seeds=3),
@@ -69,21 +70,19 @@ def _gpipe_bubble(summary: Summary) -> ClaimResult:
 
 
 def _async_sooner(summary: Summary) -> ClaimResult:
-  held, text = lower(summary["1f1b-stash"], summary["gpipe"], "time_to_target")
-  return ClaimResult(held, f"simulated seconds to the target accuracy, 1F1B (stashing) vs GPipe: {text}")
+  return ClaimResult.decide(paired(summary, "1f1b-stash", "gpipe", "time_to_target"))
 
 
 def _sync_per_update(summary: Summary) -> ClaimResult:
-  updates = {k: or_inf(summary[k]["update_to_target"]) for k in VARIANTS}
-  held = updates["gpipe"] <= min(updates["1f1b-stash"], updates["1f1b-no-stash"])
-  return ClaimResult(held, "updates to the target accuracy: " + ", ".join(f"{k} {v:.0f}" for k, v in updates.items()))
+  return ClaimResult.decide([paired(summary, "gpipe", "1f1b-stash", "update_to_target"),
+                             paired(summary, "gpipe", "1f1b-no-stash", "update_to_target")])
 
 
 CLAIMS = [
     Claim("gpipe-bubble", "GPipe idles (K-1)/(m+K-1) of the time; asynchronous 1F1B much less", _gpipe_bubble),
     Claim("async-sooner", "asynchronous 1F1B reaches the target accuracy sooner in simulated time than GPipe",
           _async_sooner),
-    Claim("sync-per-update", "per update, the synchronous pipeline is at least as good (staleness costs updates)",
+    Claim("sync-per-update", "per update, the synchronous pipeline is better: it reaches the target in fewer updates",
           _sync_per_update),
 ]
 

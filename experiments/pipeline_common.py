@@ -17,7 +17,7 @@ import numpy as np
 import optax
 
 import delayjax as dj
-from experiments._framework import Progress, or_inf
+from experiments._framework import Progress
 
 
 def _stage(last: bool):
@@ -115,25 +115,3 @@ def pipeline_record(config: dict[str, Any], schedule: dj.cluster.PipelineSchedul
       "curves": {"update": h.eval_update, "time": h.eval_time, **metrics},
   }
 
-
-def lower(summary_row_a: dict[str, Any], summary_row_b: dict[str, Any], metric: str) -> tuple[bool | None, str]:
-  """Whether row a's ``metric`` is lower than row b's, decided over seeds.
-
-  Held when the difference of the means is below minus two standard errors
-  (of the difference, from the seeds' standard deviations), not held when it
-  is above plus two, and ``None`` (inconclusive: a tie within the seeds'
-  noise) in between. With one seed the standard error is unknown and any
-  difference decides. Diverged runs count as ``inf``.
-  """
-  a, b = or_inf(summary_row_a[metric]), or_inf(summary_row_b[metric])
-  n = min(int(summary_row_a.get("seeds", 1)), int(summary_row_b.get("seeds", 1)))
-  sa, sb = (float(r.get(f"{metric}_std", 0.0) or 0.0) for r in (summary_row_a, summary_row_b))
-  se = float(np.sqrt((sa**2 + sb**2) / n)) if n > 1 else 0.0
-  text = f"{a:.4g} vs {b:.4g}" + (f" (2 s.e. of the difference {2 * se:.2g}, {n} seeds)" if n > 1 else " (1 seed)")
-  if not (np.isfinite(a) and np.isfinite(b)):
-    return (a < b if a != b else None), text
-  if a - b < -2 * se:
-    return True, text
-  if a - b > 2 * se:
-    return False, text
-  return None, text + ": inconclusive"

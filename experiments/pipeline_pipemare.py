@@ -21,12 +21,14 @@ import optax
 
 import delayjax as dj
 from experiments import _plots
-from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows
-from experiments.pipeline_common import lower, pipeline_record
+from experiments._framework import (Claim, ClaimResult, Comparison, Reproduction, Summary, compare, mean_rows,
+                                    paired, seed_values)
+from experiments.pipeline_common import pipeline_record
 
-# Config: lr 0.5 trains the 2-stage pipeline and diverges on the 8-stage one (a first quick run: 0.3 trained both,
-# 1.0 diverged both). The warmup lies far beyond the quick run, so the steps stay near alpha / tau_i throughout,
-# the phase of the rescheduling this run probes; with warmup = 10 x steps the rescheduled run still diverged.
+# Config: lr 0.5 sits at the edge of stability of the 8-stage pipeline. In a first exploration (one seed, another
+# initialization) plain SGD diverged there on 8 stages and not on 2 (0.3 trained both, 1.0 diverged both), and
+# rescheduling with a warmup far beyond the run (steps near alpha / tau_i throughout) trained it, while with
+# warmup = 10 x steps it still diverged. The claims are decided on this run's own seeds.
 SCALES = {
     "quick": dict(layers=8, width=32, shallow=2, deep=8, steps=300, batch=32, lr=0.5, warmup=30_000,
                   discrepancy_decay=0.1, eval_every=50, seeds=2),
@@ -67,24 +69,25 @@ def _row(summary: Summary, depth: str, method: str) -> dict[str, Any]:
   return next(r for r in summary.values() if r["stages"] == stages and r["method"] == method)
 
 
+def _diverged(summary: Summary, depth: str, method: str, claim: str) -> Comparison:
+  row = _row(summary, depth, method)
+  return compare(seed_values(summary, row["key"], "diverged"), claim=claim, margin=0.5,
+                 what=f"diverged fraction of {row['key']}")
+
+
 def _deep_diverges(summary: Summary) -> ClaimResult:
-  shallow, deep = _row(summary, "shallow", "sgd"), _row(summary, "deep", "sgd")
-  held = deep["diverged"] >= 0.5 and shallow["diverged"] < 0.5
-  return ClaimResult(held, f"diverged fraction of seeds: K={shallow['stages']} {shallow['diverged']:.2f}, "
-                           f"K={deep['stages']} {deep['diverged']:.2f} (training loss {shallow['train_loss']:.3g} "
-                           f"vs {deep['train_loss']:.3g})")
+  return ClaimResult.decide([_diverged(summary, "deep", "sgd", "greater"),
+                             _diverged(summary, "shallow", "sgd", "less")])
 
 
 def _rescheduling_fixes(summary: Summary) -> ClaimResult:
-  plain, fixed = _row(summary, "deep", "sgd"), _row(summary, "deep", "pipemare")
-  held = fixed["diverged"] < 0.5 <= plain["diverged"]
-  return ClaimResult(held, f"deep pipeline, diverged fraction: SGD {plain['diverged']:.2f}, PipeMare rescheduling "
-                           f"{fixed['diverged']:.2f} (training loss {fixed['train_loss']:.3g})")
+  return ClaimResult.decide([_diverged(summary, "deep", "sgd", "greater"),
+                             _diverged(summary, "deep", "pipemare", "less")])
 
 
 def _correction(summary: Summary) -> ClaimResult:
-  held, text = lower(_row(summary, "deep", "pipemare+correction"), _row(summary, "deep", "pipemare"), "train_loss")
-  return ClaimResult(held, f"deep pipeline, training loss with discrepancy correction vs without: {text}")
+  return ClaimResult.decide(paired(summary, _row(summary, "deep", "pipemare+correction")["key"],
+                                   _row(summary, "deep", "pipemare")["key"], "train_loss"))
 
 
 CLAIMS = [
