@@ -13,8 +13,9 @@ does the rest, the same way for every runtime:
    ``jax.shard_map`` over the mesh, the carry donated), once;
 3. loops over the chunks: the chunk's host tables are placed and the scan is
    dispatched once; its outputs become host *records* (rows of history);
-4. after every chunk, writes a checkpoint (carry, records so far, chunks
-   done, and a fingerprint of the run) and calls the user's callback;
+4. after every chunk, writes a checkpoint (the carry and the chunks done,
+   with the run's fingerprint and a checksum; the chunk's records appended
+   to the history file) and calls the user's callback;
 5. resumes from a checkpoint of the same fingerprint, bit-identically.
 
 The interface is :class:`Program`, a ``NamedTuple`` a runtime fills in:
@@ -55,8 +56,11 @@ The interface is :class:`Program`, a ``NamedTuple`` a runtime fills in:
 ``progress(chunk) -> dict``
   what the user's callback is told after chunk ``chunk``.
 ``fingerprint``
-  a string that changes with anything that changes the run's numbers: a
-  checkpoint of another fingerprint is refused.
+  the run's identity: ``{component: digest}`` (or one string), each
+  component a digest of one thing that changes the run's numbers
+  (``_checkpoint.digest`` and ``tree_digest`` make them). Resuming from a
+  checkpoint of another fingerprint is refused, naming the components that
+  differ.
 ``check(carry) -> bool scalar`` or ``None``
   a health check of the carry (e.g. "the parameters and optimizer state are
   finite"), computed inside the chunk's program after its last step (one
@@ -102,7 +106,7 @@ class Program(NamedTuple):
   collect: Callable[[int, Any, Any], dict[str, Any]]
   records_like: dict[str, Any]
   progress: Callable[[int], dict[str, Any]]
-  fingerprint: str
+  fingerprint: str | dict[str, str]
   initial: Callable[[Any], dict[str, Any]] | None = None
   check: Callable[[Any], Any] | None = None
 
@@ -217,16 +221,18 @@ def run(program: Program, *, mesh: Any = None, checkpoint_dir: str | os.PathLike
     like["check"] = np.zeros(0, bool)
   records: dict[str, list[Any]] = {name: [] for name in like}
   first_chunk = 0
-  path = None if checkpoint_dir is None else os.path.join(os.fspath(checkpoint_dir), checkpoint_name)
-  if path is not None and resume and os.path.exists(path):
-    carry, restored, first_chunk = _checkpoint.restore(path, program.fingerprint, carry, like)
+  saver = (None if checkpoint_dir is None else
+           _checkpoint.Checkpoint(checkpoint_dir, checkpoint_name, program.fingerprint))
+  if saver is not None and resume and saver.exists():
+    carry, restored, first_chunk = saver.restore(carry, like)
     records = {name: [rows] for name, rows in restored.items()}
 
   put = placer(mesh)
   carry = place(put, program.carry_specs, carry)
   constants = place(put, program.constant_specs, program.constants)
+  unsaved: list[dict[str, Any]] = []  # rows not yet in the checkpoint's history
   if program.initial is not None and first_chunk == 0:
-    _append(records, program.initial(carry))
+    unsaved.append(program.initial(carry))
 
   for chunk in range(first_chunk, program.num_chunks):
     tables = program.tables(chunk)
@@ -235,20 +241,26 @@ def run(program: Program, *, mesh: Any = None, checkpoint_dir: str | os.PathLike
       inspect(chunk_fn, (carry, constants, device_tables))
       inspect = None
     carry, outputs = chunk_fn(carry, constants, device_tables)
+    rows = {}
     if program.check is not None:
       outputs, healthy = outputs
-      _append(records, {"check": np.asarray(host(healthy)).reshape(1)})
-    _append(records, program.collect(chunk, tables, outputs))
-    if path is not None:
-      _checkpoint.save(path, program.fingerprint, carry, _joined(records, like), chunk + 1)
+      rows["check"] = np.asarray(host(healthy)).reshape(1)
+    rows.update(program.collect(chunk, tables, outputs))
+    unsaved.append(rows)
+    if saver is not None:
+      _append(records, unsaved)
+      saver.save(carry, unsaved, chunk + 1)
+      unsaved = []
     if callback is not None:
       callback(program.progress(chunk))
+  _append(records, unsaved)
   return carry, _joined(records, like)
 
 
-def _append(records: dict[str, list[Any]], rows: dict[str, Any]) -> None:
-  for name, value in rows.items():
-    records[name].append(value)
+def _append(records: dict[str, list[Any]], rows: list[dict[str, Any]]) -> None:
+  for chunk_rows in rows:
+    for name, value in chunk_rows.items():
+      records[name].append(value)
 
 
 def _joined(records: dict[str, list[Any]], like: dict[str, Any]) -> dict[str, Any]:

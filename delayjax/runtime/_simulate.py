@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import re
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -380,12 +381,39 @@ def _source_schedule(source: Any, num_updates: int | None, seed: int) -> tuple[S
       f"{type(source).__name__}.")
 
 
-def _fingerprint(schedule: Schedule, **config: Any) -> str:
-  h = hashlib.sha256()
-  for name in ("time", "contributes", "read_version", "num_batches"):
-    h.update(np.ascontiguousarray(getattr(schedule, name)).tobytes())
-  h.update(repr(sorted(config.items())).encode())
-  return h.hexdigest()
+def _fingerprint(schedule: Schedule, *, tx: Any, loss_fn: Callable[..., Any], params: Any, opt_state: Any,
+                 data: Any, eval_fn: Any, local_optimizer: Any, inputs: tuple[str, ...], batch_size: int,
+                 terms: Any, plan: StepPlan, **options: Any) -> dict[str, str]:
+  """The run's identity, by component: what a checkpoint must match to be resumed (see ``_checkpoint``)."""
+  num_contrib = plan.upd_worker.shape[2]
+  samples = num_contrib * _max_batches(plan) * batch_size
+  extra = _input_examples(params, inputs, samples, terms, num_contrib)
+  batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct((batch_size,) + np.shape(x)[1:], jnp.result_type(x)), data)
+  out = {
+      "schedule": _checkpoint.digest(*(getattr(schedule, n) for n in ("time", "contributes", "read_version",
+                                                                       "num_batches"))),
+      "options": _checkpoint.digest(sorted(options.items())),
+      "params (structure, shapes, dtypes)": _checkpoint.tree_digest(params, values=False),
+      "initial params": _checkpoint.tree_digest(params, values=True),
+      "optimizer state (structure, shapes, dtypes)": _checkpoint.tree_digest(opt_state, values=False),
+      # The traced programs carry the hyper-parameters (a learning rate is a literal in them).
+      "tx": _program_digest(lambda g, s, p, e: tx.update(g, s, p, staleness=jnp.int32(0), stale_params=p,
+                                                          worker=jnp.int32(0), **e), params, opt_state, params,
+                            extra),
+      "loss_fn": _program_digest(loss_fn, params, batch),
+      "data": _checkpoint.tree_digest(data, values=True),
+  }
+  if eval_fn is not None:
+    out["eval_fn"] = _program_digest(eval_fn, params)
+  if local_optimizer is not None:
+    out["local_optimizer"] = _program_digest(local_optimizer.update, params, local_optimizer.init(params), params)
+  return out
+
+
+def _program_digest(fn: Callable[..., Any], *args: Any) -> str:
+  """A digest of the program ``fn`` traces to on ``args`` (its jaxpr's text, with no memory addresses)."""
+  text = str(jax.make_jaxpr(fn)(*args))
+  return _checkpoint.digest(re.sub(r" at 0x[0-9a-fA-F]+", "", text))
 
 
 def simulate(
@@ -489,9 +517,14 @@ def simulate(
     callback: called on the host after every chunk with a dict:
       ``updates_done``, ``num_updates``, ``chunk``, ``num_chunks``.
     checkpoint_dir: if given, the whole state is written there after every
-      chunk (atomically), and with ``resume`` a run finding a checkpoint of
-      the same configuration continues from it, bit-identically to an
-      uninterrupted run. With several processes, process 0 writes it and
+      chunk (atomically, with a checksum; the history appended), and with
+      ``resume`` a run finding a checkpoint of the same run continues from
+      it, bit-identically to an uninterrupted run. The checkpoint records
+      what makes the run (schedule, options, the parameters' and optimizer
+      state's structure, shapes and dtypes, the initial parameters, the
+      traced programs of ``tx``, ``loss_fn`` and ``eval_fn``, the data):
+      resuming with any of them changed, or from a damaged file, is a
+      ``ValueError`` that names what differs or the file. With several processes, process 0 writes it and
       every process must see the directory.
     resume: whether to continue from a checkpoint found in ``checkpoint_dir``.
     skip_nonfinite: leave contributions whose gradient is not finite out of
@@ -696,11 +729,12 @@ def simulate(
   carry = _initial_carry(params, opt_state, plan, inputs, batch_size, terms, leaf_groups,
                          local_optimizer if keep_local_state else None)
   fingerprint = _fingerprint(
-      schedule, seed=seed, batch_size=batch_size, sampling=sampling, chunk_size=chunk_size,
-      num_workers=num_workers, lanes=plan.lanes, skip_nonfinite=skip_nonfinite,
-      eval_every=eval_every, has_eval=eval_fn is not None,
+      schedule, tx=tx, loss_fn=loss_fn, params=params, opt_state=opt_state, data=data, eval_fn=eval_fn,
+      local_optimizer=local_optimizer, inputs=inputs, batch_size=batch_size, terms=terms, plan=plan,
+      seed=seed, sampling=sampling, chunk_size=chunk_size, num_workers=num_workers, lanes=plan.lanes,
+      skip_nonfinite=skip_nonfinite, eval_every=eval_every, has_eval=eval_fn is not None,
       shards=None if shards is None else _fingerprint_shards(shards),
-      # Only when used, so checkpoints of runs without local steps stay valid.
+      # Only when used, so the options of runs without them stay as they were.
       **({} if worker_steps is None else {"local_steps": tuple(worker_steps.tolist())}),
       **({"keep_local_state": True} if keep_local_state else {}),
       **({} if epoch is None else {"snapshot_every": epoch, "full_batch_size": full_batch_size}),
