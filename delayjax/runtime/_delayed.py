@@ -99,7 +99,9 @@ def delayed(
   version). An update with several contributions passes ``inner`` their mean
   weighted by ``num_batches``, with ``staleness`` the largest among them and
   ``stale_params`` and ``worker`` those of the stalest contribution (the
-  lowest worker index among equally stale ones), as ``dj.simulate`` does. The
+  lowest worker index among equally stale ones), as ``dj.simulate`` does;
+  a ``dj.per_contribution`` stage inside ``inner`` is given each
+  contribution with its own, as ``dj.simulate`` gives it. The
   parameters given at each call are then exactly those of the version that
   read saw, so an unchanged training loop replays the cluster exactly; the
   schedule has ``contributes.sum()`` reads; the last read's call also

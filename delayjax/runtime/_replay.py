@@ -13,6 +13,7 @@ import optax
 from delayjax.cluster._schedule import Schedule
 from delayjax.runtime._buffers import check_update_call, rings
 from delayjax.runtime._engine import check_worker_capacity
+from delayjax.transforms._hooks import runtime_inputs
 
 _COMPUTED = ("staleness", "stale_params", "worker")
 
@@ -34,6 +35,8 @@ class ReplayPlan(NamedTuple):
   staleness: np.ndarray  # int32 [U]: the largest staleness in the update
   worker: np.ndarray  # int32 [U]: worker of the stalest contribution
   num_slots: int
+  contrib_staleness: np.ndarray  # int32 [U, K]: each contribution's staleness (padding: 0)
+  contrib_worker: np.ndarray  # int32 [U, K]: each contribution's worker (padding: 0)
 
 
 def plan_replay(schedule: Schedule) -> ReplayPlan:
@@ -82,6 +85,8 @@ def plan_replay(schedule: Schedule) -> ReplayPlan:
   stalest_slot = np.zeros(num_updates, np.int32)
   staleness = np.zeros(num_updates, np.int32)
   worker = np.zeros(num_updates, np.int32)
+  contrib_staleness = np.zeros((num_updates, width), np.int32)
+  contrib_worker = np.zeros((num_updates, width), np.int32)
   filled = np.zeros(num_updates, np.int64)
   # Stalest first (then lowest worker), so column 0 is the contribution that speaks for the update.
   for c in np.lexsort((m_of, v_of)):
@@ -89,13 +94,15 @@ def plan_replay(schedule: Schedule) -> ReplayPlan:
     k = filled[u]
     contrib_slot[u, k] = slot[c]
     contrib_weight[u, k] = schedule.num_batches[u, m_of[c]]
+    contrib_staleness[u, k], contrib_worker[u, k] = u - v_of[c], m_of[c]
     if k == 0:
       stalest_slot[u], staleness[u], worker[u] = slot[c], u - v_of[c], m_of[c]
     filled[u] += 1
   return ReplayPlan(
       slot=slot.astype(np.int32), first_update=start.astype(np.int32),
       num_updates=(end - start).astype(np.int32), contrib_slot=contrib_slot, contrib_weight=contrib_weight,
-      stalest_slot=stalest_slot, staleness=staleness, worker=worker, num_slots=num_slots)
+      stalest_slot=stalest_slot, staleness=staleness, worker=worker, num_slots=num_slots,
+      contrib_staleness=contrib_staleness, contrib_worker=contrib_worker)
 
 
 class ReplayState(NamedTuple):
@@ -145,9 +152,18 @@ def replay(inner: optax.GradientTransformationExtraArgs, schedule: Schedule) -> 
 
       g = jax.tree.map(mean, grads)
       w_read = jax.tree.map(lambda ring: ring[jnp.asarray(plan.stalest_slot)[u]], stale)
+      contributions = {}
+      if "contribution_grads" in runtime_inputs(inner_state):
+        # dj.per_contribution: each contribution with its own gradient, staleness, read and worker.
+        contributions = {
+            "contribution_grads": jax.tree.map(lambda ring: ring[slots], grads),
+            "contribution_stale_params": jax.tree.map(lambda ring: ring[slots], stale),
+            "contribution_staleness": jnp.asarray(plan.contrib_staleness)[u],
+            "contribution_workers": jnp.asarray(plan.contrib_worker)[u],
+            "contribution_weights": weights / jnp.sum(weights)}
       step, inner_state = inner.update(
           g, inner_state, current, staleness=jnp.asarray(plan.staleness)[u], stale_params=w_read,
-          worker=jnp.asarray(plan.worker)[u], **extra_args)
+          worker=jnp.asarray(plan.worker)[u], **contributions, **extra_args)
       return inner_state, optax.apply_updates(current, step), jax.tree.map(jnp.add, total, step)
 
     shapes = jax.eval_shape(lambda: inner.update(updates, state.inner_state, params, staleness=jnp.int32(0),

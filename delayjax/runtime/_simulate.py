@@ -728,7 +728,8 @@ def simulate(
       local_optimizer=None if local_optimizer is None else optax.with_extra_args_support(local_optimizer))
   carry = _initial_carry(params, opt_state, plan, inputs, batch_size, terms, leaf_groups,
                          local_optimizer if keep_local_state else None)
-  fingerprint = _fingerprint(
+  # Only a checkpoint needs the run's identity (it traces tx and loss_fn and hashes the data).
+  fingerprint = "" if checkpoint_dir is None else _fingerprint(
       schedule, tx=tx, loss_fn=loss_fn, params=params, opt_state=opt_state, data=data, eval_fn=eval_fn,
       local_optimizer=local_optimizer, inputs=inputs, batch_size=batch_size, terms=terms, plan=plan,
       seed=seed, sampling=sampling, chunk_size=chunk_size, num_workers=num_workers, lanes=plan.lanes,

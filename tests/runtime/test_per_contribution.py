@@ -121,3 +121,16 @@ def test_with_delayed_one_gradient_per_call_equals_the_plain_rule():
       params = optax.apply_updates(params, step)
     outs.append(np.asarray(params))
   np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_delayed_replaying_a_schedule_gives_each_contribution_its_own_staleness():
+  # The same two-gradient update as through dj.simulate, replayed in a hand-written loop: 6 reads, g = 1 each.
+  outs = []
+  for stage in (dj.per_contribution(dj.scale_by_staleness("inverse")), dj.scale_by_staleness("inverse")):
+    tx = dj.delayed(optax.chain(stage, optax.sgd(1.0)), _two_gradient_schedule())
+    params, state = jnp.zeros(1), tx.init(jnp.zeros(1))
+    for _ in range(6):
+      step, state = tx.update(jnp.ones(1), state, params)
+      params = optax.apply_updates(params, step)
+    outs.append(float(params[0]))
+  np.testing.assert_allclose(outs, [-(4 + 0.625), -(4 + 0.25)])
