@@ -23,7 +23,7 @@ from delayjax.runtime._engine import AXIS
 from delayjax.runtime._history import chunk_span, nonfinite_report, sorted_pairs
 from delayjax.runtime._replica_plan import SLOT_GRAD, SLOT_MIX, SLOT_READ, ReplicaPlan, make_plan, pack_lanes
 from delayjax.runtime._sampling import SAMPLINGS, minibatch_indices, shard_table
-from delayjax.runtime._simulate import _all_finite, _inexact
+from delayjax.runtime._simulate import _all_finite, _check_data, _inexact
 
 _CHECKPOINT_FILE = "simulate_gossip.msgpack"
 
@@ -102,17 +102,6 @@ class GossipResult(NamedTuple):
   stats: dict[str, Any]
 
 
-def _check_data(data: Any) -> int:
-  leaves = jax.tree.leaves(data)
-  if not leaves:
-    raise ValueError("data must be a pytree with at least one array leaf, got an empty tree.")
-  sizes = {np.shape(x)[0] if np.ndim(x) else None for x in leaves}
-  if None in sizes or len(sizes) != 1 or 0 in sizes:
-    raise ValueError(f"data leaves must be arrays sharing a non-zero leading (example) dimension; got "
-                     f"leading dimensions {sorted(map(str, sizes))}.")
-  return int(sizes.pop())
-
-
 def _where(mask: jax.Array, new: Any, old: Any) -> Any:
   """Per replica (``mask`` on the leading axis): ``new`` where set, ``old`` elsewhere."""
   return jax.tree.map(lambda n, o: jnp.where(mask.reshape(mask.shape + (1,) * (o.ndim - 1)), n, o), new, old)
@@ -139,6 +128,7 @@ def simulate_gossip(
     checkpoint_dir: str | os.PathLike[str] | None = None,
     resume: bool = True,
     callback: Callable[[dict[str, Any]], None] | None = None,
+    _inspect: Callable[..., None] | None = None,
 ) -> GossipResult:
   r"""Trains ``M`` replicas by a decentralized method, exactly as a gossip schedule says.
 
@@ -395,7 +385,7 @@ def simulate_gossip(
       # Every replica's parameters, optimizer state and method state finite, after each chunk.
       check=lambda carry: _replicas_finite(carry[:3], mesh is not None))
   final, records = _engine.run(program, mesh=mesh, checkpoint_dir=checkpoint_dir,
-                               checkpoint_name=_CHECKPOINT_FILE, resume=resume, callback=callback)
+                               checkpoint_name=_CHECKPOINT_FILE, resume=resume, callback=callback, inspect=_inspect)
 
   params_out, opt_out, extra_out = (jax.tree.map(gathered, x) for x in final[:3])
   z = jax.vmap(method.grad_params)(params_out, extra_out)
