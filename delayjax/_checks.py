@@ -26,6 +26,7 @@ def check_float(
     minimum: float | None = None,
     maximum: float | None = None,
     strict_minimum: bool = False,
+    strict_maximum: bool = False,
 ) -> float:
   """Returns ``value`` as a finite Python float within bounds, or raises naming ``name``."""
   if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -38,8 +39,11 @@ def check_float(
       raise ValueError(f"{name} must be > {minimum}, got {value}.")
     if not strict_minimum and value < minimum:
       raise ValueError(f"{name} must be >= {minimum}, got {value}.")
-  if maximum is not None and value > maximum:
-    raise ValueError(f"{name} must be <= {maximum}, got {value}.")
+  if maximum is not None:
+    if strict_maximum and value >= maximum:
+      raise ValueError(f"{name} must be < {maximum}, got {value}.")
+    if not strict_maximum and value > maximum:
+      raise ValueError(f"{name} must be <= {maximum}, got {value}.")
   return value
 
 

@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from delayjax._checks import check_choice, check_int
-from delayjax.transforms._hyperparams import check_positive_rate, descend
+from delayjax._checks import check_choice
+from delayjax.transforms._hyperparams import check_number, check_static_int, coefficient, descend
 from delayjax.transforms._staleness import broadcast_staleness
 
 POLICIES = ("adaptive1", "adaptive2")
@@ -82,10 +82,13 @@ def delay_adaptive_sgd(
   (also as recalled).
 
   Args:
-    max_step: :math:`\gamma' > 0`, the step of a fresh gradient.
-    step_budget: :math:`\alpha' \ge \gamma'`, the bound on each window's steps.
+    max_step: :math:`\gamma' > 0`, the step of a fresh gradient, a number or
+      a scalar array.
+    step_budget: :math:`\alpha' \ge \gamma'`, the bound on each window's
+      steps, a number or a scalar array.
     policy: ``"adaptive1"`` or ``"adaptive2"``.
-    max_delay: how many past steps to keep, ``>= 1``.
+    max_delay: how many past steps to keep, a Python int ``>= 1`` (it sizes
+      the state).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` that needs the
@@ -107,12 +110,13 @@ def delay_adaptive_sgd(
     Wu, Magnusson, Feyzmahdavian, Johansson, `Delay-adaptive step-sizes for
     asynchronous learning <https://arxiv.org/abs/2202.08550>`_, ICML 2022.
   """
-  gamma = check_positive_rate("max_step", max_step)
-  alpha = check_positive_rate("step_budget", step_budget)
-  if isinstance(gamma, float) and isinstance(alpha, float) and alpha < gamma:
-    raise ValueError(f"step_budget must be >= max_step (a fresh gradient must fit), got {alpha} < {gamma}.")
+  gamma = check_number("max_step", max_step, minimum=0.0, strict_minimum=True)
+  alpha = check_number("step_budget", step_budget, minimum=0.0, strict_minimum=True)
+  if not any(isinstance(x, jax.core.Tracer) for x in (gamma, alpha)) and float(alpha) < float(gamma):
+    raise ValueError(
+        f"step_budget must be >= max_step (a fresh gradient must fit), got {float(alpha)} < {float(gamma)}.")
   policy = check_choice("policy", policy, POLICIES)
-  window = check_int("max_delay", max_delay, minimum=1)
+  window = check_static_int("max_delay", max_delay, minimum=1)
   lags = jnp.arange(1, window + 1, dtype=jnp.int32)
 
   def init_fn(params):
@@ -127,12 +131,17 @@ def delay_adaptive_sgd(
     # Slot (k - j) % window holds step k - j for j = 1..window; slots never written hold 0.
     recent = (k - lags) % window
 
+    # In the step history's dtype; a Python float keeps its double-precision difference alpha - gamma.
+    gamma_f, alpha_f = coefficient(gamma, jnp.float32), coefficient(alpha, jnp.float32)
+    floats = isinstance(gamma, float) and isinstance(alpha, float)
+    room = coefficient(alpha - gamma, jnp.float32) if floats else alpha_f - gamma_f
+
     def step_size(history, tau):
       in_window = jnp.sum(jnp.where(lags <= tau, history[recent], 0.0))
       if policy == "adaptive1":
-        gamma_k = jnp.where(in_window <= alpha - gamma, gamma, 0.0)
+        gamma_k = jnp.where(in_window <= room, gamma_f, 0.0)
       else:
-        gamma_k = jnp.maximum(0.0, jnp.minimum(gamma, alpha - in_window))
+        gamma_k = jnp.maximum(0.0, jnp.minimum(gamma_f, alpha_f - in_window))
       return jnp.where(tau <= window, gamma_k, 0.0).astype(jnp.float32)
 
     gammas = jax.tree.map(step_size, state.steps, taus)

@@ -8,9 +8,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from delayjax._checks import check_float, check_int
-from delayjax.transforms._extra_args import check_like_updates, require_extra
-from delayjax.transforms._staleness import Rule, broadcast_staleness, scale_by_staleness, staleness_weight
+from delayjax.transforms._extra_args import like_updates, require_extra
+from delayjax.transforms._hyperparams import check_number, coefficient, descend
+from delayjax.transforms._staleness import Rule, broadcast_staleness, rule_parameters, scale_by_staleness, staleness_weight
 
 
 class AccumulateSumState(NamedTuple):
@@ -28,7 +28,7 @@ def _tree_select(cond: jax.Array, on_true: Any, on_false: Any) -> Any:
 
 def accumulate_sum(
     inner: optax.GradientTransformation,
-    k: int,
+    k: int | jax.Array,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Sums ``k`` asynchronous gradients, then takes one step of ``inner``.
 
@@ -61,7 +61,8 @@ def accumulate_sum(
 
   Args:
     inner: the optimizer applied to each sum (e.g. ``optax.adam(lr)``).
-    k: how many gradients to sum per inner step, ``>= 1``.
+    k: how many gradients to sum per inner step, an integer ``>= 1`` (or an
+      integer scalar array, e.g. injected by ``optax.inject_hyperparams``).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``.
@@ -82,7 +83,7 @@ def accumulate_sum(
     Transformers <https://arxiv.org/abs/1906.03496>`_, Workshop on Neural
     Generation and Translation (WNGT) 2019.
   """
-  k = check_int("k", k, minimum=1)
+  k = check_number("k", k, minimum=1, integer=True)
   inner = optax.with_extra_args_support(inner)
 
   def init_fn(params):
@@ -107,9 +108,13 @@ def accumulate_sum(
 
 
 def fed_async(
-    mixing: float = 0.9,
+    mixing: float | jax.Array = 0.9,
     rule: Rule = "constant",
-    **rule_kwargs: Any,
+    *,
+    a: float | jax.Array | None = None,
+    b: float | jax.Array | None = None,
+    value: float | jax.Array | None = None,
+    threshold: int | jax.Array | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""FedAsync: mixes a stale client model into the server model.
 
@@ -137,10 +142,16 @@ def fed_async(
   :math:`\alpha \Delta`, bit for bit ``optax.scale(mixing)``; with
   ``mixing=1`` the server simply takes the client's model.
 
+  Per client update: FedAsync weights each client's model by its own
+  staleness. When one server update combines several client deltas,
+  ``dj.per_contribution(dj.fed_async(...))`` mixes each in with its own
+  staleness and read parameters; used directly, this sees one (combined)
+  delta, with one staleness and one ``stale_params``.
+
   Args:
     mixing: :math:`\alpha`, in ``(0, 1]``.
     rule: the staleness function :math:`s` (a :func:`staleness_weight` rule).
-    **rule_kwargs: its parameters (e.g. ``a=0.5`` for ``"polynomial"``).
+    a, b, value, threshold: its parameters (e.g. ``a=0.5`` for ``"polynomial"``).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` that needs ``params`` and the
@@ -160,8 +171,8 @@ def fed_async(
     <https://arxiv.org/abs/1903.03934>`_, 2019;
     the rules follow the authors' code (github.com/xcgoner/async_fl).
   """
-  mixing = check_float("mixing", mixing, minimum=0.0, maximum=1.0, strict_minimum=True)
-  weight = staleness_weight(rule, **rule_kwargs)
+  mixing = check_number("mixing", mixing, minimum=0.0, maximum=1.0, strict_minimum=True)
+  weight = staleness_weight(rule, **rule_parameters(a=a, b=b, value=value, threshold=threshold))
 
   def init_fn(params):
     del params
@@ -171,11 +182,11 @@ def fed_async(
     del extra_args
     params = require_extra("fed_async", "params", params)
     stale_params = require_extra("fed_async", "stale_params", stale_params)
-    check_like_updates("stale_params", stale_params, updates)
+    stale_params = like_updates("stale_params", stale_params, updates)
     taus = broadcast_staleness(staleness, updates)
 
     def mix(delta, x, x_read, tau):
-      alpha_t = (mixing * weight(tau)).astype(delta.dtype)
+      alpha_t = (coefficient(mixing, jnp.float32) * weight(tau)).astype(delta.dtype)
       # Delta - (x - x_read) rather than x_read + Delta - x: exact when x_read == x.
       return alpha_t * (delta - (x - x_read))
 
@@ -186,9 +197,13 @@ def fed_async(
 
 def fed_buff(
     server_optimizer: optax.GradientTransformation,
-    buffer_size: int = 10,
+    buffer_size: int | jax.Array = 10,
     rule: Rule = "polynomial",
-    **rule_kwargs: Any,
+    *,
+    a: float | jax.Array | None = None,
+    b: float | jax.Array | None = None,
+    value: float | jax.Array | None = None,
+    threshold: int | jax.Array | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""FedBuff: buffers ``K`` staleness-weighted client deltas, then one server step.
 
@@ -211,11 +226,19 @@ def fed_buff(
   With ``buffer_size=1`` and ``staleness=0`` the result is
   ``server_optimizer`` applied to :math:`-\Delta`, bit for bit.
 
+  Per client update: FedBuff weights each client delta by its own
+  staleness as it enters the buffer, which this transformation does when
+  each call brings one delta. When the runtime combines several deltas into
+  one call (n-softsync, K-async schedules),
+  ``dj.per_contribution(dj.fed_buff(...))`` weights each with its own
+  staleness.
+
   Args:
     server_optimizer: the server's optimizer (e.g. ``optax.sgd(0.7, 0.9)``).
-    buffer_size: :math:`K`, the number of deltas per server step, ``>= 1``.
+    buffer_size: :math:`K`, the number of deltas per server step, an
+      integer ``>= 1`` (or an integer scalar array).
     rule: the staleness weight :math:`s` (a :func:`staleness_weight` rule).
-    **rule_kwargs: its parameters; ``"polynomial"`` defaults to ``a=0.5``.
+    a, b, value, threshold: its parameters; ``"polynomial"`` defaults to ``a=0.5``.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` that needs the ``staleness``
@@ -237,9 +260,11 @@ def fed_buff(
     with Buffered Asynchronous Aggregation <https://arxiv.org/abs/2106.06639>`_,
     AISTATS 2022.
   """
-  buffer_size = check_int("buffer_size", buffer_size, minimum=1)
+  buffer_size = check_number("buffer_size", buffer_size, minimum=1, integer=True)
+  # -1/K as optax.scale(-1.0 / K) computes it for a Python int, cast to each update's dtype for an array K.
+  inverse = 1.0 / buffer_size if isinstance(buffer_size, int) else 1.0 / coefficient(buffer_size, jnp.float32)
   return optax.chain(
-      scale_by_staleness(rule, **rule_kwargs),
-      optax.scale(-1.0 / buffer_size),
+      scale_by_staleness(rule, a=a, b=b, value=value, threshold=threshold),
+      optax.stateless(lambda updates, params=None: jax.tree.map(lambda u: descend(inverse, u), updates)),
       accumulate_sum(server_optimizer, buffer_size),
   )

@@ -7,9 +7,8 @@ from typing import Any
 import jax
 import optax
 
-from delayjax._checks import check_float
-from delayjax.transforms._hyperparams import LearningRate, check_positive_rate
-from delayjax.transforms._staleness import Rule, scale_by_staleness
+from delayjax.transforms._hyperparams import LearningRate, check_number, check_positive_rate
+from delayjax.transforms._staleness import Rule, rule_parameters, scale_by_staleness
 
 
 def _with_standard_promotion(tx: optax.GradientTransformation) -> optax.GradientTransformationExtraArgs:
@@ -28,17 +27,16 @@ def _with_standard_promotion(tx: optax.GradientTransformation) -> optax.Gradient
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-def _check_betas(b1: float, b2: float, eps: float) -> tuple[float, float, float]:
-  b1 = check_float("b1", b1, minimum=0.0, maximum=1.0)
-  b2 = check_float("b2", b2, minimum=0.0, maximum=1.0)
-  if b1 == 1.0 or b2 == 1.0:
-    raise ValueError(f"b1 and b2 must be < 1, got b1={b1}, b2={b2}.")
-  return b1, b2, check_float("eps", eps, minimum=0.0)
+def _check_betas(b1: Any, b2: Any, eps: Any) -> tuple[Any, Any, Any]:
+  b1 = check_number("b1", b1, minimum=0.0, maximum=1.0, strict_maximum=True)
+  b2 = check_number("b2", b2, minimum=0.0, maximum=1.0, strict_maximum=True)
+  return b1, b2, check_number("eps", eps, minimum=0.0)
 
 
 def _chain(scaling: optax.GradientTransformation, learning_rate: LearningRate, staleness_rule: Rule | None,
            rule_kwargs: dict[str, Any]) -> optax.GradientTransformationExtraArgs:
   links = [_with_standard_promotion(scaling)]
+  rule_kwargs = rule_parameters(**rule_kwargs)
   if staleness_rule is not None:
     links.append(scale_by_staleness(staleness_rule, **rule_kwargs))
   elif rule_kwargs:
@@ -54,7 +52,10 @@ def async_adam(
     eps: float = 1e-8,
     *,
     staleness_rule: Rule | None = None,
-    **rule_kwargs: Any,
+    a: float | jax.Array | None = None,
+    b: float | jax.Array | None = None,
+    value: float | jax.Array | None = None,
+    threshold: int | jax.Array | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Asynchronous Adam: the stale gradient enters both moments; optionally a staleness-scaled step.
 
@@ -80,12 +81,13 @@ def async_adam(
   arithmetic *is* Optax's (``optax.scale_by_adam``).
 
   Args:
-    learning_rate: :math:`\alpha`, a float ``> 0`` or an Optax schedule.
+    learning_rate: :math:`\alpha`, a number ``> 0``, a scalar array or an Optax schedule.
     b1: first-moment decay, in ``[0, 1)``.
     b2: second-moment decay, in ``[0, 1)``.
-    eps: added to the denominator, ``>= 0``.
+    eps: added to the denominator, ``>= 0``. ``b1``, ``b2`` and ``eps`` are
+      numbers or scalar arrays.
     staleness_rule: optional step scaling :math:`s(\tau)`.
-    **rule_kwargs: its parameters.
+    a, b, value, threshold: its parameters (see :func:`staleness_weight`).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; it needs ``staleness`` only
@@ -109,7 +111,8 @@ def async_adam(
   """
   learning_rate = check_positive_rate("learning_rate", learning_rate)
   b1, b2, eps = _check_betas(b1, b2, eps)
-  return _chain(optax.scale_by_adam(b1, b2, eps), learning_rate, staleness_rule, rule_kwargs)
+  return _chain(optax.scale_by_adam(b1, b2, eps), learning_rate, staleness_rule,
+                dict(a=a, b=b, value=value, threshold=threshold))
 
 
 def apam(
@@ -120,7 +123,10 @@ def apam(
     *,
     bias_correction: bool = True,
     staleness_rule: Rule | None = None,
-    **rule_kwargs: Any,
+    a: float | jax.Array | None = None,
+    b: float | jax.Array | None = None,
+    value: float | jax.Array | None = None,
+    threshold: int | jax.Array | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""APAM: asynchronous parallel AMSGrad, the master's update on a stale gradient.
 
@@ -148,13 +154,14 @@ def apam(
   ``optax.amsgrad`` with the same bias-correction flags, bit for bit.
 
   Args:
-    learning_rate: :math:`\alpha`, a float ``> 0`` or an Optax schedule.
+    learning_rate: :math:`\alpha`, a number ``> 0``, a scalar array or an Optax schedule.
     b1: first-moment decay, in ``[0, 1)``.
     b2: second-moment decay, in ``[0, 1)``.
-    eps: added to the denominator, ``>= 0``.
+    eps: added to the denominator, ``>= 0``. ``b1``, ``b2`` and ``eps`` are
+      numbers or scalar arrays.
     bias_correction: correct both moments for their zero start (Optax's default).
     staleness_rule: optional step scaling :math:`s(\tau)`.
-    **rule_kwargs: its parameters.
+    a, b, value, threshold: its parameters (see :func:`staleness_weight`).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``.
@@ -181,4 +188,4 @@ def apam(
     raise TypeError(f"bias_correction must be a bool, got {bias_correction!r}.")
   scaling = optax.scale_by_amsgrad(b1, b2, eps, bias_correction_mu=bias_correction,
                                    bias_correction_nu=bias_correction)
-  return _chain(scaling, learning_rate, staleness_rule, rule_kwargs)
+  return _chain(scaling, learning_rate, staleness_rule, dict(a=a, b=b, value=value, threshold=threshold))

@@ -8,12 +8,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from delayjax._checks import check_float, check_int
 from delayjax.transforms._dc_asgd import delay_compensation
 from delayjax.transforms._extra_args import check_worker, nan_unless
 from delayjax.transforms._hooks import table_rows
 from delayjax.transforms._rows import written_row
-from delayjax.transforms._hyperparams import LearningRate, check_positive_rate, descend, rate_at
+from delayjax.transforms._hyperparams import (LearningRate, check_number, check_positive_rate, check_static_int,
+                                              coefficient, descend, rate_at)
 
 
 class DanaState(NamedTuple):
@@ -33,25 +33,34 @@ class DanaState(NamedTuple):
     return table_rows(self.momentum)
 
 
-def _scale_by_dana(learning_rate: LearningRate, momentum: float, num_workers: int):
+def _lookahead(learning_rate: LearningRate, momentum: Any, count: jax.Array) -> jax.Array:
+  """``eta * gamma`` of the update with index ``count``, in float32 (the state's dtype)."""
+  step, gamma = rate_at(learning_rate, count), momentum
+  if isinstance(step, float) and isinstance(gamma, float):
+    return jnp.asarray(step * gamma, jnp.float32)
+  return coefficient(step, jnp.float32) * coefficient(gamma, jnp.float32)
+
+
+def _scale_by_dana(learning_rate: LearningRate, momentum: Any, num_workers: int):
   def init_fn(params):
     return DanaState(
         count=jnp.zeros([], jnp.int32),
         momentum=jax.tree.map(lambda p: jnp.zeros((num_workers,) + jnp.shape(p), jnp.result_type(p)), params),
-        lookahead=jnp.asarray(rate_at(learning_rate, jnp.zeros([], jnp.int32)) * momentum, jnp.float32))
+        lookahead=_lookahead(learning_rate, momentum, jnp.zeros([], jnp.int32)))
 
   def update_fn(updates, state, params=None, *, worker=None, **extra_args):
     del params, extra_args
     m, in_range = check_worker("dana", worker, num_workers)
     # Same arithmetic as optax.sgd(lr, momentum): v <- g + gamma v, u = -lr v.
-    table = written_row(state.momentum, m, lambda v: jax.tree.map(lambda g, row: g + momentum * row, updates, v))
+    table = written_row(state.momentum, m, lambda v: jax.tree.map(
+        lambda g, row: g + coefficient(momentum, row.dtype) * row, updates, v))
     step = rate_at(learning_rate, state.count)
     out = jax.tree.map(lambda v: descend(nan_unless(in_range, step, v.dtype), v[m]), table)
     count = optax.safe_increment(state.count)
     new_state = DanaState(
         count=count,
         momentum=table,
-        lookahead=jnp.asarray(rate_at(learning_rate, count) * momentum, jnp.float32))
+        lookahead=_lookahead(learning_rate, momentum, count))
     return out, new_state
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
@@ -67,7 +76,7 @@ class DanaSlimState(NamedTuple):
     return table_rows(self.momentum)
 
 
-def _scale_by_dana_slim(learning_rate: LearningRate, momentum: float, num_workers: int):
+def _scale_by_dana_slim(learning_rate: LearningRate, momentum: Any, num_workers: int):
   def init_fn(params):
     return DanaSlimState(
         count=jnp.zeros([], jnp.int32),
@@ -77,8 +86,9 @@ def _scale_by_dana_slim(learning_rate: LearningRate, momentum: float, num_worker
     del params, extra_args
     m, in_range = check_worker("dana_slim", worker, num_workers)
     # Worker side, the arithmetic of optax.sgd(lr, momentum, nesterov=True): v <- g + gamma v, push g + gamma v.
-    table = written_row(state.momentum, m, lambda v: jax.tree.map(lambda g, row: g + momentum * row, updates, v))
-    pushed = jax.tree.map(lambda g, v: g + momentum * v[m], updates, table)
+    table = written_row(state.momentum, m, lambda v: jax.tree.map(
+        lambda g, row: g + coefficient(momentum, row.dtype) * row, updates, v))
+    pushed = jax.tree.map(lambda g, v: g + coefficient(momentum, v.dtype) * v[m], updates, table)
     # Server side: a plain SGD step on what the worker pushed.
     step = rate_at(learning_rate, state.count)
     out = jax.tree.map(lambda d: descend(nan_unless(in_range, step, d.dtype), d), pushed)
@@ -90,15 +100,13 @@ def _scale_by_dana_slim(learning_rate: LearningRate, momentum: float, num_worker
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-def _checked_arguments(learning_rate: LearningRate, momentum: float, num_workers: int):
+def _checked_arguments(learning_rate: LearningRate, momentum: Any, num_workers: int):
   learning_rate = check_positive_rate("learning_rate", learning_rate)
-  momentum = check_float("momentum", momentum, minimum=0.0, maximum=1.0)
-  if momentum == 1.0:
-    raise ValueError("momentum must be < 1, got 1.0.")
-  return learning_rate, momentum, check_int("num_workers", num_workers, minimum=1)
+  momentum = check_number("momentum", momentum, minimum=0.0, maximum=1.0, strict_maximum=True)
+  return learning_rate, momentum, check_static_int("num_workers", num_workers, minimum=1)
 
 
-def _with_delay_compensation(core, num_workers: int, dc_lambda: float | None, dc_adaptive: bool):
+def _with_delay_compensation(core, num_workers: int, dc_lambda: Any, dc_adaptive: bool):
   """``core``, or DC-ASGD's correction chained before it when ``dc_lambda`` is given."""
   if dc_lambda is None:
     if dc_adaptive:
@@ -110,10 +118,10 @@ def _with_delay_compensation(core, num_workers: int, dc_lambda: float | None, dc
 
 def dana(
     learning_rate: LearningRate,
-    momentum: float = 0.9,
+    momentum: float | jax.Array = 0.9,
     num_workers: int = 1,
     *,
-    dc_lambda: float | None = None,
+    dc_lambda: float | jax.Array | None = None,
     dc_adaptive: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   r"""DANA: asynchronous SGD with one momentum per worker and a look-ahead read.
@@ -158,9 +166,11 @@ def dana(
   for DANA is the look-ahead the worker computed at).
 
   Args:
-    learning_rate: :math:`\eta`, a float ``> 0`` or an Optax schedule.
-    momentum: :math:`\gamma`, in ``[0, 1)``.
-    num_workers: :math:`M`, ``>= 1``.
+    learning_rate: :math:`\eta`, a number ``> 0``, a scalar array or an Optax
+      schedule.
+    momentum: :math:`\gamma`, in ``[0, 1)``, a number or a scalar array.
+    num_workers: :math:`M`, ``>= 1``, a Python int (it sizes the state: name
+      it in ``static_args`` of ``optax.inject_hyperparams``).
     dc_lambda: if given, add DC-ASGD's correction with this :math:`\lambda`.
     dc_adaptive: use DC-ASGD-a (per-worker mean square) for that correction.
 
@@ -190,10 +200,10 @@ def dana(
 
 def dana_slim(
     learning_rate: LearningRate,
-    momentum: float = 0.9,
+    momentum: float | jax.Array = 0.9,
     num_workers: int = 1,
     *,
-    dc_lambda: float | None = None,
+    dc_lambda: float | jax.Array | None = None,
     dc_adaptive: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   r"""DANA-Slim: DANA with the momentum kept by the workers and the look-ahead held as the parameters.
@@ -233,9 +243,11 @@ def dana_slim(
   above and pinned by the tests against :func:`dana` and Optax.
 
   Args:
-    learning_rate: :math:`\eta`, a float ``> 0`` or an Optax schedule.
-    momentum: :math:`\gamma`, in ``[0, 1)``.
-    num_workers: :math:`M`, ``>= 1``.
+    learning_rate: :math:`\eta`, a number ``> 0``, a scalar array or an Optax
+      schedule.
+    momentum: :math:`\gamma`, in ``[0, 1)``, a number or a scalar array.
+    num_workers: :math:`M`, ``>= 1``, a Python int (it sizes the state: name
+      it in ``static_args`` of ``optax.inject_hyperparams``).
     dc_lambda: if given, add DC-ASGD's correction with this :math:`\lambda`.
     dc_adaptive: use DC-ASGD-a (per-worker mean square) for that correction.
 

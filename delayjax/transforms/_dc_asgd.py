@@ -8,9 +8,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from delayjax._checks import check_float, check_int
-from delayjax.transforms._extra_args import check_like_updates, check_worker, nan_unless, require_extra
+from delayjax.transforms._extra_args import check_worker, like_updates, nan_unless, require_extra
 from delayjax.transforms._hooks import table_rows
+from delayjax.transforms._hyperparams import check_number, check_static_int, coefficient
 from delayjax.transforms._rows import written_row
 
 
@@ -30,11 +30,11 @@ class PerWorkerDelayCompensationState(DelayCompensationState):
 
 
 def delay_compensation(
-    lam: float | None = None,
+    lam: float | jax.Array | None = None,
     *,
     adaptive: bool = False,
-    momentum: float = 0.95,
-    eps: float = 1e-7,
+    momentum: float | jax.Array = 0.95,
+    eps: float | jax.Array = 1e-7,
     num_workers: int | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Compensates a stale gradient with a first-order Taylor term (DC-ASGD).
@@ -67,6 +67,21 @@ def delay_compensation(
   When ``stale_params`` equals ``params`` (zero staleness) the correction
   is exactly zero and the gradient passes through bit for bit.
 
+  Per gradient: the correction uses the gradient's own backup weights
+  :math:`w_{bak}` (and, per worker, its worker's mean square), as the
+  paper's parameter server does for each push. When an update averages
+  several gradients read at different versions (n-softsync, K-async),
+  ``optax.chain(dj.per_contribution(dj.delay_compensation(...)), ...)``
+  corrects each with its own ``stale_params`` and ``worker`` before they are
+  combined; used directly, it corrects the combined gradient with the one
+  ``stale_params`` it is given.
+
+  Hyper-parameters (``lam``, ``momentum``, ``eps``) are Python numbers or
+  scalar arrays, so ``optax.inject_hyperparams`` can change them between
+  steps and ``jax.vmap`` can sweep them; ``num_workers`` sizes the state and
+  must be a Python int (with ``inject_hyperparams``, name it in
+  ``static_args``).
+
   Args:
     lam: the variance-control parameter :math:`\lambda` (``>= 0``). Defaults
       to 2.0 with ``adaptive=True`` (the paper's :math:`\lambda_0` for
@@ -97,15 +112,14 @@ def delay_compensation(
   """
   if lam is None:
     lam = 2.0 if adaptive else 0.04
-  lam = check_float("lam", lam, minimum=0.0)
+  lam = check_number("lam", lam, minimum=0.0)
   if not isinstance(adaptive, bool):
     raise TypeError(f"adaptive must be a bool, got {adaptive!r}.")
-  mu = check_float("momentum", momentum, minimum=0.0, maximum=1.0)
-  if mu == 1.0:
-    raise ValueError("momentum must be < 1 (the mean square would never move), got 1.0.")
-  eps = check_float("eps", eps, minimum=0.0)
+  # mu = 1 would freeze the mean square at zero.
+  mu = check_number("momentum", momentum, minimum=0.0, maximum=1.0, strict_maximum=True)
+  eps = check_number("eps", eps, minimum=0.0)
   if num_workers is not None:
-    num_workers = check_int("num_workers", num_workers, minimum=1)
+    num_workers = check_static_int("num_workers", num_workers, minimum=1)
   per_worker = adaptive and num_workers is not None
 
   def init_fn(params):
@@ -122,14 +136,15 @@ def delay_compensation(
     del extra_args
     params = require_extra("delay_compensation", "params", params)
     stale_params = require_extra("delay_compensation", "stale_params", stale_params)
-    check_like_updates("stale_params", stale_params, updates)
+    stale_params = like_updates("stale_params", stale_params, updates)
     diff = jax.tree.map(lambda w, w_bak: w - w_bak, params, stale_params)
     if not adaptive:
-      out = jax.tree.map(lambda g, d: g + lam * g * g * d, updates, diff)
+      out = jax.tree.map(lambda g, d: g + coefficient(lam, g.dtype) * g * g * d, updates, diff)
       return out, state
 
     def mean_square(old):
-      return jax.tree.map(lambda ms, g: mu * ms + (1.0 - mu) * g * g, old, updates)
+      return jax.tree.map(
+          lambda ms, g: coefficient(mu, ms.dtype) * ms + coefficient(1.0 - mu, ms.dtype) * g * g, old, updates)
 
     in_range = None
     if per_worker:
@@ -138,8 +153,10 @@ def delay_compensation(
       new = jax.tree.map(lambda ms: ms[m], table)
     else:
       new = table = mean_square(state.mean_square)
-    out = jax.tree.map(lambda g, d, ms: g + nan_unless(in_range, lam, ms.dtype) / jnp.sqrt(ms + eps) * g * g * d,
-                       updates, diff, new)
+    out = jax.tree.map(
+        lambda g, d, ms: g + nan_unless(in_range, coefficient(lam, ms.dtype), ms.dtype)
+        / jnp.sqrt(ms + coefficient(eps, ms.dtype)) * g * g * d,
+        updates, diff, new)
     return out, type(state)(mean_square=table)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)

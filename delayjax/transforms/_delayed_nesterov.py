@@ -8,8 +8,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from delayjax._checks import check_float, check_int
-from delayjax.transforms._hyperparams import LearningRate, check_positive_rate, descend, rate_at
+from delayjax.transforms._hyperparams import LearningRate, check_number, check_positive_rate, coefficient, descend, rate_at
 
 
 class DelayedNesterovState(NamedTuple):
@@ -23,8 +22,8 @@ class DelayedNesterovState(NamedTuple):
 
 def delayed_nesterov(
     learning_rate: LearningRate,
-    momentum: float = 0.9,
-    buffer_size: int = 1,
+    momentum: float | jax.Array = 0.9,
+    buffer_size: int | jax.Array = 1,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Delayed Nesterov momentum: a plain step per push, the momentum every ``N``-th.
 
@@ -64,10 +63,11 @@ def delayed_nesterov(
   "Nesterov, delayed".
 
   Args:
-    learning_rate: :math:`\epsilon`, a float ``> 0`` or an Optax schedule of
-      the push count.
-    momentum: :math:`\beta`, in ``[0, 1)``.
-    buffer_size: :math:`N`, pushes per momentum update, ``>= 1``.
+    learning_rate: :math:`\epsilon`, a number ``> 0``, a scalar array or an
+      Optax schedule of the push count.
+    momentum: :math:`\beta`, in ``[0, 1)``, a number or a scalar array.
+    buffer_size: :math:`N`, pushes per momentum update, an integer ``>= 1``
+      or an integer scalar array.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``.
@@ -88,10 +88,8 @@ def delayed_nesterov(
     <https://arxiv.org/abs/2401.09135>`_, 2024.
   """
   learning_rate = check_positive_rate("learning_rate", learning_rate)
-  beta = check_float("momentum", momentum, minimum=0.0, maximum=1.0)
-  if beta == 1.0:
-    raise ValueError("momentum must be < 1, got 1.0.")
-  n = check_int("buffer_size", buffer_size, minimum=1)
+  beta = check_number("momentum", momentum, minimum=0.0, maximum=1.0, strict_maximum=True)
+  n = check_number("buffer_size", buffer_size, minimum=1, integer=True)
 
   def init_fn(params):
     zeros = jax.tree.map(jnp.zeros_like, params)
@@ -103,9 +101,11 @@ def delayed_nesterov(
     buffer = jax.tree.map(lambda b, g: b + g, state.buffer, updates)
     cycle_end = state.pending + 1 >= n
     # Written in optax.trace's order (g + beta * m) so that N = 1 matches optax.sgd bit for bit.
-    candidate = jax.tree.map(lambda b, m: b / n + beta * m, buffer, state.momentum)
+    candidate = jax.tree.map(
+        lambda b, m: b / coefficient(n, b.dtype) + coefficient(beta, m.dtype) * m, buffer, state.momentum)
     direction = jax.tree.map(
-        lambda g, c: jnp.where(cycle_end, g / n + beta * c, g / n), updates, candidate)
+        lambda g, c: jnp.where(cycle_end, g / coefficient(n, g.dtype) + coefficient(beta, c.dtype) * c,
+                               g / coefficient(n, g.dtype)), updates, candidate)
     step = rate_at(learning_rate, state.count)
     out = jax.tree.map(lambda d: descend(step, d), direction)
     new_state = DelayedNesterovState(

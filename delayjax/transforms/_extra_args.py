@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import chex
 import jax
 import jax.numpy as jnp
+import optax
 
 
 def require_extra(transform: str, name: str, value: Any, what: str = "", *, runtime_passes: bool = True) -> Any:
@@ -57,12 +59,64 @@ def nan_unless(in_range: jax.Array | None, scalar: Any, dtype: Any) -> Any:
   return jnp.where(in_range, jnp.asarray(scalar, dtype), jnp.asarray(jnp.nan, dtype))
 
 
-def check_like_updates(name: str, tree: Any, updates: Any) -> None:
-  """Raises a ValueError unless ``tree`` has the structure and leaf shapes of ``updates``."""
-  if jax.tree.structure(tree) != jax.tree.structure(updates):
+def _is_masked(x: Any) -> bool:
+  return isinstance(x, optax.MaskedNode)
+
+
+def masked_like(tree: Any, updates: Any) -> Any:
+  """The part of ``tree`` that matches ``updates`` when an Optax mask has hidden some of the updates.
+
+  ``optax.masked`` and ``optax.multi_transform`` replace the updates and
+  parameters outside a group by ``optax.MaskedNode`` but pass extra arguments
+  through whole. Where ``updates`` has a ``MaskedNode``, the corresponding
+  subtree of ``tree`` is replaced by one too; a ``tree`` that already matches
+  (no mask, or ``mask_compatible_extra_args=True``) is returned as it is, and
+  one that matches neither way is returned as it is for the caller's error.
+  """
+  if jax.tree.structure(tree) == jax.tree.structure(updates):
+    return tree
+  masked = jax.tree.leaves(updates, is_leaf=_is_masked)
+  if not any(_is_masked(u) for u in masked):
+    return tree
+  outer = jax.tree.structure(updates, is_leaf=_is_masked)
+  try:
+    parts = outer.flatten_up_to(tree)
+  except (ValueError, TypeError):
+    return tree
+  return outer.unflatten([optax.MaskedNode() if _is_masked(u) else p for u, p in zip(masked, parts)])
+
+
+def like_updates(name: str, tree: Any, updates: Any, *, batch: int | None = None) -> Any:
+  """``tree`` (an extra argument) matched to ``updates``; raises a ValueError naming ``name`` if it does not match.
+
+  Inside ``optax.masked`` or ``optax.multi_transform`` the part of ``tree``
+  under the group's updates is taken (:func:`masked_like`), so every
+  transformation that takes a tree-valued extra argument works per group.
+
+  Args:
+    name: the extra argument's name, for errors.
+    tree: its value, a pytree with the structure of the updates.
+    updates: the updates the transformation received.
+    batch: if given, every leaf of ``tree`` has a leading axis of this size
+      before the shape of the update's leaf.
+
+  Returns:
+    ``tree``, or its part under the (masked) updates.
+  """
+  tree = masked_like(tree, updates)
+  try:
+    chex.assert_trees_all_equal_structs(tree, updates)
+  except AssertionError:
     raise ValueError(
         f"{name} must have the structure of the updates {jax.tree.structure(updates)}; got "
-        f"{jax.tree.structure(tree)}.")
-  for x, g in zip(jax.tree.leaves(tree), jax.tree.leaves(updates)):
-    if jnp.shape(x) != jnp.shape(g):
-      raise ValueError(f"{name} leaves must have the shapes of the updates; got {jnp.shape(x)} for {jnp.shape(g)}.")
+        f"{jax.tree.structure(tree)}.") from None
+  expected = updates if batch is None else jax.tree.map(
+      lambda g: jax.ShapeDtypeStruct((batch,) + jnp.shape(g), jnp.result_type(g)), updates)
+  try:
+    chex.assert_trees_all_equal_shapes(tree, expected)
+  except AssertionError as error:
+    what = "the shapes of the updates" if batch is None else (
+        f"shape [len(sample_indices), *update_shape] (a leading axis of {batch})")
+    detail = str(error).split("failed:", 1)[-1].strip()
+    raise ValueError(f"{name} leaves must have {what}: {detail}") from None
+  return tree

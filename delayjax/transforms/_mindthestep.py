@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import jax
 import jax.numpy as jnp
 import optax
 
-from delayjax._checks import check_float
-from delayjax.transforms._hyperparams import LearningRate, check_positive_rate
+from delayjax.transforms._hyperparams import LearningRate, check_number, check_positive_rate, coefficient
 from delayjax.transforms._momentum import implicit_momentum
 from delayjax.transforms._staleness import StalenessFn, scale_by_staleness
 
@@ -84,20 +84,26 @@ def mindthestep_weight(
     Allerton 2016.
   """
   q = implicit_momentum(num_workers, staleness_probs=staleness_probs)
-  target = check_float("target_momentum", target_momentum, minimum=0.0)
-  if target > q:
+  target = check_number("target_momentum", target_momentum, minimum=0.0)
+  if not isinstance(target, jax.core.Tracer) and float(target) > q:
     raise ValueError(
         f"target_momentum must be in [0, {q}] (the modelled implicit momentum: the weight may damp stale "
-        f"gradients, not amplify them), got {target}.")
-  scale = (1.0 - target) / (1.0 - q)
-  # q = 0 forces target = 0: only fresh gradients exist under the model, and they keep their weight.
-  ratio = target / q if q > 0.0 else 0.0
+        f"gradients, not amplify them), got {float(target)}.")
+  if isinstance(target, float):
+    scale = (1.0 - target) / (1.0 - q)
+    # q = 0 forces target = 0: only fresh gradients exist under the model, and they keep their weight.
+    ratio = target / q if q > 0.0 else 0.0
+  else:
+    # An array (injected or swept): the same formulas in float32.
+    target = coefficient(target, jnp.float32)
+    scale = (1.0 - target) / jnp.float32(1.0 - q)
+    ratio = target / jnp.float32(q) if q > 0.0 else jnp.zeros([], jnp.float32)
 
   def weight(tau):
     tau = jnp.asarray(tau, jnp.int32)
     # Explicit at tau = 0 so a zero ratio gives scale there, not 0 ** 0.
-    decay = jnp.where(tau == 0, 1.0, jnp.power(jnp.float32(ratio), tau.astype(jnp.float32)))
-    return (scale * decay).astype(jnp.float32)
+    decay = jnp.where(tau == 0, 1.0, jnp.power(coefficient(ratio, jnp.float32), tau.astype(jnp.float32)))
+    return (coefficient(scale, jnp.float32) * decay).astype(jnp.float32)
 
   return weight
 
@@ -127,10 +133,13 @@ def mindthestep(
   is 1 for every staleness.
 
   Args:
-    learning_rate: :math:`\eta`, a float ``> 0`` or an Optax schedule.
-    num_workers: :math:`M \ge 1`, for the model :math:`q = 1 - 1/M`.
+    learning_rate: :math:`\eta`, a number ``> 0``, a scalar array or an Optax
+      schedule.
+    num_workers: :math:`M \ge 1`, for the model :math:`q = 1 - 1/M` (a Python
+      int: with ``optax.inject_hyperparams``, name it in ``static_args``).
     staleness_probs: alternatively, the measured staleness distribution.
-    target_momentum: :math:`\mu^*`, in :math:`[0, q]`.
+    target_momentum: :math:`\mu^*`, in :math:`[0, q]`, a number or a scalar
+      array.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` that needs the ``staleness``

@@ -6,7 +6,8 @@ from typing import Sequence
 
 import numpy as np
 
-from delayjax._checks import check_float, check_int
+from delayjax._checks import check_float
+from delayjax.transforms._hyperparams import check_static_int
 
 
 def implicit_momentum(num_workers: int | None = None, *, staleness_probs: Sequence[float] | None = None) -> float:
@@ -36,7 +37,7 @@ def implicit_momentum(num_workers: int | None = None, *, staleness_probs: Sequen
   if (num_workers is None) == (staleness_probs is None):
     raise ValueError("give exactly one of num_workers and staleness_probs.")
   if num_workers is not None:
-    m = check_int("num_workers", num_workers, minimum=1)
+    m = check_static_int("num_workers", num_workers, minimum=1)
     return 1.0 - 1.0 / m
   p = np.asarray(staleness_probs, np.float64)
   if p.ndim != 1 or p.size == 0:

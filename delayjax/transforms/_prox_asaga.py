@@ -9,9 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from delayjax._checks import check_int
 from delayjax.transforms._extra_args import require_extra
-from delayjax.transforms._hyperparams import check_positive_rate, rate_at
+from delayjax.transforms._hyperparams import check_positive_rate, check_static_int, rate_at
 from delayjax.transforms._proximal import ProxFn
 from delayjax.transforms._rows import after_reads
 
@@ -139,7 +138,7 @@ def prox_asaga(num_samples: int, learning_rate: float | optax.Schedule, prox: Pr
 
   Args:
     num_samples: :math:`n` (``>= 1``).
-    learning_rate: :math:`\gamma`, a float ``> 0`` or a schedule of the
+    learning_rate: :math:`\gamma`, a number ``> 0``, a scalar array or a schedule of the
       update count (the paper's analysis takes :math:`\gamma = 1/(5L)`).
     prox: ``(x, step) -> prox_{step g}(x)``, coordinate-wise (see above).
     support_counts: :math:`n_j`, integers ``[d]`` in ``[0, n]``, e.g.
@@ -181,7 +180,7 @@ def prox_asaga(num_samples: int, learning_rate: float | optax.Schedule, prox: Pr
     With Support for Non-Strongly Convex Composite Objectives
     <https://arxiv.org/abs/1407.0202>`_, NeurIPS 2014.
   """
-  n = check_int("num_samples", num_samples, minimum=1)
+  n = check_static_int("num_samples", num_samples, minimum=1)
   learning_rate = check_positive_rate("learning_rate", learning_rate)
   if not callable(prox):
     raise TypeError(f"prox must be a callable (x, step) -> x, got {prox!r}.")

@@ -9,8 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from delayjax._checks import check_float
-from delayjax.transforms._hyperparams import check_positive_rate, rate_at
+from delayjax.transforms._hyperparams import check_number, check_positive_rate, rate_at
 
 ProxFn = Callable[[Any, Any], Any]
 
@@ -27,12 +26,12 @@ def prox_l1(strength: float) -> ProxFn:
     \text{prox}_{\gamma R}(x) = \text{sign}(x) \max(|x| - \gamma\lambda, 0)
 
   Args:
-    strength: :math:`\lambda \ge 0`.
+    strength: :math:`\lambda \ge 0`, a number or a scalar array.
 
   Returns:
     A function ``(x, step) -> prox_{step R}(x)`` on pytrees.
   """
-  lam = check_float("strength", strength, minimum=0.0)
+  lam = check_number("strength", strength, minimum=0.0)
 
   def prox(tree, step):
     return jax.tree.map(lambda x: jnp.sign(x) * jnp.maximum(jnp.abs(x) - _as(step, x) * _as(lam, x), _as(0, x)), tree)
@@ -48,14 +47,14 @@ def prox_elastic_net(l1: float, l2: float) -> ProxFn:
     \text{prox}_{\gamma R}(x) = \frac{\text{sign}(x) \max(|x| - \gamma\lambda_1, 0)}{1 + \gamma\lambda_2}
 
   Args:
-    l1: :math:`\lambda_1 \ge 0`.
-    l2: :math:`\lambda_2 \ge 0`.
+    l1: :math:`\lambda_1 \ge 0`, a number or a scalar array.
+    l2: :math:`\lambda_2 \ge 0`, a number or a scalar array.
 
   Returns:
     A function ``(x, step) -> prox_{step R}(x)`` on pytrees.
   """
   soft = prox_l1(l1)
-  l2 = check_float("l2", l2, minimum=0.0)
+  l2 = check_number("l2", l2, minimum=0.0)
 
   def prox(tree, step):
     return jax.tree.map(lambda z: z / (_as(1, z) + _as(step, z) * _as(l2, z)), soft(tree, step))
@@ -128,7 +127,7 @@ def proximal(prox: ProxFn, learning_rate: float | optax.Schedule) -> optax.Gradi
   Args:
     prox: ``(x, step) -> prox_{step R}(x)`` on pytrees, e.g. :func:`prox_l1`,
       :func:`prox_elastic_net`, :func:`prox_box`.
-    learning_rate: :math:`\gamma`, a float ``> 0`` or a schedule of the
+    learning_rate: :math:`\gamma`, a number ``> 0``, a scalar array or a schedule of the
       update count; the same as the chained step's.
 
   Returns:

@@ -6,9 +6,11 @@ from typing import Any, Callable, Union
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
-from delayjax._checks import check_float, check_int
+from delayjax.transforms._extra_args import masked_like
+from delayjax.transforms._hyperparams import check_number
 
 StalenessFn = Callable[[jax.Array], jax.Array]
 Rule = Union[str, StalenessFn]
@@ -61,10 +63,13 @@ def staleness_weight(rule: Rule = "inverse", **kwargs: Any) -> StalenessFn:
 
   Args:
     rule: a rule name or a callable.
-    **kwargs: the rule's parameters, listed above.
+    **kwargs: the rule's parameters, listed above: Python numbers or scalar
+      arrays (traced ones too: ``jax.vmap`` sweeps, ``optax.inject_hyperparams``);
+      concrete values are checked.
 
   Returns:
-    A jittable function of an int32 array giving float32 weights.
+    A jittable function of an int32 array giving float32 weights; it
+    refuses a concrete staleness that is negative or not an integer.
 
   Raises:
     ValueError: for an unknown rule name or out-of-range parameters.
@@ -73,7 +78,7 @@ def staleness_weight(rule: Rule = "inverse", **kwargs: Any) -> StalenessFn:
   if callable(rule):
     if kwargs:
       raise TypeError(f"a callable staleness rule takes no keyword arguments, got {sorted(kwargs)}.")
-    return lambda tau: jnp.asarray(rule(jnp.asarray(tau, jnp.int32)), jnp.float32)
+    return _checked(lambda tau: jnp.asarray(rule(jnp.asarray(tau, jnp.int32)), jnp.float32))
   if not isinstance(rule, str) or rule not in _RULE_ARGS:
     raise ValueError(f"rule must be one of {', '.join(map(repr, RULES))} or a callable; got {rule!r}.")
   kw = _rule_kwargs(rule, kwargs)
@@ -81,39 +86,84 @@ def staleness_weight(rule: Rule = "inverse", **kwargs: Any) -> StalenessFn:
   def as_float(tau):
     return jnp.asarray(tau, jnp.int32).astype(jnp.float32)
 
+  def f32(value):
+    # A Python float or an (injected, traced) array parameter, in the weights' dtype.
+    return jnp.asarray(value, jnp.float32)
+
   if rule == "inverse":
-    return lambda tau: 1.0 / jnp.maximum(as_float(tau), 1.0)
+    return _checked(lambda tau: 1.0 / jnp.maximum(as_float(tau), 1.0))
   if rule == "polynomial":
-    a = check_float("a", kw["a"], minimum=0.0)
-    return lambda tau: jnp.power(1.0 + as_float(tau), -a)
+    a = check_number("a", kw["a"], minimum=0.0)
+    return _checked(lambda tau: jnp.power(1.0 + as_float(tau), -f32(a)))
   if rule == "hinge":
-    a = check_float("a", kw["a"], minimum=0.0)
-    b = check_float("b", kw["b"], minimum=0.0)
-    return lambda tau: jnp.where(as_float(tau) <= b, 1.0, 1.0 / (a * (as_float(tau) - b) + 1.0))
+    a = check_number("a", kw["a"], minimum=0.0)
+    b = check_number("b", kw["b"], minimum=0.0)
+    return _checked(lambda tau: jnp.where(as_float(tau) <= f32(b), 1.0, 1.0 / (f32(a) * (as_float(tau) - f32(b)) + 1.0)))
   if rule == "exponential":
-    a = check_float("a", kw["a"], minimum=0.0)
-    return lambda tau: jnp.exp(-a * as_float(tau))
+    a = check_number("a", kw["a"], minimum=0.0)
+    return _checked(lambda tau: jnp.exp(-f32(a) * as_float(tau)))
   if rule == "constant":
-    value = check_float("value", kw["value"])
-    return lambda tau: jnp.full(jnp.shape(tau), value, jnp.float32)
-  threshold = check_int("threshold", kw["threshold"], minimum=0)
-  return lambda tau: jnp.where(jnp.asarray(tau, jnp.int32) <= threshold, 1.0, 0.0).astype(jnp.float32)
+    value = check_number("value", kw["value"])
+    return _checked(lambda tau: jnp.full(jnp.shape(tau), value, jnp.float32))
+  threshold = check_number("threshold", kw["threshold"], minimum=0, integer=True)
+  return _checked(lambda tau: jnp.where(jnp.asarray(tau, jnp.int32) <= jnp.asarray(threshold, jnp.int32), 1.0,
+                                        0.0).astype(jnp.float32))
+
+
+def _checked(weight: StalenessFn) -> StalenessFn:
+  """``weight``, refusing a concrete staleness that is negative or not an integer (see :func:`check_staleness`)."""
+
+  def checked(tau):
+    check_staleness("staleness", tau)
+    return weight(tau)
+
+  return checked
+
+
+def check_staleness(name: str, staleness: Any) -> None:
+  """Raises unless every concrete value in ``staleness`` (a number, an array or a pytree of them) is an integer >= 0.
+
+  A float with an integer value (``3.0``) is accepted; ``2.7``, ``-3``, NaN
+  and booleans are not. Traced values (inside ``jit``, ``vmap`` or
+  ``lax.scan``) cannot be checked: they are cast to int32 as they are (a
+  float is truncated towards zero) and a negative one gives the rule's value
+  at that negative staleness. The delayjax runtimes compute staleness as
+  ``u - v >= 0`` and never pass such values.
+  """
+  for leaf in jax.tree.leaves(staleness):
+    if isinstance(leaf, jax.core.Tracer):
+      continue
+    value = np.asarray(leaf)
+    if value.dtype == np.bool_ or not (np.issubdtype(value.dtype, np.integer) or np.issubdtype(value.dtype, np.floating)):
+      raise TypeError(f"{name} must be an integer >= 0 (or a pytree of them), got {leaf!r} of dtype {value.dtype}.")
+    if np.issubdtype(value.dtype, np.floating):
+      bad = ~np.isfinite(value) | (value < 0) | (np.mod(np.nan_to_num(value), 1) != 0)
+    else:
+      bad = value < 0
+    if np.any(bad):
+      first = value[bad].flat[0].item()
+      raise ValueError(f"{name} must be an integer >= 0 (a number of updates), got {first!r}.")
 
 
 def broadcast_staleness(staleness: Any, updates: Any, name: str = "staleness") -> Any:
   """Returns one int32 staleness per leaf of ``updates``.
 
   ``staleness`` is a scalar shared by every leaf, or a pytree with the
-  structure of ``updates`` (per-leaf, layer-wise staleness).
+  structure of ``updates`` (per-leaf, layer-wise staleness). Concrete values
+  are checked with :func:`check_staleness`.
 
   Raises:
-    ValueError: if ``staleness`` is missing or its tree does not match.
+    ValueError: if ``staleness`` is missing, its tree does not match, or a
+      concrete value is negative or not an integer.
   """
   if staleness is None:
     raise ValueError(
         f"this transformation needs the extra argument {name}= (int32 scalar or a pytree matching the "
         f"updates); the delayjax runtimes pass it, a hand-written loop must pass it to update().")
+  check_staleness(name, staleness)
   if not jax.tree_util.treedef_is_leaf(jax.tree.structure(staleness)):
+    # Inside optax.masked / multi_transform, the part of a per-leaf staleness under the group's updates.
+    staleness = masked_like(staleness, updates)
     if jax.tree.structure(staleness) != jax.tree.structure(updates):
       raise ValueError(
           f"{name} must be a scalar or a pytree with the structure of the updates "
@@ -125,7 +175,24 @@ def broadcast_staleness(staleness: Any, updates: Any, name: str = "staleness") -
   return jax.tree.map(lambda _: tau, updates)
 
 
-def scale_by_staleness(rule: Rule = "inverse", **rule_kwargs: Any) -> optax.GradientTransformationExtraArgs:
+def rule_parameters(**given: Any) -> dict[str, Any]:
+  """The staleness rule's parameters that were given (not ``None``), for :func:`staleness_weight`.
+
+  Transformations that take a staleness rule name its parameters
+  (``a``, ``b``, ``value``, ``threshold``) in their signatures, so that
+  ``optax.inject_hyperparams`` can inject them, and pass them on with this.
+  """
+  return {k: v for k, v in given.items() if v is not None}
+
+
+def scale_by_staleness(
+    rule: Rule = "inverse",
+    *,
+    a: float | jax.Array | None = None,
+    b: float | jax.Array | None = None,
+    value: float | jax.Array | None = None,
+    threshold: int | jax.Array | None = None,
+) -> optax.GradientTransformationExtraArgs:
   r"""Scales each update by a function of its staleness.
 
   .. math::
@@ -143,10 +210,24 @@ def scale_by_staleness(rule: Rule = "inverse", **rule_kwargs: Any) -> optax.Grad
   With ``staleness=0`` every built-in rule at its default parameters has
   :math:`s = 1` and the update is returned bit for bit.
 
+  Per gradient: Zhang et al. define the step :math:`\alpha_0 / \tau` for each
+  gradient with that gradient's own staleness. When an update averages
+  several gradients of different staleness (n-softsync, K-async, K-batch),
+  ``optax.chain(dj.per_contribution(dj.scale_by_staleness(...)), ...)``
+  applies the weight to each contribution before they are combined, as the
+  paper does; used directly, this transformation sees the combined update
+  and one staleness (what the runtimes pass for it) and weights that.
+
+  Concrete staleness values that are negative or not integers are refused
+  (``ValueError``); traced ones are not checked (see :func:`check_staleness`).
+
   Args:
     rule: ``"inverse"``, ``"polynomial"``, ``"hinge"``, ``"exponential"``,
       ``"constant"``, ``"drop"`` or a callable ``tau -> weight``.
-    **rule_kwargs: the rule's parameters (see :func:`staleness_weight`).
+    a, b, value, threshold: the rule's parameters (see
+      :func:`staleness_weight`; only those of ``rule`` may be given). Each is a
+      Python number or a scalar array, so ``optax.inject_hyperparams`` can
+      change them between steps and ``jax.vmap`` can sweep them.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` that needs the ``staleness``
@@ -170,7 +251,7 @@ def scale_by_staleness(rule: Rule = "inverse", **rule_kwargs: Any) -> optax.Grad
     Nguyen et al., `Federated Learning with Buffered Asynchronous Aggregation
     <https://arxiv.org/abs/2106.06639>`_, AISTATS 2022.
   """
-  weight = staleness_weight(rule, **rule_kwargs)
+  weight = staleness_weight(rule, **rule_parameters(a=a, b=b, value=value, threshold=threshold))
 
   def init_fn(params):
     del params

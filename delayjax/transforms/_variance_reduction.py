@@ -9,8 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from delayjax._checks import check_choice, check_int
-from delayjax.transforms._extra_args import check_like_updates, require_extra
+from delayjax._checks import check_choice
+from delayjax.transforms._extra_args import like_updates, masked_like, require_extra
+from delayjax.transforms._hyperparams import check_static_int
 from delayjax.transforms._rows import after_reads
 
 SAGA_TABLES = ("gradients", "scalars")
@@ -144,12 +145,12 @@ def svrg() -> optax.GradientTransformationExtraArgs:
     require_extra("svrg", "snapshot_grad", snapshot_grad,
                   "the gradient of the same minibatch at the snapshot parameters, a pytree like the updates",
                   runtime_passes=False)
-    check_like_updates("snapshot_grad", snapshot_grad, updates)
+    snapshot_grad = like_updates("snapshot_grad", snapshot_grad, updates)
     snapshot, mu, num = state.snapshot, state.full_grad, state.num_snapshots
     if full_grad is not None:
       if params is None:
         raise ValueError("svrg needs params when full_grad= is given: they become the new snapshot.")
-      check_like_updates("full_grad", full_grad, updates)
+      full_grad = like_updates("full_grad", full_grad, updates)
       take = jnp.asarray(True if refresh is None else refresh)
       if take.shape != () or take.dtype != jnp.bool_:
         raise ValueError(f"refresh must be a bool scalar, got dtype {take.dtype} and shape {take.shape}.")
@@ -202,18 +203,6 @@ def _sample_mask(sample_mask: Any, batch: int, single: bool) -> jax.Array:
   if mask.shape != (batch,):
     raise ValueError(f"sample_mask must have shape [len(sample_indices)] = ({batch},); got {mask.shape}.")
   return mask
-
-
-def _check_batch(name: str, tree: Any, updates: Any, batch: int) -> None:
-  if jax.tree.structure(tree) != jax.tree.structure(updates):
-    raise ValueError(
-        f"{name} must have the structure of the updates {jax.tree.structure(updates)}; got "
-        f"{jax.tree.structure(tree)}.")
-  for x, g in zip(jax.tree.leaves(tree), jax.tree.leaves(updates)):
-    if jnp.shape(x) != (batch,) + jnp.shape(g):
-      raise ValueError(
-          f"{name} leaves must have shape [len(sample_indices), *update_shape] = {(batch,) + jnp.shape(g)}; got "
-          f"{jnp.shape(x)} (a batch size that differs from sample_indices, or a wrong leaf shape).")
 
 
 def saga(num_samples: int, *, table: str = "gradients") -> optax.GradientTransformationExtraArgs:
@@ -300,7 +289,7 @@ def saga(num_samples: int, *, table: str = "gradients") -> optax.GradientTransfo
     Leblond, Pedregosa, Lacoste-Julien, `ASAGA: Asynchronous Parallel SAGA
     <https://arxiv.org/abs/1606.04809>`_, AISTATS 2017.
   """
-  n = check_int("num_samples", num_samples, minimum=1)
+  n = check_static_int("num_samples", num_samples, minimum=1)
   check_choice("table", table, SAGA_TABLES)
   scalars = table == "scalars"
   state_type = SagaScalarsState if scalars else SagaState
@@ -338,10 +327,11 @@ def saga(num_samples: int, *, table: str = "gradients") -> optax.GradientTransfo
         s_new = s_new[None]
       if s_new.shape != (b,):
         raise ValueError(f"sample_scalars must have shape [len(sample_indices)] = ({b},); got {s_new.shape}.")
+      sample_features = masked_like(sample_features, updates)
       if single:
         sample_features = jax.tree.map(lambda a, g: a[None] if jnp.ndim(a) == jnp.ndim(g) else a, sample_features,
                                        updates)
-      _check_batch("sample_features", sample_features, updates, b)
+      sample_features = like_updates("sample_features", sample_features, updates, batch=b)
       s_old = state.table[idx]
       delta = jnp.where(last, s_new - s_old, 0.0)
       old_mean = jax.tree.map(lambda a: kept_mean(s_old, a), sample_features)
@@ -352,7 +342,7 @@ def saga(num_samples: int, *, table: str = "gradients") -> optax.GradientTransfo
           require_extra("saga", "sample_grads", sample_grads,
                         "the per-sample gradients of the minibatch, leading axis [b]", runtime_passes=False)
         sample_grads = jax.tree.map(lambda g: g[None], updates)
-      _check_batch("sample_grads", sample_grads, updates, b)
+      sample_grads = like_updates("sample_grads", sample_grads, updates, batch=b)
       old = jax.tree.map(lambda t: t[idx], state.table)
       diff = jax.tree.map(lambda new, o: jnp.where(last.reshape((b,) + (1,) * (o.ndim - 1)), new.astype(o.dtype) - o,
                                                    jnp.zeros_like(o)), sample_grads, old)

@@ -8,10 +8,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from delayjax._checks import check_float
 from delayjax.transforms._aggregation import _tree_select
-from delayjax.transforms._extra_args import check_like_updates, require_extra
-from delayjax.transforms._hyperparams import check_positive_rate
+from delayjax.transforms._extra_args import like_updates, require_extra
+from delayjax.transforms._hyperparams import check_number, coefficient
 
 
 class ZenoState(NamedTuple):
@@ -33,8 +32,8 @@ def _dot(a: Any, b: Any) -> jax.Array:
 
 def zeno_plus_plus(
     learning_rate: float | jax.Array,
-    rho: float = 0.0,
-    eps: float = 0.0,
+    rho: float | jax.Array = 0.0,
+    eps: float | jax.Array = 0.0,
     *,
     inner: optax.GradientTransformation | None = None,
     normalize: bool = True,
@@ -78,9 +77,11 @@ def zeno_plus_plus(
 
   Args:
     learning_rate: :math:`\gamma`, the server step in the score (and of the
-      default inner optimizer), ``> 0``.
-    rho: :math:`\rho \ge 0`, the weight of the step-size penalty.
-    eps: :math:`\epsilon \ge 0`, the tolerated ascent.
+      default inner optimizer), ``> 0``; a number or a scalar array.
+    rho: :math:`\rho \ge 0`, the weight of the step-size penalty (a number
+      or a scalar array).
+    eps: :math:`\epsilon \ge 0`, the tolerated ascent (a number or a scalar
+      array).
     inner: the server optimizer for accepted candidates; default
       ``optax.sgd(learning_rate)``.
     normalize: rescale the candidate to :math:`\|v\|` before scoring and
@@ -107,9 +108,9 @@ def zeno_plus_plus(
     Xie, Koyejo, Gupta, `Zeno++: Robust Fully Asynchronous SGD
     <https://arxiv.org/abs/1903.07020>`_, ICML 2020.
   """
-  gamma = check_positive_rate("learning_rate", learning_rate)
-  rho = check_float("rho", rho, minimum=0.0)
-  eps = check_float("eps", eps, minimum=0.0)
+  gamma = check_number("learning_rate", learning_rate, minimum=0.0, strict_minimum=True)
+  rho = check_number("rho", rho, minimum=0.0)
+  eps = check_number("eps", eps, minimum=0.0)
   if not isinstance(normalize, bool):
     raise TypeError(f"normalize must be a bool, got {normalize!r}.")
   inner = optax.with_extra_args_support(optax.sgd(gamma) if inner is None else inner)
@@ -121,7 +122,7 @@ def zeno_plus_plus(
   def update_fn(updates, state, params=None, *, zeno_grad=None, **extra_args):
     require_extra("zeno_plus_plus", "zeno_grad", zeno_grad,
                   "the gradient of a validation batch at the current params, a pytree like the updates")
-    check_like_updates("zeno_grad", zeno_grad, updates)
+    zeno_grad = like_updates("zeno_grad", zeno_grad, updates)
     g_sq = _dot(updates, updates)
     if normalize:
       v_norm = jnp.sqrt(_dot(zeno_grad, zeno_grad))
@@ -130,7 +131,10 @@ def zeno_plus_plus(
       candidate = jax.tree.map(lambda g: c.astype(g.dtype) * g, updates)
     else:
       candidate = updates
-    score = gamma * _dot(zeno_grad, candidate) - rho * g_sq + gamma * eps
+    f32 = jnp.float32
+    floats = isinstance(gamma, float) and isinstance(eps, float)
+    slack = coefficient(gamma * eps, f32) if floats else coefficient(gamma, f32) * coefficient(eps, f32)
+    score = coefficient(gamma, f32) * _dot(zeno_grad, candidate) - coefficient(rho, f32) * g_sq + slack
     accept = score >= 0
     inner_updates, inner_state = inner.update(candidate, state.inner_state, params, **extra_args)
     out = jax.tree.map(lambda u: jnp.where(accept, u, jnp.zeros_like(u)), inner_updates)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -49,7 +50,7 @@ def assert_chain_and_unknown_extra_args(tx: optax.GradientTransformation, params
   alone, _ = tx.update(grads, tx.init(params), params, **extra)
   chained = optax.chain(tx, optax.identity())
   with_unknown, _ = chained.update(grads, chained.init(params), params, unknown_argument=3, **extra)
-  jax.tree.map(np.testing.assert_array_equal, alone, with_unknown)
+  chex.assert_trees_all_equal(alone, with_unknown)
 
 
 def assert_same_updates_as(tx: optax.GradientTransformation, ref: optax.GradientTransformation, extra: dict,
@@ -62,5 +63,5 @@ def assert_same_updates_as(tx: optax.GradientTransformation, ref: optax.Gradient
     g = random_like(params, i)
     u, s = tx.update(g, s, params, **extra)
     v, r = ref.update(g, r, params)
-    jax.tree.map(np.testing.assert_array_equal, u, v)
+    chex.assert_trees_all_equal(u, v)
     params = optax.apply_updates(params, u)

@@ -1,5 +1,6 @@
 """APAM (asynchronous AMSGrad, Xu et al.) and staleness-aware asynchronous Adam."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,7 +26,7 @@ def _compare(tx, ref, steps=5, rule_staleness=0):
     u, s = tx.update(g, s, params, staleness=rule_staleness, stale_params=params, worker=0)
     with standard:
       v, r = ref.update(g, r, params)
-    jax.tree.map(np.testing.assert_array_equal, u, v)
+    chex.assert_trees_all_equal(u, v)
 
 
 @pytest.mark.parametrize("rule", [None, "inverse", "polynomial"])

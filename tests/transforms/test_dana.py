@@ -1,5 +1,6 @@
 """DANA (Hakimi et al.): per-worker momentum, look-ahead read through read_params."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,7 +28,7 @@ def test_one_worker_schedule_is_sgd_momentum_bit_for_bit():
     g = random_like(params, i)
     u, s = tx.update(g, s, params, worker=0)
     v, r = ref.update(g, r, params)
-    jax.tree.map(np.testing.assert_array_equal, u, v)
+    chex.assert_trees_all_equal(u, v)
     # The look-ahead uses the learning rate of the next update.
     np.testing.assert_allclose(s.lookahead, 0.1 * 0.5 ** (i + 1) * 0.5, rtol=1e-6)
 
@@ -93,7 +94,7 @@ def test_dc_term_matches_delay_compensation_then_dana():
   corrected = jax.tree.map(lambda gg, w, wb: gg + 0.5 * gg * gg * (w - wb), g, params, stale)
   ref = dj.dana(0.1, 0.9, num_workers=2)
   v, _ = ref.update(corrected, ref.init(params), params, worker=1)
-  jax.tree.map(np.testing.assert_array_equal, u, v)
+  chex.assert_trees_all_equal(u, v)
   # The read hook is found inside the chain.
   look = dj.read_params(state, params, worker=0)
   jax.tree.map(lambda l, p, c: np.testing.assert_allclose(l, p - 0.1 * 0.9 * c, rtol=1e-6), look, params, corrected)
@@ -145,7 +146,7 @@ def test_slim_parameters_are_dana_zero_lookahead():
     xz, xs = optax.apply_updates(xz, uz), optax.apply_updates(xs, us)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
                  dj.read_params(sz, xz, worker=w), xs)
-    jax.tree.map(np.testing.assert_array_equal, sz.momentum, ss.momentum)
+    chex.assert_trees_all_equal(sz.momentum, ss.momentum)
 
 
 def test_slim_state_jit_chain_and_dc():
@@ -162,7 +163,7 @@ def test_slim_state_jit_chain_and_dc():
   u, _ = with_dc.update(g, with_dc.init(params), params, worker=1, stale_params=stale)
   corrected = jax.tree.map(lambda gg, w, wb: gg + 0.5 * gg * gg * (w - wb), g, params, stale)
   v, _ = plain.update(corrected, plain.init(params), params, worker=1)
-  jax.tree.map(np.testing.assert_array_equal, u, v)
+  chex.assert_trees_all_equal(u, v)
   with pytest.raises(ValueError, match="dana_slim needs the extra argument worker="):
     tx.update(params, state, params)
   with pytest.raises(ValueError, match=r"worker must be in \[0, 4\), got 4"):

@@ -1,5 +1,6 @@
 """Delayed Nesterov (Liu et al. 2024)."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,7 +21,7 @@ def test_buffer_one_is_optax_nesterov_bit_for_bit(lr):
     g = random_like(params, i)
     u, s = tx.update(g, s, params, staleness=0, stale_params=params, worker=0)
     v, r = ref.update(g, r, params)
-    jax.tree.map(np.testing.assert_array_equal, u, v)
+    chex.assert_trees_all_equal(u, v)
 
 
 def test_each_cycle_sums_to_one_synchronous_nesterov_step_on_the_mean():
@@ -35,7 +36,7 @@ def test_each_cycle_sums_to_one_synchronous_nesterov_step_on_the_mean():
       total = jax.tree.map(jnp.add, total, u)
     mean = jax.tree.map(lambda *gs: sum(gs) / n, *grads)
     v, r = ref.update(mean, r, params)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6), total, v)
+    chex.assert_trees_all_close(total, v, rtol=2e-5, atol=1e-6)
 
 
 def test_numpy_reference():
@@ -68,7 +69,7 @@ def test_pseudo_gradient_of_one_local_step_is_the_gradient():
   tx = dj.delayed_nesterov(0.7, 0.9, buffer_size=1)
   u, _ = tx.update(pseudo, tx.init(params), params)
   v, _ = tx.update(g, tx.init(params), params)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), u, v)
+  chex.assert_trees_all_close(u, v, rtol=1e-6)
 
 
 def test_state_jit_and_chain():

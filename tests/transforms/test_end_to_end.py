@@ -3,6 +3,7 @@ its synchronous counterpart."""
 
 import functools
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -45,7 +46,7 @@ def assert_trains(result, factor=0.1):
 
 
 def assert_same_params(a, b):
-  jax.tree.map(np.testing.assert_array_equal, a.params, b.params)
+  chex.assert_trees_all_equal(a.params, b.params)
 
 
 def test_accumulate_sum():
@@ -73,7 +74,7 @@ def test_dana_reads_are_nesterov_iterates_with_one_worker():
   ref = reference("nesterov")
   np.testing.assert_allclose(dana.history.loss, ref.history.loss, rtol=1e-4, atol=1e-6)
   read = dj.read_params(dana.opt_state, dana.params, worker=0)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), read, ref.params)
+  chex.assert_trees_all_close(read, ref.params, rtol=1e-4, atol=1e-5)
   assert_trains(run(dj.dana(0.02, 0.5, num_workers=4), dj.delays.constant(3)))
 
 
@@ -85,7 +86,7 @@ def test_dana_slim_is_nesterov_with_one_worker_and_dana_zero_with_four():
   zero = run(dj.dana(0.02, 0.5, num_workers=4), dj.delays.constant(3))
   np.testing.assert_allclose(slim.history.loss, zero.history.loss, rtol=1e-4, atol=1e-6)
   lookahead = dj.read_params(zero.opt_state, zero.params, worker=0)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), slim.params, lookahead)
+  chex.assert_trees_all_close(slim.params, lookahead, rtol=1e-4, atol=1e-5)
 
 
 def test_delayed_nesterov():

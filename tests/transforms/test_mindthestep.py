@@ -1,6 +1,6 @@
 """Staleness-model step sizes (mindthestep, mindthestep_weight): the re-weighting rule and its properties."""
 
-import jax
+import chex
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -58,7 +58,7 @@ def test_target_equal_to_the_model_keeps_every_step():
   for tau in (0, 1, 7):
     u, _ = tx.update(g, tx.init(params), params, staleness=tau)
     v, _ = ref.update(g, ref.init(params), params)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), u, v)
+    chex.assert_trees_all_close(u, v, rtol=1e-6)
 
 
 def test_per_leaf_staleness_jit_and_chain():
@@ -75,7 +75,7 @@ def test_per_leaf_staleness_jit_and_chain():
   chained = optax.chain(dj.scale_by_staleness(s), optax.sgd(0.1))
   v, _ = chained.update(g, chained.init(params), params, staleness=3)
   w, _ = tx.update(g, tx.init(params), params, staleness=3)
-  jax.tree.map(np.testing.assert_array_equal, v, w)
+  chex.assert_trees_all_equal(v, w)
   with pytest.raises(ValueError, match="staleness="):
     tx.update(g, tx.init(params), params)
 

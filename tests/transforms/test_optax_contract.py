@@ -6,6 +6,7 @@ recompile, that unknown extra arguments are accepted, that inject_hyperparams
 and MultiSteps can wrap it, and that dtypes are preserved.
 """
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -86,7 +87,7 @@ def test_jit_scan_descends_without_recompilation(name, extras):
   tx = OPTIMIZERS[name](0.1)
   p_jit, _ = jax.jit(run_scan, static_argnums=(0, 2, 3))(tx, PARAMS, 8, extras)
   p_eager, _ = run_scan(tx, PARAMS, 8, extras)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), p_jit, p_eager)
+  chex.assert_trees_all_close(p_jit, p_eager, rtol=1e-5, atol=1e-6)
   assert float(loss(p_jit)) < 0.9 * float(loss(PARAMS))
   update = jax.jit(tx.update)
   state = tx.init(PARAMS)
@@ -101,7 +102,7 @@ def test_unknown_extra_arguments_are_ignored(name, extras):
   state = tx.init(PARAMS)
   a, _ = tx.update(PARAMS, state, PARAMS, **extras(PARAMS))
   b, _ = tx.update(PARAMS, state, PARAMS, **extras(PARAMS), some_other_argument=jnp.ones(3))
-  jax.tree.map(np.testing.assert_array_equal, a, b)
+  chex.assert_trees_all_equal(a, b)
 
 
 @pytest.mark.parametrize("name", OPTIMIZERS)
@@ -131,7 +132,7 @@ def test_inject_hyperparams_and_multisteps_wrap_it(name, extras):
   scan = jax.jit(run_scan, static_argnums=(0, 2, 3))
   a, _ = scan(injected, PARAMS, 8, extras)
   b, _ = scan(plain, PARAMS, 8, extras)
-  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7), a, b)
+  chex.assert_trees_all_close(a, b, rtol=1e-6, atol=1e-7)
 
   multi = optax.MultiSteps(plain, every_k_schedule=2)
   state = multi.init(PARAMS)
@@ -140,4 +141,4 @@ def test_inject_hyperparams_and_multisteps_wrap_it(name, extras):
   jax.tree.map(lambda u: np.testing.assert_array_equal(u, np.zeros_like(u)), u1)
   u2, _ = multi.update(g, state, PARAMS, **extras(PARAMS))
   direct, _ = plain.update(g, plain.init(PARAMS), PARAMS, **extras(PARAMS))
-  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6), u2, direct)
+  chex.assert_trees_all_close(u2, direct, rtol=1e-6)

@@ -93,7 +93,11 @@ def test_bf16_updates_keep_their_dtype():
 @pytest.mark.parametrize("make, exc, match", [
     (lambda: dj.scale_by_staleness("linear"), ValueError, "rule must be one of 'inverse'"),
     (lambda: dj.scale_by_staleness("inverse", a=1.0), TypeError, "takes: none"),
-    (lambda: dj.scale_by_staleness("hinge", c=1.0), TypeError, r"unexpected arguments \['c'\]; it takes: a, b"),
+    (lambda: dj.scale_by_staleness("hinge", c=1.0), TypeError, r"unexpected keyword argument 'c'"),
+    (lambda: dj.scale_by_staleness("hinge", value=1.0), TypeError, r"unexpected arguments \['value'\]; it takes: a, b"),
+    (lambda: dj.scale_by_staleness("polynomial", a=jnp.ones(2)), ValueError, r"a must be a scalar, got shape \(2,\)"),
+    (lambda: dj.scale_by_staleness("polynomial", a=jnp.float32(-1)), ValueError, "a must be >= 0.0"),
+    (lambda: dj.scale_by_staleness("drop", threshold=jnp.float32(1.5)), TypeError, "threshold must be an integer"),
     (lambda: dj.scale_by_staleness("drop"), TypeError, r"needs the argument\(s\) \['threshold'\]"),
     (lambda: dj.scale_by_staleness("drop", threshold=-1), ValueError, "threshold must be an integer >= 0"),
     (lambda: dj.scale_by_staleness("polynomial", a=-1.0), ValueError, "a must be >= 0.0"),
@@ -114,3 +118,27 @@ def test_missing_or_mismatched_staleness():
     tx.update(g, tx.init(g), staleness={"a": 1})
   with pytest.raises(ValueError, match="scalar or a pytree of scalars"):
     tx.update(g, tx.init(g), staleness=jnp.ones(2, jnp.int32))
+
+
+@pytest.mark.parametrize("staleness, exc, match", [
+    (-3, ValueError, "staleness must be an integer >= 0 .*got -3"),
+    (2.7, ValueError, "staleness must be an integer >= 0 .*got 2.7"),
+    (jnp.float32(jnp.nan), ValueError, "staleness must be an integer >= 0"),
+    (np.array(-1, np.int64), ValueError, "got -1"),
+    (True, TypeError, "staleness must be an integer >= 0"),
+    ({"a": 1, "b": -2}, ValueError, "got -2"),
+])
+def test_concrete_staleness_must_be_a_non_negative_integer(staleness, exc, match):
+  g = {"a": jnp.ones(2), "b": jnp.ones(2)}
+  for tx in (dj.scale_by_staleness("polynomial"), dj.fed_buff(optax.sgd(1.0), 2), dj.async_adam(0.1, staleness_rule="inverse"),
+             dj.delay_adaptive_sgd(0.1, 0.2), dj.mindthestep(0.1, 4, target_momentum=0.5)):
+    with pytest.raises(exc, match=match):
+      tx.update(g, tx.init(g), g, staleness=staleness, stale_params=g)
+  with pytest.raises(exc, match=match):
+    dj.staleness_weight("inverse")(staleness["b"] if isinstance(staleness, dict) else staleness)
+
+
+def test_whole_float_staleness_is_that_integer():
+  tx = dj.scale_by_staleness("polynomial", a=1.0)
+  g = jnp.ones(2)
+  np.testing.assert_array_equal(tx.update(g, tx.init(g), staleness=3.0)[0], tx.update(g, tx.init(g), staleness=3)[0])

@@ -1,5 +1,6 @@
 """Zeno++ (Xie, Koyejo, Gupta): descent test on a validation gradient."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,7 +25,7 @@ def test_always_passing_test_without_rescaling_is_inner_bit_for_bit():
     g = random_like(params, i)
     u, s = tx.update(g, s, params, zeno_grad=random_like(params, 50 + i), staleness=3)
     v, r = ref.update(g, r, params)
-    jax.tree.map(np.testing.assert_array_equal, u, v)
+    chex.assert_trees_all_equal(u, v)
   assert int(s.accepted) == 4 and int(s.count) == 4
 
 
@@ -66,7 +67,7 @@ def test_rejection_leaves_inner_state_unchanged():
   _, s1 = tx.update(v, s0, params, zeno_grad=v)
   u, s2 = tx.update(jax.tree.map(lambda x: -x, v), s1, params, zeno_grad=v)
   jax.tree.map(lambda a: np.testing.assert_array_equal(a, 0.0), u)
-  jax.tree.map(np.testing.assert_array_equal, s2.inner_state, s1.inner_state)
+  chex.assert_trees_all_equal(s2.inner_state, s1.inner_state)
   assert (int(s2.count), int(s2.accepted)) == (2, 1)
 
 
