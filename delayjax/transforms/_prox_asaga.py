@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from delayjax.transforms._extra_args import require_extra
+from delayjax.transforms._extra_args import nan_unless, require_extra
 from delayjax.transforms._hyperparams import check_positive_rate, check_static_int, rate_at
 from delayjax.transforms._proximal import ProxFn
 from delayjax.transforms._rows import after_reads
@@ -128,7 +128,9 @@ def prox_asaga(num_samples: int, learning_rate: float | optax.Schedule, prox: Pr
   padding), and optionally ``stale_params`` (:math:`\hat w`; default
   ``params``). The values of ``updates`` are not used (pass e.g. the
   gradient or zeros): the sparse step needs only :math:`s_i`; the output
-  has ``updates``' dtype. Indices are checked when concrete. An optional
+  has ``updates``' dtype. Indices are checked when concrete; a traced
+  ``sample_indices`` outside ``[0, n)`` makes the update NaN on the
+  sample's support and writes no table entry. An optional
   ``sample_mask`` (bool, a scalar or ``[1]``) false makes the update change
   nothing. ``dj.simulate`` computes these inputs with ``batch_size=1`` and
   one contribution per update (ASP, stale reads) when given
@@ -228,20 +230,27 @@ def prox_asaga(num_samples: int, learning_rate: float | optax.Schedule, prox: Pr
     keep = jnp.asarray(True) if sample_mask is None else _one("sample_mask", sample_mask, "bool, whether it counts")
     if keep.dtype != jnp.bool_:
       raise TypeError(f"sample_mask must be a bool, got dtype {keep.dtype}.")
-    on_support = (vals != 0) & keep
+    # A kept traced index out of range makes the step NaN (see nan_unless) and writes nothing, rather than
+    # reading a clamped row or writing a wrapped-around one.
+    shown = (vals != 0) & keep  # the coordinates the update moves
+    on_support, recorded, in_range = shown, keep, None  # ... and the tables record
+    if isinstance(i, jax.core.Tracer):
+      valid = (i >= 0) & (i < n)
+      i = jnp.where(valid, i, jnp.asarray(n, i.dtype))
+      on_support, recorded, in_range = shown & valid, keep & valid, valid | ~keep
     vals = vals.astype(dtype)
     d_t = jnp.asarray(weights, dtype)[cols]
-    step = jnp.asarray(rate_at(learning_rate, state.count), dtype)
+    step = jnp.asarray(nan_unless(in_range, rate_at(learning_rate, state.count), dtype), dtype)
     delta_alpha = (s_new - state.table[i]) * vals
     v = delta_alpha + d_t * state.table_sum[cols] / jnp.asarray(n, dtype)
     w_hat = read[cols].astype(dtype)
-    moved = jnp.where(on_support, prox(w_hat - step * v, step * d_t) - w_hat, jnp.zeros_like(w_hat))
+    moved = jnp.where(shown, prox(w_hat - step * v, step * d_t) - w_hat, jnp.zeros_like(w_hat))
     # Padding slots add zero, whatever index they repeat.
     out = jnp.zeros([d], updates.dtype).at[cols].add(moved.astype(updates.dtype))
     # Both tables are written after everything read from them, so in place inside loops (see after_reads).
     table_sum = state.table_sum.at[after_reads(cols, d, out)].add(
         jnp.where(on_support, delta_alpha, jnp.zeros_like(delta_alpha)))
-    table = state.table.at[after_reads(i, n, out, table_sum)].set(jnp.where(keep, s_new, state.table[i]))
+    table = state.table.at[after_reads(i, n, out, table_sum)].set(jnp.where(recorded, s_new, state.table[i]))
     return out, ProxAsagaState(table=table, table_sum=table_sum, count=optax.safe_increment(state.count))
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -10,7 +10,7 @@ import numpy as np
 import optax
 
 from delayjax._checks import check_choice
-from delayjax.transforms._extra_args import like_updates, masked_like, require_extra
+from delayjax.transforms._extra_args import like_updates, masked_like, nan_unless, require_extra
 from delayjax.transforms._hyperparams import check_static_int
 from delayjax.transforms._rows import after_reads
 
@@ -172,8 +172,13 @@ def svrg() -> optax.GradientTransformationExtraArgs:
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-def _sample_indices(sample_indices: Any, num_samples: int) -> tuple[jax.Array, bool]:
-  """int32 indices of shape [b] and whether a scalar (one sample) was given."""
+def _sample_indices(sample_indices: Any, num_samples: int) -> tuple[jax.Array, bool, jax.Array | None]:
+  """int32 indices of shape [b], whether a scalar (one sample) was given, and which traced ones are in range.
+
+  Concrete indices are checked (the third value is then ``None``); traced
+  ones out of range are replaced by ``num_samples``, so that their writes are
+  dropped instead of wrapping around to another sample's row.
+  """
   require_extra("saga", "sample_indices", sample_indices,
                 "int32 index or indices in [0, num_samples) of the minibatch", runtime_passes=False)
   if not jnp.issubdtype(jnp.result_type(sample_indices), jnp.integer):
@@ -188,7 +193,11 @@ def _sample_indices(sample_indices: Any, num_samples: int) -> tuple[jax.Array, b
           f"sample_indices must be in [0, num_samples) = [0, {num_samples}); got values in "
           f"[{concrete.min()}, {concrete.max()}].")
   idx = jnp.asarray(sample_indices, jnp.int32)
-  return (idx[None] if ndim == 0 else idx), ndim == 0
+  idx = idx[None] if ndim == 0 else idx
+  if not isinstance(sample_indices, jax.core.Tracer):
+    return idx, ndim == 0, None
+  valid = (idx >= 0) & (idx < num_samples)
+  return jnp.where(valid, idx, jnp.int32(num_samples)), ndim == 0, valid
 
 
 def _sample_mask(sample_mask: Any, batch: int, single: bool) -> jax.Array:
@@ -228,9 +237,10 @@ def saga(num_samples: int, *, table: str = "gradients") -> optax.GradientTransfo
   parameters each worker read. Whatever part of ``updates`` is not in the
   table (e.g. a regularizer's gradient) passes through unchanged. The table
   starts at zero. If an index repeats within a minibatch, its last
-  occurrence is stored. Indices are checked when concrete; traced ones are
-  not (JAX's indexing applies: negative indices wrap around, other
-  out-of-range reads are clamped and writes dropped). The optional
+  occurrence is stored. Indices are checked when concrete; a traced index
+  outside ``[0, num_samples)`` (in a kept entry) makes every element of the
+  update NaN and leaves the table unchanged, rather than reading a clamped or
+  wrapped-around row. The optional
   ``sample_mask`` (bool ``[b]``) leaves entries out: they are neither read
   nor written, and the means above run over the kept entries only (a
   runtime pads minibatches to one static shape this way).
@@ -304,12 +314,16 @@ def saga(num_samples: int, *, table: str = "gradients") -> optax.GradientTransfo
   def update_fn(updates, state, params=None, *, sample_indices=None, sample_grads=None, sample_scalars=None,
                 sample_features=None, sample_mask=None, **extra_args):
     del params, extra_args
-    idx, single = _sample_indices(sample_indices, n)
+    idx, single, valid = _sample_indices(sample_indices, n)
     b = idx.shape[0]
     keep = _sample_mask(sample_mask, b, single)
     # Only the last kept occurrence of a repeated index writes, so the table and its sum stay consistent.
     later = jnp.triu(jnp.ones((b, b), jnp.bool_), k=1) & keep[None, :]
     last = keep & ~jnp.any((idx[:, None] == idx[None, :]) & later, axis=1)
+    # A kept traced index out of range makes the update NaN (see nan_unless) and the tables unchanged.
+    in_range = None if valid is None else jnp.all(valid | ~keep)
+    if valid is not None:
+      last = last & in_range
     count = jnp.maximum(jnp.sum(keep.astype(jnp.int32)), 1)
 
     def kept_mean(weights, a):
@@ -349,7 +363,8 @@ def saga(num_samples: int, *, table: str = "gradients") -> optax.GradientTransfo
       old_mean = jax.tree.map(lambda o: kept_mean(jnp.ones((b,), o.dtype), o), old)
       added = jax.tree.map(lambda d: jnp.sum(d, axis=0), diff)
     out = jax.tree.map(
-        lambda g, o, s: g - o.astype(g.dtype) + (s / jnp.asarray(n, s.dtype)).astype(g.dtype),
+        lambda g, o, s: g - o.astype(g.dtype) + (s / jnp.asarray(nan_unless(in_range, n, s.dtype), s.dtype)).astype(
+            g.dtype),
         updates, old_mean, state.table_sum)
     new_sum = jax.tree.map(lambda s, a: s + a.astype(s.dtype), state.table_sum, added)
     # Written after everything read from the table, so the table is written in place.

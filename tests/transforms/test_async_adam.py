@@ -88,8 +88,8 @@ def test_jit_and_chain():
 
 
 @pytest.mark.parametrize("kwargs, err, match", [
-    ({"b1": 1.0}, ValueError, "b1 and b2 must be < 1"),
-    ({"b2": 1.5}, ValueError, "b2 must be <= 1.0"),
+    ({"b1": 1.0}, ValueError, "b1 must be < 1.0"),
+    ({"b2": 1.5}, ValueError, "b2 must be < 1.0"),
     ({"eps": -1e-8}, ValueError, "eps must be >= 0.0"),
     ({"learning_rate": 0.0}, ValueError, "learning_rate must be > 0.0"),
     ({"staleness_rule": "bogus"}, ValueError, "rule must be one of"),

@@ -84,7 +84,7 @@ def test_state_jit_and_chain():
 @pytest.mark.parametrize("kwargs, err, match", [
     ({"buffer_size": 0}, ValueError, "buffer_size must be an integer >= 1, got 0"),
     ({"buffer_size": -3}, ValueError, "buffer_size must be an integer >= 1"),
-    ({"momentum": 1.2}, ValueError, "momentum must be <= 1.0"),
+    ({"momentum": 1.2}, ValueError, "momentum must be < 1.0"),
     ({"momentum": 1.0}, ValueError, "momentum must be < 1"),
     ({"learning_rate": -0.1}, ValueError, "learning_rate must be > 0.0"),
 ])

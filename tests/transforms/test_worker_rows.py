@@ -1,4 +1,5 @@
-"""Per-worker tables: their size is found through wrappers, and a worker outside them is never silently clamped."""
+"""Per-worker and per-sample tables: their size is found through wrappers, and a traced index outside them is never
+silently clamped or wrapped around: the update is NaN and the table unchanged."""
 
 import chex
 import jax
@@ -60,3 +61,38 @@ def test_traced_worker_out_of_range_gives_nan_updates_and_leaves_the_table(name)
     tx.update(PARAMS, state, PARAMS, **extras(5))
   with pytest.raises(TypeError, match="worker must be an integer scalar"):
     tx.update(PARAMS, state, PARAMS, **extras(1.0))
+
+
+@pytest.mark.parametrize("table", ["gradients", "scalars"])
+def test_saga_traced_sample_index_out_of_range_gives_nan_and_leaves_the_table(table):
+  tx = dj.saga(4, table=table)
+  w = jnp.ones(3)
+  kwargs = {"sample_grads": jnp.ones((2, 3)), "sample_scalars": jnp.ones(2), "sample_features": jnp.ones((2, 3))}
+  update = jax.jit(lambda s, idx, mask: tx.update(w, s, w, sample_indices=idx, sample_mask=mask, **kwargs))
+  state = tx.init(w)
+  _, state = update(state, jnp.array([0, 1]), jnp.array([True, True]))
+  for bad in ([1, 4], [-1, 2]):
+    u, after = update(state, jnp.array(bad), jnp.array([True, True]))
+    assert bool(jnp.all(jnp.isnan(u)))
+    chex.assert_trees_all_equal(after.table, state.table)
+    chex.assert_trees_all_equal(after.table_sum, state.table_sum)
+  # A masked entry (a runtime's padding) may hold any index.
+  u, after = update(state, jnp.array([2, 9]), jnp.array([True, False]))
+  eager, want = tx.update(w, state, w, sample_indices=2, sample_mask=True,
+                          **{k: v[:1] for k, v in kwargs.items()})
+  chex.assert_trees_all_close(u, eager, rtol=1e-6)
+  chex.assert_trees_all_close(after.table, want.table, rtol=1e-6)
+
+
+def test_prox_asaga_traced_sample_index_out_of_range_gives_nan_and_leaves_the_table():
+  tx = dj.prox_asaga(2, 0.5, dj.prox_l1(0.1), support_counts=jnp.array([1, 1, 0]))
+  w = jnp.zeros(3)
+  features = (jnp.array([0]), jnp.array([1.0]))
+  update = jax.jit(lambda s, i: tx.update(w, s, w, sample_indices=i, sample_scalars=-1.0, sample_features=features))
+  state = tx.init(w)
+  _, state = update(state, jnp.int32(1))
+  for bad in (2, -1):
+    u, after = update(state, jnp.int32(bad))
+    assert bool(jnp.isnan(u[0]))  # the sample's support
+    chex.assert_trees_all_equal(after.table, state.table)
+    chex.assert_trees_all_equal(after.table_sum, state.table_sum)
