@@ -227,7 +227,9 @@ def scale_by_staleness(
     a, b, value, threshold: the rule's parameters (see
       :func:`staleness_weight`; only those of ``rule`` may be given). Each is a
       Python number or a scalar array, so ``optax.inject_hyperparams`` can
-      change them between steps and ``jax.vmap`` can sweep them.
+      change them between steps and ``jax.vmap`` can sweep them (a callable
+      ``rule`` must then be named in its ``static_args``, or it is taken for
+      a schedule).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` that needs the ``staleness``

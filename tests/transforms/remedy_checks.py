@@ -25,15 +25,20 @@ def state_shapes(state: Any) -> Any:
   return jax.tree.map(lambda x: (jnp.shape(x), jnp.result_type(x)), state)
 
 
-def assert_jit_traces_once(tx: optax.GradientTransformation, params: Any, extra_for: Callable[[int], dict]) -> None:
-  """Runs three jitted updates with different data; the update must be traced exactly once."""
+def counting_jit(tx: optax.GradientTransformation) -> tuple[Callable, list]:
+  """``(grads, state, params, extra) -> tx.update(...)`` jitted, and a list that grows by one at each trace."""
   traces = []
 
   def step(grads, state, params, extra):
     traces.append(1)
     return tx.update(grads, state, params, **extra)
 
-  jitted = jax.jit(step)
+  return jax.jit(step), traces
+
+
+def assert_jit_traces_once(tx: optax.GradientTransformation, params: Any, extra_for: Callable[[int], dict]) -> None:
+  """Runs three jitted updates with different data; the update must be traced exactly once."""
+  jitted, traces = counting_jit(tx)
   state = tx.init(params)
   shapes = state_shapes(state)
   for i in range(3):

@@ -15,7 +15,7 @@ import pytest
 
 import delayjax as dj
 
-from remedy_checks import params_tree, random_like
+from remedy_checks import counting_jit, params_tree, random_like
 
 VECTOR = jnp.array([0.5, -1.0, 2.0], jnp.float32)
 
@@ -81,13 +81,7 @@ def test_inject_hyperparams_changes_values_without_recompiling(name):
   params = params_tree() if params is None else params
   extra = extras if extra is None else extra
   injected = optax.inject_hyperparams(factory, static_args=static)(**before)
-  traces = []
-
-  def step(grads, state, params, kwargs):
-    traces.append(1)
-    return injected.update(grads, state, params, **kwargs)
-
-  jitted = jax.jit(step)
+  jitted, traces = counting_jit(injected)
   state = injected.init(params)
   reference = factory(**before)
   ref_state = reference.init(params)
