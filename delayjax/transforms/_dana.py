@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from delayjax.transforms._dc_asgd import delay_compensation
-from delayjax.transforms._extra_args import check_worker, nan_unless
+from delayjax.transforms._extra_args import check_worker, map_unmasked, nan_unless
 from delayjax.transforms._hooks import table_rows
 from delayjax.transforms._rows import written_row
 from delayjax.transforms._hyperparams import (LearningRate, check_number, check_positive_rate, check_static_int,
@@ -24,9 +24,13 @@ class DanaState(NamedTuple):
   lookahead: jax.Array  # shape=(), float32: eta * gamma for the next update, the look-ahead's scale
 
   def read_params(self, params: Any, worker: Any) -> Any:
-    """The look-ahead :math:`x - \\eta \\gamma \\sum_j v_j`; the same for every worker."""
+    """The look-ahead :math:`x - \\eta \\gamma \\sum_j v_j`; the same for every worker.
+
+    Inside ``optax.masked`` or ``optax.multi_transform``, parameters outside
+    the group are read as they are.
+    """
     del worker
-    return jax.tree.map(
+    return map_unmasked(
         lambda p, v: p - self.lookahead.astype(p.dtype) * jnp.sum(v, axis=0).astype(p.dtype), params, self.momentum)
 
   def worker_capacity(self) -> int | None:

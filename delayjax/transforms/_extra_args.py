@@ -86,6 +86,21 @@ def masked_like(tree: Any, updates: Any) -> Any:
   return outer.unflatten([optax.MaskedNode() if _is_masked(u) else p for u, p in zip(masked, parts)])
 
 
+def map_unmasked(fn: Any, params: Any, table: Any) -> Any:
+  """``jax.tree.map(fn, params, table)``, with ``params`` passed through where an Optax mask hid ``table``.
+
+  A state inside ``optax.masked`` or ``optax.multi_transform`` holds its
+  group's part of the parameters' tree (``optax.MaskedNode`` elsewhere), while
+  a runtime asks it about all the parameters (``read_params``).
+  """
+  outer = jax.tree.structure(table, is_leaf=_is_masked)
+  kept = jax.tree.leaves(table, is_leaf=_is_masked)
+  if not any(_is_masked(t) for t in kept):
+    return jax.tree.map(fn, params, table)
+  parts = outer.flatten_up_to(params)
+  return outer.unflatten([p if _is_masked(t) else jax.tree.map(fn, p, t) for p, t in zip(parts, kept)])
+
+
 def like_updates(name: str, tree: Any, updates: Any, *, batch: int | None = None) -> Any:
   """``tree`` (an extra argument) matched to ``updates``; raises a ValueError naming ``name`` if it does not match.
 

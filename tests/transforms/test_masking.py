@@ -108,3 +108,18 @@ def test_a_tree_that_matches_no_group_is_still_refused():
     tx.update(PARAMS, tx.init(PARAMS), PARAMS, stale_params={"a": PARAMS["a"]})
   with pytest.raises(ValueError, match=r"stale_params leaves must have the shapes of the updates.*'c'"):
     tx.update(PARAMS, tx.init(PARAMS), PARAMS, stale_params={**PARAMS, "c": jnp.ones(5)})
+
+
+def test_dana_in_one_group_reads_its_look_ahead_and_the_rest_as_they_are():
+  tx = optax.multi_transform({"delayed": dj.dana(0.1, momentum=0.5, num_workers=2), "plain": optax.sgd(0.3)},
+                             LABELS)
+  dana = dj.dana(0.1, momentum=0.5, num_workers=2)
+  state, dana_state = tx.init(PARAMS), dana.init(subtree(PARAMS))
+  for step in range(2):
+    grads = random_like(PARAMS, step)
+    _, state = tx.update(grads, state, PARAMS, worker=step)
+    _, dana_state = dana.update(subtree(grads), dana_state, subtree(PARAMS), worker=step)
+  read = dj.read_params(state, PARAMS, worker=0)
+  chex.assert_trees_all_close(subtree(read), dj.read_params(dana_state, subtree(PARAMS), worker=0), rtol=1e-6)
+  chex.assert_trees_all_equal(read["b"], PARAMS["b"])
+  assert dj.worker_capacity(state) == 2
