@@ -438,6 +438,7 @@ def simulate(
     shards: Sequence[Any] | None = None,
     chunk_size: int | None = None,
     lanes: int | None = None,
+    max_memory: int | None = None,
     local_steps: int | Sequence[int] | np.ndarray | None = None,
     local_optimizer: optax.GradientTransformation | None = None,
     keep_local_state: bool = False,
@@ -554,6 +555,14 @@ def simulate(
       256, balanced so the last chunk is not mostly padding.
     lanes: gradients computed per device in one step (one ``vmap``); default:
       chosen from the schedule to minimize masked lanes plus per-step cost.
+    max_memory: bytes per device the run may hold; default: the device's
+      own limit where JAX reports one (GPUs, TPUs), else no limit. The state
+      the run keeps on each device (parameters and optimizer state, the
+      parameter copies workers read, the lanes' parameters, the buffers of
+      gradients waiting for their update, the data) is sized from the plan
+      before anything compiles (``stats["memory"]``, by term; temporaries of
+      the gradient computation come on top); a run that needs more is a
+      ``ValueError`` naming the largest term and what shrinks it.
 
   Local-SGD workers (DiLoCo-style):
     local_steps: ``None`` (workers push gradients), or :math:`H \ge 1` local
@@ -728,6 +737,8 @@ def simulate(
       local_optimizer=None if local_optimizer is None else optax.with_extra_args_support(local_optimizer))
   carry = _initial_carry(params, opt_state, plan, inputs, batch_size, terms, leaf_groups,
                          local_optimizer if keep_local_state else None)
+  memory = _memory_terms(carry, data, num_devices)
+  _check_memory(memory, max_memory, mesh)
   # Only a checkpoint needs the run's identity (it traces tx and loss_fn and hashes the data).
   fingerprint = "" if checkpoint_dir is None else _fingerprint(
       schedule, tx=tx, loss_fn=loss_fn, params=params, opt_state=opt_state, data=data, eval_fn=eval_fn,
@@ -817,6 +828,7 @@ def simulate(
       "chunk_size": chunk_size,
       "num_chunks": num_chunks,
   }
+  stats["memory"] = {**memory, "total": sum(memory.values())}
   if epoch is not None:
     stats["snapshot_every"] = epoch
   return SimulationResult(carry[0], carry[1], hist, stats)
@@ -824,6 +836,63 @@ def simulate(
 
 # Documented under its public name: help() shows where users find it, not where it lives.
 simulate.__module__ = "delayjax"
+
+
+# What each term of the run's memory is, in the carry's order (see CARRY_SPECS), and what shrinks it.
+_MEMORY_TERMS = (
+    ("parameters", "a smaller model"),
+    ("optimizer state", "a transformation with less state (per-worker tables grow with num_workers)"),
+    ("read parameter copies", "fewer workers per device (a mesh over more devices) or a schedule whose reads "
+                              "spread over fewer versions (stats['num_slots'] copies per worker)"),
+    ("lane parameters", "fewer lanes"),
+    ("gradient buffer", "fewer lanes or a schedule with shorter waits between a gradient and its update"),
+    ("stale-parameter buffer", "fewer lanes, or a tx that does not read stale_params"),
+    ("loss buffer", "fewer lanes"),
+    ("finiteness buffer", "fewer lanes"),
+    ("snapshot flag", "fewer flags"),
+    ("local optimizer states", "keep_local_state=False or fewer workers per device"),
+)
+
+
+def _memory_terms(carry: tuple[Any, ...], data: Any, num_devices: int) -> dict[str, int]:
+  """Bytes per device of what the run keeps on the devices, by term (host-side, from the carry's shapes)."""
+  def nbytes(tree):
+    return sum(int(np.prod(np.shape(x))) * np.dtype(x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype).itemsize
+               for x in jax.tree.leaves(tree))
+
+  out = {}
+  for (name, _), spec, part in zip(_MEMORY_TERMS, CARRY_SPECS, carry, strict=True):
+    # A carry element laid out on the workers axis is split across the devices.
+    out[name] = nbytes(part) // (num_devices if spec == P(AXIS) else 1)
+  out["data"] = nbytes(data)
+  return out
+
+
+def _check_memory(memory: dict[str, int], max_memory: int | None, mesh: Any) -> None:
+  """Refuses a run whose kept state exceeds ``max_memory`` or the device's reported limit."""
+  if max_memory is not None:
+    limit, source = check_int("max_memory", max_memory, minimum=1), "max_memory"
+  else:
+    device = (mesh.devices.flat[0] if mesh is not None else jax.devices()[0])
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    if not stats or "bytes_limit" not in stats:
+      return
+    limit, source = int(stats["bytes_limit"]), f"the memory of {device.device_kind}"
+  total = sum(memory.values())
+  if total <= limit:
+    return
+  name, size = max(memory.items(), key=lambda kv: kv[1])
+  hint = dict(_MEMORY_TERMS).get(name) or "a smaller data set (it is kept on every device)"
+  raise ValueError(
+      f"dj.simulate would keep {_size(total)} per device (before temporaries), more than {_size(limit)} "
+      f"({source}); the largest term is the {name}, {_size(size)}: to shrink it, use {hint}.")
+
+
+def _size(num_bytes: int) -> str:
+  for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    if num_bytes >= scale:
+      return f"{num_bytes / scale:.1f} {unit}"
+  return f"{num_bytes} bytes"
 
 
 def _initial_carry(params: Any, opt_state: Any, plan: StepPlan, inputs: tuple[str, ...], batch_size: int,

@@ -74,3 +74,22 @@ def test_unwritable_checkpoint_dir_fails_before_any_compute(problem, tmp_path):
   assert not calls
   with pytest.raises(TypeError, match="checkpoint_dir must be a path"):
     dj.simulate(loss_fn, optax.sgd(0.1), params, data, schedule, checkpoint_dir=3)
+
+
+def test_memory_is_sized_before_the_run_and_refused_past_max_memory(problem):
+  loss_fn, params, data, schedule = problem
+  result = dj.simulate(loss_fn, optax.sgd(0.1), params, data, schedule, batch_size=4)
+  memory, stats = result.stats["memory"], result.stats
+  # Closed forms: every worker keeps num_slots float32 copies of the 4 parameters; the data is kept whole.
+  assert memory["read parameter copies"] == stats["num_workers"] * stats["num_slots"] * 4 * 4
+  assert memory["data"] == data["x"].nbytes + data["y"].nbytes
+  assert memory["total"] == sum(v for k, v in memory.items() if k != "total")
+  calls = []
+
+  def counting_loss(w, batch):
+    calls.append(1)
+    return loss_fn(w, batch)
+
+  with pytest.raises(ValueError, match=r"more than 1.0 KiB \(max_memory\); the largest term is the data"):
+    dj.simulate(counting_loss, optax.sgd(0.1), params, data, schedule, batch_size=4, max_memory=1024)
+  assert not calls
