@@ -191,8 +191,12 @@ def run_schedule(task: GossipTask, schedule: C.GossipSchedule, *, lr: float, mom
 
 
 def run_replica_runtime(task: GossipTask, schedule: C.GossipSchedule, paradigm: str, *, lr: float,
-                        momentum: float, batch: int, seed: int, eval_every: int, shards: str) -> dict[str, Any]:
-  """The record of :func:`run_schedule`, computed by ``dj.simulate_gossip`` (the replica runtime)."""
+                        momentum: float, batch: int, seed: int, eval_every: int, shards: str,
+                        method: dj.gossip.GossipMethod | None = None) -> dict[str, Any]:
+  """The record of :func:`run_schedule`, computed by ``dj.simulate_gossip`` (the replica runtime).
+
+  ``method``: the ``dj.gossip`` method to run (default: the paradigm's own averaging rule).
+  """
   import jax.numpy as jnp
   import optax
 
@@ -206,8 +210,9 @@ def run_replica_runtime(task: GossipTask, schedule: C.GossipSchedule, paradigm: 
     return {"loss": loss_fn(params, {"x": x, "y": y}),
             "test_error": jnp.mean(jnp.argmax(xt @ params.reshape(65, 10), -1) != yt).astype(jnp.float32)}
 
-  method = {"allreduce": dj.gossip.d_psgd, "d_psgd": dj.gossip.d_psgd, "ad_psgd": dj.gossip.ad_psgd,
-            "sgp": dj.gossip.sgp, "gossipgrad": dj.gossip.gossip_grad}[paradigm]()
+  if method is None:
+    method = {"allreduce": dj.gossip.d_psgd, "d_psgd": dj.gossip.d_psgd, "ad_psgd": dj.gossip.ad_psgd,
+              "sgp": dj.gossip.sgp, "gossipgrad": dj.gossip.gossip_grad}[paradigm]()
   tx = optax.sgd(lr, momentum=momentum or None)
   data = {"x": np.asarray(task.x, np.float32), "y": task.y.astype(np.int32)}
   sampling = dict(sampling="shard", shards=task.shards) if shards == "label" else dict(sampling="iid")
@@ -278,19 +283,23 @@ def schedule_for(config: dict[str, Any], spec: dict[str, Any], seed: int) -> C.G
   return C.simulate_gossip(paradigm_for(spec, num), workers, config["steps"], seed=seed, failures=fail)
 
 
-def run_spec(config: dict[str, Any], spec: dict[str, Any], seed: int, progress: Any) -> dict[str, Any]:
+def run_spec(config: dict[str, Any], spec: dict[str, Any], seed: int, progress: Any,
+             method: Any = None) -> dict[str, Any]:
   """One run of a gossip reproduction: simulate the schedule, execute it, add the times to the target loss.
 
   ``config["runtime"]``: ``"numpy"`` (default: :func:`run_schedule`, fast at this size) or ``"dj"``
-  (``dj.simulate_gossip``, the compiled replica runtime, float32, its own minibatch draws).
+  (``dj.simulate_gossip``, the compiled replica runtime, float32, its own minibatch draws). ``method``, a
+  function of the schedule returning a ``dj.gossip`` method (A2CiD2, DC-S3GD: rules the NumPy executor does not
+  have), runs that method on the replica runtime whatever ``config["runtime"]`` says.
   """
   schedule = schedule_for(config, spec, seed)
   task = digits_task(len(config["speeds"]), spec.get("shards", config.get("shards", "iid")))
   every = max(1, schedule.num_gradients // config.get("evals", 20))
-  if config.get("runtime", "numpy") == "dj":
+  if method is not None or config.get("runtime", "numpy") == "dj":
     record = run_replica_runtime(task, schedule, spec["paradigm"], lr=config["lr"],
                                  momentum=config.get("momentum", 0.0), batch=config["batch"], seed=seed,
-                                 eval_every=every, shards=spec.get("shards", config.get("shards", "iid")))
+                                 eval_every=every, shards=spec.get("shards", config.get("shards", "iid")),
+                                 method=None if method is None else method(schedule))
   else:
     record = run_schedule(task, schedule, lr=config["lr"], momentum=config.get("momentum", 0.0),
                           batch=config["batch"], seed=seed, eval_every=every, push_sum=spec["paradigm"] == "sgp")

@@ -23,6 +23,8 @@ NAMES = (
     "gossip_adpsgd",
     "gossip_topology",
     "gossip_failures",
+    "gossip_acid",
+    "gossip_dcs3gd",
     "generalization",
     "async_sgdi",
     "sme",
