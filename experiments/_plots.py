@@ -145,8 +145,8 @@ def curves(records: Sequence[dict[str, Any]], out: str, name: str, *, y: str = "
       ax.set_title(title, fontsize=10)
       ax.set_xlabel({"update": "updates", "time": "simulated time (s)"}.get(x, x))
       ax.set_ylabel(ylabel)
-      if log_y:
-        ax.set_yscale("log")
+      if log_y and any(np.any(np.asarray(line.get_ydata(), np.float64) > 0) for line in ax.lines):
+        ax.set_yscale("log")  # only where something is positive: an all-zero panel stays linear
       ax.grid(alpha=0.3)
   fig.suptitle(aggregation(records), fontsize=9)
   fig.tight_layout()

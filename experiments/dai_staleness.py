@@ -243,7 +243,7 @@ def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict
   deepest = [r for r in records if r["spec"]["depth"] == depths[-1]]
   s_colors = _plots.palette([f"s={s}" for s in config["staleness"]])
   return [path, _plots.curves(deepest, out, "error_curves_deepest", panels=lambda spec: spec["optimizer"],
-                              label=lambda spec: f"s={spec['s']}", xs=("update",), colors=s_colors)]
+                              label=lambda spec: f"s={spec['s']}", xs=("update",), colors=s_colors, log_y=True)]
 
 
 REPRODUCTION = Reproduction(
