@@ -33,6 +33,10 @@ def palette(names: Sequence[Any]) -> dict[str, str]:
   return {str(n): COLORS[i % len(COLORS)] for i, n in enumerate(dict.fromkeys(names))}
 
 
+def _num(value: Any) -> float:
+  return float("nan") if value is None else float(value)
+
+
 def _color(colors: Mapping[str, str] | None, label: str, seen: dict[str, str]) -> str:
   if colors and label in colors:
     return colors[label]
@@ -131,6 +135,10 @@ def curves(records: Sequence[dict[str, Any]], out: str, name: str, *, y: str = "
     spec = recs[0]["spec"]
     text = label(spec) if label else key
     color = _color(colors, text, seen)
+    # A seed whose curve ends non-finite (diverged) drops out of the mean: the legend says so.
+    bad = sum(1 for r in recs if r["curves"].get(y) and not np.isfinite(_num(r["curves"][y][-1])))
+    if bad:
+      text = f"{text} ({bad} of {len(recs)} seeds diverged, left out)"
     for title in panel_titles(spec):
       for row, x in enumerate(xs):
         gx, gy = seed_curves(recs, x, y)
