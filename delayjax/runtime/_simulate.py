@@ -727,8 +727,11 @@ def simulate(
   eval_flag = np.zeros(num_updates, bool)
   eval_flag[eval_points[eval_points > 0] - 1] = True
 
+  # The gradients' stale parameters are buffered only for a tx whose result depends on them.
+  keep_stale = _uses_stale_params(tx, params, inputs, plan.upd_worker.shape[2] * _max_batches(plan) * batch_size,
+                                  terms, plan.upd_worker.shape[2])
   step = _step_function(
-      loss_fn=loss_fn, has_aux=has_aux, tx=tx, params=params, eval_fn=eval_fn, seed=seed,
+      keep_stale=keep_stale, loss_fn=loss_fn, has_aux=has_aux, tx=tx, params=params, eval_fn=eval_fn, seed=seed,
       num_examples=num_examples, batch_size=batch_size, sampling=sampling, plan=plan,
       skip_nonfinite=skip_nonfinite, always_applies=bool(np.all(schedule.contributes.any(axis=1))),
       distributed=mesh is not None, inputs=inputs, local_steps=worker_steps, max_batches=_max_batches(plan),
@@ -736,7 +739,7 @@ def simulate(
       keep_local_state=keep_local_state,
       local_optimizer=None if local_optimizer is None else optax.with_extra_args_support(local_optimizer))
   carry = _initial_carry(params, opt_state, plan, inputs, batch_size, terms, leaf_groups,
-                         local_optimizer if keep_local_state else None)
+                         local_optimizer if keep_local_state else None, keep_stale)
   memory = _memory_terms(carry, data, num_devices)
   _check_memory(memory, max_memory, mesh)
   # Only a checkpoint needs the run's identity (it traces tx and loss_fn and hashes the data).
@@ -873,8 +876,13 @@ def _check_memory(memory: dict[str, int], max_memory: int | None, mesh: Any) -> 
   if max_memory is not None:
     limit, source = check_int("max_memory", max_memory, minimum=1), "max_memory"
   else:
-    device = (mesh.devices.flat[0] if mesh is not None else jax.devices()[0])
-    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    # One of this process's devices (another process's cannot be asked).
+    device = jax.local_devices()[0] if mesh is None else next(
+        d for d in mesh.devices.flat if d.process_index == jax.process_index())
+    try:
+      stats = device.memory_stats()
+    except (AttributeError, jax.errors.JaxRuntimeError):
+      stats = None
     if not stats or "bytes_limit" not in stats:
       return
     limit, source = int(stats["bytes_limit"]), f"the memory of {device.device_kind}"
@@ -896,11 +904,13 @@ def _size(num_bytes: int) -> str:
 
 
 def _initial_carry(params: Any, opt_state: Any, plan: StepPlan, inputs: tuple[str, ...], batch_size: int,
-                   terms: Any, leaf_groups: tuple[int, ...] | None, local_optimizer: Any) -> tuple[Any, ...]:
+                   terms: Any, leaf_groups: tuple[int, ...] | None, local_optimizer: Any,
+                   keep_stale: bool) -> tuple[Any, ...]:
   """The server runtime's carry before the first step (host arrays; see ``CARRY_SPECS``).
 
   ``local_optimizer``: given with ``keep_local_state``, every worker's local
-  state starts as its ``init(params)``.
+  state starts as its ``init(params)``. ``keep_stale``: whether to buffer the
+  gradients' stale parameters (an empty tuple otherwise).
   """
   def buffer(x, *lead):
     return np.zeros(lead + np.shape(x), np.asarray(x).dtype)
@@ -913,7 +923,8 @@ def _initial_carry(params: Any, opt_state: Any, plan: StepPlan, inputs: tuple[st
       opt_state, params, slots, first["lane_worker"][0], first["lane_worker"][0], first["lane_slot"][0],
       first["lane_fresh"][0], leaf_groups)
   return (params, opt_state, slots, jax.device_get(first_stale),
-          jax.tree.map(lambda x: buffer(x, size), payload), jax.tree.map(lambda x: buffer(x, size), params),
+          jax.tree.map(lambda x: buffer(x, size), payload),
+          jax.tree.map(lambda x: buffer(x, size), params) if keep_stale else (),
           np.zeros(size, np.float32), np.ones(size, bool), np.asarray(False),
           () if local_optimizer is None else jax.tree.map(
               lambda x: np.broadcast_to(np.asarray(x), (plan.num_workers,) + np.shape(x)).copy(),
@@ -932,7 +943,7 @@ def _fingerprint_shards(shards: Sequence[Any]) -> str:
   return h.hexdigest()
 
 
-def _step_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples, batch_size, sampling,
+def _step_function(*, keep_stale: bool, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples, batch_size, sampling,
                    plan: StepPlan, skip_nonfinite, always_applies, distributed: bool, inputs: tuple[str, ...],
                    local_steps: np.ndarray | None, local_optimizer, max_batches: int, sample_terms, terms,
                    full_batch_size: int | None, leaf_groups: tuple[int, ...] | None, keep_local_state: bool):
@@ -943,7 +954,6 @@ def _step_function(*, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples,
   num_contrib = plan.upd_worker.shape[2]
   max_len = plan.upd_index.shape[1]
   metric_shapes = jax.eval_shape(eval_fn, params) if eval_fn is not None else ()
-  keep_stale = _uses_stale_params(tx, params, inputs, num_contrib * samples, terms, num_contrib)
   svrg = "snapshot_grad" in inputs
   per_example = "sample_indices" in inputs
   per_contribution = "contribution_grads" in inputs
