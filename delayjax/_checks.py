@@ -61,7 +61,7 @@ def check_bool(name: str, value: Any) -> bool:
   they say.
   """
   if not isinstance(value, (bool, np.bool_)):
-    raise TypeError(f"{name} must be a bool, got {value!r} of type {type(value).__name__}.")
+    raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}.")
   return bool(value)
 
 

@@ -46,7 +46,7 @@ def test_delayed_replaying_a_schedule_refuses_a_small_table(problem):
 def test_booleans_must_be_bools(problem, name):
   # "False" is truthy: taking it would do the opposite of what it says.
   loss_fn, params, data, schedule = problem
-  with pytest.raises(TypeError, match=f"{name} must be a bool, got 'False'"):
+  with pytest.raises(TypeError, match=f"{name} must be a bool, got str 'False'"):
     dj.simulate(loss_fn, optax.sgd(0.1), params, data, schedule, **{name: "False"})
 
 
