@@ -264,6 +264,9 @@ class ClaimResult:
     the first undecided one, else the held one whose interval is nearest its margin.
     """
     comparisons = [comparisons] if isinstance(comparisons, Comparison) else list(comparisons)
+    if not comparisons:
+      # e.g. a trend over M when the grid (a smoke run, --only) kept one M.
+      return cls(None, f"not evaluated: this grid leaves nothing to compare{'; ' if figures else ''}{figures}")
     verdict = combined_verdict(comparisons)
     deciding = [c for c in comparisons if c.verdict == verdict]
     if verdict == "held":

@@ -287,7 +287,8 @@ def test_decide_combines_comparisons():
   result = fw.ClaimResult.decide([held, tie, opposite])
   assert (result.verdict, result.held, result.comparison.what) == ("not held", False, "o")
   assert "h:" in result.figures and "o:" in result.figures
-  assert fw.ClaimResult.decide([]).verdict == "not evaluated"
+  empty = fw.ClaimResult.decide([])
+  assert empty.verdict == "not evaluated" and empty.held is None and "nothing to compare" in empty.figures
   assert fw.ClaimResult(True, "legacy").verdict == "held"
 
 
