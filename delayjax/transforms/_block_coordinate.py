@@ -8,7 +8,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from delayjax._checks import check_choice, check_float, check_int
+from delayjax._checks import check_choice
+from delayjax.transforms._hyperparams import check_number
 from delayjax.transforms._proximal import ProxFn
 from delayjax.transforms._variance_reduction import svrg
 
@@ -66,11 +67,11 @@ def block_coordinate(learning_rate: float, prox: ProxFn | None = None, *, select
   :math:`j_u` of it is used.
 
   Args:
-    learning_rate: :math:`\gamma > 0`.
+    learning_rate: :math:`\gamma > 0`, a float or a scalar array.
     prox: ``(x, step) -> prox_{step R}(x)``, acting leaf by leaf (e.g.
       :func:`~delayjax.transforms.prox_l1`); ``None``: :math:`R = 0`.
     selection: ``"random"`` or ``"cyclic"``.
-    seed: the block draws' seed (``"random"``).
+    seed: the block draws' seed (``"random"``), an int or an integer scalar array.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` that needs ``params``.
@@ -90,11 +91,11 @@ def block_coordinate(learning_rate: float, prox: ProxFn | None = None, *, select
     and Convergence Properties <https://arxiv.org/abs/1403.3862>`_, SIAM J.
     Optim. 2015.
   """
-  rate = check_float("learning_rate", learning_rate, minimum=0.0, strict_minimum=True)
+  rate = check_number("learning_rate", learning_rate, minimum=0.0, strict_minimum=True)
   if prox is not None and not callable(prox):
     raise TypeError(f"prox must be None or a callable (x, step) -> x such as dj.prox_l1(0.1), got {prox!r}.")
   check_choice("selection", selection, SELECTIONS)
-  seed = check_int("seed", seed, minimum=0)
+  seed = check_number("seed", seed, minimum=0, integer=True)
   prox_fn = _identity_prox if prox is None else prox
 
   def init_fn(params):

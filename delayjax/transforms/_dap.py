@@ -6,8 +6,7 @@ from typing import NamedTuple
 
 import optax
 
-from delayjax._checks import check_float
-from delayjax.transforms._hyperparams import check_positive_rate
+from delayjax.transforms._hyperparams import check_number, check_positive_rate
 from delayjax.transforms._proximal import ProxFn, proximal
 
 
@@ -43,8 +42,8 @@ def tap_sgd(prox: ProxFn, learning_rate: float | optax.Schedule) -> optax.Gradie
   Args:
     prox: ``(x, step) -> prox_{step R}(x)`` on pytrees, e.g.
       :func:`~delayjax.transforms.prox_l1`.
-    learning_rate: :math:`\gamma > 0`, a float or a schedule of the update
-      count.
+    learning_rate: :math:`\gamma > 0`, a float, a scalar array or a schedule
+      of the update count.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` that needs ``params``.
@@ -64,6 +63,7 @@ def tap_sgd(prox: ProxFn, learning_rate: float | optax.Schedule) -> optax.Gradie
     arXiv 2016.
   """
   _check_prox(prox)
+  learning_rate = check_positive_rate("learning_rate", learning_rate)
   return optax.chain(optax.sgd(learning_rate), proximal(prox, learning_rate))
 
 
@@ -122,8 +122,8 @@ def dap_sgd(prox: ProxFn, learning_rate: float, server_rate: float | optax.Sched
   Args:
     prox: ``(x, step) -> prox_{step R}(x)`` on pytrees, e.g.
       :func:`~delayjax.transforms.prox_l1`.
-    learning_rate: :math:`\gamma > 0`, a float.
-    server_rate: :math:`s_u > 0`, a float or a schedule of the update count.
+    learning_rate: :math:`\gamma > 0`, a float or a scalar array.
+    server_rate: :math:`s_u > 0`, a float, a scalar array or a schedule of the update count.
 
   Returns:
     A :class:`DapSgd`: ``server`` (``tx``), ``worker`` (``local_optimizer``)
@@ -149,6 +149,6 @@ def dap_sgd(prox: ProxFn, learning_rate: float, server_rate: float | optax.Sched
         "learning_rate must be a float for dap_sgd: the worker's optimizer starts afresh for every "
         f"contribution, so a schedule would only ever be read at 0 (put a schedule in server_rate); got "
         f"{learning_rate!r}.")
-  rate = check_float("learning_rate", learning_rate, minimum=0.0, strict_minimum=True)
+  rate = check_number("learning_rate", learning_rate, minimum=0.0, strict_minimum=True)
   worker = optax.chain(optax.sgd(rate), proximal(prox, rate))
   return DapSgd(server=optax.sgd(check_positive_rate("server_rate", server_rate)), worker=worker, local_steps=1)

@@ -30,8 +30,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from delayjax._checks import check_float, check_int
-from delayjax.transforms._hyperparams import LearningRate, check_positive_rate, descend, rate_at
+from delayjax.transforms._hyperparams import (LearningRate, check_number, check_positive_rate, coefficient, descend,
+                                              rate_at)
 
 __all__ = ["ReadsStageWeights", "stage_read", "spectrain", "SpecTrainState", "pipemare", "PipeMareState",
            "PipeMareCorrectionState"]
@@ -109,8 +109,8 @@ def spectrain(learning_rate: LearningRate, smoothing: float = 0.9) -> optax.Grad
   and its default ``gamma = 0.9`` are unverified against it.
 
   Args:
-    learning_rate: :math:`\\eta`, a float or an Optax schedule.
-    smoothing: :math:`\\gamma \\in [0, 1)`.
+    learning_rate: :math:`\\eta`, a float, a scalar array or an Optax schedule.
+    smoothing: :math:`\\gamma \\in [0, 1)`, a float or a scalar array.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state defines the
@@ -131,8 +131,8 @@ def spectrain(learning_rate: LearningRate, smoothing: float = 0.9) -> optax.Grad
     arXiv 2018 (SpecTrain)
   """
   learning_rate = check_positive_rate("learning_rate", learning_rate)
-  smoothing = check_float("smoothing", smoothing, minimum=0.0, maximum=1.0)
-  if smoothing == 1.0:
+  smoothing = check_number("smoothing", smoothing, minimum=0.0, maximum=1.0)
+  if not isinstance(smoothing, jax.core.Tracer) and smoothing == 1.0:
     raise ValueError("smoothing must be < 1 (with 1 the smoothed gradient never changes), got 1.0.")
 
   def init_fn(params):
@@ -142,7 +142,9 @@ def spectrain(learning_rate: LearningRate, smoothing: float = 0.9) -> optax.Grad
   def update_fn(updates, state, params=None, **extra_args):
     del params, extra_args
     # optax.ema's arithmetic (debias=False): (1 - decay) * g + decay * v.
-    smoothed = jax.tree.map(lambda g, v: (1 - smoothing) * g + smoothing * v, updates, state.smoothed)
+    smoothed = jax.tree.map(
+        lambda g, v: coefficient(1 - smoothing, g.dtype) * g + coefficient(smoothing, v.dtype) * v, updates,
+        state.smoothed)
     out = jax.tree.map(lambda v: descend(rate_at(learning_rate, state.count), v), smoothed)
     count = optax.safe_increment(state.count)
     return out, SpecTrainState(count=count, smoothed=smoothed,
@@ -214,7 +216,8 @@ def pipemare(
   undelayed stage keeps the base step.
 
   Args:
-    learning_rate: :math:`\\alpha`, a float or an Optax schedule.
+    learning_rate: :math:`\\alpha`, a float, a scalar array or an Optax schedule
+      (each numeric argument below may also be a scalar array).
     warmup_steps: ``T >= 1``, updates over which the delay's exponent
       decays from 1 to 0.
     momentum: :math:`\\mu \\in [0, 1)`.
@@ -240,14 +243,16 @@ def pipemare(
     Parallel DNN Training <https://arxiv.org/abs/1910.05124>`_, MLSys 2021
   """
   learning_rate = check_positive_rate("learning_rate", learning_rate)
-  warmup_steps = check_int("warmup_steps", warmup_steps, minimum=1)
-  momentum = check_float("momentum", momentum, minimum=0.0, maximum=1.0)
-  if momentum == 1.0:
+  warmup_steps = check_number("warmup_steps", warmup_steps, minimum=1, integer=True)
+  momentum = check_number("momentum", momentum, minimum=0.0, maximum=1.0)
+  if not isinstance(momentum, jax.core.Tracer) and momentum == 1.0:
     raise ValueError("momentum must be < 1, got 1.0.")
+  # A Python 0 skips the trace, as optax.sgd(momentum=0) does; an array (injected, swept) always keeps it.
+  uses_momentum = not isinstance(momentum, (int, float)) or momentum != 0.0
   if discrepancy_decay is not None:
-    discrepancy_decay = check_float("discrepancy_decay", discrepancy_decay, minimum=0.0, maximum=1.0,
-                                    strict_minimum=True)
-    if discrepancy_decay == 1.0:
+    discrepancy_decay = check_number("discrepancy_decay", discrepancy_decay, minimum=0.0, maximum=1.0,
+                                     strict_minimum=True)
+    if not isinstance(discrepancy_decay, jax.core.Tracer) and discrepancy_decay == 1.0:
       raise ValueError("discrepancy_decay must be < 1 (1 never updates the moving average), got 1.0.")
 
   state_type = PipeMareState if discrepancy_decay is None else PipeMareCorrectionState
@@ -261,17 +266,19 @@ def pipemare(
     tau_f = jnp.zeros([], jnp.int32) if staleness is None else jnp.asarray(staleness, jnp.int32)
     tau_b = jnp.zeros([], jnp.int32) if backward_staleness is None else jnp.asarray(backward_staleness, jnp.int32)
     # optax.sgd's trace arithmetic: v <- g + mu v (the first update is g itself).
-    trace = jax.tree.map(lambda g, v: g + momentum * v, updates, state.momentum) if momentum else updates
-    exponent = 1.0 - jnp.minimum(state.count.astype(jnp.float32) / warmup_steps, 1.0)
+    trace = updates
+    if uses_momentum:
+      trace = jax.tree.map(lambda g, v: g + coefficient(momentum, v.dtype) * v, updates, state.momentum)
+    exponent = 1.0 - jnp.minimum(state.count.astype(jnp.float32) / coefficient(warmup_steps, jnp.float32), 1.0)
     scale = jnp.power(jnp.maximum(tau_f, 1).astype(jnp.float32), -exponent)
     base = rate_at(learning_rate, state.count)
     out = jax.tree.map(lambda v: descend(base, scale.astype(v.dtype) * v), trace)
     delta = state.delta
     if discrepancy_decay is not None:
       gap = jnp.maximum(tau_f - tau_b, 1).astype(jnp.float32)
-      gamma = jnp.power(jnp.float32(discrepancy_decay), 1.0 / gap)
+      gamma = jnp.power(coefficient(discrepancy_decay, jnp.float32), 1.0 / gap)
       delta = jax.tree.map(lambda d, u: gamma.astype(d.dtype) * d + (1 - gamma).astype(d.dtype) * u, delta, out)
-    new_momentum = trace if momentum else state.momentum
+    new_momentum = trace if uses_momentum else state.momentum
     return out, state_type(count=optax.safe_increment(state.count), momentum=new_momentum, delta=delta)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)

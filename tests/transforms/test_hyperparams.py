@@ -31,6 +31,11 @@ def sparse_extras(params, step):
           "sample_features": (jnp.array([step % 3], jnp.int32), jnp.array([1.0], jnp.float32))}
 
 
+def svrg_extras(params, step):
+  return {"snapshot_grad": jax.tree.map(lambda p: 0.5 * p, params), "refresh": jnp.bool_(step % 3 == 0),
+          "full_grad": jax.tree.map(lambda p: jnp.cos(p + step), params)}
+
+
 # name: (factory, hyper-parameters before, after, static_args, params, extras)
 CASES = {
     "scale_by_staleness": (dj.scale_by_staleness, dict(rule="hinge", a=2.0, b=1), dict(a=0.5, b=0), (), None, None),
@@ -66,6 +71,18 @@ CASES = {
     "prox_asaga": (dj.prox_asaga, dict(num_samples=2, learning_rate=0.1, prox=dj.prox_l1(0.1),
                                        support_counts=np.array([1, 1, 1])), dict(learning_rate=0.3),
                    ("num_samples", "prox", "support_counts"), VECTOR, sparse_extras),
+    "spectrain": (dj.spectrain, dict(learning_rate=0.1, smoothing=0.9), dict(learning_rate=0.2, smoothing=0.5), (),
+                  None, None),
+    "pipemare": (dj.pipemare, dict(learning_rate=0.1, warmup_steps=4, momentum=0.5, discrepancy_decay=0.5),
+                 dict(warmup_steps=2, momentum=0.9, discrepancy_decay=0.25), (), None, None),
+    "tap_sgd": (dj.tap_sgd, dict(prox=dj.prox_l1(0.1), learning_rate=0.1), dict(learning_rate=0.3), ("prox",), None,
+                None),
+    "block_coordinate": (dj.block_coordinate, dict(learning_rate=0.1, prox=dj.prox_l1(0.1), seed=1),
+                         dict(learning_rate=0.3, seed=2), ("prox",), None, None),
+    "apcd": (dj.apcd, dict(learning_rate=0.1, prox=dj.prox_l1(0.1), selection="cyclic"), dict(learning_rate=0.3),
+             ("prox",), None, None),
+    "asysbcdvr": (dj.asysbcdvr, dict(learning_rate=0.1, prox=dj.prox_l1(0.1)), dict(learning_rate=0.3), ("prox",),
+                  None, svrg_extras),
 }
 
 
@@ -119,6 +136,20 @@ def test_vmap_sweep_over_lam_of_delay_compensation_equals_separate_runs():
       jax.tree.map(lambda a, b: np.testing.assert_allclose(a[i], b, rtol=1e-6, atol=1e-7), swept, run(lam, adaptive))
 
 
+def test_vmap_sweep_over_the_rates_of_dap_sgd_equals_separate_builds():
+  params, grads = params_tree(), random_like(params_tree(), 0)
+
+  def step(rate, server_rate):
+    dap = dj.dap_sgd(dj.prox_l1(0.1), rate, server_rate=server_rate)
+    delta, _ = dap.worker.update(grads, dap.worker.init(params), params)
+    return dap.server.update(jax.tree.map(jnp.negative, delta), dap.server.init(params), params)[0]
+
+  rates, server_rates = (0.1, 0.5), (1.0, 0.25)
+  swept = jax.jit(jax.vmap(step))(jnp.asarray(rates, jnp.float32), jnp.asarray(server_rates, jnp.float32))
+  for i, (rate, server_rate) in enumerate(zip(rates, server_rates)):
+    chex.assert_trees_all_close(jax.tree.map(lambda a: a[i], swept), step(rate, server_rate), rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.standard_promotion  # inject_hyperparams mixes int32 counts and floats
 def test_injected_schedule_equals_the_schedule_given_directly():
   schedule = optax.linear_schedule(0.2, 0.05, transition_steps=4)
@@ -145,6 +176,12 @@ def test_injected_schedule_equals_the_schedule_given_directly():
     (lambda: dj.delay_adaptive_sgd(jnp.float32(0.5), jnp.float32(0.25)), ValueError, "step_budget must be >= max_step"),
     (lambda: dj.mindthestep(0.1, 4, target_momentum=jnp.float32(0.9)), ValueError, r"target_momentum must be in \[0, 0.75\]"),
     (lambda: dj.zeno_plus_plus(jnp.float32(0.0)), ValueError, "learning_rate must be > 0.0"),
+    (lambda: dj.spectrain(0.1, smoothing=jnp.float32(1.0)), ValueError, "smoothing must be < 1"),
+    (lambda: dj.pipemare(0.1, warmup_steps=jnp.float32(1.5)), TypeError, "warmup_steps must be an integer"),
+    (lambda: dj.pipemare(0.1, warmup_steps=2, discrepancy_decay=jnp.float32(0.0)), ValueError,
+     "discrepancy_decay must be > 0.0"),
+    (lambda: dj.dap_sgd(dj.prox_l1(0.1), jnp.float32(-0.1)), ValueError, "learning_rate must be > 0.0"),
+    (lambda: dj.block_coordinate(jnp.ones(2)), ValueError, r"learning_rate must be a scalar, got shape \(2,\)"),
 ])
 def test_concrete_arrays_keep_the_clear_errors(make, exc, match):
   with pytest.raises(exc, match=match):
