@@ -51,6 +51,8 @@ class GossipMethod(NamedTuple):
     advance: ``advance(params, extra, dt) -> (params, extra)``, or ``None``:
       continuous dynamics between events (A2CiD2), applied to every member of
       a ``PARAMS`` mix before the messages are taken.
+    late_messages: whether the rule is defined for late messages (a
+      schedule's ``lag > 0``); the runtime refuses such a schedule otherwise.
   """
 
   name: str
@@ -61,6 +63,7 @@ class GossipMethod(NamedTuple):
   receive: Callable[..., tuple[Any, Any]]
   mixes: str = PARAMS
   advance: Callable[..., tuple[Any, Any]] | None = None
+  late_messages: bool = True
 
 
 def optimizer_step(tx: optax.GradientTransformation, grads: Any, opt_state: Any, params: Any,

@@ -257,6 +257,9 @@ def simulate_gossip(
     raise ValueError(f"method {method.name!r} mixes gradients, but the schedule has PARAMS mixes; use a "
                      f"schedule whose mixes are GRADS (e.g. a GossipGraD paradigm).")
 
+  if not method.late_messages and np.any(schedule.lag > 0):
+    raise ValueError(f"method {method.name!r} is not defined for late messages, but the schedule's mixes have "
+                     f"lag up to {int(schedule.lag.max())}; use a schedule without message lag (lag = 0).")
   plan = make_plan(schedule, phases=phases, num_devices=num_devices)
   if plan.mixing == "dense" and plan.history > 1:
     raise ValueError(f"mixes of more than 8 replicas with late messages (lag > 0) are not supported; the "

@@ -110,11 +110,16 @@ def _schedule(num_workers: int, rows, group: int) -> GossipSchedule:
 
 def run_reference(method: str, schedule: GossipSchedule, params, data, *, lr: float, beta: float,
                   batch_size: int, seed: int = 0, lam: float = 0.0, eta: float = 0.0, beta_tilde: float = 0.0,
-                  time_unit: float = 1.0) -> dict[str, np.ndarray]:
+                  time_unit: float = 1.0, agg: float = 1.0) -> dict[str, np.ndarray]:
   """Every replica's final state under ``method``'s rule (float64 ``[M, d + 1]`` arrays)."""
   m = schedule.num_workers
   n = np.asarray(data["x"]).shape[0]
   x = np.tile(flat(params), (m, 1))
+  dim = x.shape[1] - 1
+  # LayUp's layers in backpropagation order: the leaves {"b", "w"} in reverse, i.e. w (x[:dim]) then b.
+  layers = [slice(0, dim), slice(dim, dim + 1)]
+  cursor = np.zeros(m, np.int64)
+  ag = x.copy()  # accelerated SGD's aggregate
   mom = np.zeros_like(x)
   w = np.ones(m)
   tilde = x.copy()  # A2CiD2's twin
@@ -137,6 +142,8 @@ def run_reference(method: str, schedule: GossipSchedule, params, data, *, lr: fl
     if kind == READ:
       i = int(schedule.worker[e])
       at = x[i] / w[i] if method == "sgp" else x[i].copy()
+      if method == "accelerated":
+        at = (1 - 1 / agg) * ag[i] + (1 / agg) * x[i]
       nb = int(schedule.num_batches[e])
       gs = []
       for j in range(nb):
@@ -158,6 +165,8 @@ def run_reference(method: str, schedule: GossipSchedule, params, data, *, lr: fl
         x[i] = x[i] - lr * mom[i]
         if method == "a2cid2":
           tilde[i] = tilde[i] - lr * mom[i]
+        if method == "accelerated":
+          ag[i] = (1 - 1 / agg) * ag[i] + (1 / agg) * x[i]
       history[i].append((x[i].copy(), w[i]))
     else:
       q = schedule.mix[e]
@@ -184,6 +193,30 @@ def run_reference(method: str, schedule: GossipSchedule, params, data, *, lr: fl
           if recv[a]:
             history[group[a]].append((x[group[a]].copy(), w[group[a]]))
         continue
+      if method == "layup":
+        # Each member pushes the layer its cursor points to; a receiver averages every pushed layer with its
+        # own copy, renormalized over the members that pushed it. No late messages.
+        assert not schedule.lag[q][:k].any()
+        sent = [(x[b].copy(), layers[cursor[b]]) for b in group]
+        for a in range(k):
+          if not recv[a]:
+            continue
+          i = group[a]
+          for layer in layers:
+            pushers = [b for b in range(k) if b != a and sent[b][1] == layer]
+            if pushers:
+              num = W[a, a] * x[i][layer] + sum(W[a, b] * sent[b][0][layer] for b in pushers)
+              x[i][layer] = num / (W[a, a] + sum(W[a, b] for b in pushers))
+          cursor[i] = (cursor[i] + 1) % len(layers)
+        continue
+      if method == "accelerated":
+        assert not schedule.lag[q][:k].any()
+        sent = [(x[b].copy(), ag[b].copy()) for b in group]
+        for a in range(k):
+          if recv[a]:
+            x[group[a]] = sum(W[a, b] * sent[b][0] for b in range(k))
+            ag[group[a]] = sum(W[a, b] * sent[b][1] for b in range(k))
+        continue
       lags = schedule.lag[q][:k]
       sent = []
       for b in range(k):
@@ -207,4 +240,4 @@ def run_reference(method: str, schedule: GossipSchedule, params, data, *, lr: fl
       for a in range(k):
         if recv[a]:
           history[group[a]].append((x[group[a]].copy(), w[group[a]]))
-  return {"x": x, "w": w, "tilde": tilde, "average": avg, "momentum": mom}
+  return {"x": x, "w": w, "tilde": tilde, "average": avg, "momentum": mom, "cursor": cursor, "aggregate": ag}

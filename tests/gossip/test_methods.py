@@ -38,15 +38,19 @@ CASES = [
     ("dc_s3gd", lambda: dj.gossip.dc_s3gd(0.7), dict(group=4), dict(lam=0.7)),
     ("a2cid2", lambda: dj.gossip.a2cid2(0.4, 0.3, time_unit=0.8), dict(group=2),
      dict(eta=0.4, beta_tilde=0.3, time_unit=0.8)),
+    # Groups of 3 with 2 layers: some layer is pushed by two members at once (the renormalization).
+    ("layup", dj.gossip.layup, dict(group=3), {}),
+    ("accelerated", lambda: dj.gossip.accelerated_sgd(1.7), dict(group=3), dict(agg=1.7)),
 ]
+_RULE = {"ad_psgd": "d_psgd"}
 
 
 @pytest.mark.parametrize("name,make,schedule_kw,rule_kw", CASES, ids=[c[0] for c in CASES])
 def test_method_matches_numpy_rule(name, make, schedule_kw, rule_kw):
   schedule = random_schedule(4, 60, seed=3, max_batches=2, **schedule_kw)
   result, data, params = _run(make(), schedule)
-  ref = run_reference(name if name != "ad_psgd" else "d_psgd", schedule, params, data, lr=LR, beta=BETA,
-                      batch_size=BATCH, **rule_kw)
+  ref = run_reference(_RULE.get(name, name), schedule, params, data, lr=LR, beta=BETA, batch_size=BATCH,
+                      **rule_kw)
   np.testing.assert_allclose(_stacked(result.params), ref["x"], rtol=2e-5, atol=2e-6)
   if name == "sgp":
     np.testing.assert_allclose(np.asarray(result.extra.weight), ref["w"], rtol=1e-6)
@@ -54,6 +58,16 @@ def test_method_matches_numpy_rule(name, make, schedule_kw, rule_kw):
     np.testing.assert_allclose(_stacked(result.extra.tilde), ref["tilde"], rtol=2e-5, atol=2e-6)
   if name == "dc_s3gd":
     np.testing.assert_allclose(_stacked(result.extra.average), ref["average"], rtol=2e-5, atol=2e-6)
+  if name == "layup":
+    np.testing.assert_array_equal(np.asarray(result.extra.cursor), ref["cursor"])
+    # The rule changed something: some layer was averaged with a pusher's copy at least once.
+    assert ref["cursor"].any()
+  if name == "accelerated":
+    np.testing.assert_allclose(_stacked(result.extra.aggregate), ref["aggregate"], rtol=2e-5, atol=2e-6)
+    # The average model is that of the points where gradients are taken, x_md = (1 - 1/beta) x_ag + x / beta.
+    x_md = (1 - 1 / 1.7) * ref["aggregate"] + ref["x"] / 1.7
+    np.testing.assert_allclose(_stacked({k: v[None] for k, v in result.average.items()})[0], x_md.mean(axis=0),
+                               rtol=2e-5, atol=2e-6)
 
 
 def _one_replica_rounds(rounds: int, mixes: int) -> GossipSchedule:
@@ -67,7 +81,8 @@ def _one_replica_rounds(rounds: int, mixes: int) -> GossipSchedule:
 
 
 @pytest.mark.parametrize("make", [dj.gossip.d_psgd, dj.gossip.sgp, dj.gossip.gossip_grad,
-                                  lambda: dj.gossip.dc_s3gd(0.5), lambda: dj.gossip.a2cid2(0.3, 0.2)])
+                                  lambda: dj.gossip.dc_s3gd(0.5), lambda: dj.gossip.a2cid2(0.3, 0.2),
+                                  dj.gossip.layup, lambda: dj.gossip.accelerated_sgd(1.0)])
 def test_one_replica_is_plain_training_bit_for_bit(make):
   method = make()
   schedule = _one_replica_rounds(6, GRADS if method.mixes == "gradients" else PARAMS)
@@ -111,3 +126,15 @@ def test_bad_arguments_name_themselves():
     dj.gossip.dc_s3gd(-0.1)
   with pytest.raises(ValueError, match="connected"):
     dj.gossip.acid_constants(np.zeros((3, 3)))
+  with pytest.raises(ValueError, match=r"beta must be >= 1.0, got 0.5"):
+    dj.gossip.accelerated_sgd(0.5)
+  with pytest.raises(TypeError, match="beta must be a real number"):
+    dj.gossip.accelerated_sgd("2")
+
+
+def test_layup_refuses_late_messages():
+  data, loss_fn, params = regression()
+  schedule = random_schedule(4, 30, seed=1, group=2, lag=2)
+  assert schedule.lag.max() > 0
+  with pytest.raises(ValueError, match=r"'layup' is not defined for late messages.*lag up to 2"):
+    dj.simulate_gossip(loss_fn, optax.sgd(LR), dj.gossip.layup(), params, data, schedule, batch_size=BATCH)
