@@ -77,6 +77,7 @@ import numpy as np
 
 from delayjax import topology as topo
 from delayjax._checks import check_choice, check_float, check_int
+from delayjax.cluster._schedule_io import load_npz, save_npz
 from delayjax.cluster._simulate import _seed_sequences, _Times, _window_factors
 from delayjax.cluster._workers import Workers
 
@@ -93,6 +94,8 @@ _KIND_NAMES = {READ: "READ", GRAD: "GRAD", MIX: "MIX"}
 _EVENT_ARRAYS = ("time", "kind", "worker", "num_batches", "mix")
 _MIX_ARRAYS = ("members", "weights", "lag", "receives", "mixes")
 _ARRAYS = _EVENT_ARRAYS + _MIX_ARRAYS + ("busy", "wait")
+# Written into saved files; files without one (saved before it existed) read as version 0, the same layout.
+_FORMAT_VERSION = 1
 
 
 def _fail(message: str) -> None:
@@ -436,21 +439,16 @@ class GossipSchedule:
   # ---- persistence ------------------------------------------------------------------------------------------
 
   def save(self, path: str | os.PathLike[str]) -> None:
-    """Writes the schedule to ``path`` as an uncompressed ``.npz`` file (exact)."""
+    """Writes the schedule to ``path`` as an uncompressed ``.npz`` file (exact, tagged with its format version)."""
     arrays: dict[str, Any] = {name: getattr(self, name) for name in _ARRAYS}
     arrays["num_workers"] = np.asarray(self.num_workers, np.int64)
     arrays["paradigm"] = np.asarray(self.paradigm)
-    for key, value in self.extras.items():
-      arrays[f"extras/{key}"] = value
-    with open(path, "wb") as f:
-      np.savez(f, **arrays)
+    save_npz(path, "GossipSchedule", _FORMAT_VERSION, arrays, self.extras)
 
   @classmethod
   def load(cls, path: str | os.PathLike[str]) -> "GossipSchedule":
-    """Reads a schedule written by :meth:`save`."""
-    with np.load(path, allow_pickle=False) as data:
-      fields = {k: data[k] for k in data.files if not k.startswith("extras/")}
-      extras = {k[len("extras/"):]: data[k] for k in data.files if k.startswith("extras/")}
+    """Reads a schedule written by :meth:`save`; a file of another kind or a newer format is refused by name."""
+    fields, extras = load_npz(path, "GossipSchedule", _FORMAT_VERSION, _ARRAYS + ("num_workers", "paradigm"))
     fields["num_workers"] = int(fields["num_workers"])
     fields["paradigm"] = str(fields["paradigm"])
     return cls(**fields, extras=extras)

@@ -8,6 +8,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from delayjax.cluster._schedule_io import load_npz, save_npz
+
+# Written into saved files; untagged files (saved before it existed, sparse or dense) read as version 0.
+_FORMAT_VERSION = 1
+
 # The dense ``[U, M]`` views refuse to build arrays with more entries than this (2 GiB as int64).
 DENSE_LIMIT = 2**28
 
@@ -268,17 +273,12 @@ class Schedule:
         "num_workers": np.asarray(self.num_workers, np.int64),
         "wait": self.wait, "dropped": self.dropped, "busy": self.busy, "paradigm": np.asarray(self.paradigm),
     }
-    for key, value in self.extras.items():
-      arrays[f"extras/{key}"] = value
-    with open(path, "wb") as f:
-      np.savez(f, **arrays)
+    save_npz(path, "Schedule", _FORMAT_VERSION, arrays, self.extras)
 
   @classmethod
   def load(cls, path: str | os.PathLike[str]) -> "Schedule":
     """Reads a schedule written by :meth:`save` (sparse, or the older dense ``[U, M]`` format)."""
-    with np.load(path, allow_pickle=False) as data:
-      fields = {k: data[k] for k in data.files if not k.startswith("extras/")}
-      extras = {k[len("extras/"):]: data[k] for k in data.files if k.startswith("extras/")}
+    fields, extras = load_npz(path, "Schedule", _FORMAT_VERSION, ("time", "wait", "paradigm"))
     fields["paradigm"] = str(fields["paradigm"])
     if "contributes" in fields:
       return cls(**fields, extras=extras)
