@@ -13,17 +13,18 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec as P
 
-from delayjax._checks import check_choice, check_int
+from delayjax._checks import check_bool, check_seed
 from delayjax.cluster._gossip import GossipSchedule
 from delayjax.gossip._method import GRADS as METHOD_GRADS
 from delayjax.gossip._method import GossipMethod
-from delayjax.runtime import _engine
+from delayjax.runtime import _checkpoint, _engine
+from delayjax.runtime._arguments import check_optional_callable, check_optional_int, check_sampling
 from delayjax.runtime._checkpoint import gathered
 from delayjax.runtime._engine import AXIS
 from delayjax.runtime._history import chunk_span, nonfinite_report, sorted_pairs
 from delayjax.runtime._replica_plan import SLOT_GRAD, SLOT_MIX, SLOT_READ, ReplicaPlan, make_plan, pack_lanes
-from delayjax.runtime._sampling import SAMPLINGS, minibatch_indices, shard_table
-from delayjax.runtime._simulate import _all_finite, _check_data, _inexact
+from delayjax.runtime._sampling import minibatch_indices, shard_table
+from delayjax.runtime._simulate import _all_finite, _inexact
 
 _CHECKPOINT_FILE = "simulate_gossip.msgpack"
 
@@ -229,23 +230,14 @@ def simulate_gossip(
                     f"{type(method).__name__}.")
   if not isinstance(schedule, GossipSchedule):
     raise TypeError(f"schedule must be a dj.cluster.GossipSchedule, got {type(schedule).__name__}.")
-  batch_size = check_int("batch_size", batch_size, minimum=1)
-  check_choice("sampling", sampling, SAMPLINGS)
-  seed = check_int("seed", seed)
-  if eval_every is not None:
-    eval_every = check_int("eval_every", eval_every, minimum=1)
-  if chunk_size is not None:
-    chunk_size = check_int("chunk_size", chunk_size, minimum=1)
-  if phases is not None:
-    phases = check_int("phases", phases, minimum=1)
-  if eval_fn is not None and not callable(eval_fn):
-    raise TypeError(f"eval_fn must be callable or None, got {type(eval_fn).__name__}.")
-  if shards is not None and sampling != "shard":
-    raise ValueError(f"shards is only used with sampling='shard'; got sampling={sampling!r}.")
-  num_examples = _check_data(data)
-  if sampling == "epoch" and batch_size > num_examples:
-    raise ValueError(f"batch_size={batch_size} is larger than the data set ({num_examples} examples), which "
-                     f"sampling='epoch' does not allow.")
+  batch_size, num_examples = check_sampling(data, batch_size, sampling, shards)
+  seed = check_seed("seed", seed)
+  resume, has_aux = check_bool("resume", resume), check_bool("has_aux", has_aux)
+  checkpoint_dir = _checkpoint.check_directory("checkpoint_dir", checkpoint_dir)
+  eval_every = check_optional_int("eval_every", eval_every)
+  chunk_size = check_optional_int("chunk_size", chunk_size)
+  phases = check_optional_int("phases", phases)
+  eval_fn = check_optional_callable("eval_fn", eval_fn)
   num_devices = _engine.check_mesh(mesh)
   m = schedule.num_workers
   if m % num_devices:

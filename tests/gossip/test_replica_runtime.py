@@ -179,3 +179,15 @@ def test_bad_arguments_name_themselves():
     dj.simulate_gossip(loss_fn, tx, dj.gossip.d_psgd(), params, data, schedule, mesh=jax.make_mesh((8,), ("workers",)))
   with pytest.raises(ValueError, match="mixes gradients"):
     dj.simulate_gossip(loss_fn, tx, dj.gossip.gossip_grad(), params, data, schedule)
+  # The same standard as dj.simulate: seeds in [0, 2**32), bools that are bools, a writable checkpoint_dir.
+  cases = [(dict(seed=-1), ValueError, "seed must be an integer >= 0, got -1"),
+           (dict(seed=2**32), ValueError, "seed must be an integer below 2\\*\\*32"),
+           (dict(resume="False"), TypeError, "resume must be a bool, got str 'False'"),
+           (dict(has_aux=1), TypeError, "has_aux must be a bool, got int"),
+           (dict(checkpoint_dir=3), TypeError, "checkpoint_dir must be a path"),
+           (dict(phases=0), ValueError, "phases must be an integer >= 1, got 0"),
+           (dict(eval_fn=3), TypeError, "eval_fn must be callable or None, got int"),
+           (dict(sampling="epoch", batch_size=41), ValueError, "batch_size=41 is larger than the data set")]
+  for kwargs, error, message in cases:
+    with pytest.raises(error, match=message):
+      dj.simulate_gossip(loss_fn, tx, dj.gossip.d_psgd(), params, data, schedule, **kwargs)

@@ -1,0 +1,54 @@
+"""Argument checks every runtime front end shares (the server runtime, the replica runtime): one wording for all."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+from delayjax._checks import check_choice, check_int
+from delayjax.runtime._sampling import SAMPLINGS
+
+
+def check_data(data: Any) -> int:
+  """The number of examples in ``data``: a pytree of arrays sharing a leading example axis."""
+  leaves = jax.tree.leaves(data)
+  if not leaves:
+    raise ValueError("data must be a pytree with at least one array leaf, got an empty tree.")
+  sizes = [np.shape(x)[0] if np.ndim(x) else None for x in leaves]
+  if any(s is None for s in sizes):
+    raise ValueError("data leaves must be arrays with a leading example axis; got a scalar leaf.")
+  if len(set(sizes)) != 1:
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(data)[0]]
+    raise ValueError(
+        "data leaves must share their leading dimension (the number of examples); got "
+        + ", ".join(f"{p or 'data'}: {s}" for p, s in zip(paths, sizes)) + ".")
+  if sizes[0] < 1:
+    raise ValueError("data must hold at least one example, got a leading dimension of 0.")
+  return int(sizes[0])
+
+
+def check_sampling(data: Any, batch_size: Any, sampling: Any, shards: Any) -> tuple[int, int]:
+  """``(batch_size, num_examples)``, after checking how minibatches are drawn from ``data``."""
+  batch_size = check_int("batch_size", batch_size, minimum=1)
+  check_choice("sampling", sampling, SAMPLINGS)
+  if shards is not None and sampling != "shard":
+    raise ValueError(f"shards is only used with sampling='shard'; got sampling={sampling!r}.")
+  num_examples = check_data(data)
+  if sampling == "epoch" and batch_size > num_examples:
+    raise ValueError(
+        f"batch_size={batch_size} is larger than the data set ({num_examples} examples), which "
+        f"sampling='epoch' does not allow.")
+  return batch_size, num_examples
+
+
+def check_optional_int(name: str, value: Any, minimum: int = 1) -> int | None:
+  """``None``, or ``value`` as an int ``>= minimum``."""
+  return None if value is None else check_int(name, value, minimum=minimum)
+
+
+def check_optional_callable(name: str, value: Any) -> Any:
+  if value is not None and not callable(value):
+    raise TypeError(f"{name} must be callable or None, got {type(value).__name__}.")
+  return value
