@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 import delayjax as dj
+from experiments._framework import mean_rows
 
 C = dj.cluster
 
@@ -313,19 +314,31 @@ def run_spec(config: dict[str, Any], spec: dict[str, Any], seed: int, progress: 
   return record
 
 
-def plots(records: list[dict[str, Any]], out: str, label: Any = None) -> list[str]:
-  """Loss of the average model and consensus distance against gradients and simulated time.
+def summarize_by(*fields: str) -> Any:
+  """A reproduction's ``summarize``: one row per spec key with the spec's ``fields`` and the means over seeds."""
+
+  def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    del config
+    return mean_rows(records, fields=fields)
+
+  return summarize
+
+
+def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict[str, Any]], out: str) -> list[str]:
+  """A reproduction's ``plots``: loss of the average model and consensus distance against gradients and
+  simulated time.
 
   The consensus plot (log scale) leaves out all-reduce, whose replicas are equal, and the start, where all
   replicas are equal too.
   """
   from experiments import _plots
 
+  del config, rows
   gossip = [{**r, "curves": {k: v[1:] for k, v in r["curves"].items()}} for r in records
             if r["spec"]["paradigm"] != "allreduce"]
   paths = [_plots.curves(records, out, "loss", y="loss", ylabel="training loss (average model)",
-                         xs=("gradients", "time"), label=label)]
+                         xs=("gradients", "time"))]
   if gossip:
     paths.append(_plots.curves(gossip, out, "consensus", y="consensus", ylabel="consensus distance", log_y=True,
-                               xs=("gradients", "time"), label=label))
+                               xs=("gradients", "time")))
   return paths

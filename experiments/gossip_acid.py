@@ -29,7 +29,7 @@ from typing import Any
 
 import delayjax as dj
 from experiments import _gossip_train as gt
-from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, paired
+from experiments._framework import Claim, ClaimResult, Reproduction, Summary, paired
 
 SCALES = {
     "quick": dict(speeds=[1.0] * 16, compute="exponential", comm=0.05, steps=100, batch=16, lr=0.5,
@@ -56,10 +56,6 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress: Any) 
   return gt.run_spec(config, spec, seed, progress, method=make)
 
 
-def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-  del config
-  return mean_rows(records, fields=("method",))
-
 
 def _consensus(summary: Summary) -> ClaimResult:
   acid, plain = summary["a2cid2"], summary["async-gossip"]
@@ -83,10 +79,6 @@ CLAIMS = [
 ]
 
 
-def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict[str, Any]], out: str) -> list[str]:
-  del config, rows
-  return gt.plots(records, out)
-
 
 REPRODUCTION = Reproduction(
     name="gossip_acid",
@@ -94,7 +86,7 @@ REPRODUCTION = Reproduction(
           "Learning, NeurIPS 2023",
     description="Asynchronous pairwise gossip with and without A2CiD2's continuous momentum on a ring of 16 "
                 "replicas (same schedule): consensus distance and loss.",
-    scales=SCALES, specs=specs, run=run, summarize=summarize, claims=CLAIMS, plots=plots,
+    scales=SCALES, specs=specs, run=run, summarize=gt.summarize_by("method"), claims=CLAIMS, plots=gt.plots,
     columns=("key", "loss", "test_error", "mean_consensus", "consensus", "gradients_to_target", "simulated_time"),
     smoke=dict(steps=8, seeds=1, evals=2),
 )

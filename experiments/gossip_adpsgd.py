@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from experiments import _gossip_train as gt
-from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, paired
+from experiments._framework import Claim, ClaimResult, Reproduction, Summary, paired
 
 SCALES = {
     "quick": dict(speeds=[1.0] * 15 + [0.25], compute="exponential", comm=0.05, steps=200, batch=16, lr=0.5,
@@ -32,10 +32,6 @@ def specs(config: dict[str, Any]) -> list[dict[str, Any]]:
           {"key": "ad_psgd-ring", "paradigm": "ad_psgd", "topology": "ring"},
           {"key": "ad_psgd-bipartite", "paradigm": "ad_psgd"}]
 
-
-def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-  del config
-  return mean_rows(records, fields=("paradigm",))
 
 
 def _faster(summary: Summary) -> ClaimResult:
@@ -74,17 +70,13 @@ CLAIMS = [
 ]
 
 
-def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict[str, Any]], out: str) -> list[str]:
-  del config, rows
-  return gt.plots(records, out)
-
 
 REPRODUCTION = Reproduction(
     name="gossip_adpsgd",
     paper="Lian, Zhang, Zhang, Liu: Asynchronous Decentralized Parallel Stochastic Gradient Descent, ICML 2018",
     description="All-reduce SGD, D-PSGD and AD-PSGD on 16 replicas, one 4x slower: loss against simulated "
                 "time and gradients.",
-    scales=SCALES, specs=specs, run=gt.run_spec, summarize=summarize, claims=CLAIMS, plots=plots,
+    scales=SCALES, specs=specs, run=gt.run_spec, summarize=gt.summarize_by("paradigm"), claims=CLAIMS, plots=gt.plots,
     columns=("key", "loss", "test_error", "time_to_target", "gradients_to_target", "simulated_time",
              "mean_consensus", "idle_fraction"),
     smoke=dict(steps=20, seeds=1, evals=4),

@@ -37,7 +37,7 @@ from typing import Any
 
 import delayjax as dj
 from experiments import _gossip_train as gt
-from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, paired
+from experiments._framework import Claim, ClaimResult, Reproduction, Summary, paired
 
 SCALES = {
     "quick": dict(speeds=[1.0] * 16, compute="exponential", comm=0.05, steps=80, batch=16, lr=0.5,
@@ -58,10 +58,6 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress: Any) 
     return gt.run_spec(config, spec, seed, progress, method=lambda schedule: dj.gossip.d_psgd())
   return gt.run_spec(config, spec, seed, progress, method=lambda schedule: dj.gossip.dc_s3gd(spec["lam"]))
 
-
-def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-  del config
-  return mean_rows(records, fields=("lam",))
 
 
 def _staleness_costs(summary: Summary) -> ClaimResult:
@@ -87,10 +83,6 @@ CLAIMS = [
 ]
 
 
-def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict[str, Any]], out: str) -> list[str]:
-  del config, rows
-  return gt.plots(records, out)
-
 
 REPRODUCTION = Reproduction(
     name="gossip_dcs3gd",
@@ -98,7 +90,7 @@ REPRODUCTION = Reproduction(
           "Training, 2019",
     description="Stale-synchronous decentralized SGD with and without DC-ASGD's delay compensation on 16 "
                 "replicas, against all-reduce SGD: loss.",
-    scales=SCALES, specs=specs, run=run, summarize=summarize, claims=CLAIMS, plots=plots,
+    scales=SCALES, specs=specs, run=run, summarize=gt.summarize_by("lam"), claims=CLAIMS, plots=gt.plots,
     columns=("key", "loss", "loss_half", "test_error", "mean_consensus", "gradients_to_target", "simulated_time"),
     # Each lambda compiles its own program: the smoke run keeps one (the other's claim is then not evaluated).
     smoke=dict(steps=6, seeds=1, evals=2, lams=[1.0]),

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from experiments import _gossip_train as gt
-from experiments._framework import Claim, ClaimResult, Reproduction, Summary, compare, mean_rows, paired, seed_values
+from experiments._framework import Claim, ClaimResult, Reproduction, Summary, compare, paired, seed_values
 
 SCALES = {
     "quick": dict(speeds=[1.0] * 16, compute="exponential", comm=0.05, steps=300, batch=16, lr=0.5,
@@ -38,10 +38,6 @@ def specs(config: dict[str, Any]) -> list[dict[str, Any]]:
           {"key": "drop-0.2-outage", **base, "drop": 0.2,
            "down": [[3, quarter, 2 * quarter], [11, quarter, 2 * quarter]]}]
 
-
-def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-  del config
-  return mean_rows(records, fields=("drop",))
 
 
 def _converges(summary: Summary, key: str) -> ClaimResult:
@@ -67,10 +63,6 @@ CLAIMS = [
 ]
 
 
-def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict[str, Any]], out: str) -> list[str]:
-  del config, rows
-  return gt.plots(records, out)
-
 
 REPRODUCTION = Reproduction(
     name="gossip_failures",
@@ -78,7 +70,7 @@ REPRODUCTION = Reproduction(
           "Lian, Zhang, Zhang, Liu, ICML 2018",
     description="Asynchronous gossip SGD on 16 replicas with 0/20/50% of messages lost and a node outage: loss "
                 "and consensus.",
-    scales=SCALES, specs=specs, run=gt.run_spec, summarize=summarize, claims=CLAIMS, plots=plots,
+    scales=SCALES, specs=specs, run=gt.run_spec, summarize=gt.summarize_by("drop"), claims=CLAIMS, plots=gt.plots,
     columns=("key", "loss", "loss_half", "test_error", "gradients_to_target", "time_to_target", "mean_consensus",
              "simulated_time"),
     smoke=dict(steps=20, seeds=1, evals=4),

@@ -86,10 +86,6 @@ CLAIMS = [
 ]
 
 
-def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict[str, Any]], out: str) -> list[str]:
-  del config, rows
-  return gt.plots(records, out)
-
 
 REPRODUCTION = Reproduction(
     name="gossip_topology",
@@ -97,7 +93,7 @@ REPRODUCTION = Reproduction(
           "Assran, Loizou, Ballas, Rabbat: Stochastic Gradient Push for Distributed Deep Learning, ICML 2019",
     description="D-PSGD on ring, torus, exponential and complete graphs, SGP and all-reduce on 16 replicas with "
                 "label-sorted data: consensus distance and loss.",
-    scales=SCALES, specs=specs, run=gt.run_spec, summarize=summarize, claims=CLAIMS, plots=plots,
+    scales=SCALES, specs=specs, run=gt.run_spec, summarize=summarize, claims=CLAIMS, plots=gt.plots,
     columns=("key", "shards", "spectral_gap", "loss", "test_error", "mean_consensus", "consensus", "simulated_time"),
     smoke=dict(steps=15, seeds=1, evals=4),
 )
