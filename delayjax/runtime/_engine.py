@@ -23,9 +23,11 @@ The interface is :class:`Program`, a ``NamedTuple`` a runtime fills in:
 ``carry``, ``carry_specs``
   the initial device state as a tuple of host arrays (pytrees), and one
   ``PartitionSpec`` per element (a prefix of it) saying how it is laid out
-  over the mesh's ``workers`` axis: ``P()`` replicated, ``P("workers")``
+  over the mesh's axis (``workers``, or the one the runtime checked with
+  :func:`check_mesh`, e.g. ``stages``): ``P()`` replicated, ``P("workers")``
   split on its leading axis. A replica runtime keeps its M replicas on a
-  leading worker axis with ``P("workers")``.
+  leading worker axis with ``P("workers")``; the pipeline runtime one stage
+  per device with ``P("stages")``.
 ``constants``, ``constant_specs``
   what every step reads and nothing writes (the data, per-worker tables),
   placed once.
@@ -111,20 +113,25 @@ class Program(NamedTuple):
   check: Callable[[Any], Any] | None = None
 
 
-def check_mesh(mesh: Any) -> int:
-  """The number of devices on ``mesh``'s ``workers`` axis (1 without a mesh), or a clear error."""
+def check_mesh(mesh: Any, axis: str = AXIS) -> int:
+  """The number of devices on ``mesh``'s ``axis`` (1 without a mesh), or a clear error.
+
+  A runtime spreads its carry over one named axis: ``workers`` for the server and replica runtimes,
+  ``stages`` for the pipeline runtime. The specs of a :class:`Program` may name that axis; the engine
+  places and compiles them the same way whatever its name.
+  """
   if mesh is None:
     return 1
   if not isinstance(mesh, jax.sharding.Mesh):
     raise TypeError(f"mesh must be a jax.sharding.Mesh or None, got {type(mesh).__name__}.")
-  if AXIS not in mesh.axis_names:
-    raise ValueError(f"mesh must have an axis named {AXIS!r}; got axes {mesh.axis_names}.")
-  others = [n for n in mesh.axis_names if n != AXIS and mesh.shape[n] != 1]
+  if axis not in mesh.axis_names:
+    raise ValueError(f"mesh must have an axis named {axis!r}; got axes {mesh.axis_names}.")
+  others = [n for n in mesh.axis_names if n != axis and mesh.shape[n] != 1]
   if others:
     raise ValueError(
-        f"mesh may only spread the {AXIS!r} axis; got other axes of size > 1: "
+        f"mesh may only spread the {axis!r} axis; got other axes of size > 1: "
         f"{ {n: mesh.shape[n] for n in others} }.")
-  return int(mesh.shape[AXIS])
+  return int(mesh.shape[axis])
 
 
 def check_worker_capacity(opt_state: Any, num_workers: int, source: str) -> None:
@@ -202,7 +209,8 @@ def run(program: Program, *, mesh: Any = None, checkpoint_dir: str | os.PathLike
 
   Args:
     program: the runtime's :class:`Program`.
-    mesh: a mesh with a ``workers`` axis, or ``None`` for one device.
+    mesh: a mesh whose one spread axis the program's specs name (see :func:`check_mesh`), or ``None`` for one
+      device.
     checkpoint_dir: where to write a checkpoint after every chunk (``None``: never).
     checkpoint_name: the checkpoint's file name inside ``checkpoint_dir``.
     resume: whether to continue from a checkpoint found there.

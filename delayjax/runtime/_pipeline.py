@@ -52,6 +52,8 @@ from delayjax.transforms._pipeline_remedies import stage_read
 
 StageFn = Callable[[Any, Any], Any]
 
+STAGES = "stages"  # the mesh axis that holds one pipeline stage per device
+
 _CHECKPOINT_FILE = "pipeline.msgpack"
 
 __all__ = ["staged_value_and_grad", "simulate_pipeline", "PipelineHistory", "PipelineResult"]
@@ -174,6 +176,163 @@ class PipelineResult(NamedTuple):
   history: PipelineHistory
 
 
+class _Packing:
+  """One tree per stage (structures, shapes and dtypes may differ), each as one flat vector per dtype.
+
+  Stage ``k``'s leaves of dtype ``d`` are raveled and concatenated in tree
+  order and padded with zeros to the widest stage's length, so the stages
+  stack on a leading axis that a mesh splits, one stage per device. Unpacking
+  restores each leaf's shape, so a stage computes on its own arrays, with
+  the same arithmetic as unpacked.
+  """
+
+  def __init__(self, trees: Sequence[Any]):
+    self._defs, self._slots, widths = [], [], {}
+    for tree in trees:
+      leaves, treedef = jax.tree.flatten(tree)
+      used: dict[str, int] = {}
+      slots = []
+      for leaf in leaves:
+        dtype, shape = np.dtype(leaf.dtype).name, tuple(np.shape(leaf))
+        slots.append((dtype, used.get(dtype, 0), shape))
+        used[dtype] = used.get(dtype, 0) + int(np.prod(shape, dtype=np.int64))
+      for dtype, n in used.items():
+        widths[dtype] = max(widths.get(dtype, 0), n)
+      self._defs.append(treedef)
+      self._slots.append(slots)
+    self.widths = dict(sorted(widths.items()))
+
+  def pack(self, k: int, tree: Any, lead: tuple[int, ...] = ()) -> dict[str, Any]:
+    """Stage ``k``'s ``tree`` (its leaves with leading axes ``lead``) as ``{dtype: [*lead, width]}``."""
+    groups: dict[str, list[Any]] = {d: [] for d in self.widths}
+    for leaf, (dtype, _, _) in zip(jax.tree.leaves(tree), self._slots[k], strict=True):
+      groups[dtype].append(jnp.reshape(leaf, lead + (-1,)))
+    packed = {}
+    for dtype, width in self.widths.items():
+      used = sum(int(x.shape[-1]) for x in groups[dtype])
+      packed[dtype] = jnp.concatenate(groups[dtype] + [jnp.zeros(lead + (width - used,), dtype)], axis=-1)
+    return packed
+
+  def unpack(self, k: int, packed: dict[str, Any]) -> Any:
+    """Stage ``k``'s tree from its packed vectors (any leading axes they have)."""
+    leaves = []
+    for dtype, offset, shape in self._slots[k]:
+      x = packed[dtype]
+      size = int(np.prod(shape, dtype=np.int64))
+      leaves.append(jnp.reshape(x[..., offset:offset + size], x.shape[:-1] + shape))
+    return jax.tree.unflatten(self._defs[k], leaves)
+
+  def stack(self, trees: Sequence[Any], lead: tuple[int, ...] = ()) -> dict[str, np.ndarray]:
+    """Every stage's tree packed, stacked on a leading stage axis (host arrays)."""
+    packed = [self.pack(k, tree, lead) for k, tree in enumerate(trees)]
+    return {d: np.stack([np.asarray(p[d]) for p in packed]) for d in self.widths}
+
+
+def _stage_inputs(stage_fns: Sequence[StageFn], params: Sequence[Any], batch_like: Any) -> list[Any]:
+  """The shapes of each stage's input for one update's micro-batches (``batch_like``: ``[m, B, ...]``)."""
+
+  def inputs(batch):
+    h, out = batch["x"], []
+    for f, p in zip(stage_fns, params):
+      out.append(h)
+      h = jax.vmap(functools.partial(f, p))(h)
+    return out
+
+  return jax.eval_shape(inputs, batch_like)
+
+
+def _stage_step(stage_fns: Sequence[StageFn], loss_fn: Callable[[Any, Any], jax.Array], packing: _Packing,
+                state_packing: _Packing, activation_packing: _Packing | None, reads: Callable[..., Any],
+                update_stage: Callable[..., Any], evaluate: Callable[..., Any] | None, depth: int
+                ) -> Callable[[Any, Any, Any], tuple[Any, Any]]:
+  """One update with one stage per device on the ``stages`` axis (run inside ``shard_map``).
+
+  Device ``k`` holds stage ``k``'s ring of versions, directions and
+  optimizer state. The update's micro-batches go through the stages in
+  ``K - 1`` forward hops: stage ``k`` reads its forward weights, keeps its
+  input and sends its output to stage ``k + 1`` (``lax.ppermute``); the last
+  stage computes the loss and its backward pass, and ``K - 1`` backward hops
+  send each cotangent to the stage before, which applies its VJP at its
+  backward weights to the input it kept. Each stage then updates its own
+  weights. These are the operations of :func:`staged_value_and_grad`, one
+  stage at a time, so the numbers are those of one device.
+  """
+  K = len(stage_fns)
+  forward_perm = [(k, k + 1) for k in range(K - 1)]
+  backward_perm = [(k + 1, k) for k in range(K - 1)]
+
+  def vjp(f):
+    return jax.vmap(lambda p, h, c: jax.vjp(f, p, h)[1](c))
+
+  def step(carry, tab, constants):
+    hist, dirs, states = (jax.tree.map(lambda a: a[0], part) for part in carry)
+    u, fv, bv, valid = tab["update"], tab["forward"], tab["backward"], tab["valid"]
+    stage = jax.lax.axis_index(STAGES)
+    batch = jax.tree.map(lambda a: a[tab["indices"]], constants)
+
+    def weights(k):
+      return reads(k, packing.unpack(k, hist), packing.unpack(k, dirs) if dirs else None, u, fv[:, k], bv[:, k])
+
+    def stage_input(k, received):
+      return batch["x"] if k == 0 else activation_packing.unpack(k - 1, received)
+
+    act = {} if activation_packing is None else {
+        d: jnp.zeros((w,), d) for d, w in activation_packing.widths.items()}
+    kept = act
+    # A cond on the device's stage: only stage k's device computes hop k.
+    for k in range(K - 1):
+      def forward(received, kept, k=k):
+        out = jax.vmap(stage_fns[k])(weights(k)[0], stage_input(k, received))
+        return activation_packing.pack(k, out), received
+      act, kept = jax.lax.cond(stage == k, forward, lambda r, kp: (r, kp), act, kept)
+      act = jax.lax.ppermute(act, STAGES, forward_perm)
+
+    no_grad = {d: jnp.zeros((w,), d) for d, w in packing.widths.items()}
+
+    def last(received):
+      fps, bps = weights(K - 1)
+      h = stage_input(K - 1, received)
+      out = jax.vmap(stage_fns[K - 1])(fps, h)
+      losses, cotangent = jax.vmap(jax.value_and_grad(loss_fn))(out, batch)
+      g, ct = vjp(stage_fns[K - 1])(bps, h, cotangent)
+      sent = received if K == 1 else activation_packing.pack(K - 2, ct)
+      return jnp.mean(losses).astype(jnp.float32), packing.pack(K - 1, jax.tree.map(lambda x: jnp.mean(x, axis=0), g)), sent
+
+    loss, grad, act = jax.lax.cond(stage == K - 1, last,
+                                   lambda r: (jnp.zeros([], jnp.float32), no_grad, r), act)
+    for k in reversed(range(K - 1)):
+      act = jax.lax.ppermute(act, STAGES, backward_perm)
+
+      def backward(received, grad, k=k):
+        h = stage_input(k, kept)
+        g, ct = vjp(stage_fns[k])(weights(k)[1], h, activation_packing.unpack(k, received))
+        sent = received if k == 0 else activation_packing.pack(k - 1, ct)
+        return sent, packing.pack(k, jax.tree.map(lambda x: jnp.mean(x, axis=0), g))
+
+      act, grad = jax.lax.cond(stage == k, backward, lambda r, g: (r, g), act, grad)
+
+    def update(k):
+      def apply(hist, dirs, states, grad):
+        new_hist, new_dirs, new_states = update_stage(
+            k, packing.unpack(k, hist), packing.unpack(k, dirs) if dirs else None, state_packing.unpack(k, states),
+            packing.unpack(k, grad), u, fv[0, k], bv[0, k], valid)
+        return (packing.pack(k, new_hist, (depth,)), {} if new_dirs is None else packing.pack(k, new_dirs, (depth,)),
+                state_packing.pack(k, new_states))
+      return apply
+
+    hist, dirs, states = jax.lax.switch(stage, [update(k) for k in range(K)], hist, dirs, states, grad)
+    # Only the last stage has the loss; the others add exact zeros.
+    out = {"loss": jax.lax.psum(jnp.where(stage == K - 1, loss, 0.0), STAGES)}
+    if evaluate is not None:
+      def params_of():
+        current = {d: jax.lax.all_gather(a[(u + 1) % depth], STAGES) for d, a in hist.items()}
+        return tuple(packing.unpack(k, {d: a[k] for d, a in current.items()}) for k in range(K))
+      out["metrics"] = evaluate(tab["eval"] & valid, params_of)
+    return tuple(jax.tree.map(lambda a: a[None], part) for part in (hist, dirs, states)), out
+
+  return step
+
+
 @functools.partial(jax.jit, static_argnames=("num_microbatches", "num_examples", "batch_size"))
 def _micro_indices(seed, updates, *, num_microbatches, num_examples, batch_size):
   """int32 ``[len(updates), m, B]``: micro-batch ``j`` of update ``u`` draws ``minibatch_indices(seed, u, j, 0)``."""
@@ -212,6 +371,7 @@ def simulate_pipeline(
     checkpoint_dir: str | os.PathLike[str] | None = None,
     resume: bool = True,
     callback: Callable[[dict[str, Any]], None] | None = None,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> PipelineResult:
   r"""Trains a staged model on a pipeline schedule, each pass at the weight version the schedule gives.
 
@@ -242,6 +402,22 @@ def simulate_pipeline(
   and ``callback`` after every chunk. Each stage keeps its versions in a ring
   of ``D`` slots, ``D - 1`` the largest staleness the schedule holds.
 
+  With a ``mesh`` that has a ``stages`` axis of ``K`` devices, device ``k``
+  holds stage ``k``'s ring of versions (its weight stash), its read
+  directions and its optimizer state, and nothing of the other stages (the
+  stages, of different shapes, are packed into one padded vector per dtype).
+  An update's micro-batches then cross the stages as in a pipeline: each
+  device runs its stage's forward pass at the forward versions and sends the
+  activations to the next stage with ``lax.ppermute``; the last stage
+  computes the loss and the backward passes go back the same way, each at its
+  stage's backward version on the input the stage kept; every device updates
+  its own stage. The arithmetic is that of one device: for SGD (with or
+  without momentum) the run is the same bit for bit; where XLA fuses an
+  optimizer's multiply-adds differently in the two programs (Nesterov,
+  SpecTrain's and PipeMare's reads) the results agree to a few float32 ulps
+  (tested at ``rtol=1e-6``). A checkpoint of this layout resumes only under
+  such a mesh.
+
   Args:
     stage_fns: ``K`` stage functions; stage 0 receives ``batch["x"]``.
     loss_fn: ``loss_fn(h_K, batch) -> scalar``.
@@ -258,9 +434,11 @@ def simulate_pipeline(
     checkpoint_dir: where to checkpoint after every chunk (``None``: never).
     resume: continue from a checkpoint of the same run found there.
     callback: called after every chunk with ``{"updates_done", "num_updates"}``.
+    mesh: ``None`` (one device) or a ``jax.sharding.Mesh`` whose ``stages``
+      axis has ``K`` devices (its other axes of size 1): one stage per device.
 
   Returns:
-    A :class:`PipelineResult`.
+    A :class:`PipelineResult` (on the host's default device, also with a mesh).
   """
   stage_fns = _check_stages(stage_fns)
   if not isinstance(schedule, PipelineSchedule):
@@ -269,6 +447,11 @@ def simulate_pipeline(
   if len(stage_fns) != K:
     raise ValueError(f"stage_fns has {len(stage_fns)} stages but the schedule has num_stages={K}.")
   params = _check_stage_params("params", params, K)
+  if mesh is not None:
+    devices = engine.check_mesh(mesh, STAGES)
+    if devices != K:
+      raise ValueError(f"mesh's {STAGES!r} axis has {devices} devices but the schedule has num_stages={K}; "
+                       f"the runtime places one stage per device.")
   batch_size = check_int("batch_size", batch_size, minimum=1)
   seed = check_int("seed", seed, minimum=0)
   if eval_every is not None:
@@ -304,8 +487,32 @@ def simulate_pipeline(
       return w
     return jax.tree.map(lambda x, d: x - steps.astype(x.dtype) * d[version % depth], w, direction)
 
+  def read_steps(k, u, fv, bv):
+    zero = jnp.zeros(jnp.shape(fv), jnp.int32)
+    return (zero, zero) if readers[k] is None else readers[k].read_steps(u, fv, bv)
+
   def current_params(hist, version):
     return tuple(jax.tree.map(lambda h: h[version % depth], h_k) for h_k in hist)
+
+  def update_stage(k, hist_k, dirs_k, state_k, g, u, fv0, bv0, valid):
+    """Stage ``k``'s update ``u`` from its mean gradient ``g``; the new version goes into the ring."""
+    current = jax.tree.map(lambda h: h[u % depth], hist_k)
+    stale = read(hist_k, dirs_k, readers[k], fv0, read_steps(k, u, fv0, bv0)[0])
+    upd, state = tx.update(g, state_k, current, staleness=u - fv0, backward_staleness=u - bv0, stale_params=stale)
+    new = optax.apply_updates(current, upd)
+    reader = stage_read(state)
+    slot = (u + 1) % depth
+    # Padding steps (past the last update) change nothing: a where, not a cond, over the trees.
+    keep = lambda old, x: jnp.where(valid, x, old)  # noqa: E731
+    new_hist = jax.tree.map(lambda h, x: h.at[slot].set(keep(h[slot], x)), hist_k, new)
+    new_dirs = None if reader is None else jax.tree.map(
+        lambda h, x: h.at[slot].set(keep(h[slot], x)), dirs_k, reader.read_direction())
+    return new_hist, new_dirs, jax.tree.map(keep, state_k, state)
+
+  def evaluate(flag, params_of):
+    # A cond, not a where: evaluation is costly and due only every eval_every updates.
+    return jax.lax.cond(flag, lambda: eval_fn(params_of()),
+                        lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes))
 
   def step(carry, tab, constants):
     hist, dirs, states = carry
@@ -314,38 +521,48 @@ def simulate_pipeline(
     def micro(idx, fv_j, bv_j):
       fps, bps = [], []
       for k in range(K):
-        sf, sb = (jnp.zeros([], jnp.int32),) * 2 if readers[k] is None else readers[k].read_steps(u, fv_j[k], bv_j[k])
+        sf, sb = read_steps(k, u, fv_j[k], bv_j[k])
         fps.append(read(hist[k], dirs[k], readers[k], fv_j[k], sf))
         bps.append(read(hist[k], dirs[k], readers[k], bv_j[k], sb))
       batch = jax.tree.map(lambda a: a[idx], constants)
-      loss, grads = value_and_grad(fps, bps, batch)
-      return loss, grads, fps
+      return value_and_grad(fps, bps, batch)
 
-    losses, grads, fps = jax.vmap(micro)(indices, fv, bv)
-    new_hist, new_dirs, new_states = [], [], []
-    for k in range(K):
-      current = jax.tree.map(lambda h: h[u % depth], hist[k])
-      g = jax.tree.map(lambda x: jnp.mean(x, axis=0), grads[k])
-      stale = jax.tree.map(lambda x: x[0], fps[k])
-      upd, state = tx.update(g, states[k], current, staleness=u - fv[0, k], backward_staleness=u - bv[0, k],
-                             stale_params=stale)
-      new = optax.apply_updates(current, upd)
-      reader = stage_read(state)
-      slot = (u + 1) % depth
-      # Padding steps (past the last update) change nothing: a where, not a cond, over the trees.
-      keep = lambda old, x: jnp.where(valid, x, old)  # noqa: E731
-      new_hist.append(jax.tree.map(lambda h, x: h.at[slot].set(keep(h[slot], x)), hist[k], new))
-      new_dirs.append(None if reader is None else jax.tree.map(
-          lambda h, x: h.at[slot].set(keep(h[slot], x)), dirs[k], reader.read_direction()))
-      new_states.append(jax.tree.map(keep, states[k], state))
-    new_carry = (tuple(new_hist), tuple(new_dirs), tuple(new_states))
+    losses, grads = jax.vmap(micro)(indices, fv, bv)
+    new = [update_stage(k, hist[k], dirs[k], states[k], jax.tree.map(lambda x: jnp.mean(x, axis=0), grads[k]),
+                        u, fv[0, k], bv[0, k], valid) for k in range(K)]
+    new_carry = tuple(tuple(part) for part in zip(*new))
     out = {"loss": jnp.mean(losses)}
     if eval_fn is not None:
-      # A cond, not a where: evaluation is costly and due only every eval_every updates.
-      out["metrics"] = jax.lax.cond(
-          tab["eval"] & valid, lambda h: eval_fn(current_params(h, u + 1)),
-          lambda h: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes), new_carry[0])
+      out["metrics"] = evaluate(tab["eval"] & valid, lambda: current_params(new_carry[0], u + 1))
     return new_carry, out
+
+  if mesh is not None:
+    # One stage per device on the `stages` axis: each stage's version ring, directions and optimizer state
+    # are packed into one flat vector per dtype (stages differ in structure and shape), padded to the
+    # widest stage, and split over the axis, so a device holds its own stage only.
+    packing = _Packing(params)
+    state_packing = _Packing(opt_states)
+    batch_like = jax.tree.map(lambda a: jax.ShapeDtypeStruct((m, batch_size) + a.shape[1:], a.dtype), data)
+    activation_packing = _Packing(_stage_inputs(stage_fns, params, batch_like)[1:]) if K > 1 else None
+    carry = (packing.stack(history, (depth,)),
+             packing.stack(directions, (depth,)) if readers[0] is not None else {},
+             state_packing.stack(opt_states))
+
+    def reads(k, hist_k, dirs_k, u, fv, bv):
+      """Stage ``k``'s forward and backward weights for each micro-batch (versions ``fv``, ``bv``: ``[m]``)."""
+      sf, sb = (jnp.broadcast_to(x, jnp.shape(fv)) for x in read_steps(k, u, fv, bv))
+      one = lambda v, steps: read(hist_k, dirs_k, readers[k], v, steps)  # noqa: E731
+      return jax.vmap(one)(fv, sf), jax.vmap(one)(bv, sb)
+
+    step = _stage_step(stage_fns, loss_fn, packing, state_packing, activation_packing, reads, update_stage,
+                       evaluate if eval_fn is not None else None, depth)
+    carry_specs = (P(STAGES),) * 3
+
+    def params_at(hist, version):
+      return tuple(packing.unpack(k, {d: engine.host(a)[k, version % depth] for d, a in hist.items()})
+                   for k in range(K))
+  else:
+    carry, carry_specs, params_at = (history, directions, opt_states), (P(), P(), P()), current_params
 
   num_chunks = -(-U // chunk_size)
 
@@ -370,16 +587,17 @@ def simulate_pipeline(
   if eval_fn is not None:
     records_like["metrics"] = jax.tree.map(lambda s: np.zeros((0,) + s.shape, s.dtype), metric_shapes)
   program = engine.Program(
-      carry=(history, directions, opt_states), carry_specs=(P(), P(), P()), constants=data, constant_specs=P(),
+      carry=carry, carry_specs=carry_specs, constants=data, constant_specs=P(),
       step=step, table_specs=P(), output_specs=P(), num_chunks=num_chunks, tables=tables, collect=collect,
       records_like=records_like,
       progress=lambda chunk: {"updates_done": min(U, (chunk + 1) * chunk_size), "num_updates": U},
       fingerprint=_fingerprint(schedule, params, seed=seed, batch_size=batch_size, chunk_size=chunk_size,
-                               eval_points=eval_points.tolist(), depth=depth),
+                               eval_points=eval_points.tolist(), depth=depth,
+                               layout="one stage per device" if mesh is not None else "one device"),
       initial=None if eval_fn is None else (
           lambda carry: {"metrics": jax.tree.map(lambda x: engine.host(x)[None],
-                                                 jax.jit(eval_fn)(current_params(carry[0], 0)))}))
-  carry, records = engine.run(program, checkpoint_dir=checkpoint_dir, checkpoint_name=_CHECKPOINT_FILE,
+                                                 jax.jit(eval_fn)(params_at(carry[0], 0)))}))
+  carry, records = engine.run(program, mesh=mesh, checkpoint_dir=checkpoint_dir, checkpoint_name=_CHECKPOINT_FILE,
                               resume=resume, callback=callback)
   time = schedule.update_time.max(axis=1)
   history_out = PipelineHistory(
@@ -388,4 +606,9 @@ def simulate_pipeline(
       backward_staleness=(updates[:, None] - backward_version.min(axis=1)).astype(np.int64),
       eval_update=eval_points, eval_time=np.r_[0.0, time][eval_points],
       eval_metrics=records.get("metrics"))
+  if mesh is not None:
+    final = tuple(jax.tree.map(jnp.asarray, p) for p in params_at(carry[0], U))
+    states = tuple(jax.tree.map(jnp.asarray, state_packing.unpack(k, {d: engine.host(a)[k] for d, a in
+                                                                      carry[2].items()})) for k in range(K))
+    return PipelineResult(final, states, history_out)
   return PipelineResult(current_params(carry[0], U), carry[2], history_out)
