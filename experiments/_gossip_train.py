@@ -193,10 +193,12 @@ def run_schedule(task: GossipTask, schedule: C.GossipSchedule, *, lr: float, mom
 
 def run_replica_runtime(task: GossipTask, schedule: C.GossipSchedule, paradigm: str, *, lr: float,
                         momentum: float, batch: int, seed: int, eval_every: int, shards: str,
-                        method: dj.gossip.GossipMethod | None = None) -> dict[str, Any]:
+                        method: dj.gossip.GossipMethod | None = None, layers: bool = False) -> dict[str, Any]:
   """The record of :func:`run_schedule`, computed by ``dj.simulate_gossip`` (the replica runtime).
 
-  ``method``: the ``dj.gossip`` method to run (default: the paradigm's own averaging rule).
+  ``method``: the ``dj.gossip`` method to run (default: the paradigm's own averaging rule). ``layers``: the
+  same model as two leaves, ``{"b": [10], "w": [64, 10]}`` (bias and weights), for rules that treat layers
+  apart (LayUp); otherwise one flat ``[650]`` vector.
   """
   import jax.numpy as jnp
   import optax
@@ -204,12 +206,16 @@ def run_replica_runtime(task: GossipTask, schedule: C.GossipSchedule, paradigm: 
   x, y = jnp.asarray(task.x, jnp.float32), jnp.asarray(task.y, jnp.int32)
   xt, yt = jnp.asarray(task.x_test, jnp.float32), jnp.asarray(task.y_test, jnp.int32)
 
+  def matrix(params):
+    # The bias row last: the features' last column is the constant 1.
+    return jnp.concatenate([params["w"], params["b"][None]], axis=0) if layers else params.reshape(65, 10)
+
   def loss_fn(params, b):
-    return optax.softmax_cross_entropy_with_integer_labels(b["x"] @ params.reshape(65, 10), b["y"]).mean()
+    return optax.softmax_cross_entropy_with_integer_labels(b["x"] @ matrix(params), b["y"]).mean()
 
   def eval_fn(params):
     return {"loss": loss_fn(params, {"x": x, "y": y}),
-            "test_error": jnp.mean(jnp.argmax(xt @ params.reshape(65, 10), -1) != yt).astype(jnp.float32)}
+            "test_error": jnp.mean(jnp.argmax(xt @ matrix(params), -1) != yt).astype(jnp.float32)}
 
   if method is None:
     method = {"allreduce": dj.gossip.d_psgd, "d_psgd": dj.gossip.d_psgd, "ad_psgd": dj.gossip.ad_psgd,
@@ -217,7 +223,9 @@ def run_replica_runtime(task: GossipTask, schedule: C.GossipSchedule, paradigm: 
   tx = optax.sgd(lr, momentum=momentum or None)
   data = {"x": np.asarray(task.x, np.float32), "y": task.y.astype(np.int32)}
   sampling = dict(sampling="shard", shards=task.shards) if shards == "label" else dict(sampling="iid")
-  result = dj.simulate_gossip(loss_fn, tx, method, jnp.zeros(650, jnp.float32), data, schedule, batch_size=batch,
+  params = ({"b": jnp.zeros(10, jnp.float32), "w": jnp.zeros((64, 10), jnp.float32)} if layers
+            else jnp.zeros(650, jnp.float32))
+  result = dj.simulate_gossip(loss_fn, tx, method, params, data, schedule, batch_size=batch,
                               eval_fn=eval_fn, eval_every=eval_every, seed=seed, **sampling)
   h = result.history
   grads = np.asarray(h.eval_gradients)
@@ -290,8 +298,9 @@ def run_spec(config: dict[str, Any], spec: dict[str, Any], seed: int, progress: 
 
   ``config["runtime"]``: ``"numpy"`` (default: :func:`run_schedule`, fast at this size) or ``"dj"``
   (``dj.simulate_gossip``, the compiled replica runtime, float32, its own minibatch draws). ``method``, a
-  function of the schedule returning a ``dj.gossip`` method (A2CiD2, DC-S3GD: rules the NumPy executor does not
-  have), runs that method on the replica runtime whatever ``config["runtime"]`` says.
+  function of the schedule returning a ``dj.gossip`` method (A2CiD2, DC-S3GD, LayUp: rules the NumPy executor
+  does not have), runs that method on the replica runtime whatever ``config["runtime"]`` says; ``spec["layers"]``
+  gives it the model as two leaves (:func:`run_replica_runtime`).
   """
   schedule = schedule_for(config, spec, seed)
   task = digits_task(len(config["speeds"]), spec.get("shards", config.get("shards", "iid")))
@@ -300,7 +309,8 @@ def run_spec(config: dict[str, Any], spec: dict[str, Any], seed: int, progress: 
     record = run_replica_runtime(task, schedule, spec["paradigm"], lr=config["lr"],
                                  momentum=config.get("momentum", 0.0), batch=config["batch"], seed=seed,
                                  eval_every=every, shards=spec.get("shards", config.get("shards", "iid")),
-                                 method=None if method is None else method(schedule))
+                                 method=None if method is None else method(schedule),
+                                 layers=spec.get("layers", False))
   else:
     record = run_schedule(task, schedule, lr=config["lr"], momentum=config.get("momentum", 0.0),
                           batch=config["batch"], seed=seed, eval_every=every, push_sum=spec["paradigm"] == "sgp")

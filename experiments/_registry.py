@@ -25,6 +25,7 @@ NAMES = (
     "gossip_failures",
     "gossip_acid",
     "gossip_dcs3gd",
+    "gossip_layup",
     "generalization",
     "async_sgdi",
     "sme",
