@@ -65,8 +65,9 @@ def a2cid2(eta: float, beta_tilde: float, *, time_unit: float = 1.0) -> GossipMe
     \tilde x_i \leftarrow \tilde x_i + \tilde\beta\,(x_j - x_i), \qquad
     x_i \leftarrow \tfrac12 (x_i + x_j)
 
-  and for a group mix with weights :math:`W` the library uses the weighted
-  mean difference, :math:`\tilde x_i \leftarrow \tilde x_i + \tilde\beta\,
+  (late messages, a schedule's ``lag > 0``, are refused), and for a group
+  mix with weights :math:`W` the library uses the weighted mean difference,
+  :math:`\tilde x_i \leftarrow \tilde x_i + \tilde\beta\,
   (\sum_j W_{ij} x_j - x_i) / (1 - W_{ii})`, then :math:`x_i \leftarrow
   \sum_j W_{ij} x_j` (for a pair the rule above).
 
@@ -130,7 +131,10 @@ def a2cid2(eta: float, beta_tilde: float, *, time_unit: float = 1.0) -> GossipMe
     params, tilde = _flow(params, extra.tilde, eta, dt, time_unit)
     return params, A2CiD2State(tilde)
 
-  return GossipMethod("a2cid2", init, params_themselves, apply, message, receive, mixes=PARAMS, advance=advance)
+  # The twin's step takes the receiver's own share out of the mixed messages as its current parameters, which a
+  # late message of its own would not be.
+  return GossipMethod("a2cid2", init, params_themselves, apply, message, receive, mixes=PARAMS, advance=advance,
+                      late_messages=False)
 
 
 def acid_constants(topology: Any, rate: float = 1.0) -> tuple[float, float]:

@@ -132,9 +132,11 @@ def test_bad_arguments_name_themselves():
     dj.gossip.accelerated_sgd("2")
 
 
-def test_layup_refuses_late_messages():
+@pytest.mark.parametrize("make", [dj.gossip.layup, lambda: dj.gossip.a2cid2(0.3, 0.2)])
+def test_rules_that_take_their_own_share_out_refuse_late_messages(make):
   data, loss_fn, params = regression()
   schedule = random_schedule(4, 30, seed=1, group=2, lag=2)
   assert schedule.lag.max() > 0
-  with pytest.raises(ValueError, match=r"'layup' is not defined for late messages.*lag up to 2"):
-    dj.simulate_gossip(loss_fn, optax.sgd(LR), dj.gossip.layup(), params, data, schedule, batch_size=BATCH)
+  method = make()
+  with pytest.raises(ValueError, match=rf"'{method.name}' is not defined for late messages.*lag up to 2"):
+    dj.simulate_gossip(loss_fn, optax.sgd(LR), method, params, data, schedule, batch_size=BATCH)
