@@ -150,7 +150,9 @@ def simulate_gossip(
     taken, possibly ``lag`` versions old (each replica's past messages are
     kept), and every receiving member gets ``method.receive`` of
     :math:`\sum_b W_{ab}\, m_b`. ``MIX`` of ``GRADS``: the receiving members'
-    pending gradients become :math:`\sum_b W_{ab}\, g_b`.
+    pending gradients become :math:`\sum_b W_{ab}\, g_b`. A method whose rule
+    is not defined for late messages (``late_messages=False``: LayUp,
+    A2CiD2) refuses a schedule with ``lag > 0``.
 
   How it runs: the host packs the events into *steps* (see
   ``_replica_plan.py``): each computes one gradient per replica with a read
