@@ -20,9 +20,42 @@ backward weights and its forward input,
 as a stage does that keeps its input activation and recomputes its forward
 pass at the weights it holds when the backward pass runs (PipeMare,
 Diversely Stale Parameters); inside a stage everything is evaluated at
-:math:`w^b_k`. With :math:`w^b = w^f` this is the ordinary gradient
-(``jax.grad``), and it is computed with ``jax.custom_vjp`` so it composes
-with ``jit`` and ``vmap``.
+:math:`w^b_k`. This is ``backward="recompute"``.
+
+``backward="stored"`` is PipeDream's asynchronous pipeline without weight
+stashing: the backward pass runs on what the forward pass stored (every
+activation inside the stage, computed at :math:`w^f_k`) and reads the
+stage's weights, where the backward pass needs them, as they are when it
+runs, :math:`w^b_k`. This is what reverse-mode autodiff does when the
+optimizer updates the parameters in place between a micro-batch's forward
+and backward pass, as PipeDream's runtime does (the authors' test
+``runtime/tests/backprop/sgd_vanilla.py`` in ``msr-fiddle/pipedream``
+shows the input gradient changing when ``optimizer.step()`` runs between
+the two). The paper states it in words only (Narayanan et al.,
+`PipeDream: Generalized Pipeline Parallelism for DNN Training
+<https://doi.org/10.1145/3341301.3359646>`_, SOSP 2019, Section 3.3:
+without stashing a stage's backward pass uses newer weights than its
+forward pass, and the update is not the gradient of the loss at any one set
+of weights; its text was not reachable here to quote), so the precise form
+is taken from the authors' code. For a dense layer
+:math:`a = \\sigma(z)`, :math:`z = h W + b` with incoming cotangent
+:math:`\\bar a`:
+
+.. math::
+  \\delta = \\bar a \\odot \\sigma'(h W^f + b^f), \\qquad g_W = h^\\top \\delta, \\qquad
+  g_b = \\textstyle\\sum \\delta, \\qquad \\bar h = \\delta\\, (W^b)^\\top,
+
+so a layer's own weight gradient is that of its forward weights and the
+staleness enters through the cotangent it passes back. It differs from
+``"recompute"``, which evaluates :math:`\\sigma'` at :math:`h W^b + b^b`.
+Which values count as weights: the backward pass reads at :math:`w^b` the
+stage's parameter arrays that the forward pass saved for it as they are;
+a value the forward computes from a parameter (``w.T``, ``w.astype(...)``)
+is stored like any activation, at :math:`w^f` (as in PyTorch's autograd).
+
+With :math:`w^b = w^f` both forms are the ordinary gradient (``jax.grad``),
+and both are computed with ``jax.custom_vjp`` so they compose with ``jit``
+and ``vmap``.
 
 :func:`simulate_pipeline` trains on a ``dj.cluster.pipeline`` schedule: update
 ``u`` of stage ``k`` applies the mean of the gradients of mini-batch ``u``'s
@@ -59,8 +92,36 @@ _CHECKPOINT_FILE = "pipeline.msgpack"
 __all__ = ["staged_value_and_grad", "simulate_pipeline", "PipelineHistory", "PipelineResult"]
 
 
-def _with_backward_params(stage_fn: StageFn) -> Callable[[Any, Any, Any], Any]:
-  """``stage_fn(forward_params, h)`` whose VJP is taken at ``backward_params``, the cotangent going to the former."""
+BACKWARD_FORMS = ("recompute", "stored")
+
+
+def _stage_vjp(stage_fn: StageFn, backward: str) -> Callable[[Any, Any, Any, Any], tuple[Any, Any]]:
+  """``vjp(forward_params, backward_params, h, cotangent) -> (grad_params, grad_h)`` of one stage, in the
+  ``backward`` form of the module docstring."""
+  if backward == "recompute":
+    return lambda forward_params, backward_params, h, cotangent: jax.vjp(stage_fn, backward_params, h)[1](cotangent)
+
+  def stored(forward_params, backward_params, h, cotangent):
+    # The pullback's leaves are what the forward pass saved; those that are the forward weights themselves
+    # are read at the backward weights instead, as a backward pass over parameters updated in place does.
+    _, pullback = jax.vjp(stage_fn, forward_params, h)
+    later = {id(f): b for f, b in zip(jax.tree.leaves(forward_params), jax.tree.leaves(backward_params), strict=True)}
+    saved, treedef = jax.tree.flatten(pullback)
+    return jax.tree.unflatten(treedef, [later.get(id(x), x) for x in saved])(cotangent)
+
+  return stored
+
+
+def _check_backward(backward: Any) -> str:
+  if backward not in BACKWARD_FORMS:
+    raise ValueError(f"backward must be one of {BACKWARD_FORMS}, got {backward!r}.")
+  return backward
+
+
+def _with_backward_params(stage_fn: StageFn, backward: str = "recompute") -> Callable[[Any, Any, Any], Any]:
+  """``stage_fn(forward_params, h)`` whose VJP is the ``backward`` form at ``backward_params``, the cotangent
+  going to ``forward_params``."""
+  vjp = _stage_vjp(stage_fn, backward)
 
   @jax.custom_vjp
   def apply(forward_params, backward_params, h):
@@ -68,12 +129,12 @@ def _with_backward_params(stage_fn: StageFn) -> Callable[[Any, Any, Any], Any]:
     return stage_fn(forward_params, h)
 
   def fwd(forward_params, backward_params, h):
-    return stage_fn(forward_params, h), (backward_params, h)
+    kept = (backward_params, h) if backward == "recompute" else (forward_params, backward_params, h)
+    return stage_fn(forward_params, h), kept
 
   def bwd(residuals, cotangent):
-    backward_params, h = residuals
-    _, vjp = jax.vjp(stage_fn, backward_params, h)
-    grad_params, grad_h = vjp(cotangent)
+    forward_params, backward_params, h = (None,) + residuals if backward == "recompute" else residuals
+    grad_params, grad_h = vjp(forward_params, backward_params, h, cotangent)
     return grad_params, jax.tree.map(jnp.zeros_like, backward_params), grad_h
 
   apply.defvjp(fwd, bwd)
@@ -94,7 +155,8 @@ def _check_stage_params(name: str, params: Any, num_stages: int) -> tuple[Any, .
   return tuple(params)
 
 
-def staged_value_and_grad(stage_fns: Sequence[StageFn], loss_fn: Callable[[Any, Any], jax.Array]
+def staged_value_and_grad(stage_fns: Sequence[StageFn], loss_fn: Callable[[Any, Any], jax.Array], *,
+                          backward: str = "recompute"
                           ) -> Callable[[Sequence[Any], Sequence[Any], Any], tuple[jax.Array, tuple[Any, ...]]]:
   """The loss and per-stage gradients with each stage's forward and backward pass at its own weights.
 
@@ -102,6 +164,10 @@ def staged_value_and_grad(stage_fns: Sequence[StageFn], loss_fn: Callable[[Any, 
     stage_fns: ``K`` functions ``stage_k(params_k, h) -> h``; stage 0 gets
       ``batch["x"]``.
     loss_fn: ``loss_fn(h_K, batch) -> scalar``.
+    backward: ``"recompute"`` (the stage recomputes its forward pass at its
+      backward weights) or ``"stored"`` (PipeDream without weight stashing:
+      the forward pass's stored activations with the backward weights); see
+      the module docstring.
 
   Returns:
     ``fn(forward_params, backward_params, batch) -> (loss, grads)``, with
@@ -124,7 +190,8 @@ def staged_value_and_grad(stage_fns: Sequence[StageFn], loss_fn: Callable[[Any, 
     True
   """
   stage_fns = _check_stages(stage_fns)
-  stages = tuple(_with_backward_params(f) for f in stage_fns)
+  backward = _check_backward(backward)
+  stages = tuple(_with_backward_params(f, backward) for f in stage_fns)
 
   def total(forward_params, backward_params, batch):
     h = batch["x"]
@@ -243,7 +310,7 @@ def _stage_inputs(stage_fns: Sequence[StageFn], params: Sequence[Any], batch_lik
 
 def _stage_step(stage_fns: Sequence[StageFn], loss_fn: Callable[[Any, Any], jax.Array], packing: _Packing,
                 state_packing: _Packing, activation_packing: _Packing | None, reads: Callable[..., Any],
-                update_stage: Callable[..., Any], evaluate: Callable[..., Any] | None, depth: int
+                update_stage: Callable[..., Any], evaluate: Callable[..., Any] | None, depth: int, backward: str
                 ) -> Callable[[Any, Any, Any], tuple[Any, Any]]:
   """One update with one stage per device on the ``stages`` axis (run inside ``shard_map``).
 
@@ -262,7 +329,7 @@ def _stage_step(stage_fns: Sequence[StageFn], loss_fn: Callable[[Any, Any], jax.
   backward_perm = [(k + 1, k) for k in range(K - 1)]
 
   def vjp(f):
-    return jax.vmap(lambda p, h, c: jax.vjp(f, p, h)[1](c))
+    return jax.vmap(_stage_vjp(f, backward))
 
   def step(carry, tab, constants):
     hist, dirs, states = (jax.tree.map(lambda a: a[0], part) for part in carry)
@@ -294,7 +361,7 @@ def _stage_step(stage_fns: Sequence[StageFn], loss_fn: Callable[[Any, Any], jax.
       h = stage_input(K - 1, received)
       out = jax.vmap(stage_fns[K - 1])(fps, h)
       losses, cotangent = jax.vmap(jax.value_and_grad(loss_fn))(out, batch)
-      g, ct = vjp(stage_fns[K - 1])(bps, h, cotangent)
+      g, ct = vjp(stage_fns[K - 1])(fps, bps, h, cotangent)
       sent = received if K == 1 else activation_packing.pack(K - 2, ct)
       return jnp.mean(losses).astype(jnp.float32), packing.pack(K - 1, jax.tree.map(lambda x: jnp.mean(x, axis=0), g)), sent
 
@@ -305,7 +372,7 @@ def _stage_step(stage_fns: Sequence[StageFn], loss_fn: Callable[[Any, Any], jax.
 
       def backward(received, grad, k=k):
         h = stage_input(k, kept)
-        g, ct = vjp(stage_fns[k])(weights(k)[1], h, activation_packing.unpack(k, received))
+        g, ct = vjp(stage_fns[k])(*weights(k), h, activation_packing.unpack(k, received))
         sent = received if k == 0 else activation_packing.pack(k - 1, ct)
         return sent, packing.pack(k, jax.tree.map(lambda x: jnp.mean(x, axis=0), g))
 
@@ -372,6 +439,7 @@ def simulate_pipeline(
     resume: bool = True,
     callback: Callable[[dict[str, Any]], None] | None = None,
     mesh: jax.sharding.Mesh | None = None,
+    backward: str = "recompute",
 ) -> PipelineResult:
   r"""Trains a staged model on a pipeline schedule, each pass at the weight version the schedule gives.
 
@@ -436,6 +504,10 @@ def simulate_pipeline(
     callback: called after every chunk with ``{"updates_done", "num_updates"}``.
     mesh: ``None`` (one device) or a ``jax.sharding.Mesh`` whose ``stages``
       axis has ``K`` devices (its other axes of size 1): one stage per device.
+    backward: how a backward pass at other weights than its forward pass is
+      computed: ``"recompute"`` or ``"stored"`` (PipeDream's 1F1B without
+      weight stashing); see the module docstring. Equal when the versions are
+      (GPipe, stashing).
 
   Returns:
     A :class:`PipelineResult` (on the host's default device, also with a mesh).
@@ -463,7 +535,8 @@ def simulate_pipeline(
     raise ValueError("data must be a dict of arrays with a leading example axis, holding the inputs under 'x'.")
   data = {k: np.asarray(v) for k, v in data.items()}
   num_examples = int(data["x"].shape[0])
-  value_and_grad = staged_value_and_grad(stage_fns, loss_fn)
+  backward = _check_backward(backward)
+  value_and_grad = staged_value_and_grad(stage_fns, loss_fn, backward=backward)
   tx = optax.with_extra_args_support(tx)
 
   forward_version = schedule.forward_version.reshape(U, m, K).astype(np.int32)
@@ -555,7 +628,7 @@ def simulate_pipeline(
       return jax.vmap(one)(fv, sf), jax.vmap(one)(bv, sb)
 
     step = _stage_step(stage_fns, loss_fn, packing, state_packing, activation_packing, reads, update_stage,
-                       evaluate if eval_fn is not None else None, depth)
+                       evaluate if eval_fn is not None else None, depth, backward)
     carry_specs = (P(STAGES),) * 3
 
     def params_at(hist, version):
@@ -593,7 +666,8 @@ def simulate_pipeline(
       progress=lambda chunk: {"updates_done": min(U, (chunk + 1) * chunk_size), "num_updates": U},
       fingerprint=_fingerprint(schedule, params, seed=seed, batch_size=batch_size, chunk_size=chunk_size,
                                eval_points=eval_points.tolist(), depth=depth,
-                               layout="one stage per device" if mesh is not None else "one device"),
+                               layout="one stage per device" if mesh is not None else "one device",
+                               backward=backward),
       initial=None if eval_fn is None else (
           lambda carry: {"metrics": jax.tree.map(lambda x: engine.host(x)[None],
                                                  jax.jit(eval_fn)(params_at(carry[0], 0)))}))

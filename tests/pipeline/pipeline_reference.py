@@ -59,15 +59,33 @@ def explicit_grad(stages, loss_fn, forward_params, backward_params, batch):
   return loss, grads
 
 
+def stored_dense_grad(stages, loss_fn, forward_params, backward_params, batch):
+  """PipeDream without stashing, by hand for ``mlp_problem``'s stages (``tanh(h W + b)``, the last linear): the
+  forward pass's activations, the backward weights only where the cotangent crosses a ``W``."""
+  inputs, outputs, h = [], [], batch["x"]
+  for f, p in zip(stages, forward_params):
+    inputs.append(h)
+    h = f(p, h)
+    outputs.append(h)
+  loss, ct = jax.value_and_grad(loss_fn)(h, batch)
+  grads = [None] * len(stages)
+  for k in reversed(range(len(stages))):
+    delta = ct if k == len(stages) - 1 else ct * (1 - outputs[k] ** 2)
+    grads[k] = {"w": inputs[k].T @ delta, "b": delta.sum(0)}
+    ct = delta @ backward_params[k]["w"].T
+  return loss, grads
+
+
 def reference(stages, loss_fn, tx, params, data, schedule, *, batch_size, seed=0,
-              read: Callable[[int, int, int, int, str, list, list], Any] | None = None):
-  """Trains update by update; ``read(k, u, fv, bv, pass, versions_k, states_k)`` may override the weights read."""
+              read: Callable[[int, int, int, int, str, list, list], Any] | None = None, grad=explicit_grad):
+  """Trains update by update; ``read(k, u, fv, bv, pass, versions_k, states_k)`` may override the weights read,
+  ``grad`` computes a micro-batch's gradient (``explicit_grad`` or ``stored_dense_grad``)."""
   K, m, U = schedule.num_stages, schedule.num_microbatches, schedule.num_updates
   tx = optax.with_extra_args_support(tx)
   versions = [[p] for p in params]
   states = [[tx.init(p)] for p in params]
   num_examples = data["x"].shape[0]
-  grad_fn = jax.jit(functools.partial(explicit_grad, tuple(stages), loss_fn))
+  grad_fn = jax.jit(functools.partial(grad, tuple(stages), loss_fn))
   update_fn = jax.jit(tx.update)
   losses = []
   for u in range(U):

@@ -74,15 +74,15 @@ def test_one_stage_per_device_resumes_to_the_bits_of_one_device(monkeypatch, tmp
   jax.tree.map(np.testing.assert_array_equal, spread.history.eval_metrics, one.history.eval_metrics)
 
 
-def test_read_remedies_under_the_mesh():
-  """PipeMare (a read direction stored with every version, backward passes stepping back along it) on 2
-  devices: the one-device run to a few float32 ulps (its multiply-adds are fused differently in the two
-  programs)."""
+def test_read_remedies_and_stored_backward_under_the_mesh():
+  """PipeMare (a read direction stored with every version, backward passes stepping back along it) with
+  PipeDream's un-stashed backward pass on 2 devices: the one-device run to a few float32 ulps (the
+  multiply-adds are fused differently in the two programs)."""
   K = 2
   stages, loss_fn, params, data = mlp_problem(K)
   sched = dj.cluster.pipeline("1f1b", K, 6, weights="latest")
   tx = dj.pipemare(0.2, warmup_steps=4, momentum=0.5, discrepancy_decay=0.1)
-  kwargs = dict(batch_size=8, seed=3, chunk_size=3)
+  kwargs = dict(batch_size=8, seed=3, chunk_size=3, backward="stored")
   one = dj.simulate_pipeline(stages, loss_fn, tx, params, data, sched, **kwargs)
   spread = dj.simulate_pipeline(stages, loss_fn, tx, params, data, sched, mesh=_mesh(K), **kwargs)
   assert_trees_close(spread.params, one.params, rtol=1e-6, atol=1e-7)

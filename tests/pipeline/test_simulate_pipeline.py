@@ -12,17 +12,22 @@ import pytest
 import delayjax as dj
 
 sys.path.insert(0, os.path.dirname(__file__))
-from pipeline_reference import assert_trees_close, mlp_problem, reference  # noqa: E402
+from pipeline_reference import (assert_trees_close, explicit_grad, mlp_problem, reference,  # noqa: E402
+                                stored_dense_grad)
 
 
-@pytest.mark.parametrize("K,weights,m", [(3, "latest", 2), (2, "vertical_sync", 1)])
-def test_matches_the_sequential_reference(K, weights, m):
+@pytest.mark.parametrize("K,weights,m,backward", [(3, "latest", 2, "recompute"), (2, "vertical_sync", 1, "recompute"),
+                                                  (3, "latest", 2, "stored")])
+def test_matches_the_sequential_reference(K, weights, m, backward):
+  """The reference computes "stored" by hand for these dense stages (PipeDream without weight stashing)."""
   stages, loss_fn, params, data = mlp_problem(K)
   U = 5
   sched = dj.cluster.pipeline("1f1b", K, U, num_microbatches=m, weights=weights)
   tx = optax.sgd(0.3, momentum=0.5)
-  result = dj.simulate_pipeline(stages, loss_fn, tx, params, data, sched, batch_size=8, seed=4, chunk_size=2)
-  want, losses, _ = reference(stages, loss_fn, tx, params, data, sched, batch_size=8, seed=4)
+  result = dj.simulate_pipeline(stages, loss_fn, tx, params, data, sched, batch_size=8, seed=4, chunk_size=2,
+                                backward=backward)
+  want, losses, _ = reference(stages, loss_fn, tx, params, data, sched, batch_size=8, seed=4,
+                              grad={"recompute": explicit_grad, "stored": stored_dense_grad}[backward])
   assert_trees_close(result.params, want)
   np.testing.assert_allclose(result.history.loss, losses, rtol=2e-6)
   np.testing.assert_array_equal(result.history.forward_staleness,
@@ -67,6 +72,8 @@ def test_bad_arguments():
   sched = dj.cluster.pipeline("gpipe", 2, 2)
   with pytest.raises(ValueError, match="batch_size"):
     dj.simulate_pipeline(stages, loss_fn, optax.sgd(0.1), params, data, sched, batch_size=0)
+  with pytest.raises(ValueError, match="backward"):
+    dj.simulate_pipeline(stages, loss_fn, optax.sgd(0.1), params, data, sched, batch_size=4, backward="latest")
   with pytest.raises(ValueError, match="'x'"):
     dj.simulate_pipeline(stages, loss_fn, optax.sgd(0.1), params, {"inputs": data["x"]}, sched, batch_size=4)
 

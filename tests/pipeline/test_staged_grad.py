@@ -22,10 +22,11 @@ def plain_loss(stages, loss_fn, params, batch):
   return loss_fn(h, batch)
 
 
-def test_equal_versions_are_jax_grad_bit_for_bit():
+@pytest.mark.parametrize("backward", ["recompute", "stored"])
+def test_equal_versions_are_jax_grad_bit_for_bit(backward):
   stages, loss_fn, params, data = mlp_problem(3)
   batch = jax.tree.map(lambda a: a[:16], data)
-  fn = dj.staged_value_and_grad(stages, loss_fn)
+  fn = dj.staged_value_and_grad(stages, loss_fn, backward=backward)
   ref = jax.jit(jax.value_and_grad(lambda ps: plain_loss(stages, loss_fn, ps, batch)))
   fn = jax.jit(fn)
   loss, grads = fn(params, params, batch)
@@ -64,6 +65,54 @@ def test_different_versions_match_a_numpy_backward_pass():
       np.testing.assert_allclose(got[k][name], want[name], rtol=2e-5, atol=2e-6)
 
 
+def test_stored_backward_is_pipedreams_without_stashing():
+  """Two stages of two dense layers each, under vmap over micro-batches with their own versions: the backward
+  pass on the forward pass's activations, the backward weights only where a cotangent crosses a W, by hand in
+  NumPy; not the recomputed form."""
+  rng = np.random.default_rng(3)
+  M, B, sizes = 2, 6, [4, 5, 5, 3, 2]
+  layer = lambda a, b: {"w": rng.normal(size=(M, a, b)) * 0.7, "b": rng.normal(size=(M, b)) * 0.3}  # noqa: E731
+  fwd = [[layer(4, 5), layer(5, 5)], [layer(5, 3), layer(3, 2)]]
+  bwd = [[layer(4, 5), layer(5, 5)], [layer(5, 3), layer(3, 2)]]
+  x, y = rng.normal(size=(M, B, 4)), rng.normal(size=(M, B, 2))
+
+  def numpy_grads(i):
+    flat_f = [layer[j] for stage in fwd for j in range(2) for layer in [stage]]
+    flat_f = [{n: v[i] for n, v in lay.items()} for lay in flat_f]
+    flat_b = [{n: v[i] for n, v in lay.items()} for stage in bwd for lay in stage]
+    acts = [x[i]]
+    for j, lay in enumerate(flat_f):
+      z = acts[-1] @ lay["w"] + lay["b"]
+      acts.append(z if j == 3 else np.tanh(z))
+    ct, grads = (acts[-1] - y[i]) / B, [None] * 4
+    for j in reversed(range(4)):
+      delta = ct if j == 3 else ct * (1 - acts[j + 1] ** 2)
+      grads[j] = {"w": acts[j].T @ delta, "b": delta.sum(0)}
+      ct = delta @ flat_b[j]["w"].T
+    return [grads[:2], grads[2:]]
+
+  def stage(last):
+    def apply(p, h):
+      h = jnp.tanh(h @ p[0]["w"] + p[0]["b"])
+      h = h @ p[1]["w"] + p[1]["b"]
+      return h if last else jnp.tanh(h)
+    return apply
+
+  stages = [stage(False), stage(True)]
+  loss_fn = lambda out, batch: jnp.sum((out - batch["y"]) ** 2) / (2 * B)  # noqa: E731
+  f32 = lambda t: jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), t)  # noqa: E731
+  run = lambda backward: jax.jit(jax.vmap(dj.staged_value_and_grad(stages, loss_fn, backward=backward)))(  # noqa: E731
+      f32(fwd), f32(bwd), f32({"x": x, "y": y}))[1]
+  stored, recomputed = run("stored"), run("recompute")
+  for i in range(M):
+    want = numpy_grads(i)
+    for k in range(2):
+      for j in range(2):
+        for name in ("w", "b"):
+          np.testing.assert_allclose(stored[k][j][name][i], want[k][j][name], rtol=2e-5, atol=2e-6)
+  assert not np.allclose(recomputed[0][0]["w"], stored[0][0]["w"], rtol=1e-2)
+
+
 def test_three_stages_match_explicit_vjps_under_vmap():
   stages, loss_fn, params, data = mlp_problem(3, seed=2)
   other = jax.tree.map(lambda p: p * 0.7 + 0.05, params)
@@ -82,6 +131,8 @@ def test_bad_arguments():
   stages, loss_fn, params, data = mlp_problem(2)
   with pytest.raises(TypeError, match="stage_fns"):
     dj.staged_value_and_grad([], loss_fn)
+  with pytest.raises(ValueError, match="backward must be one of"):
+    dj.staged_value_and_grad(stages, loss_fn, backward="latest")
   fn = dj.staged_value_and_grad(stages, loss_fn)
   with pytest.raises(ValueError, match="backward_params"):
     fn(params, params[:1], data)
