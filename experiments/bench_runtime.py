@@ -308,6 +308,104 @@ def replica_lines(model: str = "mlp", quick: bool = False) -> list[str]:
   return lines
 
 
+def second_call_lines(model: str = "mlp", paradigm: str = "asp", num_workers: int = 16,
+                      num_updates: int = 16384) -> list[str]:
+  """What an identical second ``dj.simulate`` call pays beyond its steady-state compute.
+
+  The compute is the call's gradients at the median rate of its chunks; the rest (planning, placing, the
+  cache look-up, the first dispatch, collecting the history) is overhead. The first call is timed too.
+  """
+  init, loss_fn = MODELS[model]()
+  data = digits_data()
+  schedule = schedule_for(paradigm, num_workers, num_updates)
+  params = init(jax.random.key(0))
+  timed = []
+  for _ in range(3):
+    marks = []
+    start = time.perf_counter()
+    result = dj.simulate(loss_fn, tx(), params, data, schedule, batch_size=BATCH, chunk_size=256,
+                         callback=lambda info: marks.append((time.perf_counter(), info["updates_done"])))
+    jax.block_until_ready(result.params)
+    total = time.perf_counter() - start
+    rates = [int(schedule.num_batches[u0:u1].sum()) / (t1 - t0) for (t0, u0), (t1, u1) in zip(marks[:-1], marks[1:])]
+    compute = int(schedule.num_batches.sum()) / float(np.median(rates))
+    timed.append((total, compute))
+  (first, _), *again = timed
+  total, compute = min(again, key=lambda tc: tc[0] - tc[1])
+  lines = ["", f"identical second call ({model}, {paradigm}, M = {num_workers}, {num_updates} updates, chunks of 256 "
+           "steps): seconds",
+           f"first call {first:.2f}, second call {total:.2f} = compute {compute:.2f} + overhead {total - compute:.2f} "
+           "(target: overhead <= 0.3; best of 2 repeats)"]
+  print("\n".join(lines[1:]), flush=True)
+  return lines
+
+
+def batched_lines(model: str = "mlp", paradigm: str = "asp", num_workers: int = 16, num_updates: int = 4096,
+                  runs: int = 8, rounds: int = 2) -> list[str]:
+  """Throughput of ``runs`` seeds computed as one program (``seed=[...]``) against as many calls in sequence,
+  both compiled beforehand (best of ``rounds`` alternating rounds)."""
+  init, loss_fn = MODELS[model]()
+  data = digits_data()
+  schedule = schedule_for(paradigm, num_workers, num_updates)
+  params = init(jax.random.key(0))
+  seeds = list(range(runs))
+
+  def call(seed):
+    out = dj.simulate(loss_fn, tx(), params, data, schedule, batch_size=BATCH, seed=seed)
+    return [r.params for r in out] if isinstance(out, list) else out.params
+
+  best = best_times({"batched": lambda: call(seeds), "sequence": lambda: [call(s) for s in seeds]}, rounds)
+  grads = runs * int(schedule.num_batches.sum())
+  lines = ["", f"{runs} runs (seeds) of one schedule ({model}, {paradigm}, M = {num_workers}, {num_updates} updates "
+           f"each), compiled beforehand, best of {rounds}: gradient evaluations per second",
+           f"batched (one program, seed=[0..{runs - 1}]) {grads / best['batched']:.0f}/s, {runs} calls in sequence "
+           f"{grads / best['sequence']:.0f}/s: ratio {best['sequence'] / best['batched']:.2f}"]
+  print("\n".join(lines[1:]), flush=True)
+  return lines
+
+
+def chunk_and_loop(model: str, paradigm: str, num_workers: int, num_updates: int):
+  """``dj.simulate``'s compiled chunk with its arguments, the gradients it computes, and the plain loop doing as
+  many (jitted) with its start."""
+  init, loss_fn = MODELS[model]()
+  data = digits_data()
+  schedule = schedule_for(paradigm, num_workers, num_updates)
+  captured = {}
+
+  def inspect(fn, args):
+    captured["fn"], captured["args"] = fn, jax.tree.map(jnp.copy, args)
+
+  dj.simulate(loss_fn, tx(), init(jax.random.key(0)), data, schedule, batch_size=BATCH, chunk_size=256,
+              _inspect=inspect)
+  fn, (carry, constants, tables) = captured["fn"], captured["args"]
+  grads = int(np.asarray(tables[0]["lane_active"]).sum())
+  loop, start = sync_loop(model, grads)
+  return fn, (carry, constants, tables), grads, loop, start
+
+
+def ratio_lines(model: str = "mlp", paradigm: str = "asp", workers=(4, 16, 64), rounds: int = 7) -> list[str]:
+  """(a) interleaved: one compiled chunk of 256 steps against the plain loop doing as many gradients, best of
+  ``rounds`` rounds each, timed alternately in one process (the chunk is fed its own output carry, so it never
+  copies one)."""
+  lines = ["", f"(a) interleaved: dj.simulate's chunk of 256 steps / the plain loop doing as many gradients ({model}, "
+           f"{paradigm}, one CPU device, best of {rounds} alternating rounds)",
+           f"{'M':>3s} {'grads':>6s} {'sim/s':>7s} {'sync/s':>7s} {'(a)sim/sync':>11s}"]
+  for m in workers:
+    fn, (carry, constants, tables), grads, loop, start = chunk_and_loop(model, paradigm, m, {4: 1024, 16: 2048}.get(m, 4096))
+    state = {"carry": carry}
+
+    def chunk():
+      state["carry"], out = fn(state["carry"], constants, tables)
+      return out
+
+    best = best_times({"sim": chunk, "sync": lambda: loop(start)}, rounds)
+    lines.append(f"{m:3d} {grads:6d} {grads / best['sim']:7.0f} {grads / best['sync']:7.0f} "
+                 f"{best['sync'] / best['sim']:11.2f}")
+    print(lines[-1], flush=True)
+  lines.append("targets: >= 0.90 at M >= 16, >= 0.80 at M = 4")
+  return lines
+
+
 def child(args):
   """Runs the 8-device measurements and prints one JSON line per configuration."""
   mesh = jax.make_mesh((len(jax.devices()),), ("workers",))
@@ -321,12 +419,21 @@ def main(argv=None):
   parser.add_argument("--quick", action="store_true", help="fewer updates and configurations")
   parser.add_argument("--child", help=argparse.SUPPRESS)
   parser.add_argument("--replicas", action="store_true", help="only the replica runtime's rows")
+  parser.add_argument("--overhead", action="store_true", help="only the second-call overhead, the (a) ratios "
+                      "measured interleaved and the batched runs")
   add_out_argument(parser, "bench_runtime")
   args = parser.parse_args(argv)
   if args.child:
     return child(args)
   if args.replicas:
     print("\n".join(replica_lines(quick=args.quick)))
+    return None
+  if args.overhead:
+    publish(second_call_lines(num_updates=4096 if args.quick else 16384)
+            + ratio_lines(rounds=3 if args.quick else 7)
+            + batched_lines(num_updates=1024 if args.quick else 4096)
+            + ["", f"command: python -m experiments.bench_runtime --overhead{' --quick' if args.quick else ''}"],
+            args.out)
     return None
 
   workers = (4, 16, 64)
@@ -379,6 +486,9 @@ def main(argv=None):
       "mem: peak bytes of the compiled chunk / of the synchronous loop (XLA memory analysis)",
   ]
   lines += replica_lines(quick=args.quick)
+  lines += second_call_lines(num_updates=4096 if args.quick else 16384)
+  lines += ratio_lines(rounds=3 if args.quick else 7)
+  lines += batched_lines(num_updates=1024 if args.quick else 4096)
   lines += ["", f"command: python -m experiments.bench_runtime{' --quick' if args.quick else ''} "
             f"(rates are medians; on shared CPUs expect +-15%)"]
   publish(lines, args.out)

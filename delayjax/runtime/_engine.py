@@ -68,6 +68,17 @@ The interface is :class:`Program`, a ``NamedTuple`` a runtime fills in:
   finite"), computed inside the chunk's program after its last step (one
   reduction per chunk, not per step) and recorded, one row per chunk, as
   the record ``"check"``.
+``cache_key``
+  a hashable identity of the compiled program, or ``None`` (compile afresh).
+  Programs with equal keys (and meshes) share one jitted chunk function, so
+  a sweep's second run neither traces nor compiles: the key must cover
+  everything ``step`` and ``check`` read that is not an argument (the
+  traced programs of the user's functions, the static sizes of the plan,
+  the options), and every per-run value that does not change the program
+  (a seed, the initial state, the data) must come in through ``carry``,
+  ``constants`` or the tables. JAX's own cache of that function then
+  handles argument shapes: a run whose carry or tables differ in shape only
+  retraces it.
 
 :func:`run` executes a ``Program`` and returns the final carry (on the
 devices) and the records. A runtime then assembles its own result (history,
@@ -78,6 +89,7 @@ that common to all runtimes (evaluation points, the non-finite report), and
 
 from __future__ import annotations
 
+import collections
 import os
 from typing import Any, Callable, NamedTuple
 
@@ -111,6 +123,39 @@ class Program(NamedTuple):
   fingerprint: str | dict[str, str]
   initial: Callable[[Any], dict[str, Any]] | None = None
   check: Callable[[Any], Any] | None = None
+  cache_key: Any = None
+
+
+# Jitted functions of recent programs, by key (Program.cache_key and the mesh), most recent last.
+# Bounded: each holds its compiled executables (and what its closures reference) until evicted.
+CACHE_SIZE = 8
+_cache: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+_cache_counts = {"hits": 0, "misses": 0}
+
+
+def cached(key: Any, build: Callable[[], Any]) -> Any:
+  """``build()``, or what it returned for an equal ``key`` among the last ``CACHE_SIZE`` (``None``: no cache)."""
+  if key is None:
+    return build()
+  if key in _cache:
+    _cache_counts["hits"] += 1
+    _cache.move_to_end(key)
+    return _cache[key]
+  _cache_counts["misses"] += 1
+  value = _cache[key] = build()
+  while len(_cache) > CACHE_SIZE:
+    _cache.popitem(last=False)
+  return value
+
+
+def cache_info() -> dict[str, int]:
+  """The compile cache's ``hits`` and ``misses`` so far, and its current ``size``."""
+  return {**_cache_counts, "size": len(_cache)}
+
+
+def clear_cache() -> None:
+  """Forgets every cached jitted function (the next run of each program traces and compiles again)."""
+  _cache.clear()
 
 
 def check_mesh(mesh: Any, axis: str = AXIS) -> int:
@@ -181,7 +226,13 @@ def place(put: Callable[[Any, P], Any], specs: Any, tree: Any) -> Any:
 
 def chunk_function(program: Program, mesh: Any) -> Callable[[Any, Any, Any], tuple[Any, Any]]:
   """``chunk(carry, constants, tables) -> (carry, outputs)``: a ``lax.scan`` of ``program.step`` over the
-  chunk's steps, jitted with the carry donated (inside ``shard_map`` with a ``mesh``)."""
+  chunk's steps, jitted with the carry donated (inside ``shard_map`` with a ``mesh``); the one already
+  made for an equal ``program.cache_key`` and mesh, if any."""
+  return cached(None if program.cache_key is None else ("chunk", program.cache_key, mesh),
+                lambda: _chunk_function(program, mesh))
+
+
+def _chunk_function(program: Program, mesh: Any) -> Callable[[Any, Any, Any], tuple[Any, Any]]:
   step = program.step
 
   check = program.check

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import math
 import os
@@ -410,6 +411,78 @@ def _fingerprint(schedule: Schedule, *, tx: Any, loss_fn: Callable[..., Any], pa
   return out
 
 
+# Recent plans, by their arguments' digest: a sweep over one schedule (seeds, hyper-parameters) plans it
+# once. Few, because a long run's plan holds tables of several rows per update.
+_PLANS_KEPT = 2
+_plans: collections.OrderedDict[str, StepPlan] = collections.OrderedDict()
+
+
+def _cached_plan(schedule: Schedule, *args: Any, **kwargs: Any) -> StepPlan:
+  """``plan_steps(schedule, *args, **kwargs)``, planned once for equal arguments among the last few."""
+  # Arrays go in whole: digest reads their bytes, where a repr would elide long ones.
+  named = [part for name, value in sorted(kwargs.items()) for part in (name, value)]
+  key = _checkpoint.digest(*(getattr(schedule, n) for n in ("time", "contributes", "read_version", "num_batches")),
+                           *args, *named)
+  if key in _plans:
+    _plans.move_to_end(key)
+    return _plans[key]
+  plan = _plans[key] = plan_steps(schedule, *args, **kwargs)
+  while len(_plans) > _PLANS_KEPT:
+    _plans.popitem(last=False)
+  return plan
+
+
+def _compile_key(*, loss_fn: Callable[..., Any], has_aux: bool, tx: Any, params: Any, opt_state: Any, data: Any,
+                 batch_size: int, eval_fn: Any, sample_terms: Any, local_optimizer: Any, inputs: tuple[str, ...],
+                 terms: Any, plan: StepPlan, options: dict[str, Any]) -> dict[str, Any] | None:
+  """What the compiled chunk depends on beyond its arguments' shapes: ``{"chunk": key, "eval_fn": key}``, or
+  ``None`` when a function calls back into Python (such programs are compiled afresh every run).
+
+  The user's functions count by the programs they trace to (so a new ``optax.sgd(0.1)`` or a new closure
+  of the same model is the same program, while a different learning rate literal is another); the plan
+  by its static sizes; the options by value.
+  """
+  spec = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)), tree)
+  params_spec, state_spec = spec(params), spec(opt_state)
+  batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct((batch_size,) + np.shape(x)[1:], jnp.result_type(x)), data)
+  num_contrib = plan.upd_worker.shape[2]
+  extra = _input_examples(params, inputs, num_contrib * _max_batches(plan) * batch_size, terms, num_contrib)
+  programs = {
+      "loss_fn": _program_key(jax.value_and_grad(loss_fn, has_aux=has_aux), params_spec, batch),
+      "tx": _program_key(lambda g, s, p, e: tx.update(g, s, p, staleness=jnp.int32(0), stale_params=p,
+                                                      worker=jnp.int32(0), **e), params_spec, state_spec,
+                         params_spec, extra),
+      "read_params": _program_key(read_params, state_spec, params_spec, jnp.int32(0)),
+      "eval_fn": None if eval_fn is None else _program_key(eval_fn, params_spec),
+      "sample_terms": None if sample_terms is None else _program_key(sample_terms, params_spec, batch),
+      "local_optimizer": None if local_optimizer is None else _program_key(
+          local_optimizer.update, params_spec, local_optimizer.init(params), params_spec),
+      "snapshot": _program_key(_snapshot_params, state_spec) if "snapshot_grad" in inputs else None,
+  }
+  if any(key is False for key in programs.values()):
+    return None
+  plan_sizes = dict(num_workers=plan.num_workers, num_devices=plan.num_devices, num_contrib=num_contrib,
+                    max_len=plan.upd_index.shape[1],
+                    reads_per_update=int((plan.read_end - plan.read_begin).max()) if plan.read_end.size else 0)
+  structure = tuple(_checkpoint.tree_digest(t, values=False) for t in (params, opt_state, data))
+  chunk = ("simulate", tuple(sorted(programs.items())), structure, tuple(sorted(plan_sizes.items())),
+           tuple(sorted(options.items())))
+  return {"chunk": chunk, "eval_fn": (programs["eval_fn"], structure[0])}
+
+
+def _program_key(fn: Callable[..., Any], *args: Any) -> str | bool:
+  """A digest of the program ``fn`` traces to on ``args``: its jaxpr's text (without memory addresses) and
+  the values of the arrays it closes over; ``False`` if it calls back into Python (two callbacks of
+  different functions print alike)."""
+  closed = jax.make_jaxpr(fn)(*args)
+  text = str(closed.jaxpr)
+  if "callback" in text:
+    return False
+  consts = [jax.random.key_data(c) if jnp.issubdtype(jnp.result_type(c), jax.dtypes.prng_key) else c
+            for c in closed.consts]
+  return _checkpoint.digest(re.sub(r" at 0x[0-9a-fA-F]+", "", text), *[np.asarray(c) for c in consts])
+
+
 def _program_digest(fn: Callable[..., Any], *args: Any) -> str:
   """A digest of the program ``fn`` traces to on ``args`` (its jaxpr's text, with no memory addresses)."""
   text = str(jax.make_jaxpr(fn)(*args))
@@ -638,6 +711,30 @@ def simulate(
     compiled once. A masked lane still costs a gradient:
     ``stats["lane_utilization"]`` says how full the steps were.
 
+  Compiled once per program (sweeps):
+    The compiled chunk is kept in memory (the last
+    ``dj.runtime._engine.CACHE_SIZE`` = 8 programs) and reused by every
+    later call with the same program: the same ``loss_fn``, ``tx``,
+    ``eval_fn`` (and ``sample_terms``, ``local_optimizer``), counted by the
+    programs they trace to, the arrays they close over included (a new
+    ``optax.sgd(0.1)`` or a new closure of the same model is the same
+    program); the same shapes and dtypes of ``params``, optimizer state and
+    ``data``; the same options; and the same static sizes of the plan
+    (lanes, updates per step, contributions per update, which a schedule's
+    statistics fix). The seed, the initial parameters' and the data's
+    values and hyper-parameters held in the optimizer state (as
+    ``optax.inject_hyperparams`` holds them) are arguments of the program,
+    so a sweep over them compiles once; a learning rate given as a Python
+    float is a constant of the program, so each value compiles its own.
+    Calls with the same schedule also share its plan (the last 2 plans are
+    kept). Functions that call back into Python (``jax.debug.print``,
+    ``jax.pure_callback``) cannot be told apart by their programs: such
+    runs compile afresh at every call. Across processes, JAX's persistent
+    compilation cache serves the same programs from disk::
+
+      jax.config.update("jax_compilation_cache_dir", "/path/to/cache")
+      jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+
   Returns:
     A :class:`SimulationResult`: ``params``, ``opt_state``, ``history`` (a
     :class:`History`) and ``stats``.
@@ -710,9 +807,9 @@ def simulate(
     epoch = None
   # A contribution is computed once its update's epoch has begun, so every lane of a step computes
   # its snapshot gradient at the step's snapshot.
-  plan = plan_steps(schedule, num_workers, num_devices, lanes, local_steps=worker_steps,
-                    not_before=None if epoch is None else np.arange(num_updates) // epoch * epoch,
-                    group_versions=group_versions, sequential_workers=keep_local_state)
+  plan = _cached_plan(schedule, num_workers, num_devices, lanes, local_steps=worker_steps,
+                      not_before=None if epoch is None else np.arange(num_updates) // epoch * epoch,
+                      group_versions=group_versions, sequential_workers=keep_local_state)
   if chunk_size is None:
     num_chunks = max(1, -(-plan.num_steps // 256))
     chunk_size = -(-plan.num_steps // num_chunks)
@@ -731,7 +828,7 @@ def simulate(
   keep_stale = _uses_stale_params(tx, params, inputs, plan.upd_worker.shape[2] * _max_batches(plan) * batch_size,
                                   terms, plan.upd_worker.shape[2])
   step = _step_function(
-      keep_stale=keep_stale, loss_fn=loss_fn, has_aux=has_aux, tx=tx, params=params, eval_fn=eval_fn, seed=seed,
+      keep_stale=keep_stale, loss_fn=loss_fn, has_aux=has_aux, tx=tx, params=params, eval_fn=eval_fn,
       num_examples=num_examples, batch_size=batch_size, sampling=sampling, plan=plan,
       skip_nonfinite=skip_nonfinite, always_applies=bool(np.all(schedule.contributes.any(axis=1))),
       distributed=mesh is not None, inputs=inputs, local_steps=worker_steps, max_batches=_max_batches(plan),
@@ -742,6 +839,17 @@ def simulate(
                          local_optimizer if keep_local_state else None, keep_stale)
   memory = _memory_terms(carry, data, num_devices)
   _check_memory(memory, max_memory, mesh)
+  # Traced only now, after every check that can refuse the run. The compiled chunk is shared by every run whose program is the same: a sweep over seeds, initial
+  # parameters, data values or hyper-parameters held in the optimizer state compiles once.
+  compile_key = _compile_key(
+      loss_fn=loss_fn, has_aux=has_aux, tx=tx, params=params, opt_state=opt_state, data=data,
+      batch_size=batch_size, eval_fn=eval_fn, sample_terms=sample_terms, local_optimizer=local_optimizer,
+      inputs=inputs, terms=terms, plan=plan, options=dict(
+          keep_stale=keep_stale, num_examples=num_examples, batch_size=batch_size, sampling=sampling,
+          skip_nonfinite=skip_nonfinite, always_applies=bool(np.all(schedule.contributes.any(axis=1))),
+          inputs=inputs, local_steps=None if worker_steps is None else tuple(worker_steps.tolist()),
+          max_batches=_max_batches(plan), terms=str(terms), full_batch_size=full_batch_size,
+          leaf_groups=leaf_groups, keep_local_state=keep_local_state))
   # Only a checkpoint needs the run's identity (it traces tx and loss_fn and hashes the data).
   fingerprint = "" if checkpoint_dir is None else _fingerprint(
       schedule, tx=tx, loss_fn=loss_fn, params=params, opt_state=opt_state, data=data, eval_fn=eval_fn,
@@ -792,14 +900,17 @@ def simulate(
     done = int(np.sum(plan.upd_count[:(chunk + 1) * chunk_size]))
     return {"updates_done": done, "num_updates": num_updates, "chunk": chunk, "num_chunks": num_chunks}
 
+  jitted_eval = None if eval_fn is None else engine.cached(
+      None if compile_key is None else ("eval", compile_key["eval_fn"]), lambda: jax.jit(eval_fn))
   program = engine.Program(
-      carry=carry, carry_specs=CARRY_SPECS, constants=(data, (shard_rows, shard_sizes)),
-      constant_specs=(P(), (P(AXIS), P(AXIS))), step=step, table_specs=(P(None, AXIS), P()),
+      carry=carry, carry_specs=CARRY_SPECS, constants=(data, (shard_rows, shard_sizes), np.uint32(seed)),
+      constant_specs=(P(), (P(AXIS), P(AXIS)), P()), step=step, table_specs=(P(None, AXIS), P()),
       output_specs=(P(), P(), P(), P()), num_chunks=num_chunks, tables=tables, collect=collect,
       records_like=records_like, progress=progress, fingerprint=fingerprint,
       check=lambda carry: _all_finite(_inexact(carry[:2])),
+      cache_key=None if compile_key is None else compile_key["chunk"],
       initial=None if eval_fn is None else (
-          lambda carry: {"metrics": jax.tree.map(lambda x: engine.host(x)[None], jax.jit(eval_fn)(carry[0]))}))
+          lambda carry: {"metrics": jax.tree.map(lambda x: engine.host(x)[None], jitted_eval(carry[0]))}))
   carry, records = engine.run(program, mesh=mesh, checkpoint_dir=checkpoint_dir, checkpoint_name=_CHECKPOINT_FILE,
                               resume=resume, callback=callback, inspect=_inspect)
 
@@ -919,7 +1030,7 @@ def _initial_carry(params: Any, opt_state: Any, plan: StepPlan, inputs: tuple[st
   payload = _payload_like(params, inputs, _max_batches(plan) * batch_size, terms)
   slots = jax.tree.map(lambda x: buffer(x, plan.num_workers, plan.num_slots), params)
   first = plan.tables(0, 1)
-  first_stale = jax.jit(_lanes_stale, static_argnums=7)(
+  first_stale = _first_stale(
       opt_state, params, slots, first["lane_worker"][0], first["lane_worker"][0], first["lane_slot"][0],
       first["lane_fresh"][0], leaf_groups)
   return (params, opt_state, slots, jax.device_get(first_stale),
@@ -929,6 +1040,10 @@ def _initial_carry(params: Any, opt_state: Any, plan: StepPlan, inputs: tuple[st
           () if local_optimizer is None else jax.tree.map(
               lambda x: np.broadcast_to(np.asarray(x), (plan.num_workers,) + np.shape(x)).copy(),
               local_optimizer.init(params)))
+
+
+# Module level, so that its compiled programs are reused from run to run.
+_first_stale = jax.jit(_lanes_stale, static_argnums=7)
 
 
 def _max_batches(plan: StepPlan) -> int:
@@ -943,7 +1058,7 @@ def _fingerprint_shards(shards: Sequence[Any]) -> str:
   return h.hexdigest()
 
 
-def _step_function(*, keep_stale: bool, loss_fn, has_aux, tx, params, eval_fn, seed, num_examples, batch_size, sampling,
+def _step_function(*, keep_stale: bool, loss_fn, has_aux, tx, params, eval_fn, num_examples, batch_size, sampling,
                    plan: StepPlan, skip_nonfinite, always_applies, distributed: bool, inputs: tuple[str, ...],
                    local_steps: np.ndarray | None, local_optimizer, max_batches: int, sample_terms, terms,
                    full_batch_size: int | None, leaf_groups: tuple[int, ...] | None, keep_local_state: bool):
@@ -982,7 +1097,7 @@ def _step_function(*, keep_stale: bool, loss_fn, has_aux, tx, params, eval_fn, s
       total = jax.tree.map(lambda t, g: t + g * jnp.asarray(rest / num_examples, g.dtype), total, tail)
     return total
 
-  def minibatch_payload(data, stale, snap, update, worker, draw, shard_row, shard_size, b):
+  def minibatch_payload(data, seed, stale, snap, update, worker, draw, shard_row, shard_size, b):
     """One minibatch's loss, its summed entries (gradients) and its per-example entries."""
     idx = minibatch_indices(seed, update, worker, draw + b, num_examples=num_examples,
                             batch_size=batch_size, sampling=sampling, shard=shard_row,
@@ -1003,17 +1118,17 @@ def _step_function(*, keep_stale: bool, loss_fn, has_aux, tx, params, eval_fn, s
       stacked["sample_indices"] = idx.astype(jnp.int32)
     return jnp.asarray(loss).astype(jnp.float32), summed, stacked
 
-  def lane_grad(data, stale, snap, update, worker, draw, batches, shard_row, shard_size):
+  def lane_grad(data, seed, stale, snap, update, worker, draw, batches, shard_row, shard_size):
     """A lane's mean loss and payload: the mean gradient over its ``batches`` minibatches, plus
     the lane inputs (averaged like it, or one entry per example drawn)."""
     if max_batches == 1:
-      loss, summed, stacked = minibatch_payload(data, stale, snap, update, worker, draw, shard_row, shard_size, 0)
+      loss, summed, stacked = minibatch_payload(data, seed, stale, snap, update, worker, draw, shard_row, shard_size, 0)
       valid = jnp.ones((batch_size,), jnp.bool_)
     else:
       # Every lane draws max_batches minibatches and keeps its first `batches`:
       # one static shape for all lanes.
       def body(acc, b):
-        loss, summed, stacked = minibatch_payload(data, stale, snap, update, worker, draw, shard_row, shard_size, b)
+        loss, summed, stacked = minibatch_payload(data, seed, stale, snap, update, worker, draw, shard_row, shard_size, b)
         keep = b < batches
         acc_loss, acc_summed = acc
         acc_loss = acc_loss + jnp.where(keep, loss, 0.0)
@@ -1031,16 +1146,16 @@ def _step_function(*, keep_stale: bool, loss_fn, has_aux, tx, params, eval_fn, s
       stacked["sample_valid"] = valid
     return loss, {**summed, **stacked}
 
-  def lane_push(data, stale, snap, update, worker, draw, batches, shard_row, shard_size, local_state):
+  def lane_push(data, seed, stale, snap, update, worker, draw, batches, shard_row, shard_size, local_state):
     """A lane's contribution: its gradient, or with local steps its pseudo-gradient (and the worker's
     local optimizer state after them, with ``keep_local_state``)."""
     if local_steps is None:
-      loss, payload = lane_grad(data, stale, snap, update, worker, draw, batches, shard_row, shard_size)
+      loss, payload = lane_grad(data, seed, stale, snap, update, worker, draw, batches, shard_row, shard_size)
       return loss, payload, ()
 
     def step_grad(w, h):
       # Local step h draws right after the minibatches of steps 0 .. h - 1.
-      loss, payload = lane_grad(data, w, snap, update, worker, draw + h * batches, batches, shard_row, shard_size)
+      loss, payload = lane_grad(data, seed, w, snap, update, worker, draw + h * batches, batches, shard_row, shard_size)
       return loss, payload["grad"]
 
     steps = max_local if uniform_local else jnp.asarray(local_steps, jnp.int32)[worker]
@@ -1048,7 +1163,7 @@ def _step_function(*, keep_stale: bool, loss_fn, has_aux, tx, params, eval_fn, s
                                                 state=local_state if keep_local_state else None)
     return loss, {"grad": pseudo}, final if keep_local_state else ()
 
-  def server_inputs(data, params, update, refresh):
+  def server_inputs(data, seed, params, update, refresh):
     """The server inputs ``tx`` requested, at the server parameters ``params`` of ``update``.
 
     Every input that needs a minibatch uses the update's one server minibatch.
@@ -1093,7 +1208,7 @@ def _step_function(*, keep_stale: bool, loss_fn, has_aux, tx, params, eval_fn, s
     return jax.lax.dynamic_update_slice_in_dim(buf, x, at, axis=0)
 
   def step(carry, tabs, constants):
-    data, (shard_rows, shard_sizes) = constants
+    data, (shard_rows, shard_sizes), seed = constants
     params, opt_state, slots, stale, payload_buf, stale_buf, loss_buf, finite_buf, snapshot_due, local_states = carry
     lane, tab = tabs
     offset = jax.lax.axis_index(AXIS) * per_device if distributed else 0
@@ -1116,8 +1231,8 @@ def _step_function(*, keep_stale: bool, loss_fn, has_aux, tx, params, eval_fn, s
     # Each worker's local optimizer state: the planner computes a worker's contributions in
     # separate steps, so each starts from the state its previous one left.
     lane_states = jax.tree.map(lambda x: x[local_rows(workers)], local_states)
-    loss, payload, lane_states = jax.vmap(lane_push, in_axes=(None, 0, None, 0, 0, 0, 0, 0, 0, 0))(
-        data, stale, snap, lane["lane_update"], workers, lane["lane_draw"], lane["lane_batches"],
+    loss, payload, lane_states = jax.vmap(lane_push, in_axes=(None, None, 0, None, 0, 0, 0, 0, 0, 0, 0))(
+        data, seed, stale, snap, lane["lane_update"], workers, lane["lane_draw"], lane["lane_batches"],
         shard_rows[local_rows(workers)], shard_sizes[local_rows(workers)], lane_states)
     if keep_local_state:
       # Masked lanes (padding) write nothing.
@@ -1175,7 +1290,7 @@ def _step_function(*, keep_stale: bool, loss_fn, has_aux, tx, params, eval_fn, s
       stale_params = jax.tree.map(lambda b: b[positions[first]], stale_buf) if keep_stale else params
       # Without requests the update's index is not even read: the default program is unchanged.
       refresh = (tab["upd_refresh"][i] | snapshot_due) if "full_grad" in inputs else None
-      extra = server_inputs(data, params, tab["upd_index"][i], refresh) if inputs else {}
+      extra = server_inputs(data, seed, params, tab["upd_index"][i], refresh) if inputs else {}
       if svrg:
         extra["snapshot_grad"] = mixed["snapshot_grad"]
       if per_example:

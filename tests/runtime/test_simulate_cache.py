@@ -1,0 +1,87 @@
+"""``dj.simulate`` compiles once per program: a repeated run reuses it and gives what a fresh compile gives."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import delayjax as dj
+from delayjax.runtime import _engine as engine
+from delayjax.runtime import _simulate
+
+BATCH = 4
+
+
+@pytest.fixture(scope="module")
+def problem():
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(64, 3)).astype(np.float32)
+  data = {"x": x, "y": x @ np.array([1.0, -2.0, 0.5], np.float32)}
+  schedule = dj.cluster.simulate(dj.cluster.asp(), dj.cluster.workers(4), num_updates=40, seed=0)
+  return data, schedule, {"w": jnp.zeros(3, jnp.float32)}
+
+
+def _loss(scale):
+  def loss_fn(params, batch):
+    return jnp.mean((batch["x"] @ (params["w"] * scale) - batch["y"]) ** 2)
+  return loss_fn
+
+
+def _run(problem, tx, seed=0, loss_fn=None):
+  data, schedule, params = problem
+  return dj.simulate(loss_fn or _loss(jnp.ones(3)), tx, params, data, schedule, batch_size=BATCH, seed=seed,
+                     chunk_size=4)
+
+
+def _fresh(run):
+  """``run()`` with nothing cached, as in a new process."""
+  engine.clear_cache()
+  _simulate._plans.clear()
+  return run()
+
+
+def _assert_same(a, b):
+  for x, y in zip(jax.tree.leaves((a.params, a.history.loss)), jax.tree.leaves((b.params, b.history.loss)),
+                  strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_repeated_run_reuses_the_compiled_chunk_and_equals_a_fresh_compile(problem):
+  first = _fresh(lambda: _run(problem, optax.sgd(0.05)))
+  hits = engine.cache_info()["hits"]
+  # A new transformation and a new closure of the same model: the same program.
+  again = _run(problem, optax.sgd(0.05))
+  assert engine.cache_info()["hits"] == hits + 1
+  _assert_same(first, again)
+  # Only the seed differs: still a hit, and the numbers a fresh process gives for that seed.
+  other_seed = _run(problem, optax.sgd(0.05), seed=5)
+  assert engine.cache_info()["hits"] == hits + 2
+  _assert_same(other_seed, _fresh(lambda: _run(problem, optax.sgd(0.05), seed=5)))
+  assert not np.array_equal(other_seed.history.loss, first.history.loss)
+
+
+def test_a_hyper_parameter_held_in_the_state_is_an_argument(problem):
+  sgd = optax.inject_hyperparams(optax.sgd)
+  slow = _fresh(lambda: _run(problem, sgd(learning_rate=0.01)))
+  hits = engine.cache_info()["hits"]
+  fast = _run(problem, sgd(learning_rate=0.08))
+  assert engine.cache_info()["hits"] == hits + 1
+  _assert_same(fast, _fresh(lambda: _run(problem, sgd(learning_rate=0.08))))
+  assert not np.array_equal(fast.history.loss, slow.history.loss)
+
+
+@pytest.mark.parametrize("change", ["learning_rate_literal", "closed_over_array"])
+def test_a_different_program_is_not_taken_from_the_cache(problem, change):
+  _fresh(lambda: _run(problem, optax.sgd(0.05)))
+  misses = engine.cache_info()["misses"]
+  if change == "learning_rate_literal":
+    def changed():
+      return _run(problem, optax.sgd(0.02))
+  else:
+    # The same model text closing over other values: its constants are part of the program's identity.
+    def changed():
+      return _run(problem, optax.sgd(0.05), loss_fn=_loss(jnp.asarray([1.0, 0.5, 2.0])))
+  result = changed()
+  assert engine.cache_info()["misses"] > misses
+  _assert_same(result, _fresh(changed))
