@@ -1,7 +1,10 @@
 """Host-side planning of the wave-parallel runtime: which gradients are computed together.
 
 Everything here is NumPy on the host; the device loop in ``_simulate.py``
-only follows the tables built here.
+only follows the tables built here. Planning is array operations over the
+contributions, except one pass that places each contribution in its step
+(``_assign_steps``: a few list operations per contribution), and it reads the
+schedule's sparse contributions, never an ``[updates, workers]`` array.
 
 The device loop runs *steps*: each computes ``lanes`` gradients per device
 (one ``vmap``) at the current server version ``V``, then applies, in order,
@@ -25,7 +28,6 @@ the server get more.
 from __future__ import annotations
 
 import dataclasses
-import heapq
 
 import numpy as np
 
@@ -144,126 +146,163 @@ class StepPlan:
     return out
 
 
-def _waves(schedule: Schedule, cu: np.ndarray, cm: np.ndarray, cv: np.ndarray,
-           first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _wave_starts(cu: np.ndarray, cm: np.ndarray, cv: np.ndarray, order: np.ndarray, m_sorted: np.ndarray,
+                 num_updates: int) -> np.ndarray:
   """Greedy waves: cut before an update that needs a version newer than the wave's start,
-  or a second gradient from a worker already in the wave."""
-  num_updates = schedule.num_updates
-  wave_of_update = np.empty(num_updates, np.int64)
-  starts = [0]
-  last_wave = [-1] * schedule.num_workers
-  wave = start = 0
-  vs, ms, bounds = cv.tolist(), cm.tolist(), first.tolist()
-  for u in range(num_updates):
-    lo, hi = bounds[u], bounds[u + 1]
-    if u > start and any(vs[c] > start or last_wave[ms[c]] == wave for c in range(lo, hi)):
-      wave += 1
-      start = u
-      starts.append(u)
-    for c in range(lo, hi):
-      last_wave[ms[c]] = wave
-    wave_of_update[u] = wave
-  return wave_of_update, np.asarray(starts + [num_updates], np.int64)
+  or a second gradient from a worker already in the wave.
 
-
-def _schedule_steps(cu: np.ndarray, cv: np.ndarray, ready: np.ndarray, device: np.ndarray, num_devices: int,
-                    lanes: int, per_update: np.ndarray, rank: np.ndarray, order: np.ndarray, num_slots: int | None,
-                    after: np.ndarray | None = None):
-  """Assigns every contribution a step and lane, and every update the step that applies it.
-
-  ``cv`` is ``[n, G]``: the version each group of parameter leaves is read at
-  (one group unless delays are per leaf); each group's read is stored on its
-  own when its version is left behind.
-
-  Steps are built one at a time at the server version ``V`` (updates applied
-  so far). Each device computes up to ``lanes`` of the contributions already
-  read and ready (``ready``, a version ``>=`` the read version, ``<= V``) and
-  not yet computed, earliest update first
-  (ties: lowest worker); the step then applies every update from ``V`` on
-  whose contributions have all been computed. With ``after`` (per
-  contribution, the one that must be computed in an earlier step, or -1: a
-  worker's previous contribution when workers carry state from one to the
-  next), a contribution waits for it. A contribution computed at its
-  own read version reads the server state directly (*fresh*); one whose
-  version is about to be left behind, uncomputed, is stored in its worker's
-  slot ``rank mod num_slots`` at that version: before the step's updates
-  (reads of ``V``) or right after update ``v - 1`` (reads of a version ``v``
-  the step passes through).
-
-  Returns ``None`` if a slot would be overwritten before the contribution
-  that used it was computed (more slots are needed); without ``num_slots``,
-  only the step count matters and slots are not checked. Otherwise returns
-  ``compute_step``, ``lane_of`` (within its device), ``compute_version``
-  (per contribution), ``apply_step`` (per update), and per step the number
-  of reads of its own version and its reads as ``(contribution, group,
-  after)`` triples (``after``: the update they follow, ``-1`` for the step's
-  own version).
+  Update ``u`` cuts a wave that started at ``s < u`` exactly when ``need[u] > s``, where ``need[u]`` is
+  the largest, over its contributions, of the read version and one past the worker's previous update
+  (both at most ``u``). So the wave after the one starting at ``s`` starts at the first update whose
+  ``need`` exceeds ``s``: a suffix minimum over ``need``, followed from update 0.
   """
-  n, num_updates = cu.size, per_update.size
-  prev = np.full(n, -1, np.int64)  # the contribution that used the same slot before
-  if num_slots is not None:
-    where = np.empty(n, np.int64)
-    where[order] = np.arange(n)
-    reuse = rank >= num_slots
-    prev[reuse] = order[where[reuse] - num_slots]
+  n = cu.size
+  previous = np.full(n, -1, np.int64)  # the update of the worker's previous contribution
+  if n:
+    same = m_sorted[1:] == m_sorted[:-1]
+    previous[order[1:][same]] = cu[order[:-1][same]]
+  need = np.full(num_updates, -1, np.int64)
+  filled = np.flatnonzero(np.bincount(cu, minlength=num_updates))
+  if n:
+    # Contributions are sorted by update: each update's are one run.
+    need[filled] = np.maximum.reduceat(np.maximum(cv, previous + 1), np.searchsorted(cu, filled))
+  # first[t]: the first update whose need is t; nxt[s]: the first update whose need exceeds s.
+  first = np.full(num_updates + 1, num_updates, np.int64)
+  np.minimum.at(first, need[filled], filled)
+  nxt = np.minimum.accumulate(first[::-1])[::-1][1:].tolist()
+  starts = []
+  s = 0
+  while s < num_updates:
+    starts.append(s)
+    s = nxt[s]
+  return np.asarray(starts + [num_updates], np.int64)
+
+
+def _assign_steps(cu: np.ndarray, ready: np.ndarray, device: np.ndarray, num_devices: int, lanes: int,
+                  after: np.ndarray | None, limit: float = np.inf) -> tuple[list[int], list[int]] | None:
+  """Assigns every contribution its step, building the steps' versions.
+
+  The device loop builds steps one at a time at the server version ``V``
+  (updates applied so far): each device computes up to ``lanes`` of the
+  contributions read and ready (``ready <= V``) and not yet computed, lowest
+  index (update, then worker) first, skipping one whose ``after`` (a
+  contribution that must be computed in an earlier step, or -1) is not; the
+  next step's version is the update of the lowest-index contribution still
+  uncomputed. Lower indices take lanes first, so the same steps come from
+  placing contributions in index order, each in the first step at or after
+  the one where it becomes ready (and after its ``after``'s) with a lane free
+  on its device; and the version of every step up to the last one used is
+  then known: a step's version is the update of the lowest-index
+  contribution placed in it or later (version 0 for step 0).
+
+  Returns ``(compute_step, versions)`` (``versions[s]``: step ``s``'s
+  version), or ``None`` once the steps cost more than ``limit`` (steps times
+  ``lanes + _STEP_COST``).
+  """
+  n = cu.size
+  cu_l, ready_l = cu.tolist(), ready.tolist()
+  dev_l = device.tolist() if num_devices > 1 else [0] * n
+  after_l = [-1] * n if after is None else after.tolist()
+  step = [0] * n
+  versions = [0]  # step 0 is built at version 0
+  top = 0  # versions[-1]
+  # ready_step[v]: the first step whose version is at least v, for v <= top.
+  ready_step = [0] * (int(cu[-1]) + 2 if n else 1)
+  # Per device: contributions placed in each step, and a pointer towards a later step with a free lane
+  # (itself where the step has one), followed with path halving.
+  size = 64
+  loads = [[0] * size for _ in range(num_devices)]
+  links = [list(range(size)) for _ in range(num_devices)]
+  cost = lanes + _STEP_COST
+  known = 1  # len(versions)
+  for c in range(n):
+    r = ready_l[c]
+    t = ready_step[r] if r <= top else known
+    a = after_l[c]
+    if a >= 0 and step[a] >= t:
+      t = step[a] + 1
+    d = dev_l[c]
+    link = links[d]
+    while link[t] != t:
+      link[t] = link[link[t]]
+      t = link[t]
+    load = loads[d]
+    k = load[t] + 1
+    load[t] = k
+    if k == lanes:
+      link[t] = t + 1
+    step[c] = t
+    if t >= known:
+      u = cu_l[c]
+      versions.extend([u] * (t + 1 - known))
+      ready_step[top + 1:u + 1] = [known] * (u - top)
+      top, known = u, t + 1
+      if known * cost > limit:
+        return None
+      if known + 2 > size:
+        for d in range(num_devices):
+          loads[d].extend([0] * size)
+          links[d].extend(range(size, 2 * size))
+        size *= 2
+  return step, versions
+
+
+def _schedule_steps(cu: np.ndarray, ready: np.ndarray, device: np.ndarray, num_devices: int, lanes: int,
+                    num_updates: int, after: np.ndarray | None = None):
+  """Every contribution's step, lane (within its device) and version, every update's step, and every
+  step's version.
+
+  See :func:`_assign_steps`; lanes go to a step's contributions on a device
+  in index order, and an update is applied in the step whose version it is at
+  least and the next step's version it is below.
+  """
+  compute_step, versions = _assign_steps(cu, ready, device, num_devices, lanes, after)
+  versions = np.asarray(versions, np.int64)
+  compute_step = np.asarray(compute_step, np.int64)
+  # Contributions are in index order: a stable sort by (step, device) keeps it within each group.
+  key = compute_step * num_devices + device
+  by_key = np.argsort(key, kind="stable")
+  sorted_key = key[by_key]
+  lane_of = np.empty(cu.size, np.int64)
+  lane_of[by_key] = np.arange(cu.size) - np.searchsorted(sorted_key, sorted_key, side="left")
+  apply_step = np.searchsorted(versions, np.arange(num_updates), side="right") - 1
+  return compute_step, lane_of, versions[compute_step], apply_step, versions
+
+
+def _reads(cv: np.ndarray, compute_step: np.ndarray, versions: np.ndarray):
+  """The reads through a slot, in each step's order.
+
+  A group read at version ``v`` is stored when its gradient is computed after
+  the step that passes through ``v``: in that step, before its updates when
+  ``v`` is the step's own version, else right after update ``v - 1``. Reads
+  are ordered by version, then by (contribution, group).
+
+  Returns, per entry in order, its contribution, group, step and ``after``
+  (the update it follows, ``-1`` for the step's own version).
+  """
   groups = cv.shape[1]
-  pair_version = cv.reshape(-1)  # pair c * groups + g
+  pair_version = cv.reshape(-1)
   by_read = np.argsort(pair_version, kind="stable")
-  read_bounds = np.searchsorted(pair_version[by_read], np.arange(num_updates + 2)).tolist()
-  by_ready = np.argsort(ready, kind="stable").tolist()
-  ready_l = ready.tolist()
-  by_read, cu_l, dev_l, prev_l = by_read.tolist(), cu.tolist(), device.tolist(), prev.tolist()
-  after_l = None if after is None else after.tolist()
-  remaining = per_update.tolist()
-  heaps: list[list[tuple[int, int]]] = [[] for _ in range(num_devices)]
-  compute_step = [-1] * n
-  lane_of = [0] * n
-  compute_version = [0] * n
-  apply_step = [0] * num_updates
-  read_first_of: list[int] = []
-  reads: list[list[tuple[int, int, int]]] = []
-  version = released = step = 0
-  while version < num_updates:
-    # Contributions come sorted by update, then worker: the index orders ties.
-    while released < n and ready_l[by_ready[released]] <= version:
-      c = by_ready[released]
-      heapq.heappush(heaps[dev_l[c]], (cu_l[c], c))
-      released += 1
-    for heap in heaps:
-      lane, waiting = 0, []
-      while lane < lanes and heap:
-        entry = heapq.heappop(heap)
-        c = entry[1]
-        if after_l is not None and after_l[c] >= 0 and not 0 <= compute_step[after_l[c]] < step:
-          waiting.append(entry)
-          continue
-        compute_step[c], lane_of[c], compute_version[c] = step, lane, version
-        remaining[cu_l[c]] -= 1
-        lane += 1
-      for entry in waiting:
-        heapq.heappush(heap, entry)
-    new = version
-    while new < num_updates and remaining[new] == 0:
-      new += 1
-    entries: list[tuple[int, int, int]] = []
-    first = 0
-    for v in range(version, new):
-      for i in range(read_bounds[v], read_bounds[v + 1]):
-        c, g = divmod(by_read[i], groups)
-        if compute_step[c] >= 0:
-          continue
-        if prev_l[c] >= 0 and compute_step[prev_l[c]] < 0:
-          return None
-        entries.append((c, g, -1 if v == version else v - 1))
-        first += v == version
-    for u in range(version, new):
-      apply_step[u] = step
-    read_first_of.append(first)
-    reads.append(entries)
-    version = new
-    step += 1
-  return (np.asarray(compute_step, np.int64), np.asarray(lane_of, np.int64), np.asarray(compute_version, np.int64),
-          np.asarray(apply_step, np.int64), read_first_of, reads)
+  version = pair_version[by_read]
+  c, g = np.divmod(by_read, groups)
+  s = np.searchsorted(versions, version, side="right") - 1
+  keep = compute_step[c] > s
+  c, g, s, version = c[keep], g[keep], s[keep], version[keep]
+  after = np.where(version == versions[s], -1, version - 1)
+  return c, g, s, after
+
+
+def _slots_suffice(c: np.ndarray, s: np.ndarray, compute_step: np.ndarray, rank: np.ndarray,
+                   order: np.ndarray, num_slots: int) -> bool:
+  """Whether no read overwrites a slot whose previous contribution is not computed by then."""
+  if not c.size:
+    return True
+  where = np.empty(order.size, np.int64)
+  where[order] = np.arange(order.size)
+  r = rank[c]
+  reuse = r >= num_slots
+  prev = order[where[c[reuse]] - num_slots]
+  return bool(np.all(compute_step[prev] <= s[reuse]))
 
 
 def _buffer_blocks(compute_step: np.ndarray, cu: np.ndarray, apply_step: np.ndarray,
@@ -273,7 +312,7 @@ def _buffer_blocks(compute_step: np.ndarray, cu: np.ndarray, apply_step: np.ndar
   busy_through = np.arange(num_steps)
   if cu.size:
     np.maximum.at(busy_through, compute_step, apply_step[cu])
-  block_of_step = np.zeros(num_steps, np.int64)
+  block_of_step = [0] * num_steps
   free_after: list[int] = []  # per block: the last step it is busy
   for s, last in enumerate(busy_through.tolist()):
     for b, until in enumerate(free_after):
@@ -284,22 +323,43 @@ def _buffer_blocks(compute_step: np.ndarray, cu: np.ndarray, apply_step: np.ndar
       free_after.append(0)
     free_after[b] = last
     block_of_step[s] = b
-  return block_of_step, max(len(free_after), 1)
+  return np.asarray(block_of_step, np.int64), max(len(free_after), 1)
 
 
-def _choose_lanes(cu: np.ndarray, cv: np.ndarray, ready: np.ndarray, device: np.ndarray, num_devices: int,
+def _step_bound(cu: np.ndarray, ready: np.ndarray, num_updates: int) -> int:
+  """A lower bound on the steps of any width: the steps when every ready contribution is computed at once.
+
+  With more lanes no step's version is lower, since the next version is at
+  most the lowest update among contributions not yet ready.
+  """
+  if not cu.size:
+    return 1 if num_updates else 0
+  # jump[v]: the lowest update among contributions ready only after version v.
+  lowest = np.full(num_updates + 1, num_updates, np.int64)
+  np.minimum.at(lowest, ready, cu)
+  jump = np.minimum.accumulate(lowest[::-1])[::-1][1:].tolist()
+  steps, v = 0, 0
+  while v < num_updates:
+    steps += 1
+    v = jump[v]
+  return steps
+
+
+def _choose_lanes(cu: np.ndarray, ready: np.ndarray, device: np.ndarray, num_devices: int,
                   per_device: int, per_update: np.ndarray, after: np.ndarray | None) -> int:
   """The lanes per device that minimize (steps) x (lanes + per-step overhead).
 
   Every width up to 8 is tried, then widths about 25% apart: each try plans
   the schedule's first ``_CHOICE_UPDATES`` updates (a long schedule's
-  beginning stands for the rest; planning all of it once per width would
-  cost seconds per 1e5 updates).
+  beginning stands for the rest). A width whose lower bound on the cost
+  (its steps are at least those of unlimited lanes, and of its busiest device
+  at full lanes) cannot beat the best so far is not planned, and a plan
+  stops once it costs more; ties go to the fewest lanes.
   """
   if per_update.size > _CHOICE_UPDATES:
     keep = cu < _CHOICE_UPDATES
     # Contributions are sorted by update: the kept ones are a prefix, and wait only for kept ones.
-    cu, cv, ready, device = cu[keep], cv[keep], ready[keep], device[keep]
+    cu, ready, device = cu[keep], ready[keep], device[keep]
     after = None if after is None else after[keep]
     per_update = per_update[:_CHOICE_UPDATES]
   candidates = set(range(1, min(per_device, 8) + 1)) | {per_device}
@@ -307,13 +367,20 @@ def _choose_lanes(cu: np.ndarray, cv: np.ndarray, ready: np.ndarray, device: np.
   while width < per_device:
     candidates.add(int(round(width)))
     width *= 1.25
+  num_updates = per_update.size
+  base = _step_bound(cu, ready, num_updates)
+  busiest = int(np.bincount(device, minlength=num_devices).max()) if cu.size else 0
+  bounds = {lanes: max(base, -(-busiest // lanes)) * (lanes + _STEP_COST) for lanes in candidates}
   best, best_cost = 1, np.inf
-  empty = np.zeros(0, np.int64)
-  for lanes in sorted(candidates):
-    steps = len(_schedule_steps(cu, cv, ready, device, num_devices, lanes, per_update, empty, empty, None,
-                                after)[4])
+  for lanes in sorted(candidates, key=lambda w: (bounds[w], w)):
+    if bounds[lanes] > best_cost or (bounds[lanes] == best_cost and lanes > best):
+      continue
+    placed = _assign_steps(cu, ready, device, num_devices, lanes, after, best_cost)
+    if placed is None:
+      continue
+    steps = len(placed[1]) if num_updates else 0
     cost = steps * (lanes + _STEP_COST)
-    if cost < best_cost:
+    if cost < best_cost or (cost == best_cost and lanes < best):
       best, best_cost = lanes, cost
   return best
 
@@ -343,21 +410,24 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
   """
   num_updates = schedule.num_updates
   per_device = num_workers // num_devices
-  cu, cm = np.nonzero(schedule.contributes)  # sorted by update, then worker
+  # Sorted by update, then worker; the sparse record, so that no [updates, workers] array is built.
+  contributions = schedule.contributions
+  cu, cm = contributions.update, contributions.worker
   if group_versions is None:
-    cvg = schedule.read_version[cu, cm][:, None]
+    cvg = contributions.read_version[:, None]
   else:
     cvg = np.asarray(group_versions, np.int64).reshape(cu.size, -1)
   # A gradient can be computed once its last group has been read.
   cv = cvg.max(axis=1) if cu.size else np.zeros(0, np.int64)
-  cnb = schedule.num_batches[cu, cm]
+  cnb = contributions.num_batches
   n = cu.size
   per_update = np.bincount(cu, minlength=num_updates)
   first = np.concatenate([[0], np.cumsum(per_update)])
-  _, starts = _waves(schedule, cu, cm, cv, first)
 
   # Per-worker order: rank k, minibatches drawn before, slot k mod S.
-  order = np.lexsort((cu, cm))
+  # Contributions are sorted by update: a stable sort by worker orders each worker's by update (16-bit
+  # keys sort in linear time).
+  order = np.argsort(cm.astype(np.uint16) if num_workers < 2**16 else cm, kind="stable")
   m_sorted = cm[order]
   group_start = np.zeros(n, np.int64)
   if n:
@@ -365,6 +435,7 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
     group_start = np.maximum.accumulate(np.where(new_worker, np.arange(n), 0))
   rank = np.empty(n, np.int64)
   rank[order] = np.arange(n) - group_start
+  starts = _wave_starts(cu, cm, cv, order, m_sorted, num_updates)
   draws = cnb if local_steps is None else cnb * np.asarray(local_steps, np.int64)[cm]
   draws_sorted = draws[order]
   drawn = np.cumsum(draws_sorted) - draws_sorted
@@ -378,14 +449,15 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
     previous = order[:-1][m_sorted[1:] == m_sorted[:-1]] if n else order[:0]
     after[order[1:][m_sorted[1:] == m_sorted[:-1]] if n else order[:0]] = previous
   if lanes is None:
-    lanes = _choose_lanes(cu, cvg, ready, device, num_devices, per_device, per_update, after)
+    lanes = _choose_lanes(cu, ready, device, num_devices, per_device, per_update, after)
+  compute_step, lane_of, compute_version, apply_step, versions = _schedule_steps(
+      cu, ready, device, num_devices, lanes, num_updates, after)
+  read_c, read_g, read_s, read_after = _reads(cvg, compute_step, versions)
   # The fewest slots per worker that the steps never need to overwrite while
   # still in use.
   num_slots = 1
-  while (sched := _schedule_steps(cu, cvg, ready, device, num_devices, lanes, per_update, rank, order,
-                                  num_slots, after)) is None:
+  while not _slots_suffice(read_c, read_s, compute_step, rank, order, num_slots):
     num_slots += 1
-  compute_step, lane_of, compute_version, apply_step, read_first_of, reads = sched
   fresh = cvg == compute_version[:, None]  # [n, G]: the group is read at the compute version
   slot = rank % num_slots
   num_steps = int(apply_step.max()) + 1 if num_updates else 1
@@ -432,7 +504,14 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
   staleness = cu[:, None] - cvg  # [n, G]
   # Stalest first (by its stalest group), ties by lowest worker: the first kept entry supplies the
   # update's staleness, stale parameters and worker.
-  by_update = np.lexsort((cm, -staleness.max(axis=1, initial=0), cu))
+  if max_contrib == 1:
+    by_update = np.arange(n)
+  else:
+    # Contributions are sorted by update, then worker: a stable sort on (update, stalest first) keeps
+    # the worker order within ties.
+    stalest = staleness.max(axis=1, initial=0)
+    top = int(stalest.max()) + 1
+    by_update = np.argsort(cu * top + (top - 1 - stalest), kind="stable")
   k = np.arange(n) - first[cu[by_update]]
   rows = (apply_step[cu[by_update]], position[cu[by_update]], k)
   upd_pos[rows] = pos[by_update]
@@ -443,24 +522,26 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
   # Reads through a slot, per step: first those of the step's own version
   # (after its gradients, before its updates), then those of version u + 1
   # right after update u.
-  max_reads = max([len(r) for r in reads] + [1])
+  reads_per_step = np.bincount(read_s, minlength=num_steps)
+  max_reads = max(int(reads_per_step.max()) if num_steps else 1, 1)
+  read_start = np.concatenate([[0], np.cumsum(reads_per_step)])
+  read_pos = np.arange(read_c.size) - read_start[read_s]
   read_worker = np.full((num_steps, max_reads), num_workers, np.int32)
   read_slot = np.zeros((num_steps, max_reads), np.int32)
   read_group = np.zeros((num_steps, max_reads), np.int32)
-  read_first = np.zeros(num_steps, np.int32)
+  read_worker[read_s, read_pos] = cm[read_c]
+  read_slot[read_s, read_pos] = slot[read_c]
+  read_group[read_s, read_pos] = read_g
+  read_first = np.bincount(read_s[read_after < 0], minlength=num_steps).astype(np.int32)
+  # Reads after update u are those whose `after` is u: a search in (step, after + 1) keys.
+  span = num_updates + 1
+  read_keys = read_s * span + read_after + 1
+  upd_steps, upd_slots = np.nonzero(np.arange(max_len)[None, :] < upd_count[:, None])
+  upd_keys = upd_steps * span + upd_index[upd_steps, upd_slots].astype(np.int64) + 1
   read_begin = np.zeros((num_steps, max_len), np.int32)
   read_end = np.zeros((num_steps, max_len), np.int32)
-  for s, entries in enumerate(reads):
-    read_first[s] = read_first_of[s]
-    for i, (c, g, after) in enumerate(entries):
-      read_worker[s, i] = cm[c]
-      read_slot[s, i] = slot[c]
-      read_group[s, i] = g
-    if entries:
-      afters = np.asarray([a for _, _, a in entries], np.int64)
-      us = upd_index[s, :upd_count[s]]
-      read_begin[s, :upd_count[s]] = np.searchsorted(afters, us, side="left")
-      read_end[s, :upd_count[s]] = np.searchsorted(afters, us, side="right")
+  read_begin[upd_steps, upd_slots] = np.searchsorted(read_keys, upd_keys, side="left") - read_start[upd_steps]
+  read_end[upd_steps, upd_slots] = np.searchsorted(read_keys, upd_keys, side="right") - read_start[upd_steps]
 
   return StepPlan(
       num_workers=num_workers, num_devices=num_devices, lanes=lanes, num_slots=num_slots,
