@@ -71,65 +71,104 @@ def mixing_form(schedule: Any) -> tuple[str, tuple[int, ...]]:
 
 def needed_reads(kind: np.ndarray, worker: np.ndarray, mix: np.ndarray, members: np.ndarray, mixes: np.ndarray,
                  num_workers: int) -> np.ndarray:
-  """bool ``[E]``: which ``READ`` events' gradients something uses (their ``GRAD``, or a mix of gradients)."""
+  """bool ``[E]``: which ``READ`` events' gradients something uses (their ``GRAD``, or a mix of gradients).
+
+  A read is needed when the replica's next ``READ``, ``GRAD`` or mix of
+  gradients after it is not a ``READ``.
+  """
+  touch_event, touch_replica, _ = _touches(kind, worker, mix, members, mixes, (READ, GRAD), (GRADS,))
+  # Touches are in event order: a stable sort by replica keeps it within each replica.
+  by_replica = np.argsort(touch_replica, kind="stable")
+  events, replicas = touch_event[by_replica], touch_replica[by_replica]
+  is_read = kind[events] == READ
+  follows = np.zeros(events.size, bool)  # the replica's next touch exists and is no READ
+  follows[:-1] = (replicas[1:] == replicas[:-1]) & ~is_read[1:]
   needed = np.zeros(kind.shape[0], bool)
-  wanted = np.zeros(num_workers, bool)
-  for e in range(kind.shape[0] - 1, -1, -1):
-    if kind[e] == GRAD:
-      wanted[worker[e]] = True
-    elif kind[e] == READ:
-      needed[e], wanted[worker[e]] = wanted[worker[e]], False
-    elif mixes[mix[e]] == GRADS:
-      group = members[mix[e]]
-      wanted[group[group >= 0]] = True
+  needed[events[is_read]] = follows[is_read]
   return needed
+
+
+def _touches(kind: np.ndarray, worker: np.ndarray, mix: np.ndarray, members: np.ndarray, mixes: np.ndarray,
+             kinds: tuple[int, ...], mix_kinds: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """The (event, replica) pairs of the events of ``kinds`` (their replica) and of the mixes of
+  ``mix_kinds`` (each valid member), in event order, members in row order; and each pair's position
+  among its mix's valid members (0 for the others)."""
+  single = np.flatnonzero(np.isin(kind, kinds))
+  is_mix = (kind == MIX) & np.isin(mixes[np.maximum(mix, 0)] if mixes.size else np.zeros_like(mix), mix_kinds)
+  mixed = np.flatnonzero(is_mix)
+  rows = members[mix[mixed]] if mixed.size else np.zeros((0, 1), np.int64)
+  valid = rows >= 0
+  position = np.cumsum(valid, axis=1) - 1
+  mix_event = np.broadcast_to(mixed[:, None], rows.shape)[valid]
+  event = np.concatenate([single, mix_event])
+  replica = np.concatenate([worker[single], rows[valid]]).astype(np.int64)
+  pos = np.concatenate([np.zeros(single.size, np.int64), position[valid]])
+  order = np.argsort(event, kind="stable")
+  return event[order], replica[order], pos[order]
+
+
+def _event_lists(kind: np.ndarray, worker: np.ndarray, mix: np.ndarray, members: np.ndarray,
+                 mixes: np.ndarray) -> tuple[list[Any], list[Any], list[Any]]:
+  """Per event, as Python lists for the placement loop: its kind, its replica (or its mix's valid members)
+  and whether it is a mix of gradients."""
+  member_lists = [[q for q in row if q >= 0] for row in members.tolist()]
+  mix_l = mix.tolist()
+  kind_l = kind.tolist()
+  mixes_l = mixes.tolist()
+  worker_l = worker.tolist()
+  who = [member_lists[mix_l[e]] if k == MIX else worker_l[e] for e, k in enumerate(kind_l)]
+  grads = [k == MIX and mixes_l[mix_l[e]] == GRADS for e, k in enumerate(kind_l)]
+  return kind_l, who, grads
 
 
 def place_events(kind: np.ndarray, worker: np.ndarray, mix: np.ndarray, members: np.ndarray,
                  mixes: np.ndarray, needed: np.ndarray, num_workers: int, phases: int, lanes: int,
-                 num_devices: int) -> tuple[np.ndarray, np.ndarray]:
+                 num_devices: int, events: tuple[list[Any], list[Any], list[Any]] | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
   """Each event's global slot ``(step * phases + phase) * 3 + slot`` (int64 ``[E]``), and for each needed
   ``READ`` the step whose lanes compute its gradient (``-1`` elsewhere).
 
   A gradient is computed in the first step after its read with a free lane among the ``lanes`` of its
   replica's device (replicas ``d * M / D .. (d + 1) * M / D - 1`` are device ``d``'s); its ``GRAD`` (and a
-  mix of it) comes in that step or later.
+  mix of it) comes in that step or later. ``events``: :func:`_event_lists`, when already built.
   """
   block = _SLOTS * phases
   per_device = num_workers // num_devices
+  kind_l, who, grads = _event_lists(kind, worker, mix, members, mixes) if events is None else events
+  needed_l = needed.tolist()
   last = [-1] * num_workers
   ready = [0] * num_workers  # the first step at which the replica's pending gradient is computed
-  busy: dict[tuple[int, int], int] = {}
-  out = np.empty(kind.shape[0], np.int64)
-  lane_step = np.full(kind.shape[0], -1, np.int64)
-  member_lists = [row[row >= 0].tolist() for row in members]
-  for e in range(kind.shape[0]):
-    k = kind[e]
+  stride = (num_workers - 1) // per_device + 1  # devices, counting a remainder of replicas as more
+  busy: dict[int, int] = {}  # (step * stride + device) -> lanes taken
+  out = [0] * len(kind_l)
+  lane_step = [-1] * len(kind_l)
+  for e, k in enumerate(kind_l):
     if k == MIX:
-      group = member_lists[mix[e]]
-      after = max(last[q] for q in group)
-      if mixes[mix[e]] == GRADS:
-        after = max(after, max(ready[q] * block - 1 for q in group))
+      group = who[e]
+      after = max([last[q] for q in group])
+      if grads[e]:
+        after = max(after, max([ready[q] for q in group]) * block - 1)
       slot = after + 1 + (SLOT_MIX - after - 1) % _SLOTS
       for q in group:
         last[q] = slot
     else:
-      r = int(worker[e])
+      r = who[e]
       after = last[r]
       if k == GRAD:
         after = max(after, ready[r] * block - 1)
         slot = after + 1 + (SLOT_GRAD - after - 1) % _SLOTS
       else:
         slot = after + 1 + (SLOT_READ - after - 1) % _SLOTS
-        if needed[e]:
-          step, device = slot // block + 1, r // per_device
-          while busy.get((step, device), 0) >= lanes:
-            step += 1
-          busy[(step, device)] = busy.get((step, device), 0) + 1
-          lane_step[e] = ready[r] = step
+        if needed_l[e]:
+          device = r // per_device
+          key = (slot // block + 1) * stride + device
+          while busy.get(key, 0) >= lanes:
+            key += stride
+          busy[key] = busy.get(key, 0) + 1
+          lane_step[e] = ready[r] = key // stride
       last[r] = slot
     out[e] = slot
-  return out, lane_step
+  return np.asarray(out, np.int64), np.asarray(lane_step, np.int64)
 
 
 def _slot_passes(used: np.ndarray) -> int:
@@ -156,9 +195,10 @@ def choose_placement(kind, worker, mix, members, mixes, needed, num_workers, num
   passes)`` (first the phases with a lane for every replica, then fewer lanes), and the placement."""
   per_device = num_workers // num_devices
   args = (kind, worker, mix, members, mixes, needed, num_workers)
+  events = _event_lists(kind, worker, mix, members, mixes)
   best = None
   for p in _PHASE_CANDIDATES if phases is None else (phases,):
-    slots, lane_step = place_events(*args, p, per_device, num_devices)
+    slots, lane_step = place_events(*args, p, per_device, num_devices, events)
     cost, _ = _placement_cost(slots, lane_step, p, per_device, num_devices, num_workers)
     if best is None or cost < best[0] - 1e-9:
       best = (cost, p, per_device, slots, lane_step)
@@ -167,11 +207,19 @@ def choose_placement(kind, worker, mix, members, mixes, needed, num_workers, num
     lanes = max(1, -(-per_device * fraction // 100))
     if lanes >= per_device:
       continue
-    slots, lane_step = place_events(*args, p, lanes, num_devices)
+    slots, lane_step = place_events(*args, p, lanes, num_devices, events)
     cost, _ = _placement_cost(slots, lane_step, p, lanes, num_devices, num_workers)
     if cost < best[0] - 1e-9:
       best = (cost, p, lanes, slots, lane_step)
   return best[1:]
+
+
+def _valid_column(members: np.ndarray, mix: np.ndarray, position: np.ndarray) -> np.ndarray:
+  """The column of ``members[mix]`` holding its ``position``-th valid (non-negative) member."""
+  if not mix.size:
+    return np.zeros(0, np.int64)
+  column = np.argsort(members[mix] < 0, axis=1, kind="stable")
+  return column[np.arange(mix.size), position]
 
 
 def pack_lanes(tables: dict[str, np.ndarray], num_devices: int, lanes: int) -> dict[str, np.ndarray]:
@@ -281,67 +329,105 @@ def make_plan(schedule: Any, *, phases: int | None = None, num_devices: int = 1)
       t["mix_dt"] = np.zeros((num_steps, phases, m), np.float32)
       t["mix_hist"] = np.zeros((num_steps, phases, m), np.int32)
 
-  version = np.zeros(m, np.int64)
-  last_time = np.zeros(m, np.float64)
-  reads_done = np.zeros(m, np.int64)
   weights = np.asarray(schedule.weights)
   receives = np.asarray(schedule.receives)
-  for e in range(kind.shape[0]):
-    s, p, k = int(step_of[e]), int(phase_of[e]), kind[e]
-    if k == READ:
-      r = int(worker[e])
-      t["read_mask"][s, p, r] = True
-      if needed[e]:
-        # A lane computes it at the start of its lane step.
-        q = lane_step[e]
-        t["lane_active"][q, r] = True
-        t["lane_index"][q, r] = reads_done[r]
-        t["lane_draw"][q, r] = draws[e]
-        t["lane_batches"][q, r] = batches[e]
-      reads_done[r] += 1
-    elif k == GRAD:
-      r = int(worker[e])
-      t["grad_mask"][s, p, r] = True
-      t["grad_dt"][s, p, r] = time[e] - last_time[r]
-      last_time[r] = time[e]
-      version[r] += 1
-      t["grad_hist"][s, p, r] = version[r] % history
+  # Reads: each needed one is computed by a lane of its lane step, as the replica's reads_done-th gradient.
+  reads = np.flatnonzero(kind == READ)
+  t["read_mask"][step_of[reads], phase_of[reads], worker[reads]] = True
+  read_replica = worker[reads]
+  by_replica = np.argsort(read_replica, kind="stable")
+  counts = np.bincount(read_replica, minlength=m)
+  reads_done = np.empty(reads.size, np.int64)
+  reads_done[by_replica] = np.arange(reads.size) - np.repeat(np.cumsum(counts) - counts, counts)
+  lanes_used = needed[reads]
+  e, r = reads[lanes_used], read_replica[lanes_used]
+  q = lane_step[e]
+  t["lane_active"][q, r] = True
+  t["lane_index"][q, r] = reads_done[lanes_used]
+  t["lane_draw"][q, r] = draws[e]
+  t["lane_batches"][q, r] = batches[e]
+
+  # GRAD events and the members of mixes of parameters, per replica in event order: the time since its
+  # previous one (or 0), and the replica's version (GRADs, and mixes it receives) before and after.
+  touch_event, touch_replica, touch_pos = _touches(kind, worker, mix, members, mixes, (GRAD,),
+                                                   tuple(k for k in np.unique(mixes).tolist() if k != GRADS))
+  is_grad = kind[touch_event] == GRAD
+  touch_mix = np.where(is_grad, 0, mix[touch_event])
+  received = is_grad | receives[touch_mix, _valid_column(members, touch_mix, touch_pos)]
+  by_replica = np.argsort(touch_replica, kind="stable")
+  events_r, replicas_r = touch_event[by_replica], touch_replica[by_replica]
+  first_of_replica = np.ones(events_r.size, bool)
+  first_of_replica[1:] = replicas_r[1:] != replicas_r[:-1]
+  previous_time = np.zeros(events_r.size, np.float64)
+  previous_time[~first_of_replica] = time[events_r[:-1][~first_of_replica[1:]]]
+  increments = received[by_replica].astype(np.int64)
+  after = np.cumsum(increments)
+  starts = np.flatnonzero(first_of_replica)
+  after -= np.repeat(after[starts] - increments[starts], np.diff(np.append(starts, events_r.size)))
+  dt = np.empty(events_r.size, np.float64)
+  dt[by_replica] = time[events_r] - previous_time
+  version_after = np.empty(events_r.size, np.int64)
+  version_after[by_replica] = after
+  version_before = version_after - received
+  cell = (step_of[touch_event], phase_of[touch_event], touch_replica)
+  g = is_grad
+  t["grad_mask"][tuple(x[g] for x in cell)] = True
+  t["grad_dt"][tuple(x[g] for x in cell)] = dt[g]
+  t["grad_hist"][tuple(x[g] for x in cell)] = version_after[g] % history
+  pm = ~is_grad
+  if np.any(pm):
+    columns = _valid_column(members, touch_mix[pm], touch_pos[pm])
+    t["mix_self"][tuple(x[pm] for x in cell)] = weights[touch_mix[pm], columns, columns]
+    t["mix_member"][tuple(x[pm] for x in cell)] = True
+    t["mix_dt"][tuple(x[pm] for x in cell)] = dt[pm]
+    t["mix_hist"][tuple(x[pm] for x in cell)] = version_after[pm] % history
+  # The version of each (mix event, member position) before the mix, for messages sent with a lag.
+  before = {}
+  if mixing == "gather" and np.any(pm):
+    before = {(a, b): v for a, b, v in zip(touch_event[pm].tolist(), touch_pos[pm].tolist(),
+                                           version_before[pm].tolist())}
+
+  # Mixing rows: for every receiving member a of a mix, its sources b.
+  for prefix, events in (("mix", np.flatnonzero(pmix)), ("gmix", np.flatnonzero(gmix))):
+    if not events.size:
+      continue
+    rows = members[mix[events]]
+    valid = rows >= 0
+    # Valid members in row order (their position a among the valid ones), and their columns in the row.
+    column = np.argsort(~valid, axis=1, kind="stable")
+    group = np.take_along_axis(rows, column, axis=1)
+    count = valid.sum(axis=1)
+    width_e = rows.shape[1]
+    in_group = np.arange(width_e)[None, :] < count[:, None]
+    recv = np.take_along_axis(receives[mix[events]], column, axis=1) & in_group
+    ev, a = np.nonzero(recv)
+    s_, p_, dst = step_of[events[ev]], phase_of[events[ev]], group[ev, a]
+    t[f"{prefix}_recv"][s_, p_, dst] = True
+    # Triples (receiver, source b): w[a, b] of the valid submatrix.
+    pair, b = np.nonzero(in_group[ev])
+    k = mix[events[ev[pair]]]
+    w = weights[k, column[ev[pair], a[pair]], column[ev[pair], b]]
+    src = group[ev[pair], b]
+    s3, p3, d3 = s_[pair], p_[pair], dst[pair]
+    if mixing == "dense":
+      t[f"{prefix}_weight"][s3, p3, d3, src] = w
+    elif mixing == "shift":
+      nonzero = w != 0
+      offset = np.asarray([shift_index[o] for o in ((src - d3) % m)[nonzero].tolist()], np.int64)
+      t[f"{prefix}_weight"][s3[nonzero], p3[nonzero], d3[nonzero], offset] = w[nonzero]
     else:
-      k_mix = mix[e]
-      row = members[k_mix]
-      valid = row >= 0
-      group_e = row[valid]
-      w = weights[k_mix][np.ix_(valid, valid)]
-      recv = receives[k_mix][valid]
-      prefix = "mix" if pmix[e] else "gmix"
-      before = version[group_e].copy()
-      for a, dst in enumerate(group_e):
-        if not recv[a]:
-          continue
-        t[f"{prefix}_recv"][s, p, dst] = True
-        if mixing == "dense":
-          # Sources with a lag are not supported densely (checked by the runtime).
-          t[f"{prefix}_weight"][s, p, dst, group_e] = w[a]
-        elif mixing == "shift":
-          for b, src in enumerate(group_e):
-            if w[a, b] != 0:
-              t[f"{prefix}_weight"][s, p, dst, shift_index[(src - dst) % m]] = w[a, b]
-        else:
-          for b, src in enumerate(group_e):
-            lag = int(lags[k_mix, b]) if pmix[e] else 0
-            if lag == 0:
-              t[f"{prefix}_src"][s, p, dst, b] = src
-            else:
-              t[f"{prefix}_src"][s, p, dst, b] = m + src * history + (before[b] - lag) % history
-            t[f"{prefix}_weight"][s, p, dst, b] = w[a, b]
-          t[f"{prefix}_weight"][s, p, dst, len(group_e):] = 0.0
-      if pmix[e]:
-        t["mix_self"][s, p, group_e] = np.diag(w)
-        t["mix_member"][s, p, group_e] = True
-        t["mix_dt"][s, p, group_e] = time[e] - last_time[group_e]
-        last_time[group_e] = time[e]
-        version[group_e[recv]] += 1
-        t["mix_hist"][s, p, group_e] = version[group_e] % history
+      value = src.astype(np.int64)
+      if prefix == "mix":
+        # The lag of the b-th valid member is read from the row's b-th column.
+        lag = lags[k, b]
+        late = np.flatnonzero(lag != 0)
+        if late.size:
+          event_of = events[ev[pair]][late]
+          source_version = np.asarray([before[(x, y)] for x, y in zip(event_of.tolist(), b[late].tolist())],
+                                      np.int64)
+          value[late] = m + src[late] * history + (source_version - lag[late]) % history
+      t[f"{prefix}_src"][s3, p3, d3, b] = value
+      t[f"{prefix}_weight"][s3, p3, d3, b] = w
 
   step_time = np.zeros(num_steps)
   np.maximum.at(step_time, step_of, time)
