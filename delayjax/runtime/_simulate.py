@@ -16,14 +16,15 @@ import optax
 from jax.sharding import PartitionSpec as P
 
 from delayjax import delays as delays_lib
-from delayjax._checks import check_bool, check_choice, check_int, check_seed
+from delayjax._checks import check_bool, check_int, check_seed
 from delayjax.cluster._schedule import Schedule
 from delayjax.runtime import _checkpoint
 from delayjax.runtime import _engine as engine
 from delayjax.runtime import _history as history_lib
 from delayjax.runtime._engine import AXIS, check_worker_capacity
 from delayjax.runtime._local import check_local_steps, local_pseudo_gradient
-from delayjax.runtime._sampling import SAMPLINGS, minibatch_indices, server_minibatch_indices, shard_table
+from delayjax.runtime._arguments import check_sampling
+from delayjax.runtime._sampling import minibatch_indices, server_minibatch_indices, shard_table
 from delayjax.runtime._waves import StepPlan, plan_steps
 from delayjax.transforms._hooks import read_params, requesting_states, runtime_inputs
 
@@ -344,23 +345,6 @@ def _check_runtime_inputs(opt_state: Any, local: bool, has_terms: bool) -> tuple
 def _snapshot_params(opt_state: Any) -> Any:
   """The SVRG snapshot held in ``opt_state`` (see ``dj.svrg``)."""
   return requesting_states(opt_state, "snapshot_grad")[0].snapshot_params()
-
-
-def _check_data(data: Any) -> int:
-  leaves = jax.tree.leaves(data)
-  if not leaves:
-    raise ValueError("data must be a pytree with at least one array leaf, got an empty tree.")
-  sizes = [np.shape(x)[0] if np.ndim(x) else None for x in leaves]
-  if any(s is None for s in sizes):
-    raise ValueError("data leaves must be arrays with a leading example axis; got a scalar leaf.")
-  if len(set(sizes)) != 1:
-    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(data)[0]]
-    raise ValueError(
-        "data leaves must share their leading dimension (the number of examples); got "
-        + ", ".join(f"{p or 'data'}: {s}" for p, s in zip(paths, sizes)) + ".")
-  if sizes[0] < 1:
-    raise ValueError("data must hold at least one example, got a leading dimension of 0.")
-  return int(sizes[0])
 
 
 def _source_schedule(source: Any, num_updates: int | None, seed: int) -> tuple[Schedule, np.ndarray | None]:
@@ -742,8 +726,6 @@ def simulate(
   Raises:
     ValueError, TypeError: on bad arguments, naming the argument.
   """
-  batch_size = check_int("batch_size", batch_size, minimum=1)
-  check_choice("sampling", sampling, SAMPLINGS)
   seed = check_seed("seed", seed)
   resume, skip_nonfinite, has_aux = (check_bool(n, v) for n, v in (
       ("resume", resume), ("skip_nonfinite", skip_nonfinite), ("has_aux", has_aux)))
@@ -763,13 +745,7 @@ def simulate(
     raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}.")
   if not isinstance(tx, optax.GradientTransformation):
     raise TypeError(f"tx must be an optax.GradientTransformation, got {type(tx).__name__}.")
-  if shards is not None and sampling != "shard":
-    raise ValueError(f"shards is only used with sampling='shard'; got sampling={sampling!r}.")
-  num_examples = _check_data(data)
-  if sampling == "epoch" and batch_size > num_examples:
-    raise ValueError(
-        f"batch_size={batch_size} is larger than the data set ({num_examples} examples), which "
-        f"sampling='epoch' does not allow.")
+  batch_size, num_examples = check_sampling(data, batch_size, sampling, shards)
   num_devices = engine.check_mesh(mesh)
   if snapshot_every is not None:
     snapshot_every = check_int("snapshot_every", snapshot_every, minimum=1)
