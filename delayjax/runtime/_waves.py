@@ -200,6 +200,8 @@ def _assign_steps(cu: np.ndarray, ready: np.ndarray, device: np.ndarray, num_dev
   ``lanes + _STEP_COST``).
   """
   n = cu.size
+  if num_devices == 1 and after is None:
+    return _assign_steps_one_device(cu, ready, lanes, limit)
   cu_l, ready_l = cu.tolist(), ready.tolist()
   dev_l = device.tolist() if num_devices > 1 else [0] * n
   after_l = [-1] * n if after is None else after.tolist()
@@ -244,6 +246,40 @@ def _assign_steps(cu: np.ndarray, ready: np.ndarray, device: np.ndarray, num_dev
           loads[d].extend([0] * size)
           links[d].extend(range(size, 2 * size))
         size *= 2
+  return step, versions
+
+
+def _assign_steps_one_device(cu: np.ndarray, ready: np.ndarray, lanes: int,
+                             limit: float) -> tuple[list[int], list[int]] | None:
+  """:func:`_assign_steps` for one device and contributions that wait for no other (the common case, in
+  fewer operations per contribution: there are at most ``n + 1`` steps, so the tables are allocated once)."""
+  n = cu.size
+  cu_l = cu.tolist()
+  step = [0] * n
+  versions = [0]
+  top = 0
+  ready_step = [0] * (int(cu[-1]) + 2 if n else 1)
+  load = [0] * (n + 3)
+  link = list(range(n + 3))
+  cost = lanes + _STEP_COST
+  known = 1
+  for c, r in enumerate(ready.tolist()):
+    t = ready_step[r] if r <= top else known
+    while link[t] != t:
+      link[t] = link[link[t]]
+      t = link[t]
+    k = load[t] + 1
+    load[t] = k
+    if k == lanes:
+      link[t] = t + 1
+    step[c] = t
+    if t >= known:
+      u = cu_l[c]
+      versions.extend([u] * (t + 1 - known))
+      ready_step[top + 1:u + 1] = [known] * (u - top)
+      top, known = u, t + 1
+      if known * cost > limit:
+        return None
   return step, versions
 
 
