@@ -1,17 +1,22 @@
-"""Checkpoints of a runtime's state, with the run's identity and a checksum, and an append-only history.
+"""Checkpoints of a runtime's state on Orbax, with the run's identity and a checksum, and an append-only history.
 
-Two files per run in the checkpoint directory:
+Two entries per run in the checkpoint directory:
 
-``<name>``
-  the state after the last chunk done: a header (a magic line and the
-  SHA-256 of the rest), then a msgpack record of the format version, the
-  run's *fingerprint* (named components, each a digest of one thing that
+``<name>/``
+  an Orbax (``orbax-checkpoint``) checkpoint directory holding one step, the
+  state after the last chunk done (a new step is written to a temporary
+  folder and committed by a rename, then the previous one is deleted, so a
+  process killed at any moment leaves the previous checkpoint or the new
+  one). Each step has two items: ``state``, the carry's arrays (with a
+  ``mesh`` spanning processes every process writes its own shards; nothing is
+  gathered onto one host), and ``meta``, a JSON record of the format version,
+  the run's *fingerprint* (named components, each a digest of one thing that
   makes the run: the schedule, the options, the parameters' and the
   optimizer state's structure, shapes and dtypes, the initial parameters, the
-  optimizer's and the loss's traced programs, the data), the carry, the
-  chunks done and how many bytes of the history file belong to it. It is
-  written whole, atomically (a temporary file, then a rename), so a process
-  killed at any moment leaves the previous checkpoint or the new one.
+  optimizer's and the loss's traced programs, the data), the carry's
+  structure, the chunks done, how many bytes of the history file belong to
+  it, and a *checksum* per process: the SHA-256 of the shards that process
+  holds, checked against the restored shards on resume.
 ``<name>.records``
   the history (the engine's records), one frame per chunk (length, SHA-256,
   msgpack), *appended* after every chunk: a save costs the chunk's rows, not
@@ -19,18 +24,17 @@ Two files per run in the checkpoint directory:
   appended just before a crash) are ignored on resume and overwritten.
 
 Resuming from a checkpoint whose fingerprint differs is a ``ValueError``
-that names each differing component; a damaged or truncated file is a
-``ValueError`` naming the file. With a carry spread over several processes
-every process takes part in gathering it and process 0 writes.
-
-Orbax (``orbax-checkpoint``) is not used yet: this single-file format is
-atomic with one rename and keeps resume bit-identical; per-process shard
-writes for a carry spanning processes (what Orbax would add) are left to do.
+that names each differing component, unless the caller names those
+components as knowingly changed (``resume_changes``); a damaged or truncated
+checkpoint is a ``ValueError`` naming the file or folder. A checkpoint in the
+earlier single-file format (``<name>.msgpack``) is a ``ValueError`` saying
+the format changed.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import struct
 import tempfile
@@ -41,8 +45,7 @@ import numpy as np
 from flax import serialization
 from jax.experimental import multihost_utils
 
-_MAGIC = b"delayjax checkpoint 2\n"
-_FORMAT = 2
+_FORMAT = 3
 _FRAME = struct.Struct("<Q32s")  # length of the payload, its SHA-256
 
 
@@ -105,102 +108,195 @@ def _rows_payload(rows: dict[str, Any]) -> bytes:
 
 def _damaged(path: str, why: str) -> ValueError:
   return ValueError(
-      f"checkpoint file {path} is damaged or truncated ({why}); delete it, use another checkpoint_dir or "
+      f"checkpoint {path} is damaged or truncated ({why}); delete it, use another checkpoint_dir or "
       f"resume=False.")
 
 
+def check_changes(changes: Any, checkpoint_dir: Any) -> tuple[str, ...]:
+  """``resume_changes`` as a tuple of component names: a sequence of strings, used only with a checkpoint."""
+  if isinstance(changes, str) or not isinstance(changes, (tuple, list)) or not all(
+      isinstance(c, str) for c in changes):
+    raise TypeError(f"resume_changes must be a tuple of component names (str), got {changes!r}.")
+  if changes and checkpoint_dir is None:
+    raise ValueError(f"resume_changes={tuple(changes)!r} is only used with checkpoint_dir.")
+  return tuple(changes)
+
+
+def _structure(carry: Any) -> str:
+  """A digest of the carry's structure, shapes and dtypes as placed (the same for host and device values)."""
+  leaves, treedef = jax.tree.flatten(carry)
+  return digest(str(treedef), [(np.shape(x), str(_dtype(x))) for x in leaves])
+
+
+def _index_key(index: tuple[slice, ...]) -> tuple[tuple[Any, Any], ...]:
+  return tuple((s.start, s.stop) for s in index)
+
+
+def _shard_checksum(leaves: list[jax.Array]) -> tuple[str, str]:
+  """The SHA-256 of the shards of ``leaves`` this process holds (each distinct shard once), and of their layout.
+
+  Only this process's own bytes are read: nothing is gathered.
+  """
+  content, layout = hashlib.sha256(), hashlib.sha256()
+  for i, leaf in enumerate(leaves):
+    shards = {}
+    for shard in leaf.addressable_shards:
+      shards.setdefault(_index_key(shard.index), shard)
+    for key in sorted(shards, key=repr):
+      tag = f"{i}:{key}|".encode()
+      layout.update(tag)
+      content.update(tag)
+      content.update(np.ascontiguousarray(np.asarray(shards[key].data)).tobytes())
+  return content.hexdigest(), layout.hexdigest()
+
+
 class Checkpoint:
-  """The checkpoint files of one run: ``save`` after every chunk, ``restore`` on resume.
+  """The checkpoint of one run: ``save`` after every chunk, ``restore`` on resume.
 
   Args:
     directory: the checkpoint directory.
-    name: the state file's name (the history is ``name + ".records"``).
+    name: the Orbax checkpoint folder's name (the history is ``name + ".records"``).
     fingerprint: ``{component: digest}``, or one string, the run's identity.
+    changes: components allowed to differ on resume (a knowingly changed run); the checkpoint written
+      next records the new fingerprint.
   """
 
-  def __init__(self, directory: str | os.PathLike[str], name: str, fingerprint: str | dict[str, str]):
+  def __init__(self, directory: str | os.PathLike[str], name: str, fingerprint: str | dict[str, str],
+               changes: tuple[str, ...] = ()):
     self.path = os.path.join(os.fspath(directory), name)
     self.records_path = self.path + ".records"
+    self.legacy_path = self.path + ".msgpack"
     self.fingerprint = dict(fingerprint) if isinstance(fingerprint, dict) else {"run": fingerprint}
+    unknown = [c for c in changes if c not in self.fingerprint]
+    if unknown:
+      raise ValueError(
+          f"resume_changes names {', '.join(map(repr, unknown))}, not a component of this run's identity; "
+          f"the components are: {', '.join(map(repr, self.fingerprint))}.")
+    self.changes = changes
     self._records_bytes = 0  # bytes of the history file that the last checkpoint owns
+    self._fresh = True  # nothing saved or restored yet: the first save replaces what an earlier run left
+    self._manager_: Any = None
+
+  def _manager(self) -> Any:
+    # Imported here: Orbax takes a while to import and only a run with a checkpoint needs it.
+    import orbax.checkpoint as ocp
+
+    if self._manager_ is None:
+      self._manager_ = ocp.CheckpointManager(self.path, options=ocp.CheckpointManagerOptions(
+          # One step kept: the previous one is deleted only after the new one is committed.
+          max_to_keep=1, create=True, cleanup_tmp_directories=True,
+          # Saved before the next chunk runs: that chunk donates (overwrites) the carry's buffers.
+          enable_async_checkpointing=False))
+    return self._manager_
 
   def exists(self) -> bool:
-    return os.path.exists(self.path)
+    return (os.path.isdir(self.path) and self._manager().latest_step() is not None) or os.path.exists(
+        self.legacy_path)
 
   def save(self, carry: tuple[Any, ...], new_rows: list[dict[str, Any]], chunks_done: int) -> None:
     """Appends ``new_rows`` (one dict of records per chunk not yet saved) to the history, then writes the state.
 
-    A collective when the carry spans processes: every process calls it.
+    A collective when the carry spans processes: every process calls it and writes its own shards.
     """
-    state = [serialization.to_state_dict(jax.tree.map(gathered, x)) for x in carry]
-    if jax.process_index() != 0:
-      return
-    os.makedirs(os.path.dirname(self.path), exist_ok=True)
-    frames = b"".join(_frame(_rows_payload(rows)) for rows in new_rows)
-    with open(self.records_path, "r+b" if os.path.exists(self.records_path) else "wb") as f:
-      # Whatever a crash left past the last checkpoint's history is not part of this run's.
-      f.truncate(self._records_bytes)
-      f.seek(self._records_bytes)
-      f.write(frames)
-      f.flush()
-      os.fsync(f.fileno())
-    self._records_bytes += len(frames)
-    payload = serialization.msgpack_serialize({
-        "format": _FORMAT, "fingerprint": self.fingerprint, "chunks_done": chunks_done, "carry": state,
-        "records_bytes": self._records_bytes})
-    tmp = self.path + ".tmp"
-    with open(tmp, "wb") as f:
-      f.write(_MAGIC + hashlib.sha256(payload).digest() + payload)
-      f.flush()
-      os.fsync(f.fileno())
-    # A crash mid-write must never leave a truncated checkpoint behind.
-    os.replace(tmp, self.path)
+    import orbax.checkpoint as ocp
 
-  def restore(self, carry: tuple[Any, ...],
+    manager = self._manager()
+    if self._fresh:
+      # A run that did not resume starts over: an earlier run's steps would be taken for newer than its own.
+      for step in manager.all_steps():
+        manager.delete(step)
+      self._fresh = False
+    leaves = jax.tree.leaves(carry)
+    checksum = _shard_checksum(leaves)
+    if jax.process_count() > 1:
+      encoded = np.frombuffer(bytes.fromhex(checksum[0] + checksum[1]), np.uint8)
+      every = np.asarray(multihost_utils.process_allgather(encoded)).reshape(jax.process_count(), 64)
+      checksums = [[row[:32].tobytes().hex(), row[32:].tobytes().hex()] for row in every]
+    else:
+      checksums = [list(checksum)]
+    frames = b"".join(_frame(_rows_payload(rows)) for rows in new_rows)
+    if jax.process_index() == 0:
+      with open(self.records_path, "r+b" if os.path.exists(self.records_path) else "wb") as f:
+        # Whatever a crash left past the last checkpoint's history is not part of this run's.
+        f.truncate(self._records_bytes)
+        f.seek(self._records_bytes)
+        f.write(frames)
+        f.flush()
+        os.fsync(f.fileno())
+    self._records_bytes += len(frames)
+    meta = {"format": _FORMAT, "fingerprint": self.fingerprint, "carry": _structure(carry),
+            "chunks_done": chunks_done, "records_bytes": self._records_bytes, "checksums": checksums}
+    meta["sha256"] = _json_digest(meta)
+    # Orbax cannot store an empty array; its shape and dtype are in the carry's structure already.
+    state = {str(i): x for i, x in enumerate(leaves) if x.size}
+    manager.save(chunks_done, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                      meta=ocp.args.JsonSave(meta)))
+
+  def restore(self, carry: tuple[Any, ...], shardings: Any,
               records_like: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any], int]:
-    """The carry (shaped like ``carry``), the records (shaped like ``records_like``) and the chunks done.
+    """The carry (on the devices, laid out by ``shardings``), the records and the chunks done.
+
+    Args:
+      carry: the initial carry (host values): the structure, shapes and dtypes to restore.
+      shardings: one ``jax.sharding.Sharding`` per leaf of ``carry`` (the same structure).
+      records_like: the records' structure (see :meth:`_read_records`).
 
     Raises:
       ValueError: if the checkpoint belongs to another run (naming what differs), or a file is damaged
-        or truncated (naming the file).
+        or truncated (naming it), or it is in the earlier single-file format.
     """
-    record = self._read_state()
-    saved = record.get("fingerprint")
-    if not isinstance(saved, dict):
-      raise ValueError(
-          f"checkpoint_dir holds a checkpoint ({self.path}) without a fingerprint (an older format); use "
-          f"another directory or resume=False.")
-    differ = sorted(k for k in set(saved) | set(self.fingerprint) if saved.get(k) != self.fingerprint.get(k))
-    if differ:
-      raise ValueError(
-          f"checkpoint_dir holds a checkpoint ({self.path}) of a different run: {', '.join(differ)} "
-          f"differ; use another directory, or resume=False to start over.")
-    restored = tuple(serialization.from_state_dict(x, record["carry"][i]) for i, x in enumerate(carry))
-    for i, (new, old) in enumerate(zip(restored, carry)):
-      for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(old), strict=True):
-        if np.shape(a) != np.shape(b) or np.asarray(a).dtype != np.asarray(b).dtype:
-          raise _damaged(self.path, f"carry element {i} holds {np.asarray(a).dtype}{np.shape(a)} where "
-                                    f"{np.asarray(b).dtype}{np.shape(b)} is expected")
-    self._records_bytes = int(record["records_bytes"])
-    return restored, self._read_records(records_like), int(record["chunks_done"])
+    import orbax.checkpoint as ocp
 
-  def _read_state(self) -> dict[str, Any]:
-    with open(self.path, "rb") as f:
-      data = f.read()
-    head = len(_MAGIC) + 32
-    if len(data) < head or not data.startswith(_MAGIC):
-      raise _damaged(self.path, "no delayjax checkpoint header")
-    payload = data[head:]
-    if hashlib.sha256(payload).digest() != data[len(_MAGIC):head]:
-      raise _damaged(self.path, "its content does not match its checksum")
+    manager = self._manager()
+    step = manager.latest_step() if os.path.isdir(self.path) else None
+    if step is None:
+      raise ValueError(
+          f"checkpoint_dir holds a checkpoint in an earlier format ({self.legacy_path}), which this version no "
+          f"longer reads (checkpoints are Orbax folders now); use another checkpoint_dir or resume=False.")
+    folder = os.path.join(self.path, str(step))
     try:
-      record = serialization.msgpack_restore(payload)
-    except Exception as e:  # noqa: BLE001 - any decoding failure means the same: the file is damaged
-      raise _damaged(self.path, f"cannot be decoded: {e}") from e
-    if record.get("format") != _FORMAT:
-      raise _damaged(self.path, f"format {record.get('format')!r}, expected {_FORMAT}")
-    return record
-
+      meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    except Exception as e:  # noqa: BLE001 - any failure to read it means the same: the file is damaged
+      raise _damaged(os.path.join(folder, "meta"), f"cannot be read: {e}") from e
+    if not isinstance(meta, dict) or meta.get("sha256") != _json_digest(
+        {k: v for k, v in meta.items() if k != "sha256"}):
+      raise _damaged(os.path.join(folder, "meta"), "its content does not match its checksum")
+    if meta.get("format") != _FORMAT:
+      raise _damaged(os.path.join(folder, "meta"), f"format {meta.get('format')!r}, expected {_FORMAT}")
+    saved = meta["fingerprint"]
+    differ = sorted(k for k in set(saved) | set(self.fingerprint) if saved.get(k) != self.fingerprint.get(k))
+    refused = [k for k in differ if k not in self.changes]
+    if refused:
+      raise ValueError(
+          f"checkpoint_dir holds a checkpoint ({self.path}) of a different run: {', '.join(refused)} "
+          f"differ; use another directory, resume=False to start over, or resume_changes="
+          f"{tuple(refused)!r} to continue from it knowingly with these changes.")
+    if meta.get("carry") != _structure(carry):
+      raise ValueError(
+          f"checkpoint_dir holds a checkpoint ({self.path}) whose state has another structure, shapes or dtypes "
+          f"than this run's; it cannot be resumed, even with resume_changes.")
+    leaves, treedef = jax.tree.flatten(carry)
+    targets = jax.tree.leaves(shardings)
+    abstract = {str(i): jax.ShapeDtypeStruct(np.shape(x), _dtype(x), sharding=s)
+                for i, (x, s) in enumerate(zip(leaves, targets, strict=True)) if np.size(x)}
+    try:
+      state = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
+    except Exception as e:  # noqa: BLE001 - as above
+      raise _damaged(os.path.join(folder, "state"), f"cannot be read: {e}") from e
+    restored = [state[str(i)] if np.size(x) else jax.device_put(np.zeros(np.shape(x), _dtype(x)), s)
+                for i, (x, s) in enumerate(zip(leaves, targets))]
+    checksums = meta.get("checksums")
+    content, layout = _shard_checksum(restored)
+    if not isinstance(checksums, list) or len(checksums) <= jax.process_index():
+      raise _damaged(os.path.join(folder, "meta"), "no checksum for this process")
+    saved_content, saved_layout = checksums[jax.process_index()]
+    # A resume laid out otherwise (other devices or processes) reads other shards: nothing to compare.
+    if layout == saved_layout and content != saved_content:
+      raise _damaged(os.path.join(folder, "state"), "its content does not match its checksum")
+    self._records_bytes = int(meta["records_bytes"])
+    self._fresh = False
+    return (tuple(jax.tree.unflatten(treedef, restored)), self._read_records(records_like),
+            int(meta["chunks_done"]))
   def _read_records(self, records_like: dict[str, Any]) -> dict[str, Any]:
     try:
       with open(self.records_path, "rb") as f:
@@ -226,3 +322,12 @@ class Checkpoint:
       at += _FRAME.size + length
     return {name: (jax.tree.map(lambda *xs: np.concatenate(xs), *parts) if parts else records_like[name])
             for name, parts in rows.items()}
+
+
+def _json_digest(record: dict[str, Any]) -> str:
+  return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
+
+
+def _dtype(x: Any) -> np.dtype:
+  """The dtype ``x`` has once placed on a device (64-bit types narrowed unless x64 is enabled)."""
+  return np.dtype(jax.dtypes.canonicalize_dtype(x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype))

@@ -13,10 +13,12 @@ does the rest, the same way for every runtime:
    ``jax.shard_map`` over the mesh, the carry donated), once;
 3. loops over the chunks: the chunk's host tables are placed and the scan is
    dispatched once; its outputs become host *records* (rows of history);
-4. after every chunk, writes a checkpoint (the carry and the chunks done,
-   with the run's fingerprint and a checksum; the chunk's records appended
-   to the history file) and calls the user's callback;
-5. resumes from a checkpoint of the same fingerprint, bit-identically.
+4. after every chunk, writes a checkpoint (an Orbax checkpoint of the
+   carry, each process writing its own shards, with the chunks done, the
+   run's fingerprint and a checksum; the chunk's records appended to the
+   history file) and calls the user's callback;
+5. resumes from a checkpoint of the same fingerprint, bit-identically, the
+   carry read straight into its layout.
 
 The interface is :class:`Program`, a ``NamedTuple`` a runtime fills in:
 
@@ -62,7 +64,8 @@ The interface is :class:`Program`, a ``NamedTuple`` a runtime fills in:
   component a digest of one thing that changes the run's numbers
   (``_checkpoint.digest`` and ``tree_digest`` make them). Resuming from a
   checkpoint of another fingerprint is refused, naming the components that
-  differ.
+  differ, unless ``run``'s ``resume_changes`` names them (a knowingly
+  changed run).
 ``check(carry) -> bool scalar`` or ``None``
   a health check of the carry (e.g. "the parameters and optimizer state are
   finite"), computed inside the chunk's program after its last step (one
@@ -224,6 +227,15 @@ def place(put: Callable[[Any, P], Any], specs: Any, tree: Any) -> Any:
                       is_leaf=lambda x: isinstance(x, P))
 
 
+def shardings(mesh: Any, specs: Any, tree: Any) -> Any:
+  """The sharding of every leaf of ``tree`` once placed by :func:`placer` with its spec."""
+  if mesh is None:
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    return jax.tree.map(lambda x: one, tree)
+  return jax.tree.map(lambda spec, sub: jax.tree.map(lambda x: NamedSharding(mesh, spec), sub), specs, tree,
+                      is_leaf=lambda x: isinstance(x, P))
+
+
 def chunk_function(program: Program, mesh: Any) -> Callable[[Any, Any, Any], tuple[Any, Any]]:
   """``chunk(carry, constants, tables) -> (carry, outputs)``: a ``lax.scan`` of ``program.step`` over the
   chunk's steps, jitted with the carry donated (inside ``shard_map`` with a ``mesh``); the one already
@@ -253,7 +265,7 @@ def _chunk_function(program: Program, mesh: Any) -> Callable[[Any, Any, Any], tu
 
 
 def run(program: Program, *, mesh: Any = None, checkpoint_dir: str | os.PathLike[str] | None = None,
-        checkpoint_name: str = "checkpoint.msgpack", resume: bool = True,
+        checkpoint_name: str = "checkpoint", resume: bool = True, resume_changes: tuple[str, ...] = (),
         callback: Callable[[dict[str, Any]], None] | None = None,
         inspect: Callable[..., None] | None = None) -> tuple[Any, dict[str, Any]]:
   """Runs ``program`` chunk by chunk; returns the final carry (on the devices) and the records.
@@ -263,8 +275,9 @@ def run(program: Program, *, mesh: Any = None, checkpoint_dir: str | os.PathLike
     mesh: a mesh whose one spread axis the program's specs name (see :func:`check_mesh`), or ``None`` for one
       device.
     checkpoint_dir: where to write a checkpoint after every chunk (``None``: never).
-    checkpoint_name: the checkpoint's file name inside ``checkpoint_dir``.
+    checkpoint_name: the checkpoint's name inside ``checkpoint_dir`` (see ``_checkpoint.Checkpoint``).
     resume: whether to continue from a checkpoint found there.
+    resume_changes: fingerprint components allowed to differ from the checkpoint's on resume.
     callback: called on the host after every chunk with ``program.progress(chunk)``.
     inspect: for benchmarks: called once, before the first dispatch, with the jitted chunk function and
       its arguments (e.g. to read XLA's memory analysis before the call donates the carry).
@@ -281,13 +294,14 @@ def run(program: Program, *, mesh: Any = None, checkpoint_dir: str | os.PathLike
   records: dict[str, list[Any]] = {name: [] for name in like}
   first_chunk = 0
   saver = (None if checkpoint_dir is None else
-           _checkpoint.Checkpoint(checkpoint_dir, checkpoint_name, program.fingerprint))
-  if saver is not None and resume and saver.exists():
-    carry, restored, first_chunk = saver.restore(carry, like)
-    records = {name: [rows] for name, rows in restored.items()}
-
+           _checkpoint.Checkpoint(checkpoint_dir, checkpoint_name, program.fingerprint, resume_changes))
   put = placer(mesh)
-  carry = place(put, program.carry_specs, carry)
+  if saver is not None and resume and saver.exists():
+    # Restored straight into its layout: with a mesh each process reads only its own shards.
+    carry, restored, first_chunk = saver.restore(carry, shardings(mesh, program.carry_specs, carry), like)
+    records = {name: [rows] for name, rows in restored.items()}
+  else:
+    carry = place(put, program.carry_specs, carry)
   constants = place(put, program.constant_specs, program.constants)
   unsaved: list[dict[str, Any]] = []  # rows not yet in the checkpoint's history
   if program.initial is not None and first_chunk == 0:

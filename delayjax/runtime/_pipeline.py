@@ -66,7 +66,6 @@ Optax transformation per stage.
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -76,18 +75,20 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec as P
 
-from delayjax._checks import check_int
+from delayjax._checks import check_bool, check_int, check_seed
 from delayjax.cluster._pipeline import PipelineSchedule
+from delayjax.runtime import _checkpoint
 from delayjax.runtime import _engine as engine
 from delayjax.runtime import _history as history_lib
 from delayjax.runtime._sampling import minibatch_indices
+from delayjax.runtime._simulate import _program_digest
 from delayjax.transforms._pipeline_remedies import stage_read
 
 StageFn = Callable[[Any, Any], Any]
 
 STAGES = "stages"  # the mesh axis that holds one pipeline stage per device
 
-_CHECKPOINT_FILE = "pipeline.msgpack"
+_CHECKPOINT_FILE = "pipeline"
 
 __all__ = ["staged_value_and_grad", "simulate_pipeline", "PipelineHistory", "PipelineResult"]
 
@@ -412,14 +413,21 @@ def _leading(tree: Any, depth: int) -> Any:
   return jax.tree.map(lambda x: jnp.zeros((depth,) + jnp.shape(x), jnp.result_type(x)).at[0].set(x), tree)
 
 
-def _fingerprint(schedule: PipelineSchedule, params: Sequence[Any], **config: Any) -> str:
-  h = hashlib.sha256()
-  for a in (schedule.forward_version, schedule.backward_version):
-    h.update(np.ascontiguousarray(a).tobytes())
-  for leaf in jax.tree.leaves(params):
-    h.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
-  h.update(repr(sorted(config.items())).encode())
-  return h.hexdigest()
+def _fingerprint(schedule: PipelineSchedule, params: Sequence[Any], tx: Any, opt_state: Any, data: Any,
+                 **options: Any) -> dict[str, str]:
+  """The run's identity, by component (see ``_checkpoint``): what a checkpoint must match to be resumed."""
+  first = params[0]
+  return {
+      "schedule": _checkpoint.digest(schedule.forward_version, schedule.backward_version),
+      "options": _checkpoint.digest(sorted(options.items())),
+      "params (structure, shapes, dtypes)": _checkpoint.tree_digest(tuple(params), values=False),
+      "initial params": _checkpoint.tree_digest(tuple(params), values=True),
+      # The traced program carries the hyper-parameters (a learning rate is a literal in it).
+      "tx": _program_digest(lambda g, s, p: tx.update(g, s, p, staleness=jnp.int32(0),
+                                                      backward_staleness=jnp.int32(0), stale_params=p),
+                            first, opt_state, first),
+      "data": _checkpoint.tree_digest(data, values=True),
+  }
 
 
 def simulate_pipeline(
@@ -437,6 +445,7 @@ def simulate_pipeline(
     chunk_size: int | None = None,
     checkpoint_dir: str | os.PathLike[str] | None = None,
     resume: bool = True,
+    resume_changes: tuple[str, ...] = (),
     callback: Callable[[dict[str, Any]], None] | None = None,
     mesh: jax.sharding.Mesh | None = None,
     backward: str = "recompute",
@@ -501,6 +510,12 @@ def simulate_pipeline(
     chunk_size: updates per compiled chunk (default ``min(U, 256)``).
     checkpoint_dir: where to checkpoint after every chunk (``None``: never).
     resume: continue from a checkpoint of the same run found there.
+    resume_changes: components of the run's identity allowed to differ
+      from the checkpoint's when resuming (a knowingly changed run, e.g.
+      ``("tx",)`` for a new learning rate after a restart); any other
+      difference is still refused, naming it. The components: ``schedule``,
+      ``options``, ``params (structure, shapes, dtypes)``, ``initial
+      params``, ``tx``, ``data``.
     callback: called after every chunk with ``{"updates_done", "num_updates"}``.
     mesh: ``None`` (one device) or a ``jax.sharding.Mesh`` whose ``stages``
       axis has ``K`` devices (its other axes of size 1): one stage per device.
@@ -525,7 +540,10 @@ def simulate_pipeline(
       raise ValueError(f"mesh's {STAGES!r} axis has {devices} devices but the schedule has num_stages={K}; "
                        f"the runtime places one stage per device.")
   batch_size = check_int("batch_size", batch_size, minimum=1)
-  seed = check_int("seed", seed, minimum=0)
+  seed = check_seed("seed", seed)
+  resume = check_bool("resume", resume)
+  checkpoint_dir = _checkpoint.check_directory("checkpoint_dir", checkpoint_dir)
+  resume_changes = _checkpoint.check_changes(resume_changes, checkpoint_dir)
   if eval_every is not None:
     eval_every = check_int("eval_every", eval_every, minimum=1)
   if eval_fn is not None and not callable(eval_fn):
@@ -664,15 +682,15 @@ def simulate_pipeline(
       step=step, table_specs=P(), output_specs=P(), num_chunks=num_chunks, tables=tables, collect=collect,
       records_like=records_like,
       progress=lambda chunk: {"updates_done": min(U, (chunk + 1) * chunk_size), "num_updates": U},
-      fingerprint=_fingerprint(schedule, params, seed=seed, batch_size=batch_size, chunk_size=chunk_size,
-                               eval_points=eval_points.tolist(), depth=depth,
+      fingerprint=_fingerprint(schedule, params, tx, opt_states[0], data, seed=seed, batch_size=batch_size,
+                               chunk_size=chunk_size, eval_points=eval_points.tolist(), depth=depth,
                                layout="one stage per device" if mesh is not None else "one device",
                                backward=backward),
       initial=None if eval_fn is None else (
           lambda carry: {"metrics": jax.tree.map(lambda x: engine.host(x)[None],
                                                  jax.jit(eval_fn)(params_at(carry[0], 0)))}))
   carry, records = engine.run(program, mesh=mesh, checkpoint_dir=checkpoint_dir, checkpoint_name=_CHECKPOINT_FILE,
-                              resume=resume, callback=callback)
+                              resume=resume, resume_changes=resume_changes, callback=callback)
   time = schedule.update_time.max(axis=1)
   history_out = PipelineHistory(
       update=updates.astype(np.int64), time=time, loss=np.asarray(records["loss"]),

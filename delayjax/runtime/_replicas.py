@@ -24,9 +24,9 @@ from delayjax.runtime._engine import AXIS
 from delayjax.runtime._history import chunk_span, nonfinite_report, sorted_pairs
 from delayjax.runtime._replica_plan import SLOT_GRAD, SLOT_MIX, SLOT_READ, ReplicaPlan, make_plan, pack_lanes
 from delayjax.runtime._sampling import minibatch_indices, shard_table
-from delayjax.runtime._simulate import _all_finite, _inexact
+from delayjax.runtime._simulate import _all_finite, _inexact, _program_digest
 
-_CHECKPOINT_FILE = "simulate_gossip.msgpack"
+_CHECKPOINT_FILE = "simulate_gossip"
 
 
 class GossipHistory(NamedTuple):
@@ -128,6 +128,7 @@ def simulate_gossip(
     phases: int | None = None,
     checkpoint_dir: str | os.PathLike[str] | None = None,
     resume: bool = True,
+    resume_changes: tuple[str, ...] = (),
     callback: Callable[[dict[str, Any]], None] | None = None,
     _inspect: Callable[..., None] | None = None,
 ) -> GossipResult:
@@ -199,6 +200,12 @@ def simulate_gossip(
     checkpoint_dir: write a checkpoint there after every chunk and resume
       from one (of the same run) found there.
     resume: whether to resume from ``checkpoint_dir``.
+    resume_changes: components of the run's identity allowed to differ
+      from the checkpoint's when resuming (a knowingly changed run, e.g.
+      ``("tx",)`` for a new learning rate after a restart); any other
+      difference is still refused, naming it. The components: ``schedule``,
+      ``options``, ``params (structure, shapes, dtypes)``, ``initial
+      params``, ``tx``, ``loss_fn``, ``data``.
     callback: called after every chunk with ``steps_done``, ``num_steps``,
       ``chunk``, ``num_chunks``.
 
@@ -236,6 +243,7 @@ def simulate_gossip(
   seed = check_seed("seed", seed)
   resume, has_aux = check_bool("resume", resume), check_bool("has_aux", has_aux)
   checkpoint_dir = _checkpoint.check_directory("checkpoint_dir", checkpoint_dir)
+  resume_changes = _checkpoint.check_changes(resume_changes, checkpoint_dir)
   eval_every = check_optional_int("eval_every", eval_every)
   chunk_size = check_optional_int("chunk_size", chunk_size)
   phases = check_optional_int("phases", phases)
@@ -369,11 +377,12 @@ def simulate_gossip(
     return {"steps_done": min((chunk + 1) * chunk_size, plan.num_steps), "num_steps": plan.num_steps,
             "chunk": chunk, "num_chunks": num_chunks}
 
-  fingerprint = _fingerprint(schedule, method=method.name, seed=seed, batch_size=batch_size, sampling=sampling,
+  fingerprint = _fingerprint(schedule, tx=tx, loss_fn=loss_fn, params=params, data=data,
+                             batch_size=batch_size, options=dict(method=method.name, seed=seed, batch_size=batch_size, sampling=sampling,
                              chunk_size=chunk_size, phases=plan.phases, has_eval=eval_fn is not None,
                              eval_every=eval_every, num_devices=num_devices,
                              shards=None if shards is None else hashlib.sha256(
-                                 b"".join(np.ascontiguousarray(np.asarray(s)).tobytes() for s in shards)).hexdigest())
+                                 b"".join(np.ascontiguousarray(np.asarray(s)).tobytes() for s in shards)).hexdigest()))
   program = _engine.Program(
       carry=carry, carry_specs=carry_specs, constants=constants, constant_specs=constant_specs, step=step,
       table_specs=table_specs, output_specs=output_specs, num_chunks=num_chunks, tables=chunk_tables,
@@ -382,7 +391,8 @@ def simulate_gossip(
       # Every replica's parameters, optimizer state and method state finite, after each chunk.
       check=lambda carry: _replicas_finite(carry[:3], mesh is not None))
   final, records = _engine.run(program, mesh=mesh, checkpoint_dir=checkpoint_dir,
-                               checkpoint_name=_CHECKPOINT_FILE, resume=resume, callback=callback, inspect=_inspect)
+                               checkpoint_name=_CHECKPOINT_FILE, resume=resume, resume_changes=resume_changes,
+                               callback=callback, inspect=_inspect)
 
   params_out, opt_out, extra_out = (jax.tree.map(gathered, x) for x in final[:3])
   z = jax.vmap(method.grad_params)(params_out, extra_out)
@@ -410,12 +420,22 @@ def simulate_gossip(
   return GossipResult(params_out, opt_out, extra_out, average, history, stats)
 
 
-def _fingerprint(schedule: GossipSchedule, **config: Any) -> str:
-  h = hashlib.sha256()
-  for name in ("time", "kind", "worker", "num_batches", "mix", "members", "weights", "lag", "receives", "mixes"):
-    h.update(np.ascontiguousarray(getattr(schedule, name)).tobytes())
-  h.update(repr(sorted(config.items())).encode())
-  return h.hexdigest()
+def _fingerprint(schedule: GossipSchedule, *, tx: Any, loss_fn: Callable[..., Any],
+                 params: Any, data: Any, batch_size: int, options: dict[str, Any]) -> dict[str, str]:
+  """The run's identity, by component (see ``_checkpoint``): what a checkpoint must match to be resumed."""
+  opt_state = tx.init(params)
+  batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct((batch_size,) + np.shape(x)[1:], jnp.result_type(x)), data)
+  return {
+      "schedule": _checkpoint.digest(*(getattr(schedule, n) for n in (
+          "time", "kind", "worker", "num_batches", "mix", "members", "weights", "lag", "receives", "mixes"))),
+      "options": _checkpoint.digest(sorted(options.items())),
+      "params (structure, shapes, dtypes)": _checkpoint.tree_digest(params, values=False),
+      "initial params": _checkpoint.tree_digest(params, values=True),
+      # The traced programs carry the hyper-parameters (a learning rate is a literal in them).
+      "tx": _program_digest(tx.update, params, opt_state, params),
+      "loss_fn": _program_digest(lambda p, b: loss_fn(p, b), params, batch),
+      "data": _checkpoint.tree_digest(data, values=True),
+  }
 
 
 def _roll(x: jax.Array, shift: int, num_workers: int, num_devices: int, sharded: bool) -> jax.Array:

@@ -33,7 +33,7 @@ from delayjax.transforms._hooks import read_params, requesting_states, runtime_i
 # buffers of the gradients waiting for their update, whether an SVRG snapshot is still due, and
 # the workers' local optimizer states (with keep_local_state).
 CARRY_SPECS = (P(), P(), P(AXIS), P(AXIS), P(), P(), P(), P(), P(), P(AXIS))
-_CHECKPOINT_FILE = "simulate.msgpack"
+_CHECKPOINT_FILE = "simulate"
 # The extra arguments simulate can compute when a transformation requests
 # them (dj.transforms.runtime_inputs). Server inputs are computed at the
 # server parameters right before their update (_step_function's
@@ -488,6 +488,7 @@ def simulate(
     callback: Callable[[dict[str, Any]], None] | None = None,
     checkpoint_dir: str | os.PathLike[str] | None = None,
     resume: bool = True,
+    resume_changes: Sequence[str] = (),
     skip_nonfinite: bool = False,
     mesh: jax.sharding.Mesh | None = None,
     has_aux: bool = False,
@@ -582,9 +583,20 @@ def simulate(
       state's structure, shapes and dtypes, the initial parameters, the
       traced programs of ``tx``, ``loss_fn`` and ``eval_fn``, the data):
       resuming with any of them changed, or from a damaged file, is a
-      ``ValueError`` that names what differs or the file. With several processes, process 0 writes it and
-      every process must see the directory.
+      ``ValueError`` that names what differs or the file. The state is an
+      Orbax checkpoint: with a ``mesh`` spanning processes every process
+      writes its own shards, and every process must see the directory.
     resume: whether to continue from a checkpoint found in ``checkpoint_dir``.
+    resume_changes: components of the run's identity allowed to differ
+      from the checkpoint's when resuming, for a knowingly changed run: e.g.
+      ``("tx",)`` continues from the checkpoint with a new learning rate
+      after a restart. Any other difference is still refused, naming it.
+      The components: ``schedule``, ``options``, ``params (structure,
+      shapes, dtypes)``, ``initial params``, ``optimizer state (structure,
+      shapes, dtypes)``, ``tx``, ``loss_fn``, ``data``, and ``eval_fn`` or
+      ``local_optimizer`` when given. The next checkpoint records the new
+      identity. A state of another structure, shape or dtype cannot be
+      resumed at all.
     skip_nonfinite: leave contributions whose gradient is not finite out of
       their update (weights renormalized over the rest, extra arguments
       taken from the rest); an update with none left changes nothing. An
@@ -731,6 +743,7 @@ def simulate(
       ("resume", resume), ("skip_nonfinite", skip_nonfinite), ("has_aux", has_aux)))
   keep_local_state = check_bool("keep_local_state", keep_local_state)
   checkpoint_dir = _checkpoint.check_directory("checkpoint_dir", checkpoint_dir)
+  resume_changes = _checkpoint.check_changes(resume_changes, checkpoint_dir)
   if num_updates is not None:
     num_updates = check_int("num_updates", num_updates, minimum=1)
   if eval_every is not None:
@@ -888,7 +901,7 @@ def simulate(
       initial=None if eval_fn is None else (
           lambda carry: {"metrics": jax.tree.map(lambda x: engine.host(x)[None], jitted_eval(carry[0]))}))
   carry, records = engine.run(program, mesh=mesh, checkpoint_dir=checkpoint_dir, checkpoint_name=_CHECKPOINT_FILE,
-                              resume=resume, callback=callback, inspect=_inspect)
+                              resume=resume, resume_changes=resume_changes, callback=callback, inspect=_inspect)
 
   times = np.asarray(schedule.time)
   hist = History(

@@ -96,8 +96,17 @@ def test_resume_is_bit_identical(tmp_path):
   _equal((full.params, full.opt_state), (resumed.params, resumed.opt_state))
   np.testing.assert_array_equal(full.history.loss, resumed.history.loss)
   np.testing.assert_array_equal(full.history.consensus, resumed.history.consensus)
-  with pytest.raises(ValueError, match="different run"):
+  with pytest.raises(ValueError, match="different run: .*schedule"):
     _run(random_schedule(4, 70, seed=3, group=2), chunk_size=3, checkpoint_dir=tmp_path)
+  # Another learning rate is another run, unless named as a knowing change (then the finished
+  # checkpoint is continued: nothing is left to run).
+  data, loss_fn, params = regression()
+  other = dict(loss_fn=loss_fn, tx=optax.sgd(0.5, momentum=BETA), method=dj.gossip.d_psgd(), params=params,
+               data=data, schedule=schedule, batch_size=BATCH, chunk_size=3, checkpoint_dir=tmp_path)
+  with pytest.raises(ValueError, match="different run: tx differ"):
+    dj.simulate_gossip(**other)
+  again = dj.simulate_gossip(**other, resume_changes=("tx",))
+  _equal((again.params, again.opt_state), (resumed.params, resumed.opt_state))
 
 
 def test_complete_graph_full_averaging_is_all_reduce_sgd():

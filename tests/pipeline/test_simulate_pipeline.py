@@ -103,7 +103,10 @@ def test_checkpoint_and_resume_are_bit_identical(tmp_path):
   np.testing.assert_array_equal(resumed.history.loss, full.history.loss)
   np.testing.assert_array_equal(resumed.history.eval_update, [0, 4, 8, 10])
   np.testing.assert_array_equal(resumed.history.eval_metrics["w0"], full.history.eval_metrics["w0"])
-  # Another seed is another run: its checkpoint is refused, not silently continued.
-  with pytest.raises(ValueError):
+  # Another seed or learning rate is another run: its checkpoint is refused, not silently continued.
+  with pytest.raises(ValueError, match="different run: options differ"):
     dj.simulate_pipeline(stages, loss_fn, tx, params, data, sched, checkpoint_dir=str(tmp_path),
                          **{**kwargs, "seed": 4})
+  faster = dj.pipemare(0.3, warmup_steps=4, momentum=0.5, discrepancy_decay=0.1)
+  with pytest.raises(ValueError, match="different run: tx differ"):
+    dj.simulate_pipeline(stages, loss_fn, faster, params, data, sched, checkpoint_dir=str(tmp_path), **kwargs)
