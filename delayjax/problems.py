@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from delayjax._checks import check_choice, check_float, check_int
+from delayjax._checks import check_choice, check_float, check_int, check_seed
 
 KINDS = ("logistic", "least_squares")
 # Newton stops at this gradient norm, or earlier where float64 rounding stops it from decreasing.
@@ -565,7 +565,7 @@ def make_dense(kind: str, n: int, d: int, *, lam: float, seed: int, noise: float
   check_choice("kind", kind, KINDS)
   n, d = check_int("n", n, minimum=1), check_int("d", d, minimum=1)
   noise = check_float("noise", noise, minimum=0.0)
-  rng = np.random.default_rng(check_int("seed", seed))
+  rng = np.random.default_rng(check_seed("seed", seed))
   x = rng.standard_normal((n, d)) / np.sqrt(d)
   return FiniteSum(kind, targets=_targets(kind, x @ rng.standard_normal(d), noise, rng), lam=lam, features=x)
 
@@ -602,7 +602,7 @@ def make_sparse(kind: str, n: int, d: int, nnz_per_row: int, *, lam: float, seed
   if k > d:
     raise ValueError(f"nnz_per_row must be <= d = {d}, got {k}.")
   noise = check_float("noise", noise, minimum=0.0)
-  rng = np.random.default_rng(check_int("seed", seed))
+  rng = np.random.default_rng(check_seed("seed", seed))
   indices = np.sort(np.argpartition(rng.random((n, d)), k - 1, axis=1)[:, :k], axis=1)
   values = rng.standard_normal((n, k)) / np.sqrt(k)
   z = np.sum(values * rng.standard_normal(d)[indices], axis=1)

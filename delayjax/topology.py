@@ -74,7 +74,7 @@ from typing import Any
 
 import numpy as np
 
-from delayjax._checks import check_choice, check_int
+from delayjax._checks import check_choice, check_int, check_seed
 
 __all__ = [
     "Topology", "ring", "torus", "complete", "hypercube", "exponential", "random_regular", "from_adjacency",
@@ -254,7 +254,7 @@ def random_regular(num_nodes: int, degree: int, seed: int = 0, max_tries: int = 
   """
   num = check_int("num_nodes", num_nodes, minimum=2)
   d = check_int("degree", degree, minimum=1)
-  check_int("seed", seed, minimum=0)
+  check_seed("seed", seed)
   if d >= num:
     raise ValueError(f"degree must be < num_nodes ({num}), got {d}.")
   if (num * d) % 2:
@@ -418,7 +418,7 @@ def gossipgrad_partners(num_nodes: int, num_steps: int, seed: int | None = None)
       shuffler.shuffle(order_list)
       orders.append(np.asarray(order_list, np.int64))
   else:
-    rng = np.random.default_rng(check_int("seed", seed, minimum=0))
+    rng = np.random.default_rng(check_seed("seed", seed))
   out = np.empty((steps, num), np.int64)
   order = np.arange(num)
   for t in range(steps):

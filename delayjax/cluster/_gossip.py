@@ -76,7 +76,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from delayjax import topology as topo
-from delayjax._checks import check_choice, check_float, check_int
+from delayjax._checks import check_choice, check_float, check_int, check_seed
 from delayjax.cluster._schedule_io import load_npz, save_npz
 from delayjax.cluster._simulate import _seed_sequences, _Times, _window_factors
 from delayjax.cluster._workers import Workers
@@ -774,7 +774,7 @@ def sgp(overlap: int = 0, forward_only: bool = False) -> SGP:
 
 def gossipgrad(seed: int | None = None) -> GossipGraD:
   """GossipGraD (see :class:`GossipGraD`); ``seed=None`` uses the reference's node shuffles."""
-  return GossipGraD(None if seed is None else check_int("seed", seed, minimum=0))
+  return GossipGraD(None if seed is None else check_seed("seed", seed))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1084,7 +1084,7 @@ def simulate_gossip(paradigm: GossipParadigm, workers: Workers, num_steps: int, 
                     f"got {paradigm!r}.")
   if not isinstance(workers, Workers):
     raise TypeError(f"workers must be built with dj.cluster.workers(...), got {workers!r}.")
-  check_int("seed", seed, minimum=0)
+  check_seed("seed", seed)
   num_steps = check_int("num_steps", num_steps, minimum=1)
   paradigm.check(workers.num_workers)
   if failures is None:

@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from delayjax._checks import check_choice, check_int
+from delayjax._checks import check_choice, check_int, check_seed
 from delayjax.cluster._distributions import TimeModel, as_time_model
 
 __all__ = ["PipelineSchedule", "pipeline", "PIPELINE_SCHEDULES", "PIPELINE_WEIGHTS"]
@@ -272,7 +272,7 @@ def pipeline(
   if schedule != "1f1b" and weights != "stash":
     raise ValueError(f"weights={weights!r} applies only to schedule='1f1b'; the synchronous schedule "
                      f"{schedule!r} always uses one version per mini-batch (leave weights='stash').")
-  seed = check_int("seed", seed, minimum=0)
+  seed = check_seed("seed", seed)
   fwd_models = _per_stage("forward", forward, K)
   bwd_models = _per_stage("backward", backward, K)
   comm_models = _per_stage("comm", comm, K)

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from delayjax._checks import check_float, check_int
+from delayjax._checks import check_float, check_int, check_seed
 from delayjax.cluster import _paradigms as P
 from delayjax.cluster._schedule import Schedule
 from delayjax.cluster._workers import Workers
@@ -845,7 +845,7 @@ def _check_inputs(paradigm: Any, workers: Any, seed: Any) -> None:
     raise TypeError(f"paradigm must be a paradigm such as dj.cluster.ssp(3), got {paradigm!r}.")
   if not isinstance(workers, Workers):
     raise TypeError(f"workers must be built with dj.cluster.workers(...), got {workers!r}.")
-  check_int("seed", seed, minimum=0)
+  check_seed("seed", seed)
   paradigm.check(workers.num_workers)
 
 

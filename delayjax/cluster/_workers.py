@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from delayjax._checks import check_float, check_int
+from delayjax._checks import check_float, check_int, check_seed
 from delayjax.cluster._distributions import TimeModel, as_time_model
 
 __all__ = [
@@ -276,5 +276,5 @@ def workers(
       raise TypeError(f"stragglers must be random_stragglers(...) or straggler_window(...) objects, got {s!r}.")
     _check_worker_subset(s.workers, num_workers)
   if seed is not None:
-    seed = check_int("seed", seed, minimum=0)
+    seed = check_seed("seed", seed)
   return Workers(num_workers, compute_models, comm_models, speeds, stragglers, seed)

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from delayjax import delays as delays_lib
-from delayjax._checks import check_float, check_int
+from delayjax._checks import check_float, check_int, check_seed
 from delayjax.cluster._schedule import Schedule
 from delayjax.runtime._simulate import schedule_from_delays
 
@@ -111,7 +111,7 @@ def growing_batches(source: Schedule | delays_lib.DelayModel, num_updates: int |
     if num_updates is None:
       raise ValueError("num_updates is required with a delay model as source.")
     steps = check_int("num_updates", num_updates, minimum=1)
-    schedule = schedule_from_delays(source, steps, check_int("seed", seed, minimum=0))
+    schedule = schedule_from_delays(source, steps, check_seed("seed", seed))
   grown = batch_growth(steps, initial=initial, rate=rate, power=power, maximum=maximum)
   num_batches = np.where(schedule.contributes, schedule.num_batches * grown[:, None], 0).astype(np.int64)
   return dataclasses.replace(schedule, num_batches=num_batches,

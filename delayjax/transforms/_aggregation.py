@@ -260,6 +260,9 @@ def fed_buff(
     with Buffered Asynchronous Aggregation <https://arxiv.org/abs/2106.06639>`_,
     AISTATS 2022.
   """
+  if not isinstance(server_optimizer, optax.GradientTransformation):
+    raise TypeError(f"server_optimizer must be an optax.GradientTransformation (e.g. optax.sgd(0.7)), got "
+                    f"{type(server_optimizer).__name__} {server_optimizer!r}.")
   buffer_size = check_number("buffer_size", buffer_size, minimum=1, integer=True)
   # -1/K as optax.scale(-1.0 / K) computes it for a Python int, cast to each update's dtype for an array K.
   inverse = 1.0 / buffer_size if isinstance(buffer_size, int) else 1.0 / coefficient(buffer_size, jnp.float32)
