@@ -49,8 +49,10 @@ def _copy(directory, tmp_path):
   return tmp_path
 
 
-def _size(folder):
-  return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(folder) for f in files)
+def _state_size(folder):
+  """The bytes of the latest committed Orbax step in ``folder`` (an older one may await its deletion)."""
+  latest = max((name for name in os.listdir(folder) if name.isdigit()), key=int)
+  return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(folder / latest) for f in files)
 
 
 def _largest_shard_file(copy):
@@ -93,7 +95,7 @@ def test_history_is_appended_not_rewritten(interrupted, tmp_path):
   copy = _copy(directory, tmp_path)
   sizes = []
   dj.simulate(loss_fn, optax.sgd(0.05), params, data, schedule, checkpoint_dir=copy,
-              callback=lambda info: sizes.append((_size(copy / "simulate"),
+              callback=lambda info: sizes.append((_state_size(copy / "simulate"),
                                                   os.path.getsize(copy / "simulate.records"))), **kw)
   state, history = np.array(sizes).T
   # One Orbax step is kept, of the carry's size (its compressed chunks vary a little), not the run's.
