@@ -2,7 +2,7 @@
 
     python -m experiments list
     python -m experiments run NAME [--scale quick|paper|smoke] [--seed N] [--seeds N] [--set KEY=VALUE ...]
-    python -m experiments run all                 # every reproduction at quick scale
+    python -m experiments run all --jobs 2        # every reproduction at quick scale, two runs at a time
     python -m experiments report DIR              # tables, claims and plots again from DIR's finished runs
 
 A run writes ``DIR/runs/<run>__seed<N>.json`` as each run finishes; run it
@@ -44,6 +44,9 @@ def _parser() -> argparse.ArgumentParser:
   run.add_argument("--only", nargs="+", default=None, help="run only the specs whose key contains one of these")
   run.add_argument("--data-dir", default=None, help="where paper-scale data sets are (see experiments/_datasets.py)")
   run.add_argument("--no-plot", action="store_true", help="skip the PNG plots")
+  run.add_argument("--jobs", type=int, default=1,
+                   help="runs performed at a time, each in a process of its own (on CPUs: about the number of "
+                        "cores; the results are the same for any value)")
   report = sub.add_parser("report", help="rebuild tables, claims and plots from finished runs")
   report.add_argument("dir", help="an output directory of 'run' (or a folder holding several)")
   report.add_argument("--no-plot", action="store_true")
@@ -88,6 +91,8 @@ def _run(args: argparse.Namespace) -> int:
     raise _framework.UsageError(f"unknown reproduction {args.name!r}; known: {', '.join(_registry.NAMES)} "
                                 "(python -m experiments list).")
   repros = [_registry.get(n) for n in names]
+  if args.jobs < 1:
+    raise _framework.UsageError(f"--jobs must be a whole number >= 1, got {args.jobs}.")
   if not 0 <= args.seed < 2 ** 32:
     raise _framework.UsageError(f"--seed must be an integer in [0, 2**32), got {args.seed}.")
   overrides = _overrides(args.set)
@@ -122,14 +127,14 @@ def _run(args: argparse.Namespace) -> int:
       raise _framework.UsageError(f"--only {' '.join(args.only)}: no run of any reproduction matches.")
   for _, _, out in plan:
     _framework.check_writable(out)
-  for repro, config, out in plan:
-    try:
-      _framework.execute(repro, config, out, first_seed=args.seed, only=args.only, plots=not args.no_plot)
-    except KeyboardInterrupt:
-      saved = len(_framework.finished_records(repro, config, out, damaged="skip"))
-      print(f"\ninterrupted: {saved} finished runs of {repro.name} are saved in {os.path.join(out, 'runs')} (and the "
-            "interrupted run's last checkpoint, if it had one); rerun the same command to resume.", file=sys.stderr)
-      return 130
+  try:
+    _framework.execute_many(plan, first_seed=args.seed, only=args.only, plots=not args.no_plot, jobs=args.jobs)
+  except KeyboardInterrupt:
+    saved = "; ".join(f"{len(_framework.finished_records(repro, config, out, damaged='skip'))} finished runs of "
+                      f"{repro.name} are saved in {os.path.join(out, 'runs')}" for repro, config, out in plan)
+    print(f"\ninterrupted: {saved} (and the interrupted runs' last checkpoints, where they had one); rerun the same "
+          "command to resume.", file=sys.stderr)
+    return 130
   if len(repros) > 1:
     _report(args.out or "results", plots=False, tables=False)
   return 0

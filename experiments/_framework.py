@@ -19,11 +19,13 @@ import hashlib
 import json
 import math
 import os
+import pickle
 import shutil
+import signal
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -582,18 +584,36 @@ def check_writable(out: str, argument: str = "--out") -> None:
 
 
 def execute(repro: Reproduction, config: Mapping[str, Any], out: str, *, first_seed: int = 0,
-            only: Sequence[str] | None = None, plots: bool = True, verbose: bool = True) -> dict[str, Any]:
+            only: Sequence[str] | None = None, plots: bool = True, verbose: bool = True,
+            jobs: int = 1) -> dict[str, Any]:
   """Runs every (spec, seed) not already finished in ``out``, then writes the table, claims and plots.
 
   The outputs cover every finished run of this config in ``out``, whatever
   seeds or ``only`` this call asked for, so ``run`` and ``report`` agree.
+  ``jobs > 1`` runs that many runs at a time in processes of their own (see
+  :func:`execute_many`).
 
   Returns:
     ``{"config", "rows", "claims", "records", "ran", "reused", "seconds", "files"}``;
     ``ran`` and ``reused`` count the runs performed now and read back.
   """
-  from tqdm.auto import tqdm
+  return execute_many([(repro, config, out)], first_seed=first_seed, only=only, plots=plots, verbose=verbose,
+                      jobs=jobs)[0]
 
+
+class _Job(NamedTuple):
+  """One run to perform: reproduction ``index`` of the plan, its spec and seed, and where its files go."""
+  index: int
+  spec: Mapping[str, Any]
+  seed: int
+  path: str
+  stamp: str
+  checkpoints: str
+
+
+def _pending(repro: Reproduction, config: Mapping[str, Any], out: str, index: int, first_seed: int,
+             only: Sequence[str] | None) -> tuple[list[_Job], int]:
+  """The runs of one reproduction still to perform, and how many are finished already."""
   specs = repro.specs(config)
   keys = [s["key"] for s in specs]
   if len(set(keys)) != len(keys):
@@ -604,34 +624,134 @@ def execute(repro: Reproduction, config: Mapping[str, Any], out: str, *, first_s
       raise UsageError(f"--only {' '.join(only)}: no run of {repro.name} matches; its runs are "
                        f"{', '.join(keys)}.")
   check_writable(out)
-  seeds = list(range(first_seed, first_seed + int(config.get("seeds", 1))))
-  jobs = [(spec, seed) for spec in specs for seed in seeds]
-  ran, reused = 0, 0
-  start = time.perf_counter()
-  bar = tqdm(jobs, desc=repro.name, unit="run", file=sys.stderr, disable=not verbose)
-  try:
-    for spec, seed in bar:
+  seeds = range(first_seed, first_seed + int(config.get("seeds", 1)))
+  jobs, reused = [], 0
+  for spec in specs:
+    for seed in seeds:
       path = run_path(out, spec["key"], seed)
       stamp = run_fingerprint(config, spec, seed)
       if _finished(path, stamp):
         reused += 1
-        continue
-      bar.set_postfix_str(f"{spec['key']} seed {seed}")
-      inner = tqdm(total=1, desc="  updates", file=sys.stderr, leave=False, disable=not verbose)
-      checkpoints = os.path.join(out, "checkpoints", os.path.basename(path)[:-len(".json")] + f"__{stamp}")
-      t0 = time.perf_counter()
+      else:
+        checkpoints = os.path.join(out, "checkpoints", os.path.basename(path)[:-len(".json")] + f"__{stamp}")
+        jobs.append(_Job(index, spec, seed, path, stamp, checkpoints))
+  return jobs, reused
+
+
+def _perform(run: Callable[..., dict[str, Any]], config: Mapping[str, Any], job: _Job, bar: Any) -> dict[str, Any]:
+  """Performs one run and returns its record (with its key, seed, fingerprint and seconds)."""
+  t0 = time.perf_counter()
+  record = dict(run(config, job.spec, job.seed, RunProgress(bar, job.checkpoints)))
+  record.update(key=job.spec["key"], spec=job.spec, seed=job.seed, fingerprint=job.stamp,
+                seconds=time.perf_counter() - t0)
+  return record
+
+
+def _save(job: _Job, record: dict[str, Any]) -> None:
+  write_json(job.path, record)
+  shutil.rmtree(job.checkpoints, ignore_errors=True)
+
+
+def _ignore_interrupts() -> None:
+  # The parent handles Ctrl-C and terminates the pool; a child's own KeyboardInterrupt would only add tracebacks.
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _perform_in_child(task: tuple[Callable[..., dict[str, Any]], Mapping[str, Any], _Job]
+                      ) -> tuple[_Job, dict[str, Any]]:
+  from tqdm.auto import tqdm
+
+  run, config, job = task
+  return job, _perform(run, config, job, tqdm(total=1, disable=True))
+
+
+def execute_many(plan: Sequence[tuple[Reproduction, Mapping[str, Any], str]], *, first_seed: int = 0,
+                 only: Sequence[str] | None = None, plots: bool = True, verbose: bool = True,
+                 jobs: int = 1) -> list[dict[str, Any]]:
+  """:func:`execute` for several ``(reproduction, config, out)``, the runs of all of them in one queue.
+
+  With ``jobs == 1`` the runs are performed here, one after the other, each
+  reproduction finished (table, claims, plots) as soon as its runs are done.
+  With ``jobs > 1`` they are performed ``jobs`` at a time, each in a worker
+  process of its own (spawned, so JAX starts fresh there), and a
+  reproduction is finished once its runs and those of the reproductions
+  before it are done. A run's record depends only on its config, spec and
+  seed, so the results are the same either way, bit for bit; what
+  parallelism buys is the CPU cores a single small-model run leaves idle.
+  Use it on CPUs: on one GPU the processes would compete for the device's
+  memory. A worker receives the reproduction's ``run`` by reference, so
+  ``run`` must be a module-level function.
+  """
+  from tqdm.auto import tqdm
+
+  jobs = int(jobs)
+  if jobs < 1:
+    raise UsageError(f"--jobs must be a whole number >= 1, got {jobs}.")
+  pending, reused = [], []
+  for index, (repro, config, out) in enumerate(plan):
+    todo, done = _pending(repro, config, out, index, first_seed, only)
+    pending += todo
+    reused.append(done)
+  remaining = [0] * len(plan)
+  ran = [0] * len(plan)
+  for job in pending:
+    remaining[job.index] += 1
+  results: list[dict[str, Any]] = []
+  start = time.perf_counter()
+
+  def finish_ready() -> None:
+    while len(results) < len(plan) and remaining[len(results)] == 0:
+      repro, config, out = plan[len(results)]
+      results.append(finish(repro, config, finished_records(repro, config, out, damaged="skip"), out,
+                            ran=ran[len(results)], reused=reused[len(results)],
+                            seconds=time.perf_counter() - start, plots=plots, verbose=verbose))
+
+  def saved(job: _Job, record: dict[str, Any]) -> None:
+    _save(job, record)
+    ran[job.index] += 1
+    remaining[job.index] -= 1
+    finish_ready()
+
+  desc = plan[0][0].name if len(plan) == 1 else "runs"
+  bar = tqdm(total=len(pending), desc=desc, unit="run", file=sys.stderr, disable=not verbose)
+  try:
+    finish_ready()
+    if jobs == 1 or len(pending) <= 1:
+      for job in pending:
+        repro, config, _ = plan[job.index]
+        bar.set_postfix_str(f"{repro.name} {job.spec['key']} seed {job.seed}")
+        inner = tqdm(total=1, desc="  updates", file=sys.stderr, leave=False, disable=not verbose)
+        try:
+          record = _perform(repro.run, config, job, inner)
+        finally:
+          inner.close()
+        bar.update()
+        saved(job, record)
+    else:
+      import multiprocessing
+
+      tasks = [(plan[job.index][0].run, plan[job.index][1], job) for job in pending]
+      for repro, _, _ in plan:
+        try:
+          pickle.dumps(repro.run)
+        except (pickle.PicklingError, AttributeError, TypeError) as e:
+          raise UsageError(f"--jobs {jobs}: {repro.name}'s run function cannot be sent to a worker process ({e}); "
+                           "define it at module level, or use --jobs 1.") from None
+      pool = multiprocessing.get_context("spawn").Pool(min(jobs, len(pending)), initializer=_ignore_interrupts)
       try:
-        record = dict(repro.run(config, spec, seed, RunProgress(inner, checkpoints)))
+        for job, record in pool.imap_unordered(_perform_in_child, tasks):
+          bar.update()
+          bar.set_postfix_str(f"{plan[job.index][0].name} {job.spec['key']} seed {job.seed} done")
+          saved(job, record)
+        pool.close()
+      except BaseException:
+        pool.terminate()  # Ctrl-C or a failed run: the other runs stop now; their checkpoints stay for a rerun
+        raise
       finally:
-        inner.close()
-      record.update(key=spec["key"], spec=spec, seed=seed, fingerprint=stamp, seconds=time.perf_counter() - t0)
-      write_json(path, record)
-      shutil.rmtree(checkpoints, ignore_errors=True)
-      ran += 1
+        pool.join()
   finally:
     bar.close()
-  return finish(repro, config, finished_records(repro, config, out, damaged="skip"), out, ran=ran, reused=reused,
-                seconds=time.perf_counter() - start, plots=plots, verbose=verbose)
+  return results
 
 
 def _finished(path: str, stamp: str) -> bool:

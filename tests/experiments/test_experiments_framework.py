@@ -494,3 +494,35 @@ def test_an_interrupted_run_resumes_from_its_checkpoint(tmp_path):
   assert resumed_from[0] > calls[0]  # the first chunk was not recomputed
   assert fw.to_json(resumed["metrics"]) == fw.to_json(whole["metrics"])
   np.testing.assert_array_equal(resumed["curves"]["test_error"], whole["curves"]["test_error"])
+
+
+def _toy_run(config, spec, seed, progress):
+  """The toy's run at module level, so that a worker process can receive it; records its process."""
+  progress(config["steps"], config["steps"])
+  updates = np.arange(0, config["steps"] + 1, 5)
+  error = 1.0 / (1.0 + spec["lr"] * (updates + 1) * (seed + 1))
+  return {"metrics": {"test_error": float(error[-1])},
+          "curves": {"update": updates, "time": 2.0 * updates, "test_error": error}, "pid": os.getpid()}
+
+
+def test_runs_in_worker_processes_equal_runs_here(toy_cli, tmp_path, capsys):
+  """--jobs 2 performs the runs in spawned processes: the same records and tables as performed here."""
+  main, _, repro = toy_cli
+  object.__setattr__(repro, "run", _toy_run)
+  argv = ["run", "toy", "--no-plot", "--seeds", "2"]
+  assert main([*argv, "--out", str(tmp_path / "here")]) == 0
+  assert main([*argv, "--out", str(tmp_path / "pool"), "--jobs", "2"]) == 0
+  here = sorted((tmp_path / "here" / "runs").iterdir())
+  assert len(here) == 4
+  for path in here:
+    a, b = (json.loads(p.read_text()) for p in (path, tmp_path / "pool" / "runs" / path.name))
+    assert a.pop("pid") == os.getpid() != b.pop("pid")
+    a.pop("seconds"), b.pop("seconds")
+    assert a == b
+  results = [json.loads((tmp_path / d / "results.json").read_text()) for d in ("here", "pool")]
+  assert results[0]["rows"] == results[1]["rows"] and results[0]["claims"] == results[1]["claims"]
+  assert main([*argv, "--out", str(tmp_path / "bad"), "--jobs", "0"]) == 2
+  assert "--jobs" in capsys.readouterr().err
+  object.__setattr__(repro, "run", lambda config, spec, seed, progress: {})
+  assert main([*argv, "--out", str(tmp_path / "lambda"), "--jobs", "2"]) == 2
+  assert "module level" in capsys.readouterr().err
