@@ -682,10 +682,11 @@ def simulate_pipeline(
       step=step, table_specs=P(), output_specs=P(), num_chunks=num_chunks, tables=tables, collect=collect,
       records_like=records_like,
       progress=lambda chunk: {"updates_done": min(U, (chunk + 1) * chunk_size), "num_updates": U},
-      fingerprint=_fingerprint(schedule, params, tx, opt_states[0], data, seed=seed, batch_size=batch_size,
-                               chunk_size=chunk_size, eval_points=eval_points.tolist(), depth=depth,
-                               layout="one stage per device" if mesh is not None else "one device",
-                               backward=backward),
+      # Only a checkpoint needs the run's identity (it traces tx and hashes the data).
+      fingerprint="" if checkpoint_dir is None else _fingerprint(
+          schedule, params, tx, opt_states[0], data, seed=seed, batch_size=batch_size, chunk_size=chunk_size,
+          eval_points=eval_points.tolist(), depth=depth,
+          layout="one stage per device" if mesh is not None else "one device", backward=backward),
       initial=None if eval_fn is None else (
           lambda carry: {"metrics": jax.tree.map(lambda x: engine.host(x)[None],
                                                  jax.jit(eval_fn)(params_at(carry[0], 0)))}))

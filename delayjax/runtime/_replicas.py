@@ -377,12 +377,13 @@ def simulate_gossip(
     return {"steps_done": min((chunk + 1) * chunk_size, plan.num_steps), "num_steps": plan.num_steps,
             "chunk": chunk, "num_chunks": num_chunks}
 
-  fingerprint = _fingerprint(schedule, tx=tx, loss_fn=loss_fn, params=params, data=data,
-                             batch_size=batch_size, options=dict(method=method.name, seed=seed, batch_size=batch_size, sampling=sampling,
-                             chunk_size=chunk_size, phases=plan.phases, has_eval=eval_fn is not None,
-                             eval_every=eval_every, num_devices=num_devices,
-                             shards=None if shards is None else hashlib.sha256(
-                                 b"".join(np.ascontiguousarray(np.asarray(s)).tobytes() for s in shards)).hexdigest()))
+  # Only a checkpoint needs the run's identity (it traces tx and loss_fn and hashes the data).
+  fingerprint = "" if checkpoint_dir is None else _fingerprint(
+      schedule, tx=tx, loss_fn=loss_fn, params=params, data=data, batch_size=batch_size, options=dict(
+          method=method.name, seed=seed, batch_size=batch_size, sampling=sampling, chunk_size=chunk_size,
+          phases=plan.phases, has_eval=eval_fn is not None, eval_every=eval_every, num_devices=num_devices,
+          shards=None if shards is None else hashlib.sha256(
+              b"".join(np.ascontiguousarray(np.asarray(s)).tobytes() for s in shards)).hexdigest()))
   program = _engine.Program(
       carry=carry, carry_specs=carry_specs, constants=constants, constant_specs=constant_specs, step=step,
       table_specs=table_specs, output_specs=output_specs, num_chunks=num_chunks, tables=chunk_tables,
