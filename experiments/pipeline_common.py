@@ -85,8 +85,9 @@ def evaluator(test: dict[str, jax.Array]):
 
 
 def pipeline_record(config: dict[str, Any], schedule: dj.cluster.PipelineSchedule, tx: optax.GradientTransformation,
-                    seed: int, progress: Progress) -> dict[str, Any]:
-  """Trains the staged MLP on ``schedule`` with ``tx`` and returns the run record.
+                    seed: int, progress: Progress, backward: str = "recompute") -> dict[str, Any]:
+  """Trains the staged MLP on ``schedule`` with ``tx`` (``backward``: ``dj.simulate_pipeline``'s form of a
+  backward pass at newer weights) and returns the run record.
 
   ``metrics``: the final ``test_error`` and ``train_loss`` (NaN when the run
   diverged: not finite, or above chance level), ``diverged`` (0 or 1), ``simulated_time``, ``bubble_fraction``,
@@ -98,7 +99,7 @@ def pipeline_record(config: dict[str, Any], schedule: dj.cluster.PipelineSchedul
   progress(0, schedule.num_updates)
   result = dj.simulate_pipeline(stages(K), loss_fn, tx, init(K, config["layers"], config["width"], seed), train, schedule,
                                 batch_size=config["batch"], seed=seed, eval_fn=evaluator(test),
-                                eval_every=config["eval_every"])
+                                eval_every=config["eval_every"], backward=backward)
   progress(schedule.num_updates, schedule.num_updates)
   h = result.history
   metrics = {k: np.asarray(v, np.float64) for k, v in h.eval_metrics.items()}

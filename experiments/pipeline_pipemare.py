@@ -2,7 +2,8 @@
 
 One 8-layer MLP on digits is cut into a shallow (2-stage) or a deep (8-stage)
 asynchronous pipeline without weight stashing (PipeMare's setting: the
-backward pass runs at the stage's current weights), one micro-batch per
+backward pass runs at the stage's current weights, here in the form that
+recomputes the stage's forward pass at them), one micro-batch per
 update, so stage ``k``'s forward pass is ``K - 1 - k`` updates stale. At a
 learning rate the shallow pipeline tolerates, plain SGD on the deep one
 diverges; PipeMare's learning-rate rescheduling (each stage's step divided by
@@ -25,13 +26,27 @@ from experiments._framework import (Claim, ClaimResult, Comparison, Reproduction
                                     paired, seed_values)
 from experiments.pipeline_common import pipeline_record
 
-# Config: lr 0.5 sits at the edge of stability of the 8-stage pipeline. In a first exploration (one seed, another
-# initialization) plain SGD diverged there on 8 stages and not on 2 (0.3 trained both, 1.0 diverged both), and
-# rescheduling with a warmup far beyond the run (steps near alpha / tau_i throughout) trained it, while with
-# warmup = 10 x steps it still diverged. The claims are decided on this run's own seeds.
+# Config. The setting was chosen on exploration seeds (100, 101) that the claims never use; the claims are
+# decided on seeds 0-2 of the run itself. What was tried (300 updates, 8-layer width-32 MLP, final training loss,
+# "fails" = above ln 10 or not finite):
+# - plain SGD, K=2 against K=8: lr 0.6: K=2 trains (1.21, 0.47), K=8 fails (2.55, 2.31); lr 0.7: K=2 trains
+#   (1.31, 0.69), K=8 fails; lr 1.0: both fail. Earlier, at lr 0.5, K=8 trained badly (1.64) without failing.
+# - a deeper pipeline, 16 layers cut into 2 or 16 stages: K=2 already fails at lr 0.3 (the deep tanh net itself is
+#   unstable), so depth 8 stays.
+# - SGD with momentum 0.9, lr 0.05: K=2 trains (0.64, 0.67), K=8 fails (2.71, 2.34), but PipeMare with warmup = the
+#   run fails too (with and without correction): dropped.
+# - PipeMare at lr 0.7: warmup = half the run fails on both seeds (the loss climbs once the step reaches alpha);
+#   warmup = the run fails on one; a warmup far beyond the run (alpha / tau_i throughout) ends at 1.64, 1.63.
+# - PipeMare at lr 0.6: warmup = the run ends at 1.83, 2.27; alpha / tau_i throughout at 1.98, 1.50; with
+#   discrepancy correction 0.56, 1.86.
+# Chosen: lr 0.6 and the paper's rule with its annealing completed within the run (warmup = steps), so the last
+# updates take the full step; 3 seeds. Its first run (seeds 0-2): K=2 trained on all (0.61-0.73); K=8 SGD failed on
+# 2 of 3, PipeMare on 1 of 3, with correction on 1 of 3, and the deep runs that did not fail ended near chance
+# (1.7-2.3), so every claim was inconclusive: at this scale the deep pipeline does not blow up cleanly but wanders
+# around chance level, and rescheduling does not make it train.
 SCALES = {
-    "quick": dict(layers=8, width=32, shallow=2, deep=8, steps=300, batch=32, lr=0.5, warmup=30_000,
-                  discrepancy_decay=0.1, eval_every=50, seeds=2),
+    "quick": dict(layers=8, width=32, shallow=2, deep=8, steps=300, batch=32, lr=0.6, warmup=300,
+                  discrepancy_decay=0.1, eval_every=50, seeds=3),
     "paper": dict(layers=16, width=128, shallow=2, deep=16, steps=5000, batch=64, lr=0.5, warmup=2500,
                   discrepancy_decay=0.1, eval_every=250, seeds=3),
 }
@@ -47,11 +62,12 @@ def specs(config: dict[str, Any]) -> list[dict[str, Any]]:
 
 def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
   sched = dj.cluster.pipeline("1f1b", spec["stages"], config["steps"], weights="latest")
+  momentum = config.get("momentum", 0.0)
   if spec["method"] == "sgd":
-    tx = optax.sgd(config["lr"])
+    tx = optax.sgd(config["lr"], momentum=momentum or None)
   else:
     decay = config["discrepancy_decay"] if spec["method"] == "pipemare+correction" else None
-    tx = dj.pipemare(config["lr"], warmup_steps=config["warmup"], discrepancy_decay=decay)
+    tx = dj.pipemare(config["lr"], warmup_steps=config["warmup"], momentum=momentum, discrepancy_decay=decay)
   return pipeline_record(config, sched, tx, seed, progress)
 
 
