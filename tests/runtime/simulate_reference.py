@@ -298,3 +298,10 @@ def multiprocess_case():
   data, loss_fn, params = regression_problem(num_examples=64)
   schedule = hand_schedule(8, 40, spread=1.0, seed=5)
   return loss_fn, probe(0.05, 8), params, data, schedule, dict(batch_size=4, seed=3, chunk_size=2)
+
+
+def killed_case():
+  """The run of the kill -9 test: Adam (two moments and a count to restore) on ASP, a checkpoint every step."""
+  data, loss_fn, params = regression_problem()
+  schedule = dj.cluster.simulate(dj.cluster.asp(), dj.cluster.workers(4), num_updates=64, seed=0)
+  return loss_fn, optax.adam(0.05), params, data, schedule, dict(batch_size=8, seed=1, chunk_size=4)
