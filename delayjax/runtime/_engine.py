@@ -71,6 +71,14 @@ The interface is :class:`Program`, a ``NamedTuple`` a runtime fills in:
   finite"), computed inside the chunk's program after its last step (one
   reduction per chunk, not per step) and recorded, one row per chunk, as
   the record ``"check"``.
+``runs``, ``constant_run_axes``
+  ``None``, or the number ``R`` of runs computed as one program: every
+  leaf of the carry then has a leading run axis, ``constant_run_axes``
+  (a prefix of ``constants``, ``0`` or ``None`` per part, as ``vmap``'s
+  ``in_axes``) says which constants do, the tables are shared, and the
+  chunk is ``vmap``-ed over the run axis: its outputs and the ``"check"``
+  record gain a run axis (the outputs' first, the record's second). One
+  device only.
 ``cache_key``
   a hashable identity of the compiled program, or ``None`` (compile afresh).
   Programs with equal keys (and meshes) share one jitted chunk function, so
@@ -127,6 +135,8 @@ class Program(NamedTuple):
   initial: Callable[[Any], dict[str, Any]] | None = None
   check: Callable[[Any], Any] | None = None
   cache_key: Any = None
+  runs: int | None = None
+  constant_run_axes: Any = None
 
 
 # Jitted functions of recent programs, by key (Program.cache_key and the mesh), most recent last.
@@ -240,8 +250,9 @@ def chunk_function(program: Program, mesh: Any) -> Callable[[Any, Any, Any], tup
   """``chunk(carry, constants, tables) -> (carry, outputs)``: a ``lax.scan`` of ``program.step`` over the
   chunk's steps, jitted with the carry donated (inside ``shard_map`` with a ``mesh``); the one already
   made for an equal ``program.cache_key`` and mesh, if any."""
-  return cached(None if program.cache_key is None else ("chunk", program.cache_key, mesh),
-                lambda: _chunk_function(program, mesh))
+  return cached(None if program.cache_key is None else (
+      "chunk", program.cache_key, mesh, program.runs, str(program.constant_run_axes)),
+      lambda: _chunk_function(program, mesh))
 
 
 def _chunk_function(program: Program, mesh: Any) -> Callable[[Any, Any, Any], tuple[Any, Any]]:
@@ -253,6 +264,10 @@ def _chunk_function(program: Program, mesh: Any) -> Callable[[Any, Any, Any], tu
     carry, outputs = jax.lax.scan(lambda c, t: step(c, t, constants), carry, tables)
     return (carry, outputs) if check is None else (carry, (outputs, check(carry)))
 
+  if program.runs is not None:
+    if mesh is not None:
+      raise ValueError("several runs in one program need a single device; got a mesh.")
+    chunk = jax.vmap(chunk, in_axes=(0, program.constant_run_axes, None))
   if mesh is not None:
     chunk = jax.shard_map(
         chunk, mesh=mesh,
@@ -290,7 +305,7 @@ def run(program: Program, *, mesh: Any = None, checkpoint_dir: str | os.PathLike
   carry = program.carry
   like = dict(program.records_like)
   if program.check is not None:
-    like["check"] = np.zeros(0, bool)
+    like["check"] = np.zeros((0,) if program.runs is None else (0, program.runs), bool)
   records: dict[str, list[Any]] = {name: [] for name in like}
   first_chunk = 0
   saver = (None if checkpoint_dir is None else
@@ -317,7 +332,7 @@ def run(program: Program, *, mesh: Any = None, checkpoint_dir: str | os.PathLike
     rows = {}
     if program.check is not None:
       outputs, healthy = outputs
-      rows["check"] = np.asarray(host(healthy)).reshape(1)
+      rows["check"] = np.asarray(host(healthy))[None]
     rows.update(program.collect(chunk, tables, outputs))
     unsaved.append(rows)
     if saver is not None:

@@ -118,6 +118,60 @@ class SimulationResult(NamedTuple):
   stats: dict[str, Any]
 
 
+def _check_runs(seed: Any, hyperparams: Any) -> tuple[list[int] | None, dict[str, list[Any]]]:
+  """The runs' seeds (``None`` for a single run) and each batched hyper-parameter's values, checked."""
+  batched_seed = isinstance(seed, (list, tuple, np.ndarray))
+  if hyperparams is None and not batched_seed:
+    return None, {}
+  if hyperparams is not None and not isinstance(hyperparams, dict):
+    raise TypeError(f"hyperparams must be a dict {{name: one value per run}} or None, got {type(hyperparams).__name__}.")
+  values = {name: list(np.asarray(v)) if np.ndim(v) else v for name, v in (hyperparams or {}).items()}
+  lengths = {name: len(v) if isinstance(v, list) else None for name, v in values.items()}
+  if batched_seed:
+    seeds = [check_seed(f"seed[{i}]", s) for i, s in enumerate(seed)]
+    lengths["seed"] = len(seeds)
+  if any(n is None for n in lengths.values()) or len(set(lengths.values())) != 1 or 0 in lengths.values():
+    raise ValueError(
+        f"several runs take one value per run in seed (a sequence) and in every hyperparams entry (a "
+        f"sequence), all of one non-zero length; got lengths {lengths}.")
+  num_runs = next(iter(lengths.values()))
+  if not batched_seed:
+    seeds = [check_seed("seed", seed)] * num_runs
+  return seeds, values
+
+
+_INJECTED = (optax.InjectHyperparamsState, optax.InjectStatefulHyperparamsState)
+
+
+def _run_states(opt_state: Any, values: dict[str, list[Any]], num_runs: int) -> list[Any]:
+  """``opt_state`` for each run: the ``optax.inject_hyperparams`` hyper-parameters set to the run's values."""
+  states = [x for x in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, _INJECTED))
+            if isinstance(x, _INJECTED)]
+  known = sorted({name for state in states for name in state.hyperparams})
+  unknown = [name for name in values if name not in known]
+  if unknown:
+    raise ValueError(
+        f"hyperparams names {unknown}, but tx's state holds hyper-parameters {known or 'none'} (only those "
+        f"of an optax.inject_hyperparams transformation can differ between runs).")
+
+  def with_run(r):
+    def set_values(x):
+      if not isinstance(x, _INJECTED):
+        return x
+      hyper = dict(x.hyperparams)
+      for name, v in values.items():
+        if name in hyper:
+          if np.shape(v[r]) != np.shape(hyper[name]):
+            raise ValueError(
+                f"hyperparams[{name!r}][{r}] has shape {np.shape(v[r])}; the state's {name} has shape "
+                f"{np.shape(hyper[name])}.")
+          hyper[name] = jnp.asarray(v[r], jnp.result_type(hyper[name]))
+      return x._replace(hyperparams=hyper)
+    return jax.tree.map(set_values, opt_state, is_leaf=lambda x: isinstance(x, _INJECTED))
+
+  return [with_run(r) for r in range(num_runs)]
+
+
 def _stale_read_delays(model: delays_lib.DelayModel, num_updates: int, seed: int) -> np.ndarray:
   """int64 ``[num_updates, G]``: every update's delay, per model of a ``per_leaf`` tree (``G = 1`` otherwise)."""
   key = jax.random.fold_in(jax.random.key(seed), 0)
@@ -482,7 +536,8 @@ def simulate(
     *,
     num_updates: int | None = None,
     batch_size: int = 32,
-    seed: int = 0,
+    seed: int | Sequence[int] = 0,
+    hyperparams: dict[str, Sequence[Any]] | None = None,
     eval_fn: Callable[[Any], Any] | None = None,
     eval_every: int | None = None,
     callback: Callable[[dict[str, Any]], None] | None = None,
@@ -504,7 +559,7 @@ def simulate(
     full_batch_size: int | None = None,
     sample_terms: Callable[[Any, Any], tuple[Any, Any]] | None = None,
     _inspect: Callable[..., None] | None = None,
-) -> SimulationResult:
+) -> SimulationResult | list[SimulationResult]:
   r"""Trains under a delay schedule exactly, computing independent gradients in parallel.
 
   The rule, for updates :math:`u = 0, \dots, U - 1` of the server parameters
@@ -568,7 +623,13 @@ def simulate(
     batch_size: examples per minibatch.
     seed: a non-negative int below 2**32; seeds the minibatches (and a delay
       model's delays). Which examples each gradient uses does not depend on
-      ``chunk_size``, ``lanes`` or the devices.
+      ``chunk_size``, ``lanes`` or the devices. A sequence of seeds makes
+      several runs, one per seed, computed as one program (see *Several
+      runs* below).
+    hyperparams: ``None``, or ``{name: values}``: several runs, run ``r``
+      with the hyper-parameter ``name`` of ``tx``'s
+      ``optax.inject_hyperparams`` state set to ``values[r]`` (see *Several
+      runs* below).
     eval_fn: ``eval_fn(params) -> pytree of arrays``, evaluated on the server
       parameters at version 0, every ``eval_every`` updates and at the end.
     eval_every: updates between evaluations; ``None``: at the start and the
@@ -655,6 +716,26 @@ def simulate(
       from ``local_optimizer.init(params)``; its contributions are then
       computed one after another. Default: a fresh state per contribution.
 
+  Several runs (seeds, hyper-parameters) in one program:
+    With ``seed=[s_0, ..., s_{R-1}]`` and/or ``hyperparams={name: [v_0, ...,
+    v_{R-1}]}`` (each a sequence of ``R`` values; with an int ``seed`` all
+    runs share it), the ``R`` runs share the schedule, the data and the
+    plan, and are computed as one program: the chunk is ``vmap``-ed over a
+    leading run axis of the parameters, optimizer state and buffers, so a
+    step computes the ``R`` runs' gradients together. Hyper-parameters are
+    the ones ``optax.inject_hyperparams`` keeps in its state (e.g.
+    ``tx = optax.inject_hyperparams(optax.sgd)(learning_rate=0.1)``,
+    ``hyperparams={"learning_rate": [0.1, 0.03, 0.01]}``); run ``r`` starts
+    from ``tx.init(params)`` with them set. The result is a list of ``R``
+    :class:`SimulationResult`, one per run, each what the separate call
+    with that seed (and that ``tx``) returns, to float rounding: the run
+    axis batches the gradients' matrix products, which XLA may sum in
+    another order (a few ulps; integers, such as the non-finite lists,
+    are exact as long as rounding does not decide them). Batched runs need a ``Schedule`` source when their
+    seeds differ (a delay model draws its delays from the seed), one
+    device (``mesh=None``) and no ``checkpoint_dir``; they take ``R``
+    times the memory.
+
   Runtime inputs (variance reduction, Zeno++):
     A state inside ``tx``'s state may request extra arguments through the
     ``runtime_inputs`` hook (``dj.transforms.runtime_inputs``); only those
@@ -738,7 +819,10 @@ def simulate(
   Raises:
     ValueError, TypeError: on bad arguments, naming the argument.
   """
-  seed = check_seed("seed", seed)
+  seed_arg = seed
+  seeds, hyper_values = _check_runs(seed, hyperparams)
+  runs = None if seeds is None else len(seeds)
+  seed = seed if seeds is None else seeds[0]
   resume, skip_nonfinite, has_aux = (check_bool(n, v) for n, v in (
       ("resume", resume), ("skip_nonfinite", skip_nonfinite), ("has_aux", has_aux)))
   keep_local_state = check_bool("keep_local_state", keep_local_state)
@@ -760,6 +844,15 @@ def simulate(
     raise TypeError(f"tx must be an optax.GradientTransformation, got {type(tx).__name__}.")
   batch_size, num_examples = check_sampling(data, batch_size, sampling, shards)
   num_devices = engine.check_mesh(mesh)
+  if runs is not None:
+    if mesh is not None or checkpoint_dir is not None:
+      raise ValueError(
+          f"several runs (seed={seed_arg!r}, hyperparams={hyperparams!r}) are computed on one device and "
+          f"without checkpoints; got {'a mesh' if mesh is not None else f'checkpoint_dir={checkpoint_dir!r}'}.")
+    if isinstance(source, delays_lib.DelayModel) and len(set(seeds)) > 1:
+      raise ValueError(
+          "several seeds with a delay model as source would draw different delays for every run; pass a "
+          "Schedule (e.g. dj.runtime.schedule_from_delays(model, num_updates, seed)) to share one.")
   if snapshot_every is not None:
     snapshot_every = check_int("snapshot_every", snapshot_every, minimum=1)
   if full_batch_size is not None:
@@ -824,8 +917,11 @@ def simulate(
       sample_terms=sample_terms, terms=terms, full_batch_size=full_batch_size, leaf_groups=leaf_groups,
       keep_local_state=keep_local_state,
       local_optimizer=None if local_optimizer is None else optax.with_extra_args_support(local_optimizer))
-  carry = _initial_carry(params, opt_state, plan, inputs, batch_size, terms, leaf_groups,
-                         local_optimizer if keep_local_state else None, keep_stale)
+  carries = [_initial_carry(params, state, plan, inputs, batch_size, terms, leaf_groups,
+                            local_optimizer if keep_local_state else None, keep_stale)
+             for state in ([opt_state] if runs is None else _run_states(opt_state, hyper_values, runs))]
+  # Several runs: every leaf of the carry gains a leading run axis.
+  carry = carries[0] if runs is None else jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *carries)
   memory = _memory_terms(carry, data, num_devices)
   _check_memory(memory, max_memory, mesh)
   # Traced only now, after every check that can refuse the run. The compiled chunk is shared by every run whose program is the same: a sweep over seeds, initial
@@ -865,24 +961,30 @@ def simulate(
             {k: v for k, v in rows.items() if not k.startswith("lane_")})
 
   def collect(chunk: int, tables: Any, outputs: Any) -> dict[str, Any]:
-    (lane, tab), (loss, metrics, finite, rejected) = tables, outputs
+    """The chunk's rows, each with a run axis after the row axis (``(run, update, worker)`` triples for the
+    lists), whether or not the runs were batched."""
+    (lane, tab), outputs = tables, jax.tree.map(
+        lambda x: engine.host(x) if runs else engine.host(x)[None], outputs)
+    loss, metrics, finite, rejected = outputs
     valid = np.arange(plan.upd_index.shape[1]) < tab["upd_count"][:, None]
-    bad = lane["lane_active"] & ~engine.host(finite)
-    rows = {"loss": engine.host(loss)[valid],
-            "nonfinite": np.stack([lane["lane_update"][bad], lane["lane_worker"][bad]], axis=1).astype(np.int64)}
+    run, step_of, lane_of = np.nonzero(lane["lane_active"] & ~finite)
+    rows = {"loss": np.moveaxis(loss, 0, -1)[valid],
+            "nonfinite": np.stack([run, lane["lane_update"][step_of, lane_of], lane["lane_worker"][step_of, lane_of]],
+                                  axis=1).astype(np.int64)}
     if skip_nonfinite:
-      worker = engine.host(rejected)
-      left_out = valid & (worker >= 0)
-      rows["skipped"] = np.stack([tab["upd_index"][left_out], worker[left_out]], axis=1).astype(np.int64)
+      run, step_of, row_of = np.nonzero(valid & (rejected >= 0))
+      rows["skipped"] = np.stack([run, tab["upd_index"][step_of, row_of], rejected[run, step_of, row_of]],
+                                 axis=1).astype(np.int64)
     if eval_fn is not None:
-      rows["metrics"] = jax.tree.map(lambda x: engine.host(x)[tab["upd_eval"]], metrics)
+      rows["metrics"] = jax.tree.map(lambda x: np.moveaxis(x, 0, 2)[tab["upd_eval"]], metrics)
     return rows
 
-  records_like = {"loss": np.zeros(0, np.float32), "nonfinite": np.zeros((0, 2), np.int64)}
+  num_runs = runs or 1
+  records_like = {"loss": np.zeros((0, num_runs), np.float32), "nonfinite": np.zeros((0, 3), np.int64)}
   if skip_nonfinite:
-    records_like["skipped"] = np.zeros((0, 2), np.int64)
+    records_like["skipped"] = np.zeros((0, 3), np.int64)
   if eval_fn is not None:
-    records_like["metrics"] = jax.tree.map(lambda s: np.zeros((0,) + s.shape, s.dtype),
+    records_like["metrics"] = jax.tree.map(lambda s: np.zeros((0, num_runs) + s.shape, s.dtype),
                                            jax.eval_shape(eval_fn, params))
 
   def progress(chunk: int) -> dict[str, Any]:
@@ -890,35 +992,46 @@ def simulate(
     return {"updates_done": done, "num_updates": num_updates, "chunk": chunk, "num_chunks": num_chunks}
 
   jitted_eval = None if eval_fn is None else engine.cached(
-      None if compile_key is None else ("eval", compile_key["eval_fn"]), lambda: jax.jit(eval_fn))
+      None if compile_key is None else ("eval", compile_key["eval_fn"], runs),
+      lambda: jax.jit(eval_fn if runs is None else jax.vmap(eval_fn)))
   program = engine.Program(
-      carry=carry, carry_specs=CARRY_SPECS, constants=(data, (shard_rows, shard_sizes), np.uint32(seed)),
-      constant_specs=(P(), (P(AXIS), P(AXIS)), P()), step=step, table_specs=(P(None, AXIS), P()),
+      carry=carry, carry_specs=CARRY_SPECS,
+      constants=(data, (shard_rows, shard_sizes), np.uint32(seed) if runs is None else np.asarray(seeds, np.uint32)),
+      constant_specs=(P(), (P(AXIS), P(AXIS)), P()), runs=runs, constant_run_axes=(None, (None, None), 0), step=step, table_specs=(P(None, AXIS), P()),
       output_specs=(P(), P(), P(), P()), num_chunks=num_chunks, tables=tables, collect=collect,
       records_like=records_like, progress=progress, fingerprint=fingerprint,
       check=lambda carry: _all_finite(_inexact(carry[:2])),
       cache_key=None if compile_key is None else compile_key["chunk"],
       initial=None if eval_fn is None else (
-          lambda carry: {"metrics": jax.tree.map(lambda x: engine.host(x)[None], jitted_eval(carry[0]))}))
+          lambda carry: {"metrics": jax.tree.map(lambda x: engine.host(x)[None] if runs else engine.host(x)[None, None],
+                                                 jitted_eval(carry[0]))}))
   carry, records = engine.run(program, mesh=mesh, checkpoint_dir=checkpoint_dir, checkpoint_name=_CHECKPOINT_FILE,
                               resume=resume, resume_changes=resume_changes, callback=callback, inspect=_inspect)
 
   times = np.asarray(schedule.time)
-  hist = History(
-      update=np.arange(num_updates, dtype=np.int64),
-      time=times.copy(),
-      loss=records["loss"].astype(np.float32),
-      staleness=np.max(schedule.staleness, axis=1).astype(np.int64),
-      eval_update=eval_points,
-      eval_time=np.where(eval_points > 0, times[np.maximum(eval_points - 1, 0)], 0.0),
-      eval_metrics=records.get("metrics"),
-      nonfinite=history_lib.sorted_pairs(records["nonfinite"]),
-      skipped=history_lib.sorted_pairs(records["skipped"]) if skip_nonfinite else np.zeros((0, 2), np.int64),
-      nonfinite_state=history_lib.chunk_span(
-          np.add.reduceat(plan.upd_count, np.arange(0, plan.num_steps, chunk_size)), records["check"]),
-  )
-  history_lib.nonfinite_report("dj.simulate", hist.nonfinite, hist.skipped if skip_nonfinite else None,
-                               hist.nonfinite_state)
+  updates_per_chunk = np.add.reduceat(plan.upd_count, np.arange(0, plan.num_steps, chunk_size))
+
+  def run_history(r: int) -> History:
+    def of_run(pairs):
+      return history_lib.sorted_pairs(pairs[pairs[:, 0] == r][:, 1:])
+
+    hist = History(
+        update=np.arange(num_updates, dtype=np.int64),
+        time=times.copy(),
+        loss=records["loss"][:, r].astype(np.float32),
+        staleness=np.max(schedule.staleness, axis=1).astype(np.int64),
+        eval_update=eval_points,
+        eval_time=np.where(eval_points > 0, times[np.maximum(eval_points - 1, 0)], 0.0),
+        eval_metrics=None if eval_fn is None else jax.tree.map(lambda x: x[:, r], records["metrics"]),
+        nonfinite=of_run(records["nonfinite"]),
+        skipped=of_run(records["skipped"]) if skip_nonfinite else np.zeros((0, 2), np.int64),
+        nonfinite_state=history_lib.chunk_span(
+            updates_per_chunk, records["check"] if runs is None else records["check"][:, r]),
+    )
+    history_lib.nonfinite_report("dj.simulate" if runs is None else f"dj.simulate (run {r}, seed {seeds[r]})",
+                                 hist.nonfinite, hist.skipped if skip_nonfinite else None, hist.nonfinite_state)
+    return hist
+
   stats = {
       "num_waves": plan.num_waves,
       "mean_wave_length": num_updates / plan.num_waves,
@@ -934,7 +1047,10 @@ def simulate(
   stats["memory"] = {**memory, "total": sum(memory.values())}
   if epoch is not None:
     stats["snapshot_every"] = epoch
-  return SimulationResult(carry[0], carry[1], hist, stats)
+  if runs is None:
+    return SimulationResult(carry[0], carry[1], run_history(0), stats)
+  return [SimulationResult(*jax.tree.map(lambda x: x[r], (carry[0], carry[1])), run_history(r), dict(stats))
+          for r in range(runs)]
 
 
 # Documented under its public name: help() shows where users find it, not where it lives.

@@ -1,0 +1,85 @@
+"""Several ``dj.simulate`` runs (seeds, hyper-parameters) computed as one program equal the separate calls."""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import delayjax as dj
+
+BATCH = 4
+
+
+@pytest.fixture(scope="module")
+def problem():
+  rng = np.random.default_rng(1)
+  x = rng.normal(size=(64, 3)).astype(np.float32)
+  data = {"x": x, "y": x @ np.array([1.0, -2.0, 0.5], np.float32)}
+  schedule = dj.cluster.simulate(dj.cluster.asp(), dj.cluster.workers(4), num_updates=40, seed=2)
+  return data, schedule, {"w": jnp.zeros(3, jnp.float32)}
+
+
+def loss_fn(params, batch):
+  return jnp.mean((batch["x"] @ params["w"] - batch["y"]) ** 2)
+
+
+def _run(problem, tx, **kw):
+  data, schedule, params = problem
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", RuntimeWarning)  # the diverging run's non-finite report
+    return dj.simulate(loss_fn, tx, params, data, schedule, batch_size=BATCH, chunk_size=4,
+                       eval_fn=lambda p: {"norm": jnp.sum(p["w"] ** 2)}, eval_every=10, **kw)
+
+
+def _assert_same(batched, single):
+  """To float32 rounding: the run axis batches the gradients' matrix products, which XLA may sum in another
+  order (a few ulps after 40 updates here); integers (the non-finite lists, counts) exactly."""
+  for x, y in zip(jax.tree.leaves((batched.params, batched.opt_state, batched.history)),
+                  jax.tree.leaves((single.params, single.opt_state, single.history)), strict=True):
+    x, y = np.asarray(x), np.asarray(y)
+    assert x.dtype == y.dtype and x.shape == y.shape
+    if np.issubdtype(x.dtype, np.floating):
+      np.testing.assert_allclose(x, y, rtol=2e-5, atol=1e-6)
+    else:
+      np.testing.assert_array_equal(x, y)
+
+
+def test_seeds_in_one_program_equal_the_separate_calls(problem):
+  seeds = [0, 3, 5]
+  runs = _run(problem, optax.sgd(0.05), seed=seeds)
+  assert len(runs) == 3
+  for seed, batched in zip(seeds, runs):
+    _assert_same(batched, _run(problem, optax.sgd(0.05), seed=seed))
+  assert not np.array_equal(runs[0].history.loss, runs[1].history.loss)
+
+
+def test_hyper_parameters_in_one_program_equal_the_separate_calls(problem):
+  sgd = optax.inject_hyperparams(optax.sgd)
+  # A NaN rate makes every later gradient of its run NaN: they are reported for that run only.
+  rates, seeds = [0.01, 0.05, np.nan], [1, 1, 2]
+  runs = _run(problem, sgd(learning_rate=0.1), seed=seeds, hyperparams={"learning_rate": rates})
+  for rate, seed, batched in zip(rates, seeds, runs):
+    _assert_same(batched, _run(problem, sgd(learning_rate=rate), seed=seed))
+  assert runs[2].history.nonfinite.shape[0] > 0 and runs[0].history.nonfinite.shape[0] == 0
+
+
+@pytest.mark.parametrize("kw, error, match", [
+    (dict(hyperparams={"momentum": [0.1, 0.2]}), ValueError, r"hyperparams names \['momentum'\].*learning_rate"),
+    (dict(seed=[0, 1], hyperparams={"learning_rate": [0.1, 0.2, 0.3]}), ValueError, r"lengths"),
+    (dict(hyperparams={"learning_rate": 0.1}), ValueError, r"one value per run"),
+    (dict(seed=[0, 2**32]), ValueError, r"seed\[1\] must be an integer below 2\*\*32"),
+    (dict(hyperparams=[0.1]), TypeError, r"hyperparams must be a dict"),
+])
+def test_bad_runs_are_refused(problem, kw, error, match):
+  data, schedule, params = problem
+  with pytest.raises(error, match=match):
+    dj.simulate(loss_fn, optax.inject_hyperparams(optax.sgd)(learning_rate=0.1), params, data, schedule, **kw)
+
+
+def test_runs_with_a_delay_model_need_one_schedule(problem):
+  data, _, params = problem
+  with pytest.raises(ValueError, match="pass a Schedule"):
+    dj.simulate(loss_fn, optax.sgd(0.1), params, data, dj.delays.uniform(3), num_updates=10, seed=[0, 1])
