@@ -822,7 +822,7 @@ def simulate(
   seed_arg = seed
   seeds, hyper_values = _check_runs(seed, hyperparams)
   runs = None if seeds is None else len(seeds)
-  seed = seed if seeds is None else seeds[0]
+  seed = check_seed("seed", seed) if seeds is None else seeds[0]
   resume, skip_nonfinite, has_aux = (check_bool(n, v) for n, v in (
       ("resume", resume), ("skip_nonfinite", skip_nonfinite), ("has_aux", has_aux)))
   keep_local_state = check_bool("keep_local_state", keep_local_state)
