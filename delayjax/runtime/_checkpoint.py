@@ -163,7 +163,8 @@ class Checkpoint:
 
   def __init__(self, directory: str | os.PathLike[str], name: str, fingerprint: str | dict[str, str],
                changes: tuple[str, ...] = ()):
-    self.path = os.path.join(os.fspath(directory), name)
+    # Orbax takes absolute paths only; a relative directory is taken against the working directory of now.
+    self.path = os.path.join(os.path.abspath(os.fspath(directory)), name)
     self.records_path = self.path + ".records"
     self.legacy_path = self.path + ".msgpack"
     self.fingerprint = dict(fingerprint) if isinstance(fingerprint, dict) else {"run": fingerprint}

@@ -89,6 +89,16 @@ def test_resume_is_bit_identical_and_ignores_a_chunk_appended_before_a_crash(int
   np.testing.assert_array_equal(resumed.history.loss, full.history.loss)
 
 
+def test_a_relative_checkpoint_dir_resumes_too(interrupted, tmp_path, monkeypatch):
+  """Orbax takes absolute paths only: a relative checkpoint_dir (as notebooks give) is the working directory's."""
+  directory, (loss_fn, params, data, schedule), kw, full = interrupted
+  _copy(directory, tmp_path / "relative")
+  monkeypatch.chdir(tmp_path)
+  resumed = dj.simulate(loss_fn, optax.sgd(0.05), params, data, schedule, checkpoint_dir="relative", **kw)
+  np.testing.assert_array_equal(resumed.history.loss, full.history.loss)
+  assert max(int(n) for n in os.listdir(tmp_path / "relative" / "simulate") if n.isdigit()) > 2  # saved there
+
+
 def test_history_is_appended_not_rewritten(interrupted, tmp_path):
   # The state does not grow with the run; the history file grows by a chunk's rows per save.
   directory, (loss_fn, params, data, schedule), kw, _ = interrupted
