@@ -495,18 +495,14 @@ def _step_function(*, loss_fn, has_aux, tx, method, plan: ReplicaPlan, eval_fn, 
   def combine(values, weight, src):
     """Rows ``sum_k weight[a, k] * values[src[a, k]]`` for the local receivers ``a``."""
     if mixing == "shift":
-      def leaf(x):
-        acc = None
-        for j, s in enumerate(shifts):
-          term = weight[:, j].astype(x.dtype).reshape((-1,) + (1,) * (x.ndim - 1)) * _roll(
-              x, s, num_workers, num_devices, sharded)
-          acc = term if acc is None else acc + term
-        return acc
-      return jax.tree.map(leaf, values)
+      rolled = jax.tree.map(lambda x: jnp.stack([_roll(x, s, num_workers, num_devices, sharded) for s in shifts]),
+                            values)
+      return _ordered_sum(weight, lambda k: jax.tree.map(lambda x: x[k], rolled), len(shifts))
     full = gather_all(values)
     if mixing == "dense":
-      return jax.tree.map(lambda x: jnp.tensordot(weight.astype(x.dtype), x, axes=1), full)
-    return jax.tree.map(lambda x: _gather_rows(x, weight, src), full)
+      # Row k of the gathered messages, broadcast over the local receivers by the weights' column k.
+      return _ordered_sum(weight, lambda k: jax.tree.map(lambda x: x[k][None], full), weight.shape[1])
+    return _gather_rows(full, weight, src)
 
   def gathered_with_history(current, hist):
     """All messages followed by every replica's kept past messages: ``M + M * H`` rows."""
@@ -529,7 +525,7 @@ def _step_function(*, loss_fn, has_aux, tx, method, plan: ReplicaPlan, eval_fn, 
     msgs = jax.vmap(method.message)(params, extra)
     if history > 1:
       full = gathered_with_history(msgs, hist)
-      mixed = jax.tree.map(lambda x: _gather_rows(x, tab["mix_weight"], tab["mix_src"]), full)
+      mixed = _gather_rows(full, tab["mix_weight"], tab["mix_src"])
     else:
       mixed = combine(msgs, tab["mix_weight"], tab.get("mix_src"))
     new_params, new_extra = jax.vmap(method.receive)(params, extra, mixed, tab["mix_self"], tab["mix_dt"])
@@ -653,10 +649,35 @@ def _draw(seed, workers, draws, shard_rows, shard_sizes, *, num_examples, batch_
       shard_size=size))(workers, draws, shard_rows, shard_sizes)
 
 
-def _gather_rows(x: jax.Array, weight: jax.Array, src: jax.Array) -> jax.Array:
-  """``sum_k weight[:, k] * x[src[:, k]]``, the terms added in ``k`` order (the same on every device count)."""
-  acc = None
-  for k in range(src.shape[1]):
-    term = weight[:, k].astype(x.dtype).reshape((-1,) + (1,) * (x.ndim - 1)) * x[src[:, k]]
-    acc = term if acc is None else acc + term
-  return acc
+def _gather_rows(values: Any, weight: jax.Array, src: jax.Array) -> Any:
+  """``sum_k weight[:, k] * x[src[:, k]]`` for every leaf ``x`` of ``values`` (see :func:`_ordered_sum`)."""
+  return _ordered_sum(weight, lambda k: jax.tree.map(lambda x: x[src[:, k]], values), src.shape[1])
+
+
+def _ordered_sum(weight: jax.Array, term: Callable[[jax.Array], Any], num_terms: int) -> Any:
+  """``sum_k weight[:, k] * term(k)`` over ``k = 0 .. num_terms - 1``, leaf by leaf, with the same roundings
+  on one device and on a mesh.
+
+  Every product is rounded to the leaves' dtype, then the products are added in ``k`` order. Written as
+  plain ``w0 * x0 + w1 * x1 + ...`` (or as a matrix product), the products and sums would be fused into one
+  loop that the CPU compiler contracts into fused multiply-adds, choosing per shape which product keeps its
+  rounding, so one device (``[M, ...]`` leaves) and a mesh (``[M / D, ...]`` per device) would differ in the
+  last bit. Here a loop (``lax.scan``, which no fusion crosses) computes product ``k`` while adding product
+  ``k - 1``, carried from the previous iteration: no sum ever takes a product computed in the same loop body.
+  """
+  def scaled(k):
+    w = weight[:, k]
+    return jax.tree.map(lambda x: w.astype(x.dtype).reshape((-1,) + (1,) * (x.ndim - 1)) * x, term(k))
+
+  first = scaled(0)
+  if num_terms == 1:
+    return first
+
+  def body(carry, k):
+    acc, previous = carry
+    return (jax.tree.map(jnp.add, acc, previous), scaled(k)), None
+
+  zero = jax.tree.map(jnp.zeros_like, first)
+  # The first iteration adds product 0 to zeros (exact but for the sign of a zero sum).
+  (acc, last), _ = jax.lax.scan(body, (zero, first), jnp.arange(1, num_terms))
+  return jax.tree.map(jnp.add, acc, last)

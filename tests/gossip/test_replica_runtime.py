@@ -41,7 +41,6 @@ PARADIGMS = {
     "sgp_overlap": (lambda m: dj.cluster.sgp(overlap=2), dj.gossip.sgp, None),
     "gossipgrad": (lambda m: dj.cluster.gossipgrad(seed=0), dj.gossip.gossip_grad, None),
 }
-ON_MESH = {"d_psgd_ring_failures": "shift", "sgp_overlap": "gather"}
 
 
 @pytest.mark.parametrize("name", list(PARADIGMS))
@@ -69,13 +68,75 @@ def test_paradigm_matches_the_sequential_reference(name):
   np.testing.assert_allclose(result.history.consensus[-1], want, rtol=1e-3, atol=1e-9)
   assert result.history.events[-1] == schedule.num_events
   assert result.history.gradients[-1] == schedule.num_gradients
-  if name in ON_MESH:
-    # The same run with the replicas split over 8 devices (its own plan of steps): bit for bit.
-    eight = _run(schedule, method(), mesh=jax.make_mesh((8,), ("workers",)))
-    assert eight.stats["mixing"] == ON_MESH[name] and eight.stats["num_devices"] == 8
-    _equal((result.params, result.extra, result.opt_state), (eight.params, eight.extra, eight.opt_state))
-    # Summed over devices (psum) rather than over one array: equal up to rounding.
-    np.testing.assert_allclose(result.history.consensus[-1], eight.history.consensus[-1], rtol=1e-6)
+
+
+# One mixing path each: 1 device and 8 devices must agree bit for bit (plain sgd: nothing but the mixes
+# and the gradient steps between them). Exponential graph: more than four offsets, the all-gather path;
+# SGP with a 2-step overlap: late messages, gathered with every replica's kept past messages. (The dense path,
+# mixes of more than 8 replicas, adds its terms the same way: see the next test.)
+MESH_CASES = {
+    "shift": (lambda: dj.cluster.d_psgd(dj.topology.ring(8)), 8, dj.gossip.d_psgd, lambda: dj.cluster.failures(0.3)),
+    "gather": (lambda: dj.cluster.d_psgd(dj.topology.exponential(8)), 8, dj.gossip.d_psgd, lambda: None),
+    "gather_late_push_sum": (lambda: dj.cluster.sgp(overlap=2), 8, dj.gossip.sgp, lambda: None),
+}
+
+
+@pytest.mark.parametrize("mixing", list(MESH_CASES))
+def test_one_device_and_a_mesh_agree_bit_for_bit(mixing):
+  paradigm, m, method, failures = MESH_CASES[mixing]
+  workers = dj.cluster.workers(m, compute="exponential", speed=[1.0] * (m - 1) + [0.25], seed=0)
+  schedule = dj.cluster.simulate_gossip(paradigm(), workers, num_steps=8, seed=1, failures=failures())
+  data, loss_fn, params = regression()
+  runs = [dj.simulate_gossip(loss_fn, optax.sgd(LR), method(), params, data, schedule, batch_size=BATCH, mesh=mesh)
+          for mesh in (None, jax.make_mesh((8,), ("workers",)))]
+  one, eight = runs
+  assert one.stats["mixing"] == eight.stats["mixing"] == mixing.split("_")[0]
+  assert eight.stats["num_devices"] == 8 and one.stats["num_steps"] >= 6
+  _equal((one.params, one.extra, one.opt_state), (eight.params, eight.extra, eight.opt_state))
+  # Each device count plans its own steps; the final consensus distance is summed over devices (psum) on the
+  # mesh rather than over one array: equal up to rounding.
+  np.testing.assert_allclose(one.history.consensus[-1], eight.history.consensus[-1], rtol=1e-6)
+
+
+def _numpy_mix(weight, sources):
+  """Rows ``sum_k weight[:, k] * sources[k]`` in float32, every product rounded, added in ``k`` order."""
+  acc = None
+  for k, source in enumerate(sources):
+    term = weight[:, k, None] * source
+    acc = term if acc is None else acc + term
+  return acc
+
+
+def test_mix_adds_rounded_products_in_order_on_any_device_count():
+  # The sums a CPU compiler would fuse into multiply-adds (or a matrix product), rounding differently per
+  # shape, must be the plain float32 sums on one device and on every device of a mesh alike: by offsets (a
+  # roll, ppermute on the mesh) and by a dense [M, M] matrix over all the replicas (gathered on the mesh).
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  from delayjax.runtime._replicas import _ordered_sum, _roll
+  rows, cols = 8, 37
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(rows, cols)).astype(np.float32)
+  shift_weight = rng.uniform(size=(rows, 3)).astype(np.float32)
+  dense_weight = rng.uniform(size=(rows, rows)).astype(np.float32)
+  shifts = (0, 1, rows - 1)
+
+  def mix(x, shift_weight, dense_weight, num_devices):
+    sharded = num_devices > 1
+    rolled = jax.numpy.stack([_roll(x, s, rows, num_devices, sharded) for s in shifts])
+    full = jax.lax.all_gather(x, "workers", axis=0, tiled=True) if sharded else x
+    return (_ordered_sum(shift_weight, lambda k: rolled[k], len(shifts)),
+            _ordered_sum(dense_weight, lambda k: full[k][None], rows))
+
+  mesh = jax.make_mesh((8,), ("workers",))
+  on_mesh = jax.jit(jax.shard_map(lambda *a: mix(*a, 8), mesh=mesh, in_specs=P("workers"), out_specs=P("workers")))
+  want = (_numpy_mix(shift_weight, [np.roll(x, -s, axis=0) for s in shifts]), _numpy_mix(dense_weight, x[:, None]))
+  spread = NamedSharding(mesh, P("workers"))
+  for got in (jax.jit(lambda *a: mix(*a, 1))(x, shift_weight, dense_weight),
+              on_mesh(*(jax.device_put(a, spread) for a in (x, shift_weight, dense_weight)))):
+    for g, w in zip(got, want, strict=True):
+      np.testing.assert_array_equal(np.asarray(g), w)
 
 
 def _stacked(params):
