@@ -495,9 +495,9 @@ def _step_function(*, loss_fn, has_aux, tx, method, plan: ReplicaPlan, eval_fn, 
   def combine(values, weight, src):
     """Rows ``sum_k weight[a, k] * values[src[a, k]]`` for the local receivers ``a``."""
     if mixing == "shift":
-      rolled = jax.tree.map(lambda x: jnp.stack([_roll(x, s, num_workers, num_devices, sharded) for s in shifts]),
-                            values)
-      return _ordered_sum(weight, lambda k: jax.tree.map(lambda x: x[k], rolled), len(shifts))
+      return _products_sum(
+          weight, lambda k: jax.tree.map(lambda x: _roll(x, shifts[k], num_workers, num_devices, sharded), values),
+          len(shifts))
     full = gather_all(values)
     if mixing == "dense":
       # Row k of the gathered messages, broadcast over the local receivers by the weights' column k.
@@ -650,8 +650,43 @@ def _draw(seed, workers, draws, shard_rows, shard_sizes, *, num_examples, batch_
 
 
 def _gather_rows(values: Any, weight: jax.Array, src: jax.Array) -> Any:
-  """``sum_k weight[:, k] * x[src[:, k]]`` for every leaf ``x`` of ``values`` (see :func:`_ordered_sum`)."""
-  return _ordered_sum(weight, lambda k: jax.tree.map(lambda x: x[src[:, k]], values), src.shape[1])
+  """``sum_k weight[:, k] * x[src[:, k]]`` for every leaf ``x`` of ``values`` (see :func:`_products_sum`)."""
+  return _products_sum(weight, lambda k: jax.tree.map(lambda x: x[src[:, k]], values), src.shape[1])
+
+
+def _products_sum(weight: jax.Array, term: Callable[[int], Any], num_terms: int) -> Any:
+  """``sum_k weight[:, k] * term(k)`` over ``k = 0 .. num_terms - 1``, leaf by leaf, with the same roundings
+  on one device and on a mesh.
+
+  Every product is rounded to the leaves' dtype, then the products are added in ``k`` order. Written as
+  plain ``w0 * x0 + w1 * x1 + ...``, the products and sums would be fused into one loop that the CPU
+  compiler contracts into fused multiply-adds, choosing per shape which product keeps its rounding, so one
+  device (``[M, ...]`` leaves) and a mesh (``[M / D, ...]`` per device) would differ in the last bit. Here
+  all the products are the outputs of a conditional, which no fusion crosses, and the sums come after it.
+  The predicate is always true (on every device, so that a mesh's collectives in the terms are taken alike)
+  but is not known when compiling, and both branches compute the same products (written apart, so that
+  neither is removed); the terms are made inside the branches, so that
+  they are fused into the products rather than written out. For the few terms of a gossip mix (up to 8 per
+  receiver) this costs one extra write and read of the products, far less than a loop over the terms
+  (:func:`_ordered_sum`, kept for the ``[M, M]`` dense mixes where all the products would not fit).
+  """
+  def column(k, x):
+    return weight[:, k].astype(x.dtype).reshape((-1,) + (1,) * (x.ndim - 1))
+
+  def products():
+    return [jax.tree.map(lambda x, k=k: column(k, x) * x, term(k)) for k in range(num_terms)]
+
+  def same_products():
+    return [jax.tree.map(lambda x, k=k: x * column(k, x), term(k)) for k in range(num_terms)]
+
+  if num_terms == 1:
+    return products()[0]
+  corner = weight[0, 0]
+  rounded = jax.lax.cond(jnp.isnan(corner) | (corner == corner), products, same_products)
+  acc = rounded[0]
+  for p in rounded[1:]:
+    acc = jax.tree.map(jnp.add, acc, p)
+  return acc
 
 
 def _ordered_sum(weight: jax.Array, term: Callable[[jax.Array], Any], num_terms: int) -> Any:

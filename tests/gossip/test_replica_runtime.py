@@ -114,7 +114,7 @@ def test_mix_adds_rounded_products_in_order_on_any_device_count():
   from jax.sharding import NamedSharding
   from jax.sharding import PartitionSpec as P
 
-  from delayjax.runtime._replicas import _ordered_sum, _roll
+  from delayjax.runtime._replicas import _ordered_sum, _products_sum, _roll
   rows, cols = 8, 37
   rng = np.random.default_rng(0)
   x = rng.normal(size=(rows, cols)).astype(np.float32)
@@ -124,9 +124,8 @@ def test_mix_adds_rounded_products_in_order_on_any_device_count():
 
   def mix(x, shift_weight, dense_weight, num_devices):
     sharded = num_devices > 1
-    rolled = jax.numpy.stack([_roll(x, s, rows, num_devices, sharded) for s in shifts])
     full = jax.lax.all_gather(x, "workers", axis=0, tiled=True) if sharded else x
-    return (_ordered_sum(shift_weight, lambda k: rolled[k], len(shifts)),
+    return (_products_sum(shift_weight, lambda k: _roll(x, shifts[k], rows, num_devices, sharded), len(shifts)),
             _ordered_sum(dense_weight, lambda k: full[k][None], rows))
 
   mesh = jax.make_mesh((8,), ("workers",))
