@@ -214,14 +214,20 @@ def host(x: Any) -> np.ndarray:
   return np.asarray(x)
 
 
-def placer(mesh: Any) -> Callable[[Any, P], Any]:
+def placer(mesh: Any, donated: bool = True) -> Callable[[Any, P], Any]:
   """Puts copies of values on the devices: one device, or laid out on ``mesh`` by spec (any process count).
 
-  Always copies: the carry is donated to the chunk function, and the caller's
-  arrays must survive.
+  ``donated``: always copies, as the carry is donated to the chunk function
+  and the caller's arrays must survive. Otherwise (the constants, the
+  tables, which nothing writes) NumPy arrays are transferred with
+  ``jax.device_put``, which dispatches no program (the tables are placed
+  every chunk), from a host copy of their own (a CPU transfer may share
+  the host's memory, which its owner could still change).
   """
   if mesh is None:
-    return lambda x, spec: jnp.array(x, copy=True)
+    if donated:
+      return lambda x, spec: jnp.array(x, copy=True)
+    return lambda x, spec: jax.device_put(np.array(x)) if isinstance(x, np.ndarray) else jnp.array(x, copy=True)
 
   def put(x, spec):
     value = host(x)
@@ -317,14 +323,15 @@ def run(program: Program, *, mesh: Any = None, checkpoint_dir: str | os.PathLike
     records = {name: [rows] for name, rows in restored.items()}
   else:
     carry = place(put, program.carry_specs, carry)
-  constants = place(put, program.constant_specs, program.constants)
+  transfer = placer(mesh, donated=False)
+  constants = place(transfer, program.constant_specs, program.constants)
   unsaved: list[dict[str, Any]] = []  # rows not yet in the checkpoint's history
   if program.initial is not None and first_chunk == 0:
     unsaved.append(program.initial(carry))
 
   for chunk in range(first_chunk, program.num_chunks):
     tables = program.tables(chunk)
-    device_tables = place(put, program.table_specs, tables)
+    device_tables = place(transfer, program.table_specs, tables)
     if inspect is not None:
       inspect(chunk_fn, (carry, constants, device_tables))
       inspect = None

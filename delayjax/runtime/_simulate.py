@@ -814,7 +814,8 @@ def simulate(
 
   Returns:
     A :class:`SimulationResult`: ``params``, ``opt_state``, ``history`` (a
-    :class:`History`) and ``stats``.
+    :class:`History`) and ``stats``; with several runs (``seed`` a
+    sequence or ``hyperparams``), a list of them, one per run.
 
   Raises:
     ValueError, TypeError: on bad arguments, naming the argument.
@@ -1169,7 +1170,9 @@ def _step_function(*, keep_stale: bool, loss_fn, has_aux, tx, params, eval_fn, n
                    full_batch_size: int | None, leaf_groups: tuple[int, ...] | None, keep_local_state: bool):
   """The server runtime's step (see ``_engine.Program.step``): compute a vector of gradients, then apply,
   in order, the updates whose gradients are all computed."""
-  per_device = plan.num_workers // plan.num_devices
+  # Only sizes are taken from the plan: the step (kept in the compile cache) must not hold its tables.
+  num_workers = plan.num_workers
+  per_device = num_workers // plan.num_devices
   samples = max_batches * batch_size
   num_contrib = plan.upd_worker.shape[2]
   max_len = plan.upd_index.shape[1]
@@ -1351,7 +1354,9 @@ def _step_function(*, keep_stale: bool, loss_fn, has_aux, tx, params, eval_fn, n
     if keep_stale:
       stale_buf = jax.tree.map(lambda b, s: store(b, at, s), stale_buf, stale_all)
     loss_buf = store(loss_buf, at, loss_all)
-    finite_buf = store(finite_buf, at, finite_all)
+    if skip_nonfinite:
+      # Only skipping reads the flags back (to leave such gradients out); the report takes them from the outputs.
+      finite_buf = store(finite_buf, at, finite_all)
 
     def store_read(slots, value, row, slot, group):
       if leaf_groups is None:
@@ -1444,7 +1449,7 @@ def _step_function(*, keep_stale: bool, loss_fn, has_aux, tx, params, eval_fn, n
       if reads_per_update <= 2:
         for r in range(reads_per_update):
           index = begin + r
-          reader = jnp.where(index < end, tab["read_worker"][index], plan.num_workers)
+          reader = jnp.where(index < end, tab["read_worker"][index], num_workers)
           value = read_params(opt_state, params, reader)
           slots = store_read(slots, value, local_rows(reader), tab["read_slot"][index], tab["read_group"][index])
       else:
