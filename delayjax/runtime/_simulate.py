@@ -429,8 +429,7 @@ def _fingerprint(schedule: Schedule, *, tx: Any, loss_fn: Callable[..., Any], pa
   extra = _input_examples(params, inputs, samples, terms, num_contrib)
   batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct((batch_size,) + np.shape(x)[1:], jnp.result_type(x)), data)
   out = {
-      "schedule": _checkpoint.digest(*(getattr(schedule, n) for n in ("time", "contributes", "read_version",
-                                                                       "num_batches"))),
+      "schedule": _schedule_digest(schedule),
       "options": _checkpoint.digest(sorted(options.items())),
       "params (structure, shapes, dtypes)": _checkpoint.tree_digest(params, values=False),
       "initial params": _checkpoint.tree_digest(params, values=True),
@@ -455,12 +454,21 @@ _PLANS_KEPT = 2
 _plans: collections.OrderedDict[str, StepPlan] = collections.OrderedDict()
 
 
+def _schedule_digest(schedule: Schedule) -> str:
+  """A digest of everything in ``schedule`` that the run depends on, from its sparse contributions.
+
+  The dense ``[updates, workers]`` views would cost memory that grows with workers x updates (and are
+  refused past ``DENSE_LIMIT``); the compressed rows say the same, in one canonical order.
+  """
+  c = schedule.contributions
+  return _checkpoint.digest(schedule.time, schedule.offsets, c.worker, c.read_version, c.num_batches)
+
+
 def _cached_plan(schedule: Schedule, *args: Any, **kwargs: Any) -> StepPlan:
   """``plan_steps(schedule, *args, **kwargs)``, planned once for equal arguments among the last few."""
   # Arrays go in whole: digest reads their bytes, where a repr would elide long ones.
   named = [part for name, value in sorted(kwargs.items()) for part in (name, value)]
-  key = _checkpoint.digest(*(getattr(schedule, n) for n in ("time", "contributes", "read_version", "num_batches")),
-                           *args, *named)
+  key = _checkpoint.digest(_schedule_digest(schedule), *args, *named)
   if key in _plans:
     _plans.move_to_end(key)
     return _plans[key]
@@ -913,7 +921,7 @@ def simulate(
   step = _step_function(
       keep_stale=keep_stale, loss_fn=loss_fn, has_aux=has_aux, tx=tx, params=params, eval_fn=eval_fn,
       num_examples=num_examples, batch_size=batch_size, sampling=sampling, plan=plan,
-      skip_nonfinite=skip_nonfinite, always_applies=bool(np.all(schedule.contributes.any(axis=1))),
+      skip_nonfinite=skip_nonfinite, always_applies=bool(np.all(np.diff(schedule.offsets) > 0)),
       distributed=mesh is not None, inputs=inputs, local_steps=worker_steps, max_batches=_max_batches(plan),
       sample_terms=sample_terms, terms=terms, full_batch_size=full_batch_size, leaf_groups=leaf_groups,
       keep_local_state=keep_local_state,
@@ -932,7 +940,7 @@ def simulate(
       batch_size=batch_size, eval_fn=eval_fn, sample_terms=sample_terms, local_optimizer=local_optimizer,
       inputs=inputs, terms=terms, plan=plan, options=dict(
           keep_stale=keep_stale, num_examples=num_examples, batch_size=batch_size, sampling=sampling,
-          skip_nonfinite=skip_nonfinite, always_applies=bool(np.all(schedule.contributes.any(axis=1))),
+          skip_nonfinite=skip_nonfinite, always_applies=bool(np.all(np.diff(schedule.offsets) > 0)),
           inputs=inputs, local_steps=None if worker_steps is None else tuple(worker_steps.tolist()),
           max_batches=_max_batches(plan), terms=str(terms), full_batch_size=full_batch_size,
           leaf_groups=leaf_groups, keep_local_state=keep_local_state))
@@ -1020,7 +1028,7 @@ def simulate(
         update=np.arange(num_updates, dtype=np.int64),
         time=times.copy(),
         loss=records["loss"][:, r].astype(np.float32),
-        staleness=np.max(schedule.staleness, axis=1).astype(np.int64),
+        staleness=schedule.max_staleness,
         eval_update=eval_points,
         eval_time=np.where(eval_points > 0, times[np.maximum(eval_points - 1, 0)], 0.0),
         eval_metrics=None if eval_fn is None else jax.tree.map(lambda x: x[:, r], records["metrics"]),

@@ -93,3 +93,12 @@ def test_memory_is_sized_before_the_run_and_refused_past_max_memory(problem):
   with pytest.raises(ValueError, match=r"more than 1.0 KiB \(max_memory\); the largest term is the data"):
     dj.simulate(counting_loss, optax.sgd(0.1), params, data, schedule, batch_size=4, max_memory=1024)
   assert not calls
+
+
+def test_simulate_reads_the_sparse_schedule_only():
+  """No dense [updates, workers] view is built: they grow with workers x updates and are refused past a limit."""
+  data, loss_fn, params = regression_problem()
+  schedule = dj.cluster.simulate(dj.cluster.k_async(2), dj.cluster.workers(4), num_updates=12, seed=0)
+  result = dj.simulate(loss_fn, optax.sgd(0.05), params, data, schedule, batch_size=4, seed=0)
+  assert not schedule._dense, sorted(schedule._dense)
+  np.testing.assert_array_equal(result.history.staleness, schedule.staleness.max(axis=1))
