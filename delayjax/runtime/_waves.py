@@ -3,7 +3,8 @@
 Everything here is NumPy on the host; the device loop in ``_simulate.py``
 only follows the tables built here. Planning is array operations over the
 contributions, except one pass that places each contribution in its step
-(``_assign_steps``: a few list operations per contribution), and it reads the
+(``_assign_steps``: a few list operations per contribution) and one over the
+steps that gives each its buffer block (``_buffer_blocks``), and it reads the
 schedule's sparse contributions, never an ``[updates, workers]`` array.
 
 The device loop runs *steps*: each computes ``lanes`` gradients per device
@@ -27,6 +28,7 @@ the server get more.
 
 from __future__ import annotations
 
+import array
 import dataclasses
 
 import numpy as np
@@ -65,11 +67,16 @@ class StepPlan:
     read_begin, read_end: the reads of version ``u + 1`` done right after
       update ``u`` are entries ``read_begin .. read_end - 1`` of the step's
       read list.
-  Reads, ``[T]`` and ``[T, R]``:
+  Reads, ``[T]``:
     read_first: reads ``0 .. read_first - 1`` are of the step's own version,
       done after its gradients and before its updates.
-    read_worker, read_slot, read_group: who reads, into which slot, which
-      group of parameter leaves (always 0 without per-leaf delays).
+  The reads themselves, one flat list of every step's in order (step ``s``'s
+  are entries ``read_start[s] .. read_start[s + 1] - 1``; a few per step on
+  average however many one step has, so the list grows with the reads, not
+  with steps times the widest step): ``read_worker``, ``read_slot``,
+  ``read_group``, who reads, into which slot, which group of parameter leaves
+  (always 0 without per-leaf delays). :meth:`tables` gives them per step as
+  ``[count, read_width]`` rows padded with worker ``num_workers``.
   """
 
   num_workers: int
@@ -98,8 +105,11 @@ class StepPlan:
   read_worker: np.ndarray
   read_slot: np.ndarray
   read_group: np.ndarray
+  read_start: np.ndarray  # int64 [T + 1]: offsets of each step's reads in the flat read list
+  read_width: int  # the reads' table width in `tables`: at least the most reads of one step
 
-  _META = ("num_workers", "num_devices", "lanes", "num_slots", "buffer_size", "starts")
+  _META = ("num_workers", "num_devices", "lanes", "num_slots", "buffer_size", "starts", "read_worker", "read_slot",
+           "read_group", "read_start", "read_width")
 
   @property
   def num_waves(self) -> int:
@@ -125,29 +135,43 @@ class StepPlan:
     ``lane_next_fresh`` describe the lanes of each following step, whose
     parameters each step gathers last.
     """
-    out = self._rows(first, count)
-    following = self._rows(first + 1, count)
+    reads = self._read_rows(first, count)
+    rows = self._rows(first, count, [f.name for f in dataclasses.fields(self) if f.name not in self._META])
+    out = {f.name: reads[f.name] if f.name in reads else rows[f.name] for f in dataclasses.fields(self)
+           if f.name in reads or f.name in rows}
+    following = self._rows(first + 1, count, ["lane_worker", "lane_slot", "lane_fresh"])
     for name in ("worker", "slot", "fresh"):
       out[f"lane_next_{name}"] = following[f"lane_{name}"]
     return out
 
-  def _rows(self, first: int, count: int) -> dict[str, np.ndarray]:
+  def _rows(self, first: int, count: int, names: list[str]) -> dict[str, np.ndarray]:
     out = {}
-    for f in dataclasses.fields(self):
-      if f.name in self._META:
-        continue
-      value = getattr(self, f.name)[first:first + count]
+    for name in names:
+      value = getattr(self, name)[first:first + count]
       if value.shape[0] < count:
         pad = np.zeros((count - value.shape[0],) + value.shape[1:], value.dtype)
-        if f.name == "lane_worker":
+        if name == "lane_worker":
           pad[...] = self.lane_worker[0]
         value = np.concatenate([value, pad])
-      out[f.name] = value
+      out[name] = value
+    return out
+
+  def _read_rows(self, first: int, count: int) -> dict[str, np.ndarray]:
+    """Steps ``first .. first + count - 1``'s reads as ``[count, read_width]`` rows (empty steps past the end)."""
+    bounds = self.read_start[np.clip(np.arange(first, first + count + 1), 0, self.num_steps)]
+    lo, hi = int(bounds[0]), int(bounds[-1])
+    row = np.repeat(np.arange(count), np.diff(bounds))
+    column = np.arange(lo, hi) - bounds[row]
+    out = {}
+    for name, fill in (("read_worker", self.num_workers), ("read_slot", 0), ("read_group", 0)):
+      table = np.full((count, self.read_width), fill, np.int32)
+      table[row, column] = getattr(self, name)[lo:hi]
+      out[name] = table
     return out
 
 
-def _wave_starts(cu: np.ndarray, cm: np.ndarray, cv: np.ndarray, order: np.ndarray, m_sorted: np.ndarray,
-                 num_updates: int) -> np.ndarray:
+def _wave_starts(cu: np.ndarray, cv: np.ndarray, order: np.ndarray, m_sorted: np.ndarray, per_update: np.ndarray,
+                 first: np.ndarray) -> np.ndarray:
   """Greedy waves: cut before an update that needs a version newer than the wave's start,
   or a second gradient from a worker already in the wave.
 
@@ -156,31 +180,36 @@ def _wave_starts(cu: np.ndarray, cm: np.ndarray, cv: np.ndarray, order: np.ndarr
   (both at most ``u``). So the wave after the one starting at ``s`` starts at the first update whose
   ``need`` exceeds ``s``: a suffix minimum over ``need``, followed from update 0.
   """
-  n = cu.size
+  n, num_updates = cu.size, per_update.size
   previous = np.full(n, -1, np.int64)  # the update of the worker's previous contribution
   if n:
     same = m_sorted[1:] == m_sorted[:-1]
     previous[order[1:][same]] = cu[order[:-1][same]]
-  need = np.full(num_updates, -1, np.int64)
-  filled = np.flatnonzero(np.bincount(cu, minlength=num_updates))
-  if n:
+  need = np.maximum(cv, previous + 1)
+  filled = cu  # the updates with a contribution
+  if n and (n != num_updates or per_update.max() > 1):
     # Contributions are sorted by update: each update's are one run.
-    need[filled] = np.maximum.reduceat(np.maximum(cv, previous + 1), np.searchsorted(cu, filled))
-  # first[t]: the first update whose need is t; nxt[s]: the first update whose need exceeds s.
-  first = np.full(num_updates + 1, num_updates, np.int64)
-  np.minimum.at(first, need[filled], filled)
-  nxt = np.minimum.accumulate(first[::-1])[::-1][1:].tolist()
-  starts = []
+    filled = np.flatnonzero(per_update)
+    need = np.maximum.reduceat(need, first[filled])
+  # lowest[t]: the first update whose need is t; nxt[s]: the first update whose need exceeds s.
+  lowest = np.full(num_updates + 1, num_updates, np.int64)
+  np.minimum.at(lowest, need, filled)
+  nxt = np.minimum.accumulate(lowest[::-1])[::-1][1:]
+  # Followed from update 0, one wave at a time: an array.array reads it without converting every entry.
+  nxt = array.array("q", nxt.astype(np.int64).tobytes())
+  starts = array.array("q")
+  begin = starts.append
   s = 0
   while s < num_updates:
-    starts.append(s)
+    begin(s)
     s = nxt[s]
-  return np.asarray(starts + [num_updates], np.int64)
+  begin(num_updates)
+  return np.frombuffer(starts, np.int64).copy()
 
 
 def _assign_steps(cu: np.ndarray, ready: np.ndarray, device: np.ndarray, num_devices: int, lanes: int,
-                  after: np.ndarray | None, limit: float = np.inf) -> tuple[list[int], list[int]] | None:
-  """Assigns every contribution its step, building the steps' versions.
+                  after: np.ndarray | None, limit: float = np.inf) -> tuple[list[int], list[int], list[int]] | None:
+  """Assigns every contribution its step and lane, building the steps' versions.
 
   The device loop builds steps one at a time at the server version ``V``
   (updates applied so far): each device computes up to ``lanes`` of the
@@ -191,13 +220,15 @@ def _assign_steps(cu: np.ndarray, ready: np.ndarray, device: np.ndarray, num_dev
   uncomputed. Lower indices take lanes first, so the same steps come from
   placing contributions in index order, each in the first step at or after
   the one where it becomes ready (and after its ``after``'s) with a lane free
-  on its device; and the version of every step up to the last one used is
-  then known: a step's version is the update of the lowest-index
-  contribution placed in it or later (version 0 for step 0).
+  on its device, in that device's next lane; and the version of every step
+  up to the last one used is then known: a step's version is the update of
+  the lowest-index contribution placed in it or later (version 0 for step 0).
+  A contribution opens a new step only as the first placed in it, so that
+  step's version is its update.
 
-  Returns ``(compute_step, versions)`` (``versions[s]``: step ``s``'s
-  version), or ``None`` once the steps cost more than ``limit`` (steps times
-  ``lanes + _STEP_COST``).
+  Returns ``(compute_step, versions, lane)`` (``versions[s]``: step ``s``'s
+  version; ``lane``: within the device), or ``None`` once the steps cost
+  more than ``limit`` (steps times ``lanes + _STEP_COST``).
   """
   n = cu.size
   if num_devices == 1 and after is None:
@@ -206,6 +237,7 @@ def _assign_steps(cu: np.ndarray, ready: np.ndarray, device: np.ndarray, num_dev
   dev_l = device.tolist() if num_devices > 1 else [0] * n
   after_l = [-1] * n if after is None else after.tolist()
   step = [0] * n
+  lane_of = [0] * n
   versions = [0]  # step 0 is built at version 0
   top = 0  # versions[-1]
   # ready_step[v]: the first step whose version is at least v, for v <= top.
@@ -229,7 +261,9 @@ def _assign_steps(cu: np.ndarray, ready: np.ndarray, device: np.ndarray, num_dev
       link[t] = link[link[t]]
       t = link[t]
     load = loads[d]
-    k = load[t] + 1
+    k = load[t]
+    lane_of[c] = k
+    k += 1
     load[t] = k
     if k == lanes:
       link[t] = t + 1
@@ -246,16 +280,18 @@ def _assign_steps(cu: np.ndarray, ready: np.ndarray, device: np.ndarray, num_dev
           loads[d].extend([0] * size)
           links[d].extend(range(size, 2 * size))
         size *= 2
-  return step, versions
+  return step, versions, lane_of
 
 
 def _assign_steps_one_device(cu: np.ndarray, ready: np.ndarray, lanes: int,
-                             limit: float) -> tuple[list[int], list[int]] | None:
+                             limit: float) -> tuple[list[int], list[int], list[int]] | None:
   """:func:`_assign_steps` for one device and contributions that wait for no other (the common case, in
-  fewer operations per contribution: there are at most ``n + 1`` steps, so the tables are allocated once)."""
+  fewer operations per contribution: there are at most ``n + 1`` steps, so the tables are allocated once,
+  and a contribution lands at most in the step after the last one, which it then opens)."""
   n = cu.size
-  cu_l = cu.tolist()
-  step = [0] * n
+  step: list[int] = []
+  lane_of: list[int] = []
+  place, take = step.append, lane_of.append
   versions = [0]
   top = 0
   ready_step = [0] * (int(cu[-1]) + 2 if n else 1)
@@ -263,24 +299,29 @@ def _assign_steps_one_device(cu: np.ndarray, ready: np.ndarray, lanes: int,
   link = list(range(n + 3))
   cost = lanes + _STEP_COST
   known = 1
-  for c, r in enumerate(ready.tolist()):
-    t = ready_step[r] if r <= top else known
-    while link[t] != t:
-      link[t] = link[link[t]]
-      t = link[t]
-    k = load[t] + 1
+  for r, u in zip(ready.tolist(), cu.tolist()):
+    if r <= top:
+      t = ready_step[r]
+      while link[t] != t:
+        link[t] = link[link[t]]
+        t = link[t]
+    else:
+      t = known
+    k = load[t]
+    take(k)
+    k += 1
     load[t] = k
     if k == lanes:
       link[t] = t + 1
-    step[c] = t
-    if t >= known:
-      u = cu_l[c]
-      versions.extend([u] * (t + 1 - known))
+    place(t)
+    if t == known:
+      versions.append(u)
       ready_step[top + 1:u + 1] = [known] * (u - top)
-      top, known = u, t + 1
+      top = u
+      known += 1
       if known * cost > limit:
         return None
-  return step, versions
+  return step, versions, lane_of
 
 
 def _schedule_steps(cu: np.ndarray, ready: np.ndarray, device: np.ndarray, num_devices: int, lanes: int,
@@ -288,24 +329,19 @@ def _schedule_steps(cu: np.ndarray, ready: np.ndarray, device: np.ndarray, num_d
   """Every contribution's step, lane (within its device) and version, every update's step, and every
   step's version.
 
-  See :func:`_assign_steps`; lanes go to a step's contributions on a device
-  in index order, and an update is applied in the step whose version it is at
-  least and the next step's version it is below.
+  See :func:`_assign_steps`; an update is applied in the step whose version
+  it is at least and the next step's version it is below.
   """
-  compute_step, versions = _assign_steps(cu, ready, device, num_devices, lanes, after)
+  compute_step, versions, lane_of = _assign_steps(cu, ready, device, num_devices, lanes, after)
   versions = np.asarray(versions, np.int64)
   compute_step = np.asarray(compute_step, np.int64)
-  # Contributions are in index order: a stable sort by (step, device) keeps it within each group.
-  key = compute_step * num_devices + device
-  by_key = np.argsort(key, kind="stable")
-  sorted_key = key[by_key]
-  lane_of = np.empty(cu.size, np.int64)
-  lane_of[by_key] = np.arange(cu.size) - np.searchsorted(sorted_key, sorted_key, side="left")
-  apply_step = np.searchsorted(versions, np.arange(num_updates), side="right") - 1
-  return compute_step, lane_of, versions[compute_step], apply_step, versions
+  lane_of = np.asarray(lane_of, np.int64)
+  # last_step[v]: the last step whose version is at most v (versions are sorted).
+  last_step = np.cumsum(np.bincount(versions, minlength=num_updates + 1)) - 1
+  return compute_step, lane_of, versions[compute_step], last_step[:num_updates], versions, last_step
 
 
-def _reads(cv: np.ndarray, compute_step: np.ndarray, versions: np.ndarray):
+def _reads(cv: np.ndarray, compute_step: np.ndarray, versions: np.ndarray, last_step: np.ndarray):
   """The reads through a slot, in each step's order.
 
   A group read at version ``v`` is stored when its gradient is computed after
@@ -314,16 +350,18 @@ def _reads(cv: np.ndarray, compute_step: np.ndarray, versions: np.ndarray):
   are ordered by version, then by (contribution, group).
 
   Returns, per entry in order, its contribution, group, step and ``after``
-  (the update it follows, ``-1`` for the step's own version).
+  (the update it follows, ``-1`` for the step's own version). ``last_step``:
+  per version, the last step whose version is at most it.
   """
   groups = cv.shape[1]
   pair_version = cv.reshape(-1)
   by_read = np.argsort(pair_version, kind="stable")
   version = pair_version[by_read]
-  c, g = np.divmod(by_read, groups)
-  s = np.searchsorted(versions, version, side="right") - 1
+  c = by_read if groups == 1 else by_read // groups
+  s = last_step[version]
   keep = compute_step[c] > s
-  c, g, s, version = c[keep], g[keep], s[keep], version[keep]
+  c, s, version = c[keep], s[keep], version[keep]
+  g = np.zeros(c.size, np.int64) if groups == 1 else by_read[keep] % groups
   after = np.where(version == versions[s], -1, version - 1)
   return c, g, s, after
 
@@ -348,18 +386,19 @@ def _buffer_blocks(compute_step: np.ndarray, cu: np.ndarray, apply_step: np.ndar
   busy_through = np.arange(num_steps)
   if cu.size:
     np.maximum.at(busy_through, compute_step, apply_step[cu])
-  block_of_step = [0] * num_steps
-  free_after: list[int] = []  # per block: the last step it is busy
+  block_of_step: list[int] = []
+  use = block_of_step.append
+  # Per block: the last step it is busy; the last entry is a block not used yet (free from the start).
+  free_after = [-1]
   for s, last in enumerate(busy_through.tolist()):
-    for b, until in enumerate(free_after):
-      if until < s:
-        break
-    else:
-      b = len(free_after)
-      free_after.append(0)
+    b = 0
+    while free_after[b] >= s:
+      b += 1
+    if b == len(free_after) - 1:
+      free_after.append(-1)
     free_after[b] = last
-    block_of_step[s] = b
-  return np.asarray(block_of_step, np.int64), max(len(free_after), 1)
+    use(b)
+  return np.asarray(block_of_step, np.int64), max(len(free_after) - 1, 1)
 
 
 def _step_bound(cu: np.ndarray, ready: np.ndarray, num_updates: int) -> int:
@@ -471,7 +510,7 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
     group_start = np.maximum.accumulate(np.where(new_worker, np.arange(n), 0))
   rank = np.empty(n, np.int64)
   rank[order] = np.arange(n) - group_start
-  starts = _wave_starts(cu, cm, cv, order, m_sorted, num_updates)
+  starts = _wave_starts(cu, cv, order, m_sorted, per_update, first)
   draws = cnb if local_steps is None else cnb * np.asarray(local_steps, np.int64)[cm]
   draws_sorted = draws[order]
   drawn = np.cumsum(draws_sorted) - draws_sorted
@@ -486,9 +525,9 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
     after[order[1:][m_sorted[1:] == m_sorted[:-1]] if n else order[:0]] = previous
   if lanes is None:
     lanes = _choose_lanes(cu, ready, device, num_devices, per_device, per_update, after)
-  compute_step, lane_of, compute_version, apply_step, versions = _schedule_steps(
+  compute_step, lane_of, compute_version, apply_step, versions, last_step = _schedule_steps(
       cu, ready, device, num_devices, lanes, num_updates, after)
-  read_c, read_g, read_s, read_after = _reads(cvg, compute_step, versions)
+  read_c, read_g, read_s, read_after = _reads(cvg, compute_step, versions, last_step)
   # The fewest slots per worker that the steps never need to overwrite while
   # still in use.
   num_slots = 1
@@ -507,21 +546,28 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
   pos = buffer_offset[compute_step] + lane if n else np.zeros(0, np.int64)
   buffer_size = num_blocks * width
 
+  # Tables are filled through flat indices (one index array for the fields of a table shape).
   shape = (num_steps, width)
-  lane_active = np.zeros(shape, bool)
-  lane_worker = np.broadcast_to((np.arange(width) // lanes) * per_device, shape).astype(np.int32)
-  lane_slot = np.zeros(shape, np.int32)
-  lane_fresh = np.zeros(shape + (cvg.shape[1],), bool)
-  lane_update = np.zeros(shape, np.int32)
-  lane_draw = np.zeros(shape, np.int32)
-  lane_batches = np.ones(shape, np.int32)
-  lane_active[compute_step, lane] = True
-  lane_worker[compute_step, lane] = cm
-  lane_slot[compute_step, lane] = slot
-  lane_fresh[compute_step, lane] = fresh
-  lane_update[compute_step, lane] = cu
-  lane_draw[compute_step, lane] = draw
-  lane_batches[compute_step, lane] = cnb
+  at_lane = compute_step * width + lane
+
+  def lane_table(values, fill, dtype):
+    table = np.full(num_steps * width, fill, dtype)
+    table[at_lane] = values
+    return table.reshape(shape)
+
+  lane_active = lane_table(True, False, bool)
+  lane_worker = np.empty(shape, np.int32)
+  lane_worker[...] = (np.arange(width) // lanes) * per_device
+  lane_worker.reshape(-1)[at_lane] = cm
+  lane_slot = lane_table(slot, 0, np.int32)
+  if cvg.shape[1] == 1:
+    lane_fresh = lane_table(fresh[:, 0], False, bool).reshape(shape + (1,))
+  else:
+    lane_fresh = np.zeros(shape + (cvg.shape[1],), bool)
+    lane_fresh[compute_step, lane] = fresh
+  lane_update = lane_table(cu, 0, np.int32)
+  lane_draw = lane_table(draw, 0, np.int32)
+  lane_batches = lane_table(cnb, 1, np.int32)
 
   # Updates, in order, each in the step that computes its last gradient (or
   # later, behind an earlier update still waiting).
@@ -529,55 +575,54 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
   max_len = max(int(upd_count.max()) if num_updates else 1, 1)
   step_first = np.concatenate([[0], np.cumsum(upd_count)])
   position = np.arange(num_updates) - step_first[apply_step]
-  upd_index = np.zeros((num_steps, max_len), np.int32)
-  upd_index[apply_step, position] = np.arange(num_updates)
+  at_update = apply_step * max_len + position  # flat index in [T, L]
+  upd_index = np.zeros(num_steps * max_len, np.int32)
+  upd_index[at_update] = np.arange(num_updates)
+  upd_index = upd_index.reshape(num_steps, max_len)
   max_contrib = max(int(per_update.max()) if num_updates else 1, 1)
   kshape = (num_steps, max_len, max_contrib)
-  upd_pos = np.zeros(kshape, np.int32)
-  upd_worker = np.zeros(kshape, np.int32)
-  upd_batches = np.zeros(kshape, np.int32)
-  upd_staleness = np.zeros(kshape + (cvg.shape[1],), np.int32)
   staleness = cu[:, None] - cvg  # [n, G]
   # Stalest first (by its stalest group), ties by lowest worker: the first kept entry supplies the
   # update's staleness, stale parameters and worker.
   if max_contrib == 1:
-    by_update = np.arange(n)
+    by_update = None
+    at_contrib = at_update[cu]
   else:
     # Contributions are sorted by update, then worker: a stable sort on (update, stalest first) keeps
     # the worker order within ties.
     stalest = staleness.max(axis=1, initial=0)
     top = int(stalest.max()) + 1
     by_update = np.argsort(cu * top + (top - 1 - stalest), kind="stable")
-  k = np.arange(n) - first[cu[by_update]]
-  rows = (apply_step[cu[by_update]], position[cu[by_update]], k)
-  upd_pos[rows] = pos[by_update]
-  upd_worker[rows] = cm[by_update]
-  upd_batches[rows] = cnb[by_update]
-  upd_staleness[rows] = staleness[by_update]
+    at_contrib = at_update[cu] * max_contrib + (np.arange(n) - first[cu])
+
+  def update_table(values, groups=None):
+    table = np.zeros(kshape[0] * kshape[1] * kshape[2] * (groups or 1), np.int32)
+    if groups is None:
+      table[at_contrib] = values if by_update is None else values[by_update]
+      return table.reshape(kshape)
+    table = table.reshape(-1, groups)
+    table[at_contrib] = values if by_update is None else values[by_update]
+    return table.reshape(kshape + (groups,))
+
+  upd_pos = update_table(pos)
+  upd_worker = update_table(cm)
+  upd_batches = update_table(cnb)
+  upd_staleness = update_table(staleness, cvg.shape[1])
 
   # Reads through a slot, per step: first those of the step's own version
   # (after its gradients, before its updates), then those of version u + 1
   # right after update u.
   reads_per_step = np.bincount(read_s, minlength=num_steps)
-  max_reads = max(int(reads_per_step.max()) if num_steps else 1, 1)
   read_start = np.concatenate([[0], np.cumsum(reads_per_step)])
-  read_pos = np.arange(read_c.size) - read_start[read_s]
-  read_worker = np.full((num_steps, max_reads), num_workers, np.int32)
-  read_slot = np.zeros((num_steps, max_reads), np.int32)
-  read_group = np.zeros((num_steps, max_reads), np.int32)
-  read_worker[read_s, read_pos] = cm[read_c]
-  read_slot[read_s, read_pos] = slot[read_c]
-  read_group[read_s, read_pos] = read_g
-  read_first = np.bincount(read_s[read_after < 0], minlength=num_steps).astype(np.int32)
-  # Reads after update u are those whose `after` is u: a search in (step, after + 1) keys.
-  span = num_updates + 1
-  read_keys = read_s * span + read_after + 1
-  upd_steps, upd_slots = np.nonzero(np.arange(max_len)[None, :] < upd_count[:, None])
-  upd_keys = upd_steps * span + upd_index[upd_steps, upd_slots].astype(np.int64) + 1
-  read_begin = np.zeros((num_steps, max_len), np.int32)
-  read_end = np.zeros((num_steps, max_len), np.int32)
-  read_begin[upd_steps, upd_slots] = np.searchsorted(read_keys, upd_keys, side="left") - read_start[upd_steps]
-  read_end[upd_steps, upd_slots] = np.searchsorted(read_keys, upd_keys, side="right") - read_start[upd_steps]
+  own = read_after < 0
+  read_first = np.bincount(read_s[own], minlength=num_steps).astype(np.int32)
+  # Update u's reads follow the step's own reads and those after its earlier updates.
+  after_update = np.concatenate([[0], np.cumsum(np.bincount(read_after[~own], minlength=num_updates))])
+  begin = read_first[apply_step] + after_update[:-1] - after_update[step_first[apply_step]]
+  read_begin = np.zeros(num_steps * max_len, np.int32)
+  read_end = np.zeros(num_steps * max_len, np.int32)
+  read_begin[at_update] = begin
+  read_end[at_update] = begin + np.diff(after_update)
 
   return StepPlan(
       num_workers=num_workers, num_devices=num_devices, lanes=lanes, num_slots=num_slots,
@@ -585,5 +630,8 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
       lane_worker=lane_worker, lane_slot=lane_slot, lane_fresh=lane_fresh, lane_update=lane_update,
       lane_draw=lane_draw, lane_batches=lane_batches, buffer_offset=buffer_offset, upd_count=upd_count,
       upd_index=upd_index, upd_pos=upd_pos, upd_worker=upd_worker, upd_batches=upd_batches,
-      upd_staleness=upd_staleness, read_begin=read_begin, read_end=read_end, read_first=read_first,
-      read_worker=read_worker, read_slot=read_slot, read_group=read_group)
+      upd_staleness=upd_staleness, read_begin=read_begin.reshape(num_steps, max_len),
+      read_end=read_end.reshape(num_steps, max_len), read_first=read_first,
+      read_worker=cm[read_c].astype(np.int32), read_slot=slot[read_c].astype(np.int32),
+      read_group=read_g.astype(np.int32), read_start=read_start,
+      read_width=max(int(reads_per_step.max()) if num_steps else 1, 1))

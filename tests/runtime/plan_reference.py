@@ -195,7 +195,7 @@ def _choose_lanes(cu: np.ndarray, cv: np.ndarray, ready: np.ndarray, device: np.
 def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
                lanes: int | None = None, local_steps: np.ndarray | None = None,
                not_before: np.ndarray | None = None, group_versions: np.ndarray | None = None,
-               sequential_workers: bool = False) -> StepPlan:
+               sequential_workers: bool = False, dense_reads: bool = False) -> StepPlan:
   """Splits ``schedule`` into steps for ``num_workers`` workers on ``num_devices`` devices.
 
   ``num_workers`` is the schedule's, padded to a multiple of ``num_devices``
@@ -214,6 +214,8 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
   ``upd_staleness`` then have a group axis of size ``G``);
   ``sequential_workers``: a worker's contribution is computed in a later
   step than its previous one (workers that carry state from one to the next).
+  ``dense_reads``: also return the reads as ``[steps, most reads of a step]``
+  tables padded with worker ``num_workers``, as ``StepPlan.tables`` gives them.
   """
   num_updates = schedule.num_updates
   per_device = num_workers // num_devices
@@ -336,11 +338,17 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
       read_begin[s, :upd_count[s]] = np.searchsorted(afters, us, side="left")
       read_end[s, :upd_count[s]] = np.searchsorted(afters, us, side="right")
 
-  return StepPlan(
+  # The plan keeps the reads as one flat list in step order with per-step offsets.
+  real = read_worker < num_workers
+  plan = StepPlan(
       num_workers=num_workers, num_devices=num_devices, lanes=lanes, num_slots=num_slots,
       buffer_size=buffer_size, starts=starts, lane_active=lane_active,
       lane_worker=lane_worker, lane_slot=lane_slot, lane_fresh=lane_fresh, lane_update=lane_update,
       lane_draw=lane_draw, lane_batches=lane_batches, buffer_offset=buffer_offset, upd_count=upd_count,
       upd_index=upd_index, upd_pos=upd_pos, upd_worker=upd_worker, upd_batches=upd_batches,
       upd_staleness=upd_staleness, read_begin=read_begin, read_end=read_end, read_first=read_first,
-      read_worker=read_worker, read_slot=read_slot, read_group=read_group)
+      read_worker=read_worker[real], read_slot=read_slot[real], read_group=read_group[real],
+      read_start=np.concatenate([[0], np.cumsum(real.sum(axis=1))]), read_width=max_reads)
+  if dense_reads:
+    return plan, {"read_worker": read_worker, "read_slot": read_slot, "read_group": read_group}
+  return plan

@@ -142,3 +142,27 @@ def test_random_schedules_that_need_several_slots():
       kwargs["not_before"] = np.arange(schedule.num_updates) // epoch * epoch
     slots.add(both(schedule, num_workers, devices, **kwargs).num_slots)
   assert max(slots) >= 4  # the slot search is exercised
+
+
+def test_chunk_tables_are_the_reference_dense_tables():
+  """The plan keeps its reads as one flat list; ``tables`` must still give every chunk the reference's
+  ``[steps, most reads of a step]`` rows (padded with worker ``num_workers``), past the last step too."""
+  cases = [(cluster_schedule("asp", 64, 600, 1), 64, {}), (cluster_schedule("ssp2", 7, 300, 2), 8, {"num_devices": 2})]
+  schedule, versions = stale_read_schedule([4, 2, 7], 300, 5)
+  cases.append((schedule, schedule.num_workers, {"group_versions": versions}))
+  for schedule, num_workers, kwargs in cases:
+    new = plan_steps(schedule, num_workers, **kwargs)
+    old, dense = plan_reference.plan_steps(schedule, num_workers, dense_reads=True, **kwargs)
+    assert_same_plan(new, old)
+    steps, width = dense["read_worker"].shape
+    assert new.read_width == width and new.read_worker.size < dense["read_worker"].size
+    for first, count in [(0, steps), (0, 7), (steps - 5, 9), (steps + 2, 3)]:
+      rows = new.tables(first, count)
+      for name, fill in (("read_worker", num_workers), ("read_slot", 0), ("read_group", 0)):
+        want = np.full((count, width), fill, np.int32)
+        part = dense[name][first:first + count]
+        want[:part.shape[0]] = part
+        np.testing.assert_array_equal(rows[name], want, err_msg=name)
+      for name in ("lane_worker", "upd_pos", "read_begin", "read_end", "read_first"):
+        want = getattr(old, name)[first:first + count]
+        np.testing.assert_array_equal(rows[name][:want.shape[0]], want, err_msg=name)
