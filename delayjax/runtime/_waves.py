@@ -170,7 +170,7 @@ class StepPlan:
     return out
 
 
-def _wave_starts(cu: np.ndarray, cv: np.ndarray, order: np.ndarray, m_sorted: np.ndarray, per_update: np.ndarray,
+def _wave_starts(cu: np.ndarray, cv: np.ndarray, order: np.ndarray, new_worker: np.ndarray, per_update: np.ndarray,
                  first: np.ndarray) -> np.ndarray:
   """Greedy waves: cut before an update that needs a version newer than the wave's start,
   or a second gradient from a worker already in the wave.
@@ -179,30 +179,40 @@ def _wave_starts(cu: np.ndarray, cv: np.ndarray, order: np.ndarray, m_sorted: np
   the largest, over its contributions, of the read version and one past the worker's previous update
   (both at most ``u``). So the wave after the one starting at ``s`` starts at the first update whose
   ``need`` exceeds ``s``: a suffix minimum over ``need``, followed from update 0.
+
+  ``order`` sorts the contributions by worker, then update; ``new_worker``
+  (in that order) marks each worker's first.
   """
   n, num_updates = cu.size, per_update.size
-  previous = np.full(n, -1, np.int64)  # the update of the worker's previous contribution
-  if n:
-    same = m_sorted[1:] == m_sorted[:-1]
-    previous[order[1:][same]] = cu[order[:-1][same]]
-  need = np.maximum(cv, previous + 1)
-  filled = cu  # the updates with a contribution
+  # In worker order: one past the update of the worker's previous contribution (0 for its first).
+  filled = cu[order]  # the updates with a contribution
+  after_previous = np.empty(n, np.int64)
+  after_previous[1:] = filled[:-1] + 1
+  after_previous[new_worker] = 0
+  need = np.maximum(cv[order], after_previous)
   if n and (n != num_updates or per_update.max() > 1):
     # Contributions are sorted by update: each update's are one run.
+    in_order = np.empty(n, np.int64)
+    in_order[order] = need
     filled = np.flatnonzero(per_update)
-    need = np.maximum.reduceat(need, first[filled])
-  # lowest[t]: the first update whose need is t; nxt[s]: the first update whose need exceeds s.
+    need = np.maximum.reduceat(in_order, first[filled])
+  # lowest[t]: the first update whose need is t; nxt[s], the first update whose need exceeds s, is the
+  # minimum of lowest[s + 1:].
   lowest = np.full(num_updates + 1, num_updates, np.int64)
   np.minimum.at(lowest, need, filled)
-  nxt = np.minimum.accumulate(lowest[::-1])[::-1][1:]
-  # Followed from update 0, one wave at a time: an array.array reads it without converting every entry.
-  nxt = array.array("q", nxt.astype(np.int64).tobytes())
+  # Followed from update 0, one wave at a time, in an array.array (read without converting every entry):
+  # nxt[s] is entry num_updates - 1 - s of the running minimum of `lowest` from its end.
+  from_end = np.empty(num_updates + 1, np.int64)
+  np.minimum.accumulate(lowest[::-1], out=from_end)
+  nxt = array.array("q")
+  nxt.frombytes(memoryview(from_end).cast("B"))
+  last = num_updates - 1
   starts = array.array("q")
   begin = starts.append
   s = 0
   while s < num_updates:
     begin(s)
-    s = nxt[s]
+    s = nxt[last - s]
   begin(num_updates)
   return np.frombuffer(starts, np.int64).copy()
 
@@ -366,17 +376,26 @@ def _reads(cv: np.ndarray, compute_step: np.ndarray, versions: np.ndarray, last_
   return c, g, s, after
 
 
-def _slots_suffice(c: np.ndarray, s: np.ndarray, compute_step: np.ndarray, rank: np.ndarray,
-                   order: np.ndarray, num_slots: int) -> bool:
-  """Whether no read overwrites a slot whose previous contribution is not computed by then."""
+def _num_slots(c: np.ndarray, s: np.ndarray, compute_step: np.ndarray, rank: np.ndarray, order: np.ndarray) -> int:
+  """The fewest slots per worker such that no read (of contribution ``c`` in step ``s``) overwrites a slot
+  whose previous contribution is not computed by then.
+
+  ``order`` sorts the contributions by worker, then update: a slot's previous
+  contribution is ``num_slots`` places before in it.
+  """
+  num_slots = 1
   if not c.size:
-    return True
-  where = np.empty(order.size, np.int64)
-  where[order] = np.arange(order.size)
+    return num_slots
   r = rank[c]
-  reuse = r >= num_slots
-  prev = order[where[c[reuse]] - num_slots]
-  return bool(np.all(compute_step[prev] <= s[reuse]))
+  where = np.empty(order.size, np.int64)  # position in worker order
+  where[order] = np.arange(order.size)
+  at = where[c]
+  step_sorted = compute_step[order]
+  while True:
+    reuse = r >= num_slots
+    if bool(np.all(step_sorted[at[reuse] - num_slots] <= s[reuse])):
+      return num_slots
+    num_slots += 1
 
 
 def _buffer_blocks(compute_step: np.ndarray, cu: np.ndarray, apply_step: np.ndarray,
@@ -504,18 +523,20 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
   # keys sort in linear time).
   order = np.argsort(cm.astype(np.uint16) if num_workers < 2**16 else cm, kind="stable")
   m_sorted = cm[order]
-  group_start = np.zeros(n, np.int64)
-  if n:
-    new_worker = np.concatenate([[True], m_sorted[1:] != m_sorted[:-1]])
-    group_start = np.maximum.accumulate(np.where(new_worker, np.arange(n), 0))
+  counts = np.bincount(cm, minlength=num_workers)
+  group_start = (np.cumsum(counts) - counts)[m_sorted]  # in worker order: where the worker's run begins
+  rank_sorted = np.arange(n) - group_start
   rank = np.empty(n, np.int64)
-  rank[order] = np.arange(n) - group_start
-  starts = _wave_starts(cu, cv, order, m_sorted, per_update, first)
-  draws = cnb if local_steps is None else cnb * np.asarray(local_steps, np.int64)[cm]
-  draws_sorted = draws[order]
-  drawn = np.cumsum(draws_sorted) - draws_sorted
-  draw = np.empty(n, np.int64)
-  draw[order] = drawn - drawn[group_start] if n else drawn
+  rank[order] = rank_sorted
+  starts = _wave_starts(cu, cv, order, rank_sorted == 0, per_update, first)
+  if local_steps is None and bool(np.all(cnb == 1)):
+    draw = rank  # one minibatch per contribution
+  else:
+    draws = cnb if local_steps is None else cnb * np.asarray(local_steps, np.int64)[cm]
+    draws_sorted = draws[order]
+    drawn = np.cumsum(draws_sorted) - draws_sorted
+    draw = np.empty(n, np.int64)
+    draw[order] = drawn - drawn[group_start] if n else drawn
   device = cm // per_device
   ready = cv if not_before is None else np.maximum(cv, np.asarray(not_before, np.int64)[cu])
   after = None
@@ -528,11 +549,7 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
   compute_step, lane_of, compute_version, apply_step, versions, last_step = _schedule_steps(
       cu, ready, device, num_devices, lanes, num_updates, after)
   read_c, read_g, read_s, read_after = _reads(cvg, compute_step, versions, last_step)
-  # The fewest slots per worker that the steps never need to overwrite while
-  # still in use.
-  num_slots = 1
-  while not _slots_suffice(read_c, read_s, compute_step, rank, order, num_slots):
-    num_slots += 1
+  num_slots = _num_slots(read_c, read_s, compute_step, rank, order)
   fresh = cvg == compute_version[:, None]  # [n, G]: the group is read at the compute version
   slot = rank % num_slots
   num_steps = int(apply_step.max()) + 1 if num_updates else 1
