@@ -10,12 +10,15 @@ interleaved rounds; the table gives the best wall-clock and CPU microseconds
 per update (per event for gossip schedules) and the ratio old / new.
 
 - ``plan_steps`` (``dj.simulate``): ASP with exponential compute times at
-  M = 4, 64, 1024 workers and 1e4, 1e5, 1e6 updates, SSP(3) and K-sync(M/2)
-  at 1e5 updates; lanes chosen by the planner (as ``dj.simulate`` does).
+  M = 4, 16, 64, 1024 workers and 1e4, 1e5, 1e6 updates, SSP(3) at 1e5 and
+  1e6 updates, K-sync(M/2) at up to 1e5 updates; lanes chosen by the planner
+  (as ``dj.simulate`` does). With ``--before TREE``, the ``plan_steps`` of
+  another checkout (e.g. a ``git worktree`` of an earlier commit) is timed in
+  the same rounds, as a third column.
 - ``make_plan`` (``dj.simulate_gossip``): AD-PSGD on a ring, SGP(1) and
   D-PSGD on the exponential graph, M = 16 and 64.
 - The peak memory of planning (``tracemalloc``: NumPy's arrays and Python's
-  objects) at M = 64.
+  objects) and the plan's own tables, ASP at M = 64 and 1024.
 
 ``--steady-state-against TREE`` instead compares ``dj.simulate``'s steady state
 (gradient evaluations per second, compilation excluded: ``time_simulate`` of
@@ -23,7 +26,7 @@ per update (per event for gossip schedules) and the ratio old / new.
 ``TREE`` (e.g. a ``git worktree`` of an older commit), alternating fresh
 processes of each.
 
-    python -m experiments.bench_planning [--quick] [--out experiments/results/bench_planning.txt]
+    python -m experiments.bench_planning [--quick] [--before TREE] [--out experiments/results/bench_planning.txt]
     python -m experiments.bench_planning --steady-state-against /path/to/other/tree [--rounds 4]
 """
 
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import json
 import os
 import platform
@@ -65,6 +69,16 @@ def _references():
   from tests.gossip import replica_plan_reference
   from tests.runtime import plan_reference
   return plan_reference.plan_steps, replica_plan_reference.make_plan
+
+
+def planner_of(tree: str):
+  """``plan_steps`` as the checkout at ``tree`` has it (its ``_waves.py``, loaded under another name)."""
+  path = os.path.join(os.path.abspath(tree), "delayjax", "runtime", "_waves.py")
+  spec = importlib.util.spec_from_file_location("_waves_before", path)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module  # dataclasses look their module up
+  spec.loader.exec_module(module)
+  return module.plan_steps
 
 
 def fresh(schedule: Schedule) -> Schedule:
@@ -105,31 +119,42 @@ def compare(runs: dict, rounds: int, budget: float = 30.0) -> dict[str, tuple[fl
 def row(label: str, count: int, best: dict) -> str:
   old, new = best["old"], best["new"]
   cells = [f"{label:<28s}"]
-  for pair in (old, new):
-    cells.append("       refused      " if pair is None else f"{pair[0] / count * 1e6:9.2f} {pair[1] / count * 1e6:9.2f} ")
+  for name in ("old", "before", "new"):
+    if name in best:
+      pair = best[name]
+      cells.append("       refused      " if pair is None else f"{pair[0] / count * 1e6:9.2f} {pair[1] / count * 1e6:9.2f} ")
   if old is None:
     cells.append("        -        -")
   else:
     cells.append(f"{old[0] / new[0]:8.1f} {old[1] / new[1]:8.1f}")
+  if "before" in best:
+    cells.append(f"{best['before'][1] / new[1]:8.2f}")
   return " ".join(cells)
 
 
-def plan_rows(quick: bool) -> list[str]:
+def plan_rows(quick: bool, before: str | None = None) -> list[str]:
   old_plan, _ = _references()
+  before_plan = None if before is None else planner_of(before)
   sizes = (10_000, 100_000) if quick else (10_000, 100_000, 1_000_000)
-  configs = [("asp", m, n) for m in (4, 64, 1024) for n in sizes]
+  configs = [("asp", m, n) for m in (4, 16, 64, 1024) for n in sizes]
+  configs += [("ssp3", m, n) for m in (4, 16, 64, 1024) for n in sizes[1:]]
   # K-sync(M/2) updates average M/2 gradients each: at most 1e6 gradients per schedule.
-  configs += [(p, m, 100_000 if p == "ssp3" else min(100_000, 2_000_000 // m)) for p in ("ssp3", "ksync")
-              for m in (4, 64, 1024)]
-  lines = ["plan_steps (dj.simulate), microseconds per update: wall and CPU; old / new; gradients per update",
-           f"{'schedule':<28s} {'old wall':>9s} {'old CPU':>9s}  {'new wall':>9s} {'new CPU':>9s}  "
-           f"{'x wall':>8s} {'x CPU':>8s} {'grads':>6s}"]
+  configs += [("ksync", m, min(100_000, 2_000_000 // m)) for m in (4, 64, 1024)]
+  lines = ["plan_steps (dj.simulate), microseconds per update: wall and CPU; old / new; gradients per update"
+           + ("" if before is None else f"; before: {os.path.abspath(before)} at {_head(before)}"),
+           f"{'schedule':<28s} {'old wall':>9s} {'old CPU':>9s}  "
+           + ("" if before is None else f"{'bef. wall':>9s} {'bef. CPU':>9s}  ")
+           + f"{'new wall':>9s} {'new CPU':>9s}  {'x wall':>8s} {'x CPU':>8s} "
+           + ("" if before is None else f"{'bef./new':>8s} ") + f"{'grads':>6s}"]
   for paradigm, m, n in configs:
     schedule = dj.cluster.simulate(PARADIGMS[paradigm](m), dj.cluster.workers(m, compute="exponential"),
                                    num_updates=n, seed=0)
     rounds = 1 if n >= 1_000_000 else 3 if n >= 100_000 else 5
-    best = compare({"old": lambda: old_plan(fresh(schedule), m, 1), "new": lambda: plan_steps(fresh(schedule), m, 1)},
-                   rounds)
+    runs = {"old": lambda: old_plan(fresh(schedule), m, 1), "new": lambda: plan_steps(fresh(schedule), m, 1)}
+    if before_plan is not None:
+      runs["before"] = lambda: before_plan(fresh(schedule), m, 1)
+      rounds = max(rounds, 3)  # the figures this column compares are a few microseconds: the best of three
+    best = compare(runs, rounds)
     lanes = plan_steps(schedule, m, 1).lanes
     label = f"{paradigm} M={m} U={n:.0e} L={lanes}"
     lines.append(row(label, schedule.num_updates, best)
@@ -156,21 +181,29 @@ def gossip_rows(quick: bool) -> list[str]:
 
 def memory_rows(quick: bool) -> list[str]:
   old_plan, _ = _references()
-  lines = ["", "peak memory of planning (tracemalloc), ASP M=64: MiB, and the plan's own tables",
-           f"{'updates':>10s} {'old peak':>9s} {'new peak':>9s} {'tables':>9s}"]
-  for n in (100_000,) if quick else (100_000, 1_000_000):
-    schedule = dj.cluster.simulate(dj.cluster.asp(), dj.cluster.workers(64, compute="exponential"), num_updates=n,
+  lines = ["", "peak memory of planning (tracemalloc), ASP: MiB, and the plan's own tables (old: the reference's; "
+           "1024 workers x 1e6 updates are refused by the reference's dense views)",
+           f"{'workers':>8s} {'updates':>10s} {'old peak':>9s} {'new peak':>9s} {'old tables':>11s} {'tables':>9s}"]
+  for m, n in [(64, 100_000), (1024, 100_000)] if quick else [(64, 100_000), (64, 1_000_000), (1024, 1_000_000)]:
+    schedule = dj.cluster.simulate(dj.cluster.asp(), dj.cluster.workers(m, compute="exponential"), num_updates=n,
                                    seed=0)
-    peaks = []
+    peaks, tables = [], []
     for planner in (old_plan, plan_steps):
       copy = fresh(schedule)
       gc.collect()
       tracemalloc.start()
-      plan = planner(copy, 64, 1)
+      try:
+        plan = planner(copy, m, 1)
+      except ValueError:  # the reference's dense views are refused past DENSE_LIMIT
+        plan = None
       peaks.append(tracemalloc.get_traced_memory()[1] / 2**20)
       tracemalloc.stop()
-    tables = sum(v.nbytes for v in vars(plan).values() if isinstance(v, np.ndarray)) / 2**20
-    lines.append(f"{n:>10d} {peaks[0]:9.0f} {peaks[1]:9.0f} {tables:9.0f}")
+      tables.append(np.nan if plan is None else
+                    sum(v.nbytes for v in vars(plan).values() if isinstance(v, np.ndarray)) / 2**20)
+      del plan
+    cells = ["  refused" if np.isnan(tables[0]) else f"{peaks[0]:9.0f}", f"{peaks[1]:9.0f}",
+             "    refused" if np.isnan(tables[0]) else f"{tables[0]:11.0f}", f"{tables[1]:9.0f}"]
+    lines.append(f"{m:>8d} {n:>10d} " + " ".join(cells))
     print(lines[-1], flush=True)
   return lines
 
@@ -224,13 +257,15 @@ def main(argv=None):
   parser.add_argument("--steady-state-against", metavar="TREE", default=None,
                       help="compare dj.simulate's steady state with the checkout at TREE instead")
   parser.add_argument("--rounds", type=int, default=4, help="processes per tree for --steady-state-against")
+  parser.add_argument("--before", metavar="TREE", default=None,
+                      help="also time the plan_steps of the checkout at TREE (an earlier commit)")
   add_out_argument(parser, "bench_planning")
   args = parser.parse_args(argv)
   lines = header(argv)
   if args.steady_state_against:
     lines += steady_state_rows(args.steady_state_against, args.rounds, args.quick)
   else:
-    lines += plan_rows(args.quick) + gossip_rows(args.quick) + memory_rows(args.quick)
+    lines += plan_rows(args.quick, args.before) + gossip_rows(args.quick) + memory_rows(args.quick)
   publish(lines, args.out)
 
 
