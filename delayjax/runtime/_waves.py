@@ -242,7 +242,11 @@ def _assign_steps(cu: np.ndarray, ready: np.ndarray, device: np.ndarray, num_dev
   """
   n = cu.size
   if num_devices == 1 and after is None:
-    return _assign_steps_one_device(cu, ready, lanes, limit)
+    placed = _assign_steps_one_device(cu, ready, lanes, limit)
+    if placed is None:
+      return None
+    code = np.asarray(placed[0], np.int64)
+    return code // lanes, placed[1], code % lanes
   cu_l, ready_l = cu.tolist(), ready.tolist()
   dev_l = device.tolist() if num_devices > 1 else [0] * n
   after_l = [-1] * n if after is None else after.tolist()
@@ -294,18 +298,21 @@ def _assign_steps(cu: np.ndarray, ready: np.ndarray, device: np.ndarray, num_dev
 
 
 def _assign_steps_one_device(cu: np.ndarray, ready: np.ndarray, lanes: int,
-                             limit: float) -> tuple[list[int], list[int], list[int]] | None:
+                             limit: float) -> tuple[list[int], list[int]] | None:
   """:func:`_assign_steps` for one device and contributions that wait for no other (the common case, in
   fewer operations per contribution: there are at most ``n + 1`` steps, so the tables are allocated once,
-  and a contribution lands at most in the step after the last one, which it then opens)."""
+  and a contribution lands at most in the step after the last one, which it then opens).
+
+  Returns ``(step * lanes + lane, versions)``, or ``None`` past ``limit``.
+  """
   n = cu.size
-  step: list[int] = []
-  lane_of: list[int] = []
-  place, take = step.append, lane_of.append
+  code: list[int] = []
+  place = code.append
   versions = [0]
   top = 0
   ready_step = [0] * (int(cu[-1]) + 2 if n else 1)
-  load = [0] * (n + 3)
+  # next_lane[t]: t * lanes plus the lanes of step t taken so far.
+  next_lane = list(range(0, (n + 3) * lanes, lanes))
   link = list(range(n + 3))
   cost = lanes + _STEP_COST
   known = 1
@@ -317,13 +324,12 @@ def _assign_steps_one_device(cu: np.ndarray, ready: np.ndarray, lanes: int,
         t = link[t]
     else:
       t = known
-    k = load[t]
-    take(k)
+    k = next_lane[t]
+    place(k)
     k += 1
-    load[t] = k
-    if k == lanes:
+    next_lane[t] = k
+    if k % lanes == 0:
       link[t] = t + 1
-    place(t)
     if t == known:
       versions.append(u)
       ready_step[top + 1:u + 1] = [known] * (u - top)
@@ -331,7 +337,7 @@ def _assign_steps_one_device(cu: np.ndarray, ready: np.ndarray, lanes: int,
       known += 1
       if known * cost > limit:
         return None
-  return step, versions, lane_of
+  return code, versions
 
 
 def _schedule_steps(cu: np.ndarray, ready: np.ndarray, device: np.ndarray, num_devices: int, lanes: int,
@@ -603,7 +609,7 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
   # update's staleness, stale parameters and worker.
   if max_contrib == 1:
     by_update = None
-    at_contrib = at_update[cu]
+    at_contrib = at_update if n == num_updates else at_update[cu]  # cu is 0 .. n - 1 when n == num_updates
   else:
     # Contributions are sorted by update, then worker: a stable sort on (update, stalest first) keeps
     # the worker order within ties.
