@@ -464,6 +464,62 @@ def _schedule_digest(schedule: Schedule) -> str:
   return _checkpoint.digest(schedule.time, schedule.offsets, c.worker, c.read_version, c.num_batches)
 
 
+class ProgramSizes(NamedTuple):
+  """The static sizes of the compiled chunk that a plan fixes, rounded up so that runs of one sweep share them.
+
+  Runs that differ only in seed or schedule draw plans whose widths differ by a few (updates per step
+  11 or 12, a gradient buffer of 4 or 5 blocks, 168 or 169 steps): exact sizes would compile a program
+  per run. Rounded up, they share one. Padding costs nothing where the step loops over a dynamic count
+  (updates and reads per step: powers of two), memory for the gradient buffer (blocks of ``lanes``
+  rows: the power of two above the plan's blocks, at most twice as many; the plan's own where that would
+  not fit the device's memory or ``max_memory``) and masked steps for the chunk
+  (:func:`_shared_length`). Results do not depend on any of them.
+  """
+  max_len: int  # updates applied per step
+  max_reads: int  # parameter reads per step
+  reads_per_update: int  # reads after one update: unrolled up to 2, a loop beyond (3 stands for any)
+  buffer_size: int  # rows of the gradient buffer
+
+
+def _next_power_of_two(n: int) -> int:
+  return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def _shared_length(n: int) -> int:
+  """``n`` rounded up to four significant bits (at most 1/8 more): the scan length of a chunk."""
+  shift = max(int(n).bit_length() - 4, 0)
+  return -(-int(n) >> shift) << shift
+
+
+def _program_sizes(plan: StepPlan) -> ProgramSizes:
+  reads = int((plan.read_end - plan.read_begin).max()) if plan.read_end.size else 0
+  width = plan.lanes * plan.num_devices
+  return ProgramSizes(max_len=_next_power_of_two(plan.upd_index.shape[1]),
+                      max_reads=_next_power_of_two(plan.read_worker.shape[1]),
+                      reads_per_update=min(reads, 3),
+                      buffer_size=_next_power_of_two(plan.buffer_size // width + 1) * width)
+
+
+# Table fields with a column per update of the step, and per read of the step.
+_UPDATE_COLUMNS = ("upd_index", "upd_pos", "upd_worker", "upd_batches", "upd_staleness", "read_begin", "read_end")
+_READ_COLUMNS = ("read_worker", "read_slot", "read_group")
+
+
+def _padded_tables(rows: dict[str, np.ndarray], sizes: ProgramSizes, num_workers: int) -> dict[str, np.ndarray]:
+  """A chunk's tables widened to ``sizes`` with entries no step reads (updates and reads past their step's
+  count; a padding read names worker ``num_workers``, which writes nothing)."""
+  def widen(x: np.ndarray, width: int, fill: int) -> np.ndarray:
+    pad = np.full((x.shape[0], width - x.shape[1]) + x.shape[2:], fill, x.dtype)
+    return np.concatenate([x, pad], axis=1)
+
+  out = dict(rows)
+  for name in _UPDATE_COLUMNS:
+    out[name] = widen(rows[name], sizes.max_len, 0)
+  for name in _READ_COLUMNS:
+    out[name] = widen(rows[name], sizes.max_reads, num_workers if name == "read_worker" else 0)
+  return out
+
+
 def _cached_plan(schedule: Schedule, *args: Any, **kwargs: Any) -> StepPlan:
   """``plan_steps(schedule, *args, **kwargs)``, planned once for equal arguments among the last few."""
   # Arrays go in whole: digest reads their bytes, where a repr would elide long ones.
@@ -480,7 +536,7 @@ def _cached_plan(schedule: Schedule, *args: Any, **kwargs: Any) -> StepPlan:
 
 def _compile_key(*, loss_fn: Callable[..., Any], has_aux: bool, tx: Any, params: Any, opt_state: Any, data: Any,
                  batch_size: int, eval_fn: Any, sample_terms: Any, local_optimizer: Any, inputs: tuple[str, ...],
-                 terms: Any, plan: StepPlan, options: dict[str, Any]) -> dict[str, Any] | None:
+                 terms: Any, plan: StepPlan, sizes: ProgramSizes, options: dict[str, Any]) -> dict[str, Any] | None:
   """What the compiled chunk depends on beyond its arguments' shapes: ``{"chunk": key, "eval_fn": key}``, or
   ``None`` when a function calls back into Python (such programs are compiled afresh every run).
 
@@ -508,8 +564,7 @@ def _compile_key(*, loss_fn: Callable[..., Any], has_aux: bool, tx: Any, params:
   if any(key is False for key in programs.values()):
     return None
   plan_sizes = dict(num_workers=plan.num_workers, num_devices=plan.num_devices, num_contrib=num_contrib,
-                    max_len=plan.upd_index.shape[1],
-                    reads_per_update=int((plan.read_end - plan.read_begin).max()) if plan.read_end.size else 0)
+                    max_len=sizes.max_len, reads_per_update=sizes.reads_per_update)
   structure = tuple(_checkpoint.tree_digest(t, values=False) for t in (params, opt_state, data))
   chunk = ("simulate", tuple(sorted(programs.items())), structure, tuple(sorted(plan_sizes.items())),
            tuple(sorted(options.items())))
@@ -806,7 +861,9 @@ def simulate(
     program); the same shapes and dtypes of ``params``, optimizer state and
     ``data``; the same options; and the same static sizes of the plan
     (lanes, updates per step, contributions per update, which a schedule's
-    statistics fix). The seed, the initial parameters' and the data's
+    statistics fix; the widths that vary from one draw of a schedule to the
+    next are rounded up, so seeds of a sweep with a schedule each mostly
+    share a program too: :class:`ProgramSizes`). The seed, the initial parameters' and the data's
     values and hyper-parameters held in the optimizer state (as
     ``optax.inject_hyperparams`` holds them) are arguments of the program,
     so a sweep over them compiles once; a learning rate given as a Python
@@ -901,9 +958,10 @@ def simulate(
   plan = _cached_plan(schedule, num_workers, num_devices, lanes, local_steps=worker_steps,
                       not_before=None if epoch is None else np.arange(num_updates) // epoch * epoch,
                       group_versions=group_versions, sequential_workers=keep_local_state)
+  sizes = _program_sizes(plan)
   if chunk_size is None:
     num_chunks = max(1, -(-plan.num_steps // 256))
-    chunk_size = -(-plan.num_steps // num_chunks)
+    chunk_size = _shared_length(-(-plan.num_steps // num_chunks))
   num_chunks = -(-plan.num_steps // chunk_size)
 
   if sampling == "shard":
@@ -922,23 +980,33 @@ def simulate(
       keep_stale=keep_stale, loss_fn=loss_fn, has_aux=has_aux, tx=tx, params=params, eval_fn=eval_fn,
       num_examples=num_examples, batch_size=batch_size, sampling=sampling, plan=plan,
       skip_nonfinite=skip_nonfinite, always_applies=bool(np.all(np.diff(schedule.offsets) > 0)),
-      distributed=mesh is not None, inputs=inputs, local_steps=worker_steps, max_batches=_max_batches(plan),
+      distributed=mesh is not None, inputs=inputs, sizes=sizes, local_steps=worker_steps, max_batches=_max_batches(plan),
       sample_terms=sample_terms, terms=terms, full_batch_size=full_batch_size, leaf_groups=leaf_groups,
       keep_local_state=keep_local_state,
       local_optimizer=None if local_optimizer is None else optax.with_extra_args_support(local_optimizer))
-  carries = [_initial_carry(params, state, plan, inputs, batch_size, terms, leaf_groups,
-                            local_optimizer if keep_local_state else None, keep_stale)
-             for state in ([opt_state] if runs is None else _run_states(opt_state, hyper_values, runs))]
-  # Several runs: every leaf of the carry gains a leading run axis.
-  carry = carries[0] if runs is None else jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *carries)
+
+  def initial(buffer_size: int) -> Any:
+    carries = [_initial_carry(params, state, plan, buffer_size, inputs, batch_size, terms, leaf_groups,
+                              local_optimizer if keep_local_state else None, keep_stale)
+               for state in ([opt_state] if runs is None else _run_states(opt_state, hyper_values, runs))]
+    # Several runs: every leaf of the carry gains a leading run axis.
+    return carries[0] if runs is None else jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *carries)
+
+  carry = initial(sizes.buffer_size)
   memory = _memory_terms(carry, data, num_devices)
-  _check_memory(memory, max_memory, mesh)
+  limit = _memory_limit(max_memory, mesh)
+  if limit is not None and sum(memory.values()) > limit[0] and sizes.buffer_size > plan.buffer_size:
+    # The shared buffer size does not fit where the plan's own may: this run's program is its own.
+    sizes = sizes._replace(buffer_size=plan.buffer_size)
+    carry = initial(sizes.buffer_size)
+    memory = _memory_terms(carry, data, num_devices)
+  _check_memory(memory, limit)
   # Traced only now, after every check that can refuse the run. The compiled chunk is shared by every run whose program is the same: a sweep over seeds, initial
   # parameters, data values or hyper-parameters held in the optimizer state compiles once.
   compile_key = _compile_key(
       loss_fn=loss_fn, has_aux=has_aux, tx=tx, params=params, opt_state=opt_state, data=data,
       batch_size=batch_size, eval_fn=eval_fn, sample_terms=sample_terms, local_optimizer=local_optimizer,
-      inputs=inputs, terms=terms, plan=plan, options=dict(
+      inputs=inputs, terms=terms, plan=plan, sizes=sizes, options=dict(
           keep_stale=keep_stale, num_examples=num_examples, batch_size=batch_size, sampling=sampling,
           skip_nonfinite=skip_nonfinite, always_applies=bool(np.all(np.diff(schedule.offsets) > 0)),
           inputs=inputs, local_steps=None if worker_steps is None else tuple(worker_steps.tolist()),
@@ -960,8 +1028,8 @@ def simulate(
           "leaf_groups": leaf_groups}))
 
   def tables(chunk: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    rows = plan.tables(chunk * chunk_size, chunk_size)
-    valid = np.arange(plan.upd_index.shape[1]) < rows["upd_count"][:, None]
+    rows = _padded_tables(plan.tables(chunk * chunk_size, chunk_size), sizes, num_workers)
+    valid = np.arange(sizes.max_len) < rows["upd_count"][:, None]
     rows["upd_eval"] = eval_flag[rows["upd_index"]] & valid
     if epoch is not None:
       rows["upd_refresh"] = (rows["upd_index"] % epoch == 0) & valid
@@ -975,7 +1043,7 @@ def simulate(
     (lane, tab), outputs = tables, jax.tree.map(
         lambda x: engine.host(x) if runs else engine.host(x)[None], outputs)
     loss, metrics, finite, rejected = outputs
-    valid = np.arange(plan.upd_index.shape[1]) < tab["upd_count"][:, None]
+    valid = np.arange(sizes.max_len) < tab["upd_count"][:, None]
     run, step_of, lane_of = np.nonzero(lane["lane_active"] & ~finite)
     rows = {"loss": np.moveaxis(loss, 0, -1)[valid],
             "nonfinite": np.stack([run, lane["lane_update"][step_of, lane_of], lane["lane_worker"][step_of, lane_of]],
@@ -1096,21 +1164,28 @@ def _memory_terms(carry: tuple[Any, ...], data: Any, num_devices: int) -> dict[s
   return out
 
 
-def _check_memory(memory: dict[str, int], max_memory: int | None, mesh: Any) -> None:
-  """Refuses a run whose kept state exceeds ``max_memory`` or the device's reported limit."""
+def _memory_limit(max_memory: int | None, mesh: Any) -> tuple[int, str] | None:
+  """The bytes a run may keep per device and where that limit comes from: ``max_memory``, else the device's
+  reported limit (``None`` when it reports none)."""
   if max_memory is not None:
-    limit, source = check_int("max_memory", max_memory, minimum=1), "max_memory"
-  else:
-    # One of this process's devices (another process's cannot be asked).
-    device = jax.local_devices()[0] if mesh is None else next(
-        d for d in mesh.devices.flat if d.process_index == jax.process_index())
-    try:
-      stats = device.memory_stats()
-    except (AttributeError, jax.errors.JaxRuntimeError):
-      stats = None
-    if not stats or "bytes_limit" not in stats:
-      return
-    limit, source = int(stats["bytes_limit"]), f"the memory of {device.device_kind}"
+    return check_int("max_memory", max_memory, minimum=1), "max_memory"
+  # One of this process's devices (another process's cannot be asked).
+  device = jax.local_devices()[0] if mesh is None else next(
+      d for d in mesh.devices.flat if d.process_index == jax.process_index())
+  try:
+    stats = device.memory_stats()
+  except (AttributeError, jax.errors.JaxRuntimeError):
+    stats = None
+  if not stats or "bytes_limit" not in stats:
+    return None
+  return int(stats["bytes_limit"]), f"the memory of {device.device_kind}"
+
+
+def _check_memory(memory: dict[str, int], limit: tuple[int, str] | None) -> None:
+  """Refuses a run whose kept state exceeds ``limit`` (see :func:`_memory_limit`)."""
+  if limit is None:
+    return
+  limit, source = limit
   total = sum(memory.values())
   if total <= limit:
     return
@@ -1128,19 +1203,18 @@ def _size(num_bytes: int) -> str:
   return f"{num_bytes} bytes"
 
 
-def _initial_carry(params: Any, opt_state: Any, plan: StepPlan, inputs: tuple[str, ...], batch_size: int,
+def _initial_carry(params: Any, opt_state: Any, plan: StepPlan, size: int, inputs: tuple[str, ...], batch_size: int,
                    terms: Any, leaf_groups: tuple[int, ...] | None, local_optimizer: Any,
                    keep_stale: bool) -> tuple[Any, ...]:
   """The server runtime's carry before the first step (host arrays; see ``CARRY_SPECS``).
 
   ``local_optimizer``: given with ``keep_local_state``, every worker's local
   state starts as its ``init(params)``. ``keep_stale``: whether to buffer the
-  gradients' stale parameters (an empty tuple otherwise).
+  gradients' stale parameters (an empty tuple otherwise). ``size``: rows of the gradient buffer.
   """
   def buffer(x, *lead):
     return np.zeros(lead + np.shape(x), np.asarray(x).dtype)
 
-  size = plan.buffer_size
   payload = _payload_like(params, inputs, _max_batches(plan) * batch_size, terms)
   slots = jax.tree.map(lambda x: buffer(x, plan.num_workers, plan.num_slots), params)
   first = plan.tables(0, 1)
@@ -1173,8 +1247,8 @@ def _fingerprint_shards(shards: Sequence[Any]) -> str:
 
 
 def _step_function(*, keep_stale: bool, loss_fn, has_aux, tx, params, eval_fn, num_examples, batch_size, sampling,
-                   plan: StepPlan, skip_nonfinite, always_applies, distributed: bool, inputs: tuple[str, ...],
-                   local_steps: np.ndarray | None, local_optimizer, max_batches: int, sample_terms, terms,
+                   plan: StepPlan, sizes: ProgramSizes, skip_nonfinite, always_applies, distributed: bool,
+                   inputs: tuple[str, ...], local_steps: np.ndarray | None, local_optimizer, max_batches: int, sample_terms, terms,
                    full_batch_size: int | None, leaf_groups: tuple[int, ...] | None, keep_local_state: bool):
   """The server runtime's step (see ``_engine.Program.step``): compute a vector of gradients, then apply,
   in order, the updates whose gradients are all computed."""
@@ -1183,7 +1257,7 @@ def _step_function(*, keep_stale: bool, loss_fn, has_aux, tx, params, eval_fn, n
   per_device = num_workers // plan.num_devices
   samples = max_batches * batch_size
   num_contrib = plan.upd_worker.shape[2]
-  max_len = plan.upd_index.shape[1]
+  max_len = sizes.max_len
   metric_shapes = jax.eval_shape(eval_fn, params) if eval_fn is not None else ()
   svrg = "snapshot_grad" in inputs
   per_example = "sample_indices" in inputs
@@ -1192,7 +1266,7 @@ def _step_function(*, keep_stale: bool, loss_fn, has_aux, tx, params, eval_fn, n
   uniform_local = local_steps is None or bool(np.all(local_steps == max_local))
   # A static bound on the reads after one update: unrolled when small (the
   # common case), a loop otherwise.
-  reads_per_update = int((plan.read_end - plan.read_begin).max()) if plan.read_end.size else 0
+  reads_per_update = sizes.reads_per_update
 
   def grad_at(w, batch):
     out = jax.grad(loss_fn, has_aux=has_aux)(w, batch)

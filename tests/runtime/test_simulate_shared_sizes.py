@@ -1,0 +1,97 @@
+"""Runs of one sweep share a compiled program: the plan's sizes are rounded up, and rounding changes no bit."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import delayjax as dj
+from delayjax.runtime import _engine as engine
+from delayjax.runtime import _simulate
+from delayjax.runtime._waves import plan_steps
+
+WORKERS = 8
+UPDATES = 160
+
+
+@pytest.fixture(scope="module")
+def data():
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(96, 5)).astype(np.float32)
+  return {"x": x, "y": (x @ rng.normal(size=5) > 0).astype(np.int32)}
+
+
+def _loss(params, batch):
+  logits = jnp.tanh(batch["x"] @ params["w1"]) @ params["w2"]
+  return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]))
+
+
+PARAMS = {"w1": 0.3 * jnp.ones((5, 6), jnp.float32), "w2": 0.1 * jnp.ones((6, 2), jnp.float32)}
+
+
+def _schedule(paradigm, seed):
+  return dj.cluster.simulate(paradigm, dj.cluster.workers(WORKERS, compute="gamma"), UPDATES, seed=seed)
+
+
+def _exact_sizes(plan):
+  """The plan's own sizes, unrounded (what a program per run would use)."""
+  reads = int((plan.read_end - plan.read_begin).max()) if plan.read_end.size else 0
+  return _simulate.ProgramSizes(max_len=plan.upd_index.shape[1], max_reads=plan.read_worker.shape[1],
+                                reads_per_update=min(reads, 3), buffer_size=plan.buffer_size)
+
+
+def _compiles(fn):
+  """The XLA compilations ``fn()`` triggers, and its result."""
+  count = []
+  listener = lambda event, *_, **__: count.append(event) if event == "/jax/core/compile/backend_compile_duration" else None
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    result = fn()
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  return len(count), result
+
+
+def test_seeds_of_a_sweep_share_programs_although_their_plans_differ(data):
+  schedules = [_schedule(dj.cluster.asp(), seed) for seed in range(5)]
+  plans = [plan_steps(s, WORKERS) for s in schedules]
+  exact = {(_exact_sizes(p), p.num_steps) for p in plans}
+  rounded = {(_simulate._program_sizes(p), _simulate._shared_length(p.num_steps)) for p in plans}
+  # Rounding has boundaries (a plan just past one rounds up to the next size), so a sweep may still
+  # compile more than once, but not once per run.
+  assert len(rounded) < len(exact) < len(plans) + 1, (rounded, exact)
+
+  def run(i):
+    return dj.simulate(_loss, optax.sgd(0.1), PARAMS, data, schedules[i], batch_size=8, seed=i)
+
+  engine.clear_cache()
+  compiled = [_compiles(lambda: run(i))[0] > 0 for i in range(5)]
+  assert sum(compiled) == len(rounded), compiled
+
+
+@pytest.mark.parametrize("paradigm", [dj.cluster.asp(), dj.cluster.softsync(3), dj.cluster.ssp(2)],
+                         ids=["asp", "softsync", "ssp"])
+def test_rounded_sizes_give_the_bits_of_the_plans_own(data, paradigm, monkeypatch):
+  schedule = _schedule(paradigm, 3)
+  plan = plan_steps(schedule, WORKERS)
+  assert _simulate._program_sizes(plan) != _exact_sizes(plan)  # the comparison below has rounding to see
+  tx = optax.chain(dj.scale_by_staleness("inverse"), optax.sgd(0.1, momentum=0.5))
+  run = lambda: dj.simulate(_loss, tx, PARAMS, data, schedule, batch_size=8, seed=1, eval_fn=lambda p: {"w": p["w1"].sum()},
+                            eval_every=20)
+  rounded = run()
+  monkeypatch.setattr(_simulate, "_program_sizes", _exact_sizes)
+  monkeypatch.setattr(_simulate, "_shared_length", lambda n: n)
+  engine.clear_cache()
+  own = run()
+  assert own.stats["chunk_size"] <= rounded.stats["chunk_size"]
+  for a, b in zip(jax.tree.leaves((rounded.params, rounded.opt_state, rounded.history)),
+                  jax.tree.leaves((own.params, own.opt_state, own.history)), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_the_rounding_bounds():
+  assert [_simulate._shared_length(n) for n in (1, 15, 16, 17, 168, 169, 256, 257)] == [1, 15, 16, 18, 176, 176, 256, 288]
+  assert [_simulate._next_power_of_two(n) for n in (1, 2, 3, 11, 12, 16)] == [1, 2, 4, 16, 16, 16]
+  for n in range(1, 2000):
+    assert n <= _simulate._shared_length(n) <= n * 9 / 8
