@@ -16,9 +16,11 @@ refused with a message naming them, before anything is computed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+import tempfile
 from typing import Any
 
 from experiments import _framework, _registry
@@ -128,7 +130,8 @@ def _run(args: argparse.Namespace) -> int:
   for _, _, out in plan:
     _framework.check_writable(out)
   try:
-    _framework.execute_many(plan, first_seed=args.seed, only=args.only, plots=not args.no_plot, jobs=args.jobs)
+    with _shared_compilation_cache(args.jobs):
+      _framework.execute_many(plan, first_seed=args.seed, only=args.only, plots=not args.no_plot, jobs=args.jobs)
   except KeyboardInterrupt:
     saved = "; ".join(f"{len(_framework.finished_records(repro, config, out, damaged='skip'))} finished runs of "
                       f"{repro.name} are saved in {os.path.join(out, 'runs')}" for repro, config, out in plan)
@@ -138,6 +141,34 @@ def _run(args: argparse.Namespace) -> int:
   if len(repros) > 1:
     _report(args.out or "results", plots=False, tables=False)
   return 0
+
+
+@contextlib.contextmanager
+def _shared_compilation_cache(jobs: int):
+  """With ``jobs > 1``, the worker processes share their compiled programs through a JAX persistent
+  compilation cache in a temporary folder, removed afterwards.
+
+  Each worker is a fresh process, so without it every worker would compile every program the seeds of a
+  spec share (``dj.simulate`` compiles once per program within a process). A cache of the user's own
+  (``JAX_COMPILATION_CACHE_DIR`` set) is left as it is. A program read from the cache is the one the
+  compiler made, so results do not change.
+  """
+  if jobs <= 1 or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    yield
+    return
+  names = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")
+  before = {name: os.environ.get(name) for name in names}
+  with tempfile.TemporaryDirectory(prefix="delayjax-xla-") as folder:
+    # Spawned workers read these when they import JAX; this process has imported it already.
+    os.environ.update({names[0]: folder, names[1]: "0"})
+    try:
+      yield
+    finally:
+      for name, value in before.items():
+        if value is None:
+          os.environ.pop(name, None)
+        else:
+          os.environ[name] = value
 
 
 def _overrides(pairs: list[str]) -> dict[str, Any]:

@@ -502,7 +502,8 @@ def _toy_run(config, spec, seed, progress):
   updates = np.arange(0, config["steps"] + 1, 5)
   error = 1.0 / (1.0 + spec["lr"] * (updates + 1) * (seed + 1))
   return {"metrics": {"test_error": float(error[-1])},
-          "curves": {"update": updates, "time": 2.0 * updates, "test_error": error}, "pid": os.getpid()}
+          "curves": {"update": updates, "time": 2.0 * updates, "test_error": error}, "pid": os.getpid(),
+          "cache": os.environ.get("JAX_COMPILATION_CACHE_DIR")}
 
 
 def test_runs_in_worker_processes_equal_runs_here(toy_cli, tmp_path, capsys):
@@ -514,11 +515,17 @@ def test_runs_in_worker_processes_equal_runs_here(toy_cli, tmp_path, capsys):
   assert main([*argv, "--out", str(tmp_path / "pool"), "--jobs", "2"]) == 0
   here = sorted((tmp_path / "here" / "runs").iterdir())
   assert len(here) == 4
+  caches = set()
   for path in here:
     a, b = (json.loads(p.read_text()) for p in (path, tmp_path / "pool" / "runs" / path.name))
     assert a.pop("pid") == os.getpid() != b.pop("pid")
+    # The workers share one compilation cache, gone with the command; a run here needs none.
+    assert a.pop("cache") is None
+    caches.add(b.pop("cache"))
     a.pop("seconds"), b.pop("seconds")
     assert a == b
+  assert len(caches) == 1 and None not in caches and not os.path.exists(caches.pop())
+  assert "JAX_COMPILATION_CACHE_DIR" not in os.environ
   results = [json.loads((tmp_path / d / "results.json").read_text()) for d in ("here", "pool")]
   assert results[0]["rows"] == results[1]["rows"] and results[0]["claims"] == results[1]["claims"]
   assert main([*argv, "--out", str(tmp_path / "bad"), "--jobs", "0"]) == 2
