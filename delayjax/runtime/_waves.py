@@ -300,8 +300,8 @@ def _assign_steps(cu: np.ndarray, ready: np.ndarray, device: np.ndarray, num_dev
 def _assign_steps_one_device(cu: np.ndarray, ready: np.ndarray, lanes: int,
                              limit: float) -> tuple[list[int], list[int]] | None:
   """:func:`_assign_steps` for one device and contributions that wait for no other (the common case, in
-  fewer operations per contribution: there are at most ``n + 1`` steps, so the tables are allocated once,
-  and a contribution lands at most in the step after the last one, which it then opens).
+  fewer operations per contribution: a contribution lands at most in the step after the last one, which it
+  then opens).
 
   Returns ``(step * lanes + lane, versions)``, or ``None`` past ``limit``.
   """
@@ -311,9 +311,11 @@ def _assign_steps_one_device(cu: np.ndarray, ready: np.ndarray, lanes: int,
   versions = [0]
   top = 0
   ready_step = [0] * (int(cu[-1]) + 2 if n else 1)
-  # next_lane[t]: t * lanes plus the lanes of step t taken so far.
-  next_lane = list(range(0, (n + 3) * lanes, lanes))
-  link = list(range(n + 3))
+  # next_lane[t]: t * lanes plus the lanes of step t taken so far; both tables grow with the steps (about
+  # n / lanes of them when lanes are the bound).
+  size = n // lanes + 64
+  next_lane = list(range(0, size * lanes, lanes))
+  link = list(range(size))
   cost = lanes + _STEP_COST
   known = 1
   for r, u in zip(ready.tolist(), cu.tolist()):
@@ -337,6 +339,10 @@ def _assign_steps_one_device(cu: np.ndarray, ready: np.ndarray, lanes: int,
       known += 1
       if known * cost > limit:
         return None
+      if known + 2 > size:
+        next_lane.extend(range(size * lanes, 2 * size * lanes, lanes))
+        link.extend(range(size, 2 * size))
+        size *= 2
   return code, versions
 
 
@@ -365,7 +371,7 @@ def _reads(cv: np.ndarray, compute_step: np.ndarray, versions: np.ndarray, last_
   ``v`` is the step's own version, else right after update ``v - 1``. Reads
   are ordered by version, then by (contribution, group).
 
-  Returns, per entry in order, its contribution, group, step and ``after``
+  Returns, per entry in order, its contribution, group (``None`` with one group), step and ``after``
   (the update it follows, ``-1`` for the step's own version). ``last_step``:
   per version, the last step whose version is at most it.
   """
@@ -377,7 +383,7 @@ def _reads(cv: np.ndarray, compute_step: np.ndarray, versions: np.ndarray, last_
   s = last_step[version]
   keep = compute_step[c] > s
   c, s, version = c[keep], s[keep], version[keep]
-  g = np.zeros(c.size, np.int64) if groups == 1 else by_read[keep] % groups
+  g = None if groups == 1 else by_read[keep] % groups  # None: all group 0
   after = np.where(version == versions[s], -1, version - 1)
   return c, g, s, after
 
@@ -656,5 +662,6 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
       upd_staleness=upd_staleness, read_begin=read_begin.reshape(num_steps, max_len),
       read_end=read_end.reshape(num_steps, max_len), read_first=read_first,
       read_worker=cm[read_c].astype(np.int32), read_slot=slot[read_c].astype(np.int32),
-      read_group=read_g.astype(np.int32), read_start=read_start,
+      read_group=np.zeros(read_c.size, np.int32) if read_g is None else read_g.astype(np.int32),
+      read_start=read_start,
       read_width=max(int(reads_per_step.max()) if num_steps else 1, 1))

@@ -166,3 +166,11 @@ def test_chunk_tables_are_the_reference_dense_tables():
       for name in ("lane_worker", "upd_pos", "read_begin", "read_end", "read_first"):
         want = getattr(old, name)[first:first + count]
         np.testing.assert_array_equal(rows[name][:want.shape[0]], want, err_msg=name)
+
+
+def test_more_steps_than_contributions_per_lane():
+  """Reads of the newest version only: one gradient per step whatever the width, so the placement's step
+  tables outgrow their first size (contributions / lanes)."""
+  schedule, _ = stale_read_schedule([0], 400, 0)
+  for lanes in (2, 8):
+    assert both(schedule, schedule.num_workers, lanes=lanes).num_steps == 400
