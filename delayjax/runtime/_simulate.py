@@ -495,7 +495,7 @@ def _program_sizes(plan: StepPlan) -> ProgramSizes:
   reads = int((plan.read_end - plan.read_begin).max()) if plan.read_end.size else 0
   width = plan.lanes * plan.num_devices
   return ProgramSizes(max_len=_next_power_of_two(plan.upd_index.shape[1]),
-                      max_reads=_next_power_of_two(plan.read_worker.shape[1]),
+                      max_reads=_next_power_of_two(plan.read_width),
                       reads_per_update=min(reads, 3),
                       buffer_size=_next_power_of_two(plan.buffer_size // width + 1) * width)
 

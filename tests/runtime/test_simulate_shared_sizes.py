@@ -37,7 +37,7 @@ def _schedule(paradigm, seed):
 def _exact_sizes(plan):
   """The plan's own sizes, unrounded (what a program per run would use)."""
   reads = int((plan.read_end - plan.read_begin).max()) if plan.read_end.size else 0
-  return _simulate.ProgramSizes(max_len=plan.upd_index.shape[1], max_reads=plan.read_worker.shape[1],
+  return _simulate.ProgramSizes(max_len=plan.upd_index.shape[1], max_reads=plan.read_width,
                                 reads_per_update=min(reads, 3), buffer_size=plan.buffer_size)
 
 
