@@ -45,8 +45,10 @@ def specs(config: dict[str, Any]) -> list[dict[str, Any]]:
 def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
   workers = dj.cluster.workers(spec["workers"], compute=config["compute"])
   sched = dj.cluster.simulate(dj.cluster.asp(), workers, config["steps"], seed=seed)
-  # optax.sgd(momentum=0) would mean "no trace"; any other value, negative included, is a heavy-ball trace.
-  tx = optax.sgd(config["lr"], momentum=spec["momentum"] or None)
+  # Every momentum, 0 and negative values included, is a heavy-ball trace (at 0 the trace is the gradient itself,
+  # so the update is plain SGD's). The learning rate and the momentum are held in the optimizer state
+  # (optax.inject_hyperparams), not in the program, so that the runs of one M share a compiled program.
+  tx = optax.inject_hyperparams(optax.sgd)(learning_rate=config["lr"], momentum=spec["momentum"])
   return simulate_record(task_for(config), tx, sched, seed=seed, batch_size=config["batch"],
                          eval_every=config["eval_every"], progress=progress)
 
