@@ -340,6 +340,56 @@ def second_call_lines(model: str = "mlp", paradigm: str = "asp", num_workers: in
   return lines
 
 
+def sweep_lines(model: str = "mlp", paradigm: str = "asp", num_workers: int = 16, num_updates: int = 1000,
+                runs: int = 6) -> list[str]:
+  """A sweep over seeds, each run with a schedule of its own (``dj.cluster.simulate(..., seed=s)``), as the
+  reproductions run them: XLA compilations and seconds per call, with the plan's sizes rounded up (what
+  ``dj.simulate`` does) against the plan's own sizes (a program per distinct plan), in one process."""
+  from delayjax.runtime import _engine, _simulate
+
+  init, loss_fn = MODELS[model]()
+  data = digits_data()
+  make, compute = PARADIGMS[paradigm]
+  schedules = [dj.cluster.simulate(make(), dj.cluster.workers(num_workers, compute="gamma"), num_updates, seed=s)
+               for s in range(runs)]
+  params = init(jax.random.key(0))
+
+  def own_sizes(plan):
+    reads = int((plan.read_end - plan.read_begin).max()) if plan.read_end.size else 0
+    return _simulate.ProgramSizes(max_len=plan.upd_index.shape[1], max_reads=plan.read_width,
+                                  reads_per_update=min(reads, 3), buffer_size=plan.buffer_size)
+
+  def sweep():
+    _engine.clear_cache()
+    compiles, seconds = [], []
+    listener = lambda event, *_, **__: compiles.append(len(seconds)) if event.endswith("backend_compile_duration") else None
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+      for seed, schedule in enumerate(schedules):
+        start = time.perf_counter()
+        jax.block_until_ready(dj.simulate(loss_fn, tx(), params, data, schedule, batch_size=BATCH, seed=seed).params)
+        seconds.append(time.perf_counter() - start)
+    finally:
+      jax.monitoring.unregister_event_duration_listener(listener)
+    # The first call also compiles what every later one reuses whatever the sizes (module-level programs).
+    return sum(1 for call in compiles if call > 0), seconds
+
+  rounded = sweep()
+  saved = _simulate._program_sizes, _simulate._shared_length
+  _simulate._program_sizes, _simulate._shared_length = own_sizes, lambda n: n
+  try:
+    own = sweep()
+  finally:
+    _simulate._program_sizes, _simulate._shared_length = saved
+  lines = ["", f"a sweep of {runs} seeds, each with its own schedule ({model}, {paradigm}, M = {num_workers}, gamma "
+           f"compute times, {num_updates} updates): XLA compilations in the calls after the first and seconds per call",
+           *(f"{name:>13s}: {n:3d} compilations, {np.mean(sec[1:]):.2f} s per later call (first {sec[0]:.2f} s)"
+             for name, (n, sec) in (("rounded sizes", rounded), ("plan's own", own))),
+           f"ratio of later calls' time, own / rounded: {np.mean(own[1][1:]) / np.mean(rounded[1][1:]):.1f}"]
+  print("\n".join(lines[1:]), flush=True)
+  return lines
+
+
 def batched_lines(model: str = "mlp", paradigm: str = "asp", num_workers: int = 16, num_updates: int = 4096,
                   runs: int = 8, rounds: int = 2) -> list[str]:
   """Throughput of ``runs`` seeds computed as one program (``seed=[...]``) against as many calls in sequence,
@@ -430,6 +480,7 @@ def main(argv=None):
     return None
   if args.overhead:
     publish(second_call_lines(num_updates=4096 if args.quick else 16384)
+            + sweep_lines(runs=4 if args.quick else 6)
             + ratio_lines(rounds=3 if args.quick else 7)
             + batched_lines(num_updates=1024 if args.quick else 4096)
             + ["", f"command: python -m experiments.bench_runtime --overhead{' --quick' if args.quick else ''}"],
@@ -487,6 +538,7 @@ def main(argv=None):
   ]
   lines += replica_lines(quick=args.quick)
   lines += second_call_lines(num_updates=4096 if args.quick else 16384)
+  lines += sweep_lines(runs=4 if args.quick else 6)
   lines += ratio_lines(rounds=3 if args.quick else 7)
   lines += batched_lines(num_updates=1024 if args.quick else 4096)
   lines += ["", f"command: python -m experiments.bench_runtime{' --quick' if args.quick else ''} "
