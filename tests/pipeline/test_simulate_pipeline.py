@@ -110,3 +110,31 @@ def test_checkpoint_and_resume_are_bit_identical(tmp_path):
   faster = dj.pipemare(0.3, warmup_steps=4, momentum=0.5, discrepancy_decay=0.1)
   with pytest.raises(ValueError, match="different run: tx differ"):
     dj.simulate_pipeline(stages, loss_fn, faster, params, data, sched, checkpoint_dir=str(tmp_path), **kwargs)
+
+
+def test_runs_of_one_program_compile_once():
+  """Another seed and a new but equal optimizer reuse the compiled chunk, and give the reference's numbers and
+  a fresh compile's bits; another learning rate is another program."""
+  from delayjax.runtime import _engine as engine
+
+  stages, loss_fn, params, data = mlp_problem(2)
+  sched = dj.cluster.pipeline("1f1b", 2, 4, num_microbatches=2)
+  run = lambda seed, lr=0.3: dj.simulate_pipeline(stages, loss_fn, optax.sgd(lr), params, data, sched,  # noqa: E731
+                                                  batch_size=8, seed=seed, chunk_size=2)
+  engine.clear_cache()
+  run(4)
+  hits = engine.cache_info()["hits"]
+  cached = run(5)
+  assert engine.cache_info()["hits"] == hits + 1
+  want, losses, _ = reference(stages, loss_fn, optax.sgd(0.3), params, data, sched, batch_size=8, seed=5,
+                              grad=explicit_grad)
+  assert_trees_close(cached.params, want)
+  np.testing.assert_allclose(cached.history.loss, losses, rtol=2e-6)
+  engine.clear_cache()
+  fresh = run(5)
+  for a, b in zip(jax.tree.leaves((cached.params, cached.history.loss)),
+                  jax.tree.leaves((fresh.params, fresh.history.loss)), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  misses = engine.cache_info()["misses"]
+  run(5, lr=0.1)
+  assert engine.cache_info()["misses"] == misses + 1
