@@ -24,7 +24,7 @@ from delayjax.runtime._engine import AXIS
 from delayjax.runtime._history import chunk_span, nonfinite_report, sorted_pairs
 from delayjax.runtime._replica_plan import SLOT_GRAD, SLOT_MIX, SLOT_READ, ReplicaPlan, make_plan, pack_lanes
 from delayjax.runtime._sampling import minibatch_indices, shard_table
-from delayjax.runtime._simulate import _all_finite, _inexact, _program_digest
+from delayjax.runtime._simulate import _all_finite, _inexact, _program_digest, _program_key
 
 _CHECKPOINT_FILE = "simulate_gossip"
 
@@ -304,7 +304,8 @@ def simulate_gossip(
   snap = jax.tree.map(np.zeros_like, replica_params)
   gbuf = jax.tree.map(np.zeros_like, replica_params)
   if plan.history > 1:
-    first = jax.jit(method.message)(params, init_state[2])
+    first = _engine.cached(_cache_key("message", method.message, params, init_state[2]),
+                           lambda: jax.jit(method.message))(params, init_state[2])
     hist = jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (m, plan.history) + np.shape(x)).copy(), first)
   else:
     hist = ()
@@ -369,7 +370,7 @@ def simulate_gossip(
     if eval_fn is None:
       return {}
     # Every replica starts from params (z = x / 1 for push-sum).
-    metrics = jax.jit(eval_fn)(params)
+    metrics = jitted_eval(params)
     return {"metrics": jax.tree.map(lambda x: np.asarray(x)[None], metrics),
             "replica_metrics": jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (1, m)).copy(), metrics)}
 
@@ -384,13 +385,21 @@ def simulate_gossip(
           phases=plan.phases, has_eval=eval_fn is not None, eval_every=eval_every, num_devices=num_devices,
           shards=None if shards is None else hashlib.sha256(
               b"".join(np.ascontiguousarray(np.asarray(s)).tobytes() for s in shards)).hexdigest()))
+  # Compiled once per program: runs whose steps trace to the same program (closed-over arrays included) share
+  # the jitted chunk and evaluation, so runs differing only in the seed or the initial parameters compile once
+  # when their plans have the same sizes. On a mesh the step holds collectives that trace only inside its
+  # shard_map: compiled afresh.
+  row = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), chunk_tables(0))
+  cache_key = None if mesh is not None else _cache_key("chunk", step, carry, row, constants)
+  jitted_eval = None if eval_fn is None else _engine.cached(
+      None if mesh is not None else _cache_key("eval", eval_fn, params), lambda: jax.jit(eval_fn))
   program = _engine.Program(
       carry=carry, carry_specs=carry_specs, constants=constants, constant_specs=constant_specs, step=step,
       table_specs=table_specs, output_specs=output_specs, num_chunks=num_chunks, tables=chunk_tables,
       collect=collect, records_like=records_like, progress=progress, fingerprint=fingerprint,
       initial=initial if eval_fn is not None else None,
       # Every replica's parameters, optimizer state and method state finite, after each chunk.
-      check=lambda carry: _replicas_finite(carry[:3], mesh is not None))
+      check=lambda carry: _replicas_finite(carry[:3], mesh is not None), cache_key=cache_key)
   final, records = _engine.run(program, mesh=mesh, checkpoint_dir=checkpoint_dir,
                                checkpoint_name=_CHECKPOINT_FILE, resume=resume, resume_changes=resume_changes,
                                callback=callback, inspect=_inspect)
@@ -419,6 +428,13 @@ def simulate_gossip(
            "lane_utilization": plan.lane_utilization, "mixing": plan.mixing, "history": plan.history,
            "num_devices": num_devices, "chunk_size": chunk_size, "num_chunks": num_chunks}
   return GossipResult(params_out, opt_out, extra_out, average, history, stats)
+
+
+def _cache_key(kind: str, fn: Callable[..., Any], *args: Any) -> Any:
+  """The compile-cache key of ``fn`` on ``args``: the digest of the program it traces to, or ``None`` when it
+  calls back into Python (such programs cannot be told apart, so they compile afresh)."""
+  key = _program_key(fn, *args)
+  return None if key is False else ("simulate_gossip", kind, key)
 
 
 def _fingerprint(schedule: GossipSchedule, *, tx: Any, loss_fn: Callable[..., Any],
@@ -635,14 +651,15 @@ def _lane_examples(active: np.ndarray, batches: np.ndarray, first: np.ndarray, w
   size = 1 << int(np.ceil(np.log2(max(1, draws.size))))
   pad = size - draws.size
   workers = np.r_[worker[ss, ii], np.zeros(pad, np.int32)].astype(np.int32)
-  drawn = np.asarray(_draw(seed, workers, np.r_[draws, np.zeros(pad, draws.dtype)].astype(np.int32),
+  drawn = np.asarray(_draw(np.uint32(seed), workers, np.r_[draws, np.zeros(pad, draws.dtype)].astype(np.int32),
                            shard_rows[workers], shard_sizes[workers], num_examples=num_examples,
                            batch_size=batch_size, sampling=sampling))
   out[ss, ii, bb] = drawn[:draws.size]
   return out
 
 
-@functools.partial(jax.jit, static_argnames=("seed", "num_examples", "batch_size", "sampling"))
+# The seed is an argument, not a constant of the program: every seed shares one compiled draw.
+@functools.partial(jax.jit, static_argnames=("num_examples", "batch_size", "sampling"))
 def _draw(seed, workers, draws, shard_rows, shard_sizes, *, num_examples, batch_size, sampling):
   return jax.vmap(lambda w, d, row, size: minibatch_indices(
       seed, 0, w, d, num_examples=num_examples, batch_size=batch_size, sampling=sampling, shard=row,

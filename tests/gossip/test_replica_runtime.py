@@ -70,6 +70,36 @@ def test_paradigm_matches_the_sequential_reference(name):
   assert result.history.gradients[-1] == schedule.num_gradients
 
 
+
+def test_runs_of_one_program_compile_once():
+  """Another seed reuses the compiled chunk and gives the sequential reference's numbers and a fresh compile's
+  bits; another learning rate is another program."""
+  from delayjax.runtime import _engine as engine
+
+  m = 8
+  workers = dj.cluster.workers(m, compute="exponential", speed=[1.0] * (m - 1) + [0.25], seed=0)
+  schedule = dj.cluster.simulate_gossip(dj.cluster.ad_psgd(), workers, num_steps=4, seed=1)
+  data, loss_fn, params = regression()
+  engine.clear_cache()
+  _run(schedule, dj.gossip.ad_psgd(), seed=0)
+  hits = engine.cache_info()["hits"]
+  cached = _run(schedule, dj.gossip.ad_psgd(), seed=3)
+  assert engine.cache_info()["hits"] == hits + 1
+
+  def grad_fn(z, replica, batch_index):
+    idx = np.asarray(dj.runtime.minibatch_indices(3, 0, replica, batch_index, num_examples=40, batch_size=BATCH))
+    return grad(z, data, idx)
+
+  ref = gossip_reference.run(schedule, grad_fn, flat(params), lr=LR, momentum=BETA, push_sum=False)
+  np.testing.assert_allclose(_stacked(cached.params), ref["x"], rtol=2e-5, atol=2e-6)
+  engine.clear_cache()
+  fresh = _run(schedule, dj.gossip.ad_psgd(), seed=3)
+  _equal((cached.params, cached.opt_state, cached.history.loss), (fresh.params, fresh.opt_state, fresh.history.loss))
+  misses = engine.cache_info()["misses"]
+  dj.simulate_gossip(loss_fn, optax.sgd(2 * LR, momentum=BETA), dj.gossip.ad_psgd(), params, data, schedule,
+                     batch_size=BATCH, seed=3)
+  assert engine.cache_info()["misses"] == misses + 1
+
 # One mixing path each: 1 device and 8 devices must agree bit for bit (plain sgd: nothing but the mixes
 # and the gradient steps between them). Exponential graph: more than four offsets, the all-gather path;
 # SGP with a 2-step overlap: late messages, gathered with every replica's kept past messages. (The dense path,
