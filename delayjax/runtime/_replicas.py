@@ -24,7 +24,7 @@ from delayjax.runtime._engine import AXIS
 from delayjax.runtime._history import chunk_span, nonfinite_report, sorted_pairs
 from delayjax.runtime._replica_plan import SLOT_GRAD, SLOT_MIX, SLOT_READ, ReplicaPlan, make_plan, pack_lanes
 from delayjax.runtime._sampling import minibatch_indices, shard_table
-from delayjax.runtime._simulate import _all_finite, _inexact, _program_digest, _program_key
+from delayjax.runtime._simulate import _all_finite, _inexact, _program_digest, _program_key, _shared_length
 
 _CHECKPOINT_FILE = "simulate_gossip"
 
@@ -270,7 +270,9 @@ def simulate_gossip(
 
   if chunk_size is None:
     num_chunks = max(1, -(-plan.num_steps // 256))
-    chunk_size = -(-plan.num_steps // num_chunks)
+    # Rounded up as dj.simulate rounds its chunks: runs whose step counts differ a little (the seeds of a
+    # sweep) share one scan length, so one compiled program; the padding steps change nothing.
+    chunk_size = _shared_length(-(-plan.num_steps // num_chunks))
   num_chunks = -(-plan.num_steps // chunk_size)
   padded = num_chunks * chunk_size
 
