@@ -225,8 +225,10 @@ def run_replica_runtime(task: GossipTask, schedule: C.GossipSchedule, paradigm: 
   sampling = dict(sampling="shard", shards=task.shards) if shards == "label" else dict(sampling="iid")
   params = ({"b": jnp.zeros(10, jnp.float32), "w": jnp.zeros((64, 10), jnp.float32)} if layers
             else jnp.zeros(650, jnp.float32))
+  # Chunks of a fixed 256 steps (the runtime's longest default): the seeds of a run, whose schedules differ by a
+  # few steps, then share one compiled program; the padding steps change nothing.
   result = dj.simulate_gossip(loss_fn, tx, method, params, data, schedule, batch_size=batch,
-                              eval_fn=eval_fn, eval_every=eval_every, seed=seed, **sampling)
+                              eval_fn=eval_fn, eval_every=eval_every, seed=seed, chunk_size=256, **sampling)
   h = result.history
   grads = np.asarray(h.eval_gradients)
   # The consensus distance after the step at which each evaluation was taken (0 at the start: equal replicas).
