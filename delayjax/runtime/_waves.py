@@ -237,16 +237,15 @@ def _assign_steps(cu: np.ndarray, ready: np.ndarray, device: np.ndarray, num_dev
   step's version is its update.
 
   Returns ``(compute_step, versions, lane)`` (``versions[s]``: step ``s``'s
-  version; ``lane``: within the device), or ``None`` once the steps cost
-  more than ``limit`` (steps times ``lanes + _STEP_COST``).
+  version; ``lane``: within the device; on one device without ``after``,
+  ``compute_step`` is ``step * lanes + lane`` and ``lane`` is ``None``), or
+  ``None`` once the steps cost more than ``limit`` (steps times
+  ``lanes + _STEP_COST``).
   """
   n = cu.size
   if num_devices == 1 and after is None:
     placed = _assign_steps_one_device(cu, ready, lanes, limit)
-    if placed is None:
-      return None
-    code = np.asarray(placed[0], np.int64)
-    return code // lanes, placed[1], code % lanes
+    return None if placed is None else (placed[0], placed[1], None)
   cu_l, ready_l = cu.tolist(), ready.tolist()
   dev_l = device.tolist() if num_devices > 1 else [0] * n
   after_l = [-1] * n if after is None else after.tolist()
@@ -357,7 +356,10 @@ def _schedule_steps(cu: np.ndarray, ready: np.ndarray, device: np.ndarray, num_d
   compute_step, versions, lane_of = _assign_steps(cu, ready, device, num_devices, lanes, after)
   versions = np.asarray(versions, np.int64)
   compute_step = np.asarray(compute_step, np.int64)
-  lane_of = np.asarray(lane_of, np.int64)
+  if lane_of is None:
+    compute_step, lane_of = np.divmod(compute_step, lanes)
+  else:
+    lane_of = np.asarray(lane_of, np.int64)
   # last_step[v]: the last step whose version is at most v (versions are sorted).
   last_step = np.cumsum(np.bincount(versions, minlength=num_updates + 1)) - 1
   return compute_step, lane_of, versions[compute_step], last_step[:num_updates], versions, last_step
