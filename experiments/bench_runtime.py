@@ -340,6 +340,12 @@ def second_call_lines(model: str = "mlp", paradigm: str = "asp", num_workers: in
   return lines
 
 
+# XLA compilations so far (one listener for the process: JAX 0.8 cannot unregister one).
+_COMPILES: list[str] = []
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, *_, **__: _COMPILES.append(event) if event == "/jax/core/compile/backend_compile_duration" else None)
+
+
 def sweep_lines(model: str = "mlp", paradigm: str = "asp", num_workers: int = 16, num_updates: int = 1000,
                 runs: int = 6) -> list[str]:
   """A sweep over seeds, each run with a schedule of its own (``dj.cluster.simulate(..., seed=s)``), as the
@@ -361,18 +367,15 @@ def sweep_lines(model: str = "mlp", paradigm: str = "asp", num_workers: int = 16
 
   def sweep():
     _engine.clear_cache()
-    compiles, seconds = [], []
-    listener = lambda event, *_, **__: compiles.append(len(seconds)) if event.endswith("backend_compile_duration") else None
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-      for seed, schedule in enumerate(schedules):
-        start = time.perf_counter()
-        jax.block_until_ready(dj.simulate(loss_fn, tx(), params, data, schedule, batch_size=BATCH, seed=seed).params)
-        seconds.append(time.perf_counter() - start)
-    finally:
-      jax.monitoring.unregister_event_duration_listener(listener)
-    # The first call also compiles what every later one reuses whatever the sizes (module-level programs).
-    return sum(1 for call in compiles if call > 0), seconds
+    seconds = []
+    for seed, schedule in enumerate(schedules):
+      if seed == 1:
+        # The first call also compiles what every later one reuses whatever the sizes (module-level programs).
+        before = len(_COMPILES)
+      start = time.perf_counter()
+      jax.block_until_ready(dj.simulate(loss_fn, tx(), params, data, schedule, batch_size=BATCH, seed=seed).params)
+      seconds.append(time.perf_counter() - start)
+    return len(_COMPILES) - before, seconds
 
   rounded = sweep()
   saved = _simulate._program_sizes, _simulate._shared_length

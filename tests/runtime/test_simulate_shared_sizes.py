@@ -41,16 +41,17 @@ def _exact_sizes(plan):
                                 reads_per_update=min(reads, 3), buffer_size=plan.buffer_size)
 
 
+# XLA compilations so far, counted by one listener for the whole module (JAX 0.8 cannot unregister one).
+_COMPILES = []
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, *_, **__: _COMPILES.append(event) if event == "/jax/core/compile/backend_compile_duration" else None)
+
+
 def _compiles(fn):
   """The XLA compilations ``fn()`` triggers, and its result."""
-  count = []
-  listener = lambda event, *_, **__: count.append(event) if event == "/jax/core/compile/backend_compile_duration" else None
-  jax.monitoring.register_event_duration_secs_listener(listener)
-  try:
-    result = fn()
-  finally:
-    jax.monitoring.unregister_event_duration_listener(listener)
-  return len(count), result
+  before = len(_COMPILES)
+  result = fn()
+  return len(_COMPILES) - before, result
 
 
 def test_seeds_of_a_sweep_share_programs_although_their_plans_differ(data):
