@@ -13,11 +13,34 @@ import pytest  # noqa: E402
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 
 
+def _dist_given(config):
+  args = list(config.invocation_params.args) + os.environ.get("PYTEST_ADDOPTS", "").split()
+  return any(a in ("--dist", "-d") or a.startswith("--dist=") for a in args)
+
+
+class _WorkStealing:
+  """``-n N`` without ``--dist`` splits the tests between the workers and rebalances when one runs out.
+
+  xdist's default (``--dist load``) hands out fixed batches in collection order; a few tests here take a
+  minute (a reproduction or a notebook in a process of its own), and one such batch can leave a worker idle
+  at the end while the other still runs it.
+  """
+
+  @pytest.hookimpl(tryfirst=True)
+  def pytest_xdist_make_scheduler(self, config, log):
+    if config.getvalue("dist") != "load" or _dist_given(config):
+      return None
+    from xdist.scheduler import WorkStealingScheduling
+    return WorkStealingScheduling(config, log)
+
+
 def pytest_configure(config):
   config.addinivalue_line(
       "markers",
       "standard_promotion: the test runs third-party code that is not strict-promotion clean (e.g. "
       "optax.adam's bias correction mixes float and int32)")
+  if config.pluginmanager.hasplugin("xdist") and not hasattr(config, "workerinput"):
+    config.pluginmanager.register(_WorkStealing(), "delayjax-work-stealing")
 
 
 @pytest.fixture(autouse=True)
