@@ -62,7 +62,8 @@ def simulate_record(task: Task, tx: optax.GradientTransformation, source: Any, *
                     batch_size: int, eval_every: int, progress: Progress, num_updates: int | None = None,
                     sampling: str = "iid", shards: Any = None, local_steps: Any = None,
                     local_optimizer: optax.GradientTransformation | None = None,
-                    final_state: Callable[[Any], None] | None = None) -> dict[str, Any]:
+                    final_state: Callable[[Any], None] | None = None, chunk_size: int | None = None
+                    ) -> dict[str, Any]:
   """Trains ``task`` with ``tx`` under ``source`` (a Schedule or delay model) and returns the run record.
 
   Record: ``metrics`` (the final value of each of ``eval_fn``'s metrics, ``updates``,
@@ -75,6 +76,9 @@ def simulate_record(task: Task, tx: optax.GradientTransformation, source: Any, *
   then the batch of one local step).
   ``final_state``, if given, receives the optimizer state after the last
   update (for statistics a transformation accumulates in its state).
+  ``chunk_size`` is ``dj.simulate``'s (steps per compiled chunk; the results
+  do not depend on it): :func:`shared_chunk_size` gives runs of different
+  lengths one program.
   """
   def callback(info: dict[str, Any]) -> None:
     progress(info["updates_done"], info["num_updates"])
@@ -83,7 +87,7 @@ def simulate_record(task: Task, tx: optax.GradientTransformation, source: Any, *
   result = dj.simulate(task.loss_fn, tx, task.init(seed), task.data, source, num_updates=num_updates,
                        batch_size=batch_size, eval_fn=task.eval_fn, eval_every=eval_every, seed=seed,
                        sampling=sampling, shards=shards, skip_nonfinite=False, callback=callback,
-                       local_steps=local_steps, local_optimizer=local_optimizer,
+                       local_steps=local_steps, local_optimizer=local_optimizer, chunk_size=chunk_size,
                        checkpoint_dir=getattr(progress, "checkpoint_dir", None))
   if final_state is not None:
     final_state(result.opt_state)
@@ -107,6 +111,18 @@ def simulate_record(task: Task, tx: optax.GradientTransformation, source: Any, *
                        and all(bool(np.all(np.isfinite(np.asarray(x)))) for x in jax.tree.leaves(result.params))),
   }
   return record
+
+
+def shared_chunk_size(num_updates: int, most: int = 256) -> int:
+  """A chunk length that runs of about ``num_updates`` updates share: the power of two at or above it, at most
+  ``most``.
+
+  Runs cut to a simulated-time budget differ in length from seed to seed, and
+  ``dj.simulate``'s own chunk length follows each run's steps closely (208 or
+  224 steps), so each seed would compile its own program; a large model's
+  compilation costs far more than the masked steps a shared length adds.
+  """
+  return min(int(most), 1 << max(int(num_updates) - 1, 0).bit_length())
 
 
 def within_time(schedule: dj.cluster.Schedule, budget: float) -> dj.cluster.Schedule:

@@ -35,7 +35,7 @@ from experiments import _plots
 from experiments._datasets import markov_corpus
 from experiments._framework import Claim, ClaimResult, Comparison, Reproduction, Summary, mean_rows, paired
 from experiments._models import transformer_lm
-from experiments._training import Task, simulate_record, within_time
+from experiments._training import Task, shared_chunk_size, simulate_record, within_time
 
 SCALES = {
     "quick": dict(vocab=16, corpus_tokens=40_000, seq_len=32, width=64, depth=1, heads=4, time_budget=100.0,
@@ -111,8 +111,11 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> di
   longest = int(budget * config["workers"] * 2) + 10
   paradigm = dj.cluster.bsp() if spec["method"] == "sync" else dj.cluster.asp()
   sched = within_time(dj.cluster.simulate(paradigm, workers, longest, seed=seed), budget)
+  # One chunk length for every seed of a method (their lengths within the budget differ): the Transformer's
+  # compilation is most of a run's cost.
   record = simulate_record(lm_task(config), optimizer(config, spec), sched, seed=seed, batch_size=config["batch"],
-                           eval_every=max(1, sched.num_updates // config["eval_points"]), progress=progress)
+                           eval_every=max(1, sched.num_updates // config["eval_points"]), progress=progress,
+                           chunk_size=shared_chunk_size(sched.num_updates))
   record["metrics"]["entropy_rate"] = entropy_rate(config)
   record["metrics"]["gradients"] = int(sched.num_updates * (config["workers"] if spec["method"] == "sync" else 1))
   return record
