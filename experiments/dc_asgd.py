@@ -28,7 +28,7 @@ import optax
 import delayjax as dj
 from experiments import _plots
 from experiments._framework import Claim, ClaimResult, Comparison, Reproduction, Summary, mean_rows, paired
-from experiments._training import learning_rate, simulate_record, task_for
+from experiments._training import learning_rate, shared_chunk_size, simulate_record, task_for
 
 # Config. quick: where staleness costs an MLP on digits within 1000 gradients (lr 0.1, momentum 0.5: ASGD at
 # M = 16 ends at about twice the sequential error), at M = 8 and 16; at M = 4 every asynchronous run tied
@@ -86,8 +86,9 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> di
   tx = optimizer(config, spec["method"], spec["workers"], sched.num_updates)
   # Evaluations at the same fraction of the run for every method (SSGD has M times fewer updates).
   every = max(1, config["eval_every"] * sched.num_updates // config["steps"])
+  # One chunk length for every seed (their plans' steps differ), so that the seeds share a compiled program.
   return simulate_record(task_for(config), tx, sched, seed=seed, batch_size=config["batch"],
-                         eval_every=every, progress=progress)
+                         eval_every=every, progress=progress, chunk_size=shared_chunk_size(sched.num_updates))
 
 
 def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:

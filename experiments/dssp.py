@@ -20,7 +20,7 @@ import optax
 import delayjax as dj
 from experiments import _plots
 from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, paired
-from experiments._training import simulate_record, task_for, with_time_to_target
+from experiments._training import shared_chunk_size, simulate_record, task_for, with_time_to_target
 
 # Config: the paper's thresholds s_L = 3, s_U = 15; half the cluster is slower (0.8x and 0.6x). With a
 # 4x-slower worker the gap exceeds s_U almost always, and DSSP behaves like SSP (a first quick run showed it).
@@ -52,8 +52,9 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> di
   sched = schedule(config, spec["paradigm"], seed)
   tx = optax.sgd(config["lr"], momentum=config["momentum"])
   every = max(1, config["eval_every"] * sched.num_updates // config["steps"])
+  # One chunk length for every seed (their plans' steps differ), so that the seeds share a compiled program.
   record = simulate_record(task_for(config), tx, sched, seed=seed, batch_size=config["batch"],
-                           eval_every=every, progress=progress)
+                           eval_every=every, progress=progress, chunk_size=shared_chunk_size(sched.num_updates))
   return with_time_to_target(record, config["target_accuracy"])
 
 

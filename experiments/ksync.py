@@ -30,7 +30,7 @@ import delayjax as dj
 from experiments import _plots
 from experiments._framework import (Claim, ClaimResult, Comparison, Reproduction, Summary, across_seeds, compare,
                                     log_or_inf, mean_rows, paired, seed_values)
-from experiments._training import simulate_record, task_for, within_time
+from experiments._training import shared_chunk_size, simulate_record, task_for, within_time
 
 # Config: 8 workers, exponential compute times of mean 1 s; the paper's P = 8 on CIFAR-10.
 # quick: softmax regression on digits with 20% of the training labels randomized, so that constant-step SGD
@@ -71,8 +71,11 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> di
   # Enough updates to pass the budget: K-async with K = 1 (the fastest) applies about P per second.
   longest = int(budget * config["workers"] * 1.5 / spec["k"]) + 10
   sched = within_time(dj.cluster.simulate(paradigm, workers, longest, seed=seed), budget)
+  # One chunk length for every seed (their runs within the budget differ in length), so that the seeds share a
+  # compiled program.
   record = simulate_record(task, tx, sched, seed=seed, batch_size=config["batch"],
-                           eval_every=max(1, sched.num_updates // config["eval_points"]), progress=progress)
+                           eval_every=max(1, sched.num_updates // config["eval_points"]), progress=progress,
+                           chunk_size=shared_chunk_size(sched.num_updates))
   return _with_time_metrics(record, budget)
 
 
