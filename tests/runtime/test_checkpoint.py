@@ -108,8 +108,10 @@ def test_history_is_appended_not_rewritten(interrupted, tmp_path):
               callback=lambda info: sizes.append((_state_size(copy / "simulate"),
                                                   os.path.getsize(copy / "simulate.records"))), **kw)
   state, history = np.array(sizes).T
-  # One Orbax step is kept, of the carry's size (its compressed chunks vary a little), not the run's.
-  assert state.max() < 1.25 * state.min()
+  # One Orbax step is kept, of the carry's size, not the run's: a state that held the run so far would grow
+  # in proportion to the chunks done (3, 4, 5 of 5 here: 5/3 = 1.67x). Its compressed chunks and Orbax's
+  # own files vary by up to about 30% from save to save under load.
+  assert state.max() < 1.5 * state.min()
   # Each save adds one chunk's rows (chunks differ only in how many updates they apply), not the run so far.
   grew = np.diff(history)
   assert np.all(grew > 0) and grew.max() < 1.5 * grew.min()
