@@ -96,3 +96,19 @@ def test_the_rounding_bounds():
   assert [_simulate._next_power_of_two(n) for n in (1, 2, 3, 11, 12, 16)] == [1, 2, 4, 16, 16, 16]
   for n in range(1, 2000):
     assert n <= _simulate._shared_length(n) <= n * 9 / 8
+
+
+def test_a_buffer_rounded_past_max_memory_falls_back_to_the_plans_own(data, monkeypatch):
+  schedule = _schedule(dj.cluster.asp(), 3)
+  run = lambda **kw: dj.simulate(_loss, optax.sgd(0.1), PARAMS, data, schedule, batch_size=8, seed=1, **kw)
+  rounded = run()
+  with monkeypatch.context() as m:
+    m.setattr(_simulate, "_program_sizes", _exact_sizes)
+    own = run()
+  assert own.stats["memory"]["total"] < rounded.stats["memory"]["total"]
+  # A limit the plan's own buffer fits but the rounded one does not: the run takes its own size, not an error.
+  fitted = run(max_memory=own.stats["memory"]["total"])
+  assert fitted.stats["memory"]["total"] == own.stats["memory"]["total"]
+  np.testing.assert_array_equal(fitted.history.loss, rounded.history.loss)
+  with pytest.raises(ValueError, match="max_memory"):
+    run(max_memory=own.stats["memory"]["total"] - 1)
