@@ -26,6 +26,7 @@ Prints the ratios (and writes them to ``--out FILE``; the published table is
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -360,11 +361,6 @@ def sweep_lines(model: str = "mlp", paradigm: str = "asp", num_workers: int = 16
                for s in range(runs)]
   params = init(jax.random.key(0))
 
-  def own_sizes(plan):
-    reads = int((plan.read_end - plan.read_begin).max()) if plan.read_end.size else 0
-    return _simulate.ProgramSizes(max_len=plan.upd_index.shape[1], max_reads=plan.read_width,
-                                  reads_per_update=min(reads, 3), buffer_size=plan.buffer_size)
-
   def sweep():
     _engine.clear_cache()
     seconds = []
@@ -379,7 +375,7 @@ def sweep_lines(model: str = "mlp", paradigm: str = "asp", num_workers: int = 16
 
   rounded = sweep()
   saved = _simulate._program_sizes, _simulate._shared_length
-  _simulate._program_sizes, _simulate._shared_length = own_sizes, lambda n: n
+  _simulate._program_sizes, _simulate._shared_length = functools.partial(saved[0], rounded=False), lambda n: n
   try:
     own = sweep()
   finally:

@@ -81,7 +81,7 @@ from delayjax.runtime import _checkpoint
 from delayjax.runtime import _engine as engine
 from delayjax.runtime import _history as history_lib
 from delayjax.runtime._sampling import minibatch_indices
-from delayjax.runtime._simulate import _program_digest, _program_key
+from delayjax.runtime._simulate import _program_cache_key, _program_digest
 from delayjax.transforms._pipeline_remedies import stage_read
 
 StageFn = Callable[[Any, Any], Any]
@@ -409,13 +409,6 @@ def _micro_indices(seed, updates, *, num_microbatches, num_examples, batch_size)
   return jax.vmap(lambda u: jax.vmap(lambda j: draw(u, j))(micro))(updates)
 
 
-def _cache_key(kind: str, fn: Callable[..., Any], *args: Any) -> Any:
-  """The compile-cache key of ``fn`` on ``args``: the digest of the program it traces to, or ``None`` when it
-  calls back into Python (such programs cannot be told apart, so they compile afresh)."""
-  key = _program_key(fn, *args)
-  return None if key is False else ("simulate_pipeline", kind, key)
-
-
 def _leading(tree: Any, depth: int) -> Any:
   return jax.tree.map(lambda x: jnp.zeros((depth,) + jnp.shape(x), jnp.result_type(x)).at[0].set(x), tree)
 
@@ -688,9 +681,9 @@ def simulate_pipeline(
   # the jitted chunk and evaluation, so a sweep over seeds or initial parameters compiles once. On a mesh the
   # step holds collectives that trace only inside its shard_map: compiled afresh.
   row = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), tables(0))
-  cache_key = None if mesh is not None else _cache_key("chunk", step, carry, row, data)
+  cache_key = None if mesh is not None else _program_cache_key(("simulate_pipeline", "chunk"), step, carry, row, data)
   jitted_eval = None if eval_fn is None else engine.cached(
-      None if mesh is not None else _cache_key("eval", eval_fn, params), lambda: jax.jit(eval_fn))
+      None if mesh is not None else _program_cache_key(("simulate_pipeline", "eval"), eval_fn, params), lambda: jax.jit(eval_fn))
   program = engine.Program(
       carry=carry, carry_specs=carry_specs, constants=data, constant_specs=P(),
       step=step, table_specs=P(), output_specs=P(), num_chunks=num_chunks, tables=tables, collect=collect,

@@ -24,7 +24,7 @@ from delayjax.runtime._engine import AXIS
 from delayjax.runtime._history import chunk_span, nonfinite_report, sorted_pairs
 from delayjax.runtime._replica_plan import SLOT_GRAD, SLOT_MIX, SLOT_READ, ReplicaPlan, make_plan, pack_lanes
 from delayjax.runtime._sampling import minibatch_indices, shard_table
-from delayjax.runtime._simulate import _all_finite, _inexact, _program_digest, _program_key, _shared_length
+from delayjax.runtime._simulate import _all_finite, _inexact, _program_cache_key, _program_digest, _shared_length
 
 _CHECKPOINT_FILE = "simulate_gossip"
 
@@ -306,7 +306,7 @@ def simulate_gossip(
   snap = jax.tree.map(np.zeros_like, replica_params)
   gbuf = jax.tree.map(np.zeros_like, replica_params)
   if plan.history > 1:
-    first = _engine.cached(_cache_key("message", method.message, params, init_state[2]),
+    first = _engine.cached(_program_cache_key(("simulate_gossip", "message"), method.message, params, init_state[2]),
                            lambda: jax.jit(method.message))(params, init_state[2])
     hist = jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (m, plan.history) + np.shape(x)).copy(), first)
   else:
@@ -392,9 +392,9 @@ def simulate_gossip(
   # when their plans have the same sizes. On a mesh the step holds collectives that trace only inside its
   # shard_map: compiled afresh.
   row = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), chunk_tables(0))
-  cache_key = None if mesh is not None else _cache_key("chunk", step, carry, row, constants)
+  cache_key = None if mesh is not None else _program_cache_key(("simulate_gossip", "chunk"), step, carry, row, constants)
   jitted_eval = None if eval_fn is None else _engine.cached(
-      None if mesh is not None else _cache_key("eval", eval_fn, params), lambda: jax.jit(eval_fn))
+      None if mesh is not None else _program_cache_key(("simulate_gossip", "eval"), eval_fn, params), lambda: jax.jit(eval_fn))
   program = _engine.Program(
       carry=carry, carry_specs=carry_specs, constants=constants, constant_specs=constant_specs, step=step,
       table_specs=table_specs, output_specs=output_specs, num_chunks=num_chunks, tables=chunk_tables,
@@ -430,13 +430,6 @@ def simulate_gossip(
            "lane_utilization": plan.lane_utilization, "mixing": plan.mixing, "history": plan.history,
            "num_devices": num_devices, "chunk_size": chunk_size, "num_chunks": num_chunks}
   return GossipResult(params_out, opt_out, extra_out, average, history, stats)
-
-
-def _cache_key(kind: str, fn: Callable[..., Any], *args: Any) -> Any:
-  """The compile-cache key of ``fn`` on ``args``: the digest of the program it traces to, or ``None`` when it
-  calls back into Python (such programs cannot be told apart, so they compile afresh)."""
-  key = _program_key(fn, *args)
-  return None if key is False else ("simulate_gossip", kind, key)
 
 
 def _fingerprint(schedule: GossipSchedule, *, tx: Any, loss_fn: Callable[..., Any],

@@ -491,8 +491,12 @@ def _shared_length(n: int) -> int:
   return -(-int(n) >> shift) << shift
 
 
-def _program_sizes(plan: StepPlan) -> ProgramSizes:
+def _program_sizes(plan: StepPlan, rounded: bool = True) -> ProgramSizes:
+  """The sizes ``plan`` fixes, rounded up (see :class:`ProgramSizes`), or its own with ``rounded=False``."""
   reads = int((plan.read_end - plan.read_begin).max()) if plan.read_end.size else 0
+  if not rounded:
+    return ProgramSizes(max_len=plan.upd_index.shape[1], max_reads=plan.read_width,
+                        reads_per_update=min(reads, 3), buffer_size=plan.buffer_size)
   width = plan.lanes * plan.num_devices
   return ProgramSizes(max_len=_next_power_of_two(plan.upd_index.shape[1]),
                       max_reads=_next_power_of_two(plan.read_width),
@@ -569,6 +573,14 @@ def _compile_key(*, loss_fn: Callable[..., Any], has_aux: bool, tx: Any, params:
   chunk = ("simulate", tuple(sorted(programs.items())), structure, tuple(sorted(plan_sizes.items())),
            tuple(sorted(options.items())))
   return {"chunk": chunk, "eval_fn": (programs["eval_fn"], structure[0])}
+
+
+def _program_cache_key(tag: tuple[str, ...], fn: Callable[..., Any], *args: Any) -> tuple[Any, ...] | None:
+  """A compile-cache key for ``fn`` on ``args`` (see ``_engine.cached``): ``tag`` and the digest of the program it
+  traces to, or ``None`` when it calls back into Python (such programs cannot be told apart, so they compile
+  afresh)."""
+  key = _program_key(fn, *args)
+  return None if key is False else (*tag, key)
 
 
 def _program_key(fn: Callable[..., Any], *args: Any) -> str | bool:

@@ -1,5 +1,7 @@
 """Runs of one sweep share a compiled program: the plan's sizes are rounded up, and rounding changes no bit."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -34,11 +36,8 @@ def _schedule(paradigm, seed):
   return dj.cluster.simulate(paradigm, dj.cluster.workers(WORKERS, compute="gamma"), UPDATES, seed=seed)
 
 
-def _exact_sizes(plan):
-  """The plan's own sizes, unrounded (what a program per run would use)."""
-  reads = int((plan.read_end - plan.read_begin).max()) if plan.read_end.size else 0
-  return _simulate.ProgramSizes(max_len=plan.upd_index.shape[1], max_reads=plan.read_width,
-                                reads_per_update=min(reads, 3), buffer_size=plan.buffer_size)
+# The plan's own sizes, unrounded (what a program per run would use).
+_exact_sizes = functools.partial(_simulate._program_sizes, rounded=False)
 
 
 # XLA compilations so far, counted by one listener for the whole module (JAX 0.8 cannot unregister one).
