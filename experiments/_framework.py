@@ -733,10 +733,12 @@ def execute_many(plan: Sequence[tuple[Reproduction, Mapping[str, Any], str]], *,
       # One run of every spec first: the seeds of a spec share compiled programs, which the workers pass on
       # through the compilation cache (see __main__), so a spec's later seeds should not start before one
       # of its runs has compiled them.
-      seen: set[tuple[int, str]] = set()
-      first = [not (key in seen or seen.add(key)) for key in ((job.index, job.spec["key"]) for job in pending)]
-      order = [job for job, f in zip(pending, first) if f] + [job for job, f in zip(pending, first) if not f]
-      tasks = [(plan[job.index][0].run, plan[job.index][1], job) for job in order]
+      firsts, later, seen = [], [], set()
+      for job in pending:
+        spec = (job.index, job.spec["key"])
+        (later if spec in seen else firsts).append(job)
+        seen.add(spec)
+      tasks = [(plan[job.index][0].run, plan[job.index][1], job) for job in firsts + later]
       for repro, _, _ in plan:
         try:
           pickle.dumps(repro.run)
