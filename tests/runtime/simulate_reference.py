@@ -301,7 +301,11 @@ def multiprocess_case():
 
 
 def killed_case():
-  """The run of the kill -9 test: Adam (two moments and a count to restore) on ASP, a checkpoint every step."""
+  """The run of the kill -9 test: Adam (two moments and a count to restore) on ASP, a checkpoint every chunk.
+
+  About 30 chunks, so that a killed process still has chunks left on a fast machine, where a chunk and
+  its save take a few tens of milliseconds and the test waits up to 0.3 s after a chunk before killing.
+  """
   data, loss_fn, params = regression_problem()
-  schedule = dj.cluster.simulate(dj.cluster.asp(), dj.cluster.workers(4), num_updates=64, seed=0)
+  schedule = dj.cluster.simulate(dj.cluster.asp(), dj.cluster.workers(4), num_updates=256, seed=0)
   return loss_fn, optax.adam(0.05), params, data, schedule, dict(batch_size=8, seed=1, chunk_size=4)

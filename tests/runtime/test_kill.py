@@ -20,7 +20,7 @@ SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "simulate_kill
 def test_resume_after_kill_9_is_bit_identical(tmp_path):
   loss_fn, tx, params, data, schedule, kwargs = killed_case()
   straight = dj.simulate(loss_fn, tx, params, data, schedule, **kwargs)
-  assert straight.stats["num_chunks"] >= 6
+  assert straight.stats["num_chunks"] >= 24
   checkpoints = str(tmp_path / "checkpoints")
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   env["PYTHONPATH"] = os.pathsep.join([os.getcwd()] + sys.path)
@@ -45,7 +45,7 @@ def test_resume_after_kill_9_is_bit_identical(tmp_path):
   chunks = []
   resumed = dj.simulate(loss_fn, tx, params, data, schedule, checkpoint_dir=checkpoints,
                         callback=lambda info: chunks.append(info["chunk"]), **kwargs)
-  assert chunks and chunks[0] >= 4  # it continued from a checkpoint of a killed process, not from the start
+  assert chunks and chunks[0] >= 4, chunks  # it continued from a checkpoint of a killed process, not from the start
   np.testing.assert_array_equal(resumed.history.loss, straight.history.loss)
   for a, b in zip(jax.tree.leaves((resumed.params, resumed.opt_state)), jax.tree.leaves((straight.params,
                                                                                          straight.opt_state))):
