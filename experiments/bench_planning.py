@@ -25,7 +25,10 @@ batch 1, ASP at M = 16 and 1024 workers, 1e6 updates) in a fresh process per
 tree (this one, and ``--before TREE`` if given) and gives the process's peak
 resident memory, its resident memory before the call, and the bytes of the
 ``History``'s per-update arrays (``update``, ``time``, ``loss``,
-``staleness``: part of its documented fields, so they grow with the updates).
+``staleness``: part of its documented fields, so they grow with the updates)
+and of all its arrays.
+With ``--history evaluations`` (or ``both``) this tree also runs with
+``dj.simulate(..., history="evaluations")``, which keeps none of them.
 
 ``--steady-state-against TREE`` instead compares ``dj.simulate``'s steady state
 (gradient evaluations per second, compilation excluded: ``time_simulate`` of
@@ -34,7 +37,7 @@ resident memory, its resident memory before the call, and the bytes of the
 processes of each.
 
     python -m experiments.bench_planning [--quick] [--before TREE] [--out experiments/results/bench_planning.txt]
-    python -m experiments.bench_planning --simulate-rss [--before TREE] [--quick]
+    python -m experiments.bench_planning --simulate-rss [--before TREE] [--quick] [--history both]
     python -m experiments.bench_planning --steady-state-against /path/to/other/tree [--rounds 4]
 """
 
@@ -249,42 +252,48 @@ def steady_state_rows(other: str, rounds: int, quick: bool) -> list[str]:
 
 _RSS_CHILD = """
 import os, sys
-import jax.numpy as jnp, numpy as np, optax
+import jax, jax.numpy as jnp, numpy as np, optax
 import delayjax as dj
 def memory():
   with open("/proc/self/status") as f:
     fields = dict(line.split(":", 1) for line in f)
   return [int(fields[k].split()[0]) / 1024 for k in ("VmRSS", "VmHWM")]
 m, n = int(sys.argv[1]), int(sys.argv[2])
+# An older tree has no history argument: only a run that keeps less passes it.
+option = {} if sys.argv[3] == "updates" else {"history": sys.argv[3]}
 x = np.random.default_rng(0).normal(size=(256, 4)).astype(np.float32)
 data = {"x": x, "y": x.sum(axis=1)}
 loss = lambda p, b: jnp.mean((b["x"] @ p - b["y"]) ** 2)
 schedule = dj.cluster.simulate(dj.cluster.asp(), dj.cluster.workers(m, compute="exponential"), num_updates=n, seed=0)
 before = memory()[0]
 h = dj.simulate(loss, optax.sgd(0.01), jnp.zeros(4), data, schedule, batch_size=1, eval_every=n // 10,
-                eval_fn=lambda p: loss(p, data)).history
+                eval_fn=lambda p: loss(p, data), **option).history
 per_update = sum(a.nbytes for a in (h.update, h.time, h.loss, h.staleness))
-print("RESULT", before, memory()[1], per_update / 2**20, h.eval_update.size)
+whole = sum(np.asarray(a).nbytes for a in jax.tree.leaves(tuple(h)))
+print("RESULT", before, memory()[1], per_update / 2**20, h.eval_update.size, whole / 2**10)
 """
 
 
-def simulate_rss_rows(before: str | None, quick: bool) -> list[str]:
-  """Peak resident memory of a ``dj.simulate`` call, in a fresh process per tree."""
-  trees = {"this tree": os.getcwd()}
+def simulate_rss_rows(before: str | None, quick: bool, history: str = "updates") -> list[str]:
+  """Peak resident memory of a ``dj.simulate`` call, in a fresh process per tree (and ``history`` setting of
+  this tree: ``"updates"``, ``"evaluations"`` or ``"both"``)."""
+  settings = ["updates", "evaluations"] if history == "both" else [history]
+  runs = [(f"this tree, history={h}" if len(settings) > 1 or h != "updates" else "this tree", os.getcwd(), h)
+          for h in settings]
   if before is not None:
-    trees["before"] = os.path.abspath(before)
+    runs.append(("before", os.path.abspath(before), "updates"))
   lines = ["dj.simulate memory (linear model, batch 1, ASP, eval every U/10): MiB resident before the call and at "
-           "the peak, and the History's per-update arrays",
-           f"{'tree':<40s} {'workers':>8s} {'updates':>9s} {'RSS before':>11s} {'peak RSS':>9s} {'per-update':>11s} "
-           f"{'evals':>6s}"]
+           "the peak, the History's per-update arrays (MiB), and all its arrays (KiB)",
+           f"{'tree':<50s} {'workers':>8s} {'updates':>9s} {'RSS before':>11s} {'peak RSS':>9s} {'per-update':>11s} "
+           f"{'evals':>6s} {'History KiB':>11s}"]
   for m, n in [(16, 100_000)] if quick else [(16, 1_000_000), (1024, 1_000_000)]:
-    for name, tree in trees.items():
+    for name, tree, setting in runs:
       env = dict(os.environ, PYTHONPATH=tree, JAX_PLATFORMS="cpu")
-      out = subprocess.run([sys.executable, "-c", _RSS_CHILD, str(m), str(n)], cwd=tree, env=env,
+      out = subprocess.run([sys.executable, "-c", _RSS_CHILD, str(m), str(n), setting], cwd=tree, env=env,
                            capture_output=True, text=True, check=True).stdout
-      rss_before, peak, per_update, evals = out.split("RESULT ", 1)[1].split()
-      lines.append(f"{name + ' (' + _head(tree) + ')':<40s} {m:>8d} {n:>9d} {float(rss_before):11.0f} "
-                   f"{float(peak):9.0f} {float(per_update):11.1f} {int(evals):6d}")
+      rss_before, peak, per_update, evals, whole = out.split("RESULT ", 1)[1].split()
+      lines.append(f"{name + ' (' + _head(tree) + ')':<50s} {m:>8d} {n:>9d} {float(rss_before):11.0f} "
+                   f"{float(peak):9.0f} {float(per_update):11.1f} {int(evals):6d} {float(whole):11.1f}")
       print(lines[-1], flush=True)
   return lines
 
@@ -312,11 +321,13 @@ def main(argv=None):
                       help="also time the plan_steps of the checkout at TREE (an earlier commit)")
   parser.add_argument("--simulate-rss", action="store_true",
                       help="the peak resident memory of dj.simulate at 1e6 updates instead")
+  parser.add_argument("--history", choices=("updates", "evaluations", "both"), default="updates",
+                      help="with --simulate-rss: dj.simulate's history setting(s) for this tree")
   add_out_argument(parser, "bench_planning")
   args = parser.parse_args(argv)
   lines = header(argv)
   if args.simulate_rss:
-    lines += simulate_rss_rows(args.before, args.quick)
+    lines += simulate_rss_rows(args.before, args.quick, args.history)
   elif args.steady_state_against:
     lines += steady_state_rows(args.steady_state_against, args.rounds, args.quick)
   else:

@@ -15,8 +15,9 @@ Two entries per run in the checkpoint directory:
   optimizer state's structure, shapes and dtypes, the initial parameters, the
   optimizer's and the loss's traced programs, the data), the carry's
   structure, the chunks done, how many bytes of the history file belong to
-  it, and a *checksum* per process: the SHA-256 of the shards that process
-  holds, checked against the restored shards on resume.
+  it, the names of the records its history keeps, and a *checksum* per
+  process: the SHA-256 of the shards that process holds, checked against the
+  restored shards on resume.
 ``<name>.records``
   the history (the engine's records), one frame per chunk (length, SHA-256,
   msgpack), *appended* after every chunk: a save costs the chunk's rows, not
@@ -25,7 +26,10 @@ Two entries per run in the checkpoint directory:
 
 Resuming from a checkpoint whose fingerprint differs is a ``ValueError``
 that names each differing component, unless the caller names those
-components as knowingly changed (``resume_changes``); a damaged or truncated
+components as knowingly changed (``resume_changes``); one whose history lacks
+a record the run keeps (it was written by a run that kept less, e.g.
+``history="evaluations"``) is a ``ValueError`` too, whatever the changes
+allowed (the rows were never written); a damaged or truncated
 checkpoint is a ``ValueError`` naming the file or folder. A checkpoint in the
 earlier single-file format (``<name>.msgpack``) is a ``ValueError`` saying
 the format changed.
@@ -159,10 +163,12 @@ class Checkpoint:
     fingerprint: ``{component: digest}``, or one string, the run's identity.
     changes: components allowed to differ on resume (a knowingly changed run); the checkpoint written
       next records the new fingerprint.
+    records: the names of the records this run keeps in its history; a checkpoint whose history lacks one
+      cannot be resumed. Records it holds beyond them are left unread.
   """
 
   def __init__(self, directory: str | os.PathLike[str], name: str, fingerprint: str | dict[str, str],
-               changes: tuple[str, ...] = ()):
+               changes: tuple[str, ...] = (), records: tuple[str, ...] = ()):
     # Orbax takes absolute paths only; a relative directory is taken against the working directory of now.
     self.path = os.path.join(os.path.abspath(os.fspath(directory)), name)
     self.records_path = self.path + ".records"
@@ -174,6 +180,7 @@ class Checkpoint:
           f"resume_changes names {', '.join(map(repr, unknown))}, not a component of this run's identity; "
           f"the components are: {', '.join(map(repr, self.fingerprint))}.")
     self.changes = changes
+    self.records = tuple(sorted(records))
     self._records_bytes = 0  # bytes of the history file that the last checkpoint owns
     self._fresh = True  # nothing saved or restored yet: the first save replaces what an earlier run left
     self._manager_: Any = None
@@ -226,7 +233,8 @@ class Checkpoint:
         os.fsync(f.fileno())
     self._records_bytes += len(frames)
     meta = {"format": _FORMAT, "fingerprint": self.fingerprint, "carry": _structure(carry),
-            "chunks_done": chunks_done, "records_bytes": self._records_bytes, "checksums": checksums}
+            "chunks_done": chunks_done, "records_bytes": self._records_bytes, "records": list(self.records),
+            "checksums": checksums}
     meta["sha256"] = _json_digest(meta)
     # Orbax cannot store an empty array; its shape and dtype are in the carry's structure already.
     state = {str(i): x for i, x in enumerate(leaves) if x.size}
@@ -272,6 +280,14 @@ class Checkpoint:
           f"checkpoint_dir holds a checkpoint ({self.path}) of a different run: {', '.join(refused)} "
           f"differ; use another directory, resume=False to start over, or resume_changes="
           f"{tuple(refused)!r} to continue from it knowingly with these changes.")
+    # A checkpoint of an earlier version names no records: its runs kept every record they had.
+    missing = [name for name in self.records if "records" in meta and name not in meta["records"]]
+    if missing:
+      raise ValueError(
+          f"checkpoint_dir holds a checkpoint ({self.path}) whose history does not keep {missing}, which this "
+          f"run's does: it was written by a run that recorded less (history='evaluations' keeps no "
+          f"per-update rows), and rows never written cannot be restored, whatever resume_changes allows; resume "
+          f"with the setting it was written with, or start over with resume=False or another directory.")
     if meta.get("carry") != _structure(carry):
       raise ValueError(
           f"checkpoint_dir holds a checkpoint ({self.path}) whose state has another structure, shapes or dtypes "

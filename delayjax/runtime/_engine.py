@@ -315,7 +315,8 @@ def run(program: Program, *, mesh: Any = None, checkpoint_dir: str | os.PathLike
   records: dict[str, list[Any]] = {name: [] for name in like}
   first_chunk = 0
   saver = (None if checkpoint_dir is None else
-           _checkpoint.Checkpoint(checkpoint_dir, checkpoint_name, program.fingerprint, resume_changes))
+           _checkpoint.Checkpoint(checkpoint_dir, checkpoint_name, program.fingerprint, resume_changes,
+                                  records=tuple(like)))
   put = placer(mesh)
   if saver is not None and resume and saver.exists():
     # Restored straight into its layout: with a mesh each process reads only its own shards.

@@ -16,7 +16,7 @@ import optax
 from jax.sharding import PartitionSpec as P
 
 from delayjax import delays as delays_lib
-from delayjax._checks import check_bool, check_int, check_seed
+from delayjax._checks import check_bool, check_choice, check_int, check_seed
 from delayjax.cluster._schedule import Schedule
 from delayjax.runtime import _checkpoint
 from delayjax.runtime import _engine as engine
@@ -49,10 +49,21 @@ _PER_EXAMPLE = ("sample_features", "sample_grads", "sample_scalars")
 RUNTIME_INPUTS = tuple(sorted(SERVER_INPUTS + LANE_INPUTS + CONTRIBUTION_INPUTS))
 # Payload entries that are averaged over an update's contributions like the gradient.
 _MIXED = ("grad", "snapshot_grad")
+# What the host keeps of a run's history (simulate's ``history``): every update's row, or only what
+# is kept per evaluation (and per non-finite report).
+HISTORIES = ("updates", "evaluations")
 
 
 class History(NamedTuple):
   """What happened during a simulation (NumPy arrays on the host).
+
+  The first four fields have a row per update; with ``dj.simulate(...,
+  history="evaluations")`` the host keeps none of them (empty arrays of their
+  dtypes, length 0), so the history's memory, and a checkpoint's, grows with
+  the evaluations and the non-finite reports, not with the updates (28 bytes
+  per update less: 27 MiB at a million updates). The other fields are the
+  same with either setting, bit for bit. Meant for sweeps of long runs that
+  read only the evaluations.
 
   Attributes:
     update: int64 ``[U]``, the update index ``u = 0 .. U - 1``.
@@ -615,6 +626,7 @@ def simulate(
     hyperparams: dict[str, Sequence[Any]] | None = None,
     eval_fn: Callable[[Any], Any] | None = None,
     eval_every: int | None = None,
+    history: str = "updates",
     callback: Callable[[dict[str, Any]], None] | None = None,
     checkpoint_dir: str | os.PathLike[str] | None = None,
     resume: bool = True,
@@ -709,6 +721,20 @@ def simulate(
       parameters at version 0, every ``eval_every`` updates and at the end.
     eval_every: updates between evaluations; ``None``: at the start and the
       end only.
+    history: what the host keeps of every update: ``"updates"`` (default)
+      keeps ``history.update``, ``time``, ``loss`` and ``staleness``, a row
+      per update (28 bytes each, in memory and in a checkpoint's history);
+      ``"evaluations"`` keeps none (those four are empty, length 0), for
+      sweeps of long runs that read only the evaluations: the history then
+      grows with the evaluations and the non-finite reports, not the updates.
+      Everything else (parameters, optimizer state, ``eval_*``,
+      ``nonfinite``, ``skipped``, ``nonfinite_state``) is the same, bit for
+      bit, and so is the compiled program. It is not part of the run's
+      identity: a checkpoint written with ``"updates"`` resumes with
+      ``"evaluations"`` (the rows it holds are then left unread), while one
+      written with ``"evaluations"`` cannot give the rows of the updates it
+      did not keep, so resuming it with ``"updates"`` is a ``ValueError``
+      (``resume_changes`` cannot allow it: the rows are not there).
     callback: called on the host after every chunk with a dict:
       ``updates_done``, ``num_updates``, ``chunk``, ``num_chunks``.
     checkpoint_dir: if given, the whole state is written there after every
@@ -904,6 +930,7 @@ def simulate(
   resume, skip_nonfinite, has_aux = (check_bool(n, v) for n, v in (
       ("resume", resume), ("skip_nonfinite", skip_nonfinite), ("has_aux", has_aux)))
   keep_local_state = check_bool("keep_local_state", keep_local_state)
+  keep_updates = check_choice("history", history, HISTORIES) == "updates"
   checkpoint_dir = _checkpoint.check_directory("checkpoint_dir", checkpoint_dir)
   resume_changes = _checkpoint.check_changes(resume_changes, checkpoint_dir)
   if num_updates is not None:
@@ -1052,14 +1079,18 @@ def simulate(
   def collect(chunk: int, tables: Any, outputs: Any) -> dict[str, Any]:
     """The chunk's rows, each with a run axis after the row axis (``(run, update, worker)`` triples for the
     lists), whether or not the runs were batched."""
+    if not keep_updates:
+      # The chunk's per-update losses stay on the device, unread: the host keeps no per-update rows.
+      outputs = ((), *outputs[1:])
     (lane, tab), outputs = tables, jax.tree.map(
         lambda x: engine.host(x) if runs else engine.host(x)[None], outputs)
     loss, metrics, finite, rejected = outputs
     valid = np.arange(sizes.max_len) < tab["upd_count"][:, None]
     run, step_of, lane_of = np.nonzero(lane["lane_active"] & ~finite)
-    rows = {"loss": np.moveaxis(loss, 0, -1)[valid],
-            "nonfinite": np.stack([run, lane["lane_update"][step_of, lane_of], lane["lane_worker"][step_of, lane_of]],
+    rows = {"nonfinite": np.stack([run, lane["lane_update"][step_of, lane_of], lane["lane_worker"][step_of, lane_of]],
                                   axis=1).astype(np.int64)}
+    if keep_updates:
+      rows["loss"] = np.moveaxis(loss, 0, -1)[valid]
     if skip_nonfinite:
       run, step_of, row_of = np.nonzero(valid & (rejected >= 0))
       rows["skipped"] = np.stack([run, tab["upd_index"][step_of, row_of], rejected[run, step_of, row_of]],
@@ -1069,7 +1100,9 @@ def simulate(
     return rows
 
   num_runs = runs or 1
-  records_like = {"loss": np.zeros((0, num_runs), np.float32), "nonfinite": np.zeros((0, 3), np.int64)}
+  records_like = {"nonfinite": np.zeros((0, 3), np.int64)}
+  if keep_updates:
+    records_like["loss"] = np.zeros((0, num_runs), np.float32)
   if skip_nonfinite:
     records_like["skipped"] = np.zeros((0, 3), np.int64)
   if eval_fn is not None:
@@ -1105,10 +1138,10 @@ def simulate(
       return history_lib.sorted_pairs(pairs[pairs[:, 0] == r][:, 1:])
 
     hist = History(
-        update=np.arange(num_updates, dtype=np.int64),
-        time=times.copy(),
-        loss=records["loss"][:, r].astype(np.float32),
-        staleness=schedule.max_staleness,
+        update=np.arange(num_updates if keep_updates else 0, dtype=np.int64),
+        time=times.copy() if keep_updates else np.zeros(0, np.float64),
+        loss=records["loss"][:, r].astype(np.float32) if keep_updates else np.zeros(0, np.float32),
+        staleness=schedule.max_staleness if keep_updates else np.zeros(0, np.int64),
         eval_update=eval_points,
         eval_time=np.where(eval_points > 0, times[np.maximum(eval_points - 1, 0)], 0.0),
         eval_metrics=None if eval_fn is None else jax.tree.map(lambda x: x[:, r], records["metrics"]),
