@@ -237,15 +237,15 @@ def _assign_steps(cu: np.ndarray, ready: np.ndarray, device: np.ndarray, num_dev
   step's version is its update.
 
   Returns ``(compute_step, versions, lane)`` (``versions[s]``: step ``s``'s
-  version; ``lane``: within the device; on one device without ``after``,
-  ``compute_step`` is ``step * lanes + lane`` and ``lane`` is ``None``), or
+  version; ``lane``: within the device, ``None`` on one device without
+  ``after``, where it is the contribution's rank in its step), or
   ``None`` once the steps cost more than ``limit`` (steps times
   ``lanes + _STEP_COST``).
   """
   n = cu.size
   if num_devices == 1 and after is None:
-    placed = _assign_steps_one_device(cu, ready, lanes, limit)
-    return None if placed is None else (placed[0], placed[1], None)
+    placement = _Placement(lanes, n)
+    return (placement.step, placement.versions, None) if placement.extend(cu, ready, limit) else None
   cu_l, ready_l = cu.tolist(), ready.tolist()
   dev_l = device.tolist() if num_devices > 1 else [0] * n
   after_l = [-1] * n if after is None else after.tolist()
@@ -296,70 +296,113 @@ def _assign_steps(cu: np.ndarray, ready: np.ndarray, device: np.ndarray, num_dev
   return step, versions, lane_of
 
 
-def _assign_steps_one_device(cu: np.ndarray, ready: np.ndarray, lanes: int,
-                             limit: float) -> tuple[list[int], list[int]] | None:
-  """:func:`_assign_steps` for one device and contributions that wait for no other (the common case, in
-  fewer operations per contribution: a contribution lands at most in the step after the last one, which it
-  then opens).
+class _Placement:
+  """:func:`_assign_steps` on one device for contributions that wait for no other (the common case), in fewer
+  operations per contribution, and resumable: :meth:`extend` places the next contributions in index order,
+  so the prefix placed while choosing the lane width is continued, not placed again (a contribution's
+  placement depends only on those of lower index).
 
-  Returns ``(step * lanes + lane, versions)``, or ``None`` past ``limit``.
+  A contribution lands in the first step at or after the first whose version is at least its ``ready``
+  (``ready_step``) with a free lane, which is at most the step after the last one, which it then opens.
+  ``free[t]`` is step ``t``'s free lanes (``1 .. lanes``) or, once the step is full, minus a later step
+  towards one with a free lane (followed with path halving). Only steps are recorded: a contribution's lane
+  is its rank among its step's in index order (:meth:`lanes_of`).
   """
-  n = cu.size
-  code: list[int] = []
-  place = code.append
-  versions = [0]
-  top = 0
-  ready_step = [0] * (int(cu[-1]) + 2 if n else 1)
-  # next_lane[t]: t * lanes plus the lanes of step t taken so far; both tables grow with the steps (about
-  # n / lanes of them when lanes are the bound).
-  size = n // lanes + 64
-  next_lane = list(range(0, size * lanes, lanes))
-  link = list(range(size))
-  cost = lanes + _STEP_COST
-  known = 1
-  for r, u in zip(ready.tolist(), cu.tolist()):
-    if r <= top:
-      t = ready_step[r]
-      while link[t] != t:
-        link[t] = link[link[t]]
-        t = link[t]
-    else:
-      t = known
-    k = next_lane[t]
-    place(k)
-    k += 1
-    next_lane[t] = k
-    if k % lanes == 0:
-      link[t] = t + 1
-    if t == known:
-      versions.append(u)
-      ready_step[top + 1:u + 1] = [known] * (u - top)
+
+  def __init__(self, lanes: int, num_contributions: int):
+    self.lanes = lanes
+    self.step: list[int] = []  # per contribution placed
+    self.versions = [0]  # per step; step 0 is built at version 0
+    self.ready_step = [0]  # [v]: the first step whose version is at least v, for v <= versions[-1]
+    # Per step, about num_contributions / lanes of them when lanes are the bound; grown as needed.
+    self.free = [lanes] * (num_contributions // lanes + 64)
+
+  def extend(self, cu: np.ndarray, ready: np.ndarray, limit: float = np.inf) -> bool:
+    """Places the next contributions (updates ``cu``, ready at versions ``ready``); ``False`` once the
+    steps cost more than ``limit`` (steps times ``lanes + _STEP_COST``; the placement is then unusable)."""
+    if not cu.size:
+      return True
+    lanes, free, versions, ready_step = self.lanes, self.free, self.versions, self.ready_step
+    if len(ready_step) < int(cu[-1]) + 2:
+      ready_step.extend([0] * (int(cu[-1]) + 2 - len(ready_step)))
+    place, add_version = self.step.append, versions.append
+    top, known = versions[-1], len(versions)
+    cost = lanes + _STEP_COST
+    # Checked only when `known` passes it: the step tables' size, or the steps that `limit` allows.
+    bound = min(len(free) - 2, limit / cost)
+    rest = lanes - 1
+    for r, u in zip(ready.tolist(), cu.tolist()):
+      if r <= top:
+        t = ready_step[r]
+        f = free[t]
+        if f > 1:
+          free[t] = f - 1
+          place(t)
+          continue
+        if f == 1:
+          free[t] = -1 - t
+          place(t)
+          continue
+        while f < 0:
+          later = -f
+          f = free[later]
+          if f < 0:
+            free[t] = f
+            t = -f
+            f = free[t]
+          else:
+            t = later
+        if t < known:
+          free[t] = f - 1 if f > 1 else -1 - t
+          place(t)
+          continue
+      # A new step, built at this contribution's update.
+      place(known)
+      free[known] = rest if rest else -1 - known
+      add_version(u)
+      if u == top + 1:
+        ready_step[u] = known
+      else:
+        ready_step[top + 1:u + 1] = [known] * (u - top)
       top = u
       known += 1
-      if known * cost > limit:
-        return None
-      if known + 2 > size:
-        next_lane.extend(range(size * lanes, 2 * size * lanes, lanes))
-        link.extend(range(size, 2 * size))
-        size *= 2
-  return code, versions
+      if known > bound:
+        if known * cost > limit:
+          return False
+        free.extend([lanes] * len(free))
+        bound = min(len(free) - 2, limit / cost)
+    return True
+
+  @staticmethod
+  def lanes_of(step: np.ndarray) -> np.ndarray:
+    """Each contribution's lane: its rank among the contributions of its step, in index order."""
+    order = np.argsort(step, kind="stable")  # steps are nearly sorted: a few passes
+    counts = np.bincount(step)
+    lane = np.empty_like(step)
+    lane[order] = np.arange(step.size) - (np.cumsum(counts) - counts)[step[order]]
+    return lane
 
 
 def _schedule_steps(cu: np.ndarray, ready: np.ndarray, device: np.ndarray, num_devices: int, lanes: int,
-                    num_updates: int, after: np.ndarray | None = None):
+                    num_updates: int, after: np.ndarray | None = None, placement: _Placement | None = None):
   """Every contribution's step, lane (within its device) and version, every update's step, and every
   step's version.
 
   See :func:`_assign_steps`; an update is applied in the step whose version
-  it is at least and the next step's version it is below.
+  it is at least and the next step's version it is below. ``placement``: the
+  one-device placement of a prefix of the contributions at ``lanes``, continued.
   """
-  compute_step, versions, lane_of = _assign_steps(cu, ready, device, num_devices, lanes, after)
-  versions = np.asarray(versions, np.int64)
-  compute_step = np.asarray(compute_step, np.int64)
-  if lane_of is None:
-    compute_step, lane_of = np.divmod(compute_step, lanes)
+  if num_devices == 1 and after is None:
+    if placement is None:
+      placement = _Placement(lanes, cu.size)
+    done = len(placement.step)
+    placement.extend(cu[done:], ready[done:])
+    compute_step = np.asarray(placement.step, np.int64)
+    lane_of = _Placement.lanes_of(compute_step)
+    versions = np.asarray(placement.versions, np.int64)
   else:
-    lane_of = np.asarray(lane_of, np.int64)
+    compute_step, versions, lane_of = _assign_steps(cu, ready, device, num_devices, lanes, after)
+    compute_step, versions, lane_of = (np.asarray(x, np.int64) for x in (compute_step, versions, lane_of))
   # last_step[v]: the last step whose version is at most v (versions are sorted).
   last_step = np.cumsum(np.bincount(versions, minlength=num_updates + 1)) - 1
   return compute_step, lane_of, versions[compute_step], last_step[:num_updates], versions, last_step
@@ -454,7 +497,8 @@ def _step_bound(cu: np.ndarray, ready: np.ndarray, num_updates: int) -> int:
 
 
 def _choose_lanes(cu: np.ndarray, ready: np.ndarray, device: np.ndarray, num_devices: int,
-                  per_device: int, per_update: np.ndarray, after: np.ndarray | None) -> int:
+                  per_device: int, per_update: np.ndarray,
+                  after: np.ndarray | None) -> tuple[int, _Placement | None]:
   """The lanes per device that minimize (steps) x (lanes + per-step overhead).
 
   Every width up to 8 is tried, then widths about 25% apart: each try plans
@@ -463,6 +507,9 @@ def _choose_lanes(cu: np.ndarray, ready: np.ndarray, device: np.ndarray, num_dev
   (its steps are at least those of unlimited lanes, and of its busiest device
   at full lanes) cannot beat the best so far is not planned, and a plan
   stops once it costs more; ties go to the fewest lanes.
+
+  Returns the width and, on one device without ``after``, its placement of
+  the planned contributions (to be continued with the rest).
   """
   if per_update.size > _CHOICE_UPDATES:
     keep = cu < _CHOICE_UPDATES
@@ -479,18 +526,25 @@ def _choose_lanes(cu: np.ndarray, ready: np.ndarray, device: np.ndarray, num_dev
   base = _step_bound(cu, ready, num_updates)
   busiest = int(np.bincount(device, minlength=num_devices).max()) if cu.size else 0
   bounds = {lanes: max(base, -(-busiest // lanes)) * (lanes + _STEP_COST) for lanes in candidates}
-  best, best_cost = 1, np.inf
+  best, best_cost, best_placement = 1, np.inf, None
+  one_device = num_devices == 1 and after is None
   for lanes in sorted(candidates, key=lambda w: (bounds[w], w)):
     if bounds[lanes] > best_cost or (bounds[lanes] == best_cost and lanes > best):
       continue
-    placed = _assign_steps(cu, ready, device, num_devices, lanes, after, best_cost)
-    if placed is None:
-      continue
-    steps = len(placed[1]) if num_updates else 0
-    cost = steps * (lanes + _STEP_COST)
+    if one_device:
+      placement = _Placement(lanes, cu.size)
+      if not placement.extend(cu, ready, best_cost):
+        continue
+      steps = len(placement.versions)
+    else:
+      placed = _assign_steps(cu, ready, device, num_devices, lanes, after, best_cost)
+      if placed is None:
+        continue
+      placement, steps = None, len(placed[1])
+    cost = (steps if num_updates else 0) * (lanes + _STEP_COST)
     if cost < best_cost or (cost == best_cost and lanes < best):
-      best, best_cost = lanes, cost
-  return best
+      best, best_cost, best_placement = lanes, cost, placement
+  return best, best_placement
 
 
 def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
@@ -553,15 +607,15 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
     draw[order] = drawn - drawn[group_start] if n else drawn
   device = cm // per_device
   ready = cv if not_before is None else np.maximum(cv, np.asarray(not_before, np.int64)[cu])
-  after = None
+  after, placement = None, None
   if sequential_workers:
     after = np.full(n, -1, np.int64)
     previous = order[:-1][m_sorted[1:] == m_sorted[:-1]] if n else order[:0]
     after[order[1:][m_sorted[1:] == m_sorted[:-1]] if n else order[:0]] = previous
   if lanes is None:
-    lanes = _choose_lanes(cu, ready, device, num_devices, per_device, per_update, after)
+    lanes, placement = _choose_lanes(cu, ready, device, num_devices, per_device, per_update, after)
   compute_step, lane_of, compute_version, apply_step, versions, last_step = _schedule_steps(
-      cu, ready, device, num_devices, lanes, num_updates, after)
+      cu, ready, device, num_devices, lanes, num_updates, after, placement)
   read_c, read_g, read_s, read_after = _reads(cvg, compute_step, versions, last_step)
   num_slots = _num_slots(read_c, read_s, compute_step, rank, order)
   fresh = cvg == compute_version[:, None]  # [n, G]: the group is read at the compute version

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import delayjax as dj
+from delayjax.runtime import _waves
 from delayjax.runtime._waves import plan_steps
 from tests.runtime import plan_reference
 
@@ -174,3 +175,49 @@ def test_more_steps_than_contributions_per_lane():
   schedule, _ = stale_read_schedule([0], 400, 0)
   for lanes in (2, 8):
     assert both(schedule, schedule.num_workers, lanes=lanes).num_steps == 400
+
+
+def test_one_device_placement_is_the_general_placement():
+  """The one-device placement (free lanes and pointers in one table, steps only, lanes ranked afterwards,
+  placed in pieces as the lane choice continues it) gives the steps, lanes and versions of the general
+  placement loop (devices and predecessors), which ``after = -1`` everywhere forces."""
+  rng = np.random.default_rng(23)
+  for case in range(60):
+    num_workers = int(rng.choice([1, 2, 4, 16]))
+    num_updates = int(rng.integers(1, 300))
+    if case % 3 == 0:
+      schedule = random_schedule(rng, num_workers, num_updates, int(rng.integers(0, 20)))
+    else:
+      paradigm = ["asp", "ssp2", "softsync", "ksync"][case % (4 if num_workers >= 2 else 2)]
+      schedule = cluster_schedule(paradigm, num_workers, num_updates, case)
+    cu, ready = schedule.contributions.update, schedule.contributions.read_version
+    if rng.random() < 0.3:  # epochs (SVRG): computed no earlier than the update's epoch start
+      epoch = int(rng.integers(2, 40))
+      ready = np.maximum(ready, cu // epoch * epoch)
+    lanes = int(rng.integers(1, num_workers + 3))
+    step, versions, lane = _waves._assign_steps(cu, ready, np.zeros_like(cu), 1, lanes, np.full(cu.size, -1))
+    placement = _waves._Placement(lanes, int(rng.integers(0, cu.size + 1)))
+    cuts = np.sort(rng.integers(0, cu.size + 1, 2))
+    for lo, hi in zip([0, *cuts], [*cuts, cu.size]):
+      assert placement.extend(cu[lo:hi], ready[lo:hi])
+    np.testing.assert_array_equal(placement.step, step)
+    np.testing.assert_array_equal(_waves._Placement.lanes_of(np.asarray(placement.step, np.int64)), lane)
+    assert placement.versions == versions
+    # A cost limit stops both, or neither.
+    limit = (len(versions) - int(rng.integers(0, 3))) * (lanes + _waves._STEP_COST)
+    stopped = not _waves._Placement(lanes, cu.size).extend(cu, ready, limit)
+    assert stopped == (_waves._assign_steps(cu, ready, np.zeros_like(cu), 1, lanes, np.full(cu.size, -1), limit)
+                       is None)
+
+
+def test_lane_choice_placement_is_continued(monkeypatch):
+  """Past the updates the lane choice plans, the chosen width's placement of them is continued with the
+  rest: the plans are still the reference's."""
+  monkeypatch.setattr(_waves, "_CHOICE_UPDATES", 37)
+  monkeypatch.setattr(plan_reference, "_CHOICE_UPDATES", 37)
+  rng = np.random.default_rng(5)
+  for seed, paradigm in enumerate(["asp", "ssp2", "softsync", "ksync", "asp"]):
+    num_workers = int(rng.choice([2, 4, 16]))
+    both(cluster_schedule(paradigm, num_workers, 250, seed), num_workers)
+  both(random_schedule(rng, 8, 200, 12), 8)
+  both(cluster_schedule("asp", 4, 200, 9), 4, not_before=np.arange(200) // 30 * 30)
