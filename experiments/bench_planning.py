@@ -28,7 +28,8 @@ resident memory, its resident memory before the call, and the bytes of the
 ``staleness``: part of its documented fields, so they grow with the updates)
 and of all its arrays.
 With ``--history evaluations`` (or ``both``) this tree also runs with
-``dj.simulate(..., history="evaluations")``, which keeps none of them.
+``dj.simulate(..., history="evaluations")``, which keeps none of them
+(``experiments/results/bench_planning_rss_history.txt``).
 
 ``--steady-state-against TREE`` instead compares ``dj.simulate``'s steady state
 (gradient evaluations per second, compilation excluded: ``time_simulate`` of

@@ -224,6 +224,10 @@ class PipelineHistory(NamedTuple):
     eval_update, eval_time: int64 / float64 ``[E]``, the version each
       evaluation was made at (0, every ``eval_every``-th, the last) and its time.
     eval_metrics: ``eval_fn``'s output with a leading ``[E]`` axis, or ``None``.
+
+  With ``simulate_pipeline(..., history="evaluations")`` the five per-update
+  fields are empty (length 0, their dtypes; the staleness ``[0, K]``): the
+  host keeps, and a checkpoint stores, only the evaluations.
   """
 
   update: np.ndarray
@@ -442,6 +446,7 @@ def simulate_pipeline(
     seed: int = 0,
     eval_fn: Callable[[tuple[Any, ...]], Any] | None = None,
     eval_every: int | None = None,
+    history: str = "updates",
     chunk_size: int | None = None,
     checkpoint_dir: str | os.PathLike[str] | None = None,
     resume: bool = True,
@@ -507,6 +512,12 @@ def simulate_pipeline(
     eval_fn: optional jittable ``eval_fn(params) -> metrics`` on the tuple of
       stage parameters, at version 0, every ``eval_every`` updates and at the end.
     eval_every: updates between evaluations (``None``: start and end only).
+    history: ``"updates"`` (default) keeps a row per update (``update``,
+      ``time``, ``loss``, the staleness); ``"evaluations"`` keeps none of
+      them (empty), only the evaluations, for long runs that read only those;
+      everything else is the same, bit for bit. As in ``dj.simulate``, a
+      checkpoint written with ``"updates"`` resumes with ``"evaluations"``, and
+      the reverse is a ``ValueError`` (the rows were never stored).
     chunk_size: updates per compiled chunk (default ``min(U, 256)``).
     checkpoint_dir: where to checkpoint after every chunk (``None``: never).
     resume: continue from a checkpoint of the same run found there.
@@ -542,6 +553,7 @@ def simulate_pipeline(
   batch_size = check_int("batch_size", batch_size, minimum=1)
   seed = check_seed("seed", seed)
   resume = check_bool("resume", resume)
+  keep_updates = history_lib.keeps_updates(history)
   checkpoint_dir = _checkpoint.check_directory("checkpoint_dir", checkpoint_dir)
   resume_changes = _checkpoint.check_changes(resume_changes, checkpoint_dir)
   if eval_every is not None:
@@ -669,12 +681,13 @@ def simulate_pipeline(
 
   def collect(chunk: int, tabs: Any, outputs: Any) -> dict[str, Any]:
     valid = tabs["valid"]
-    rows = {"loss": engine.host(outputs["loss"])[valid]}
+    # Without per-update rows the chunk's losses stay on the device, unread.
+    rows = {"loss": engine.host(outputs["loss"])[valid]} if keep_updates else {}
     if eval_fn is not None:
       rows["metrics"] = jax.tree.map(lambda x: engine.host(x)[tabs["eval"] & valid], outputs["metrics"])
     return rows
 
-  records_like = {"loss": np.zeros(0, np.float32)}
+  records_like = {"loss": np.zeros(0, np.float32)} if keep_updates else {}
   if eval_fn is not None:
     records_like["metrics"] = jax.tree.map(lambda s: np.zeros((0,) + s.shape, s.dtype), metric_shapes)
   # Compiled once per program: runs whose steps trace to the same program (closed-over arrays included) share
@@ -701,10 +714,15 @@ def simulate_pipeline(
   carry, records = engine.run(program, mesh=mesh, checkpoint_dir=checkpoint_dir, checkpoint_name=_CHECKPOINT_FILE,
                               resume=resume, resume_changes=resume_changes, callback=callback)
   time = schedule.update_time.max(axis=1)
+  if keep_updates:
+    rows = dict(update=updates.astype(np.int64), time=time, loss=np.asarray(records["loss"]),
+                forward_staleness=(updates[:, None] - forward_version.min(axis=1)).astype(np.int64),
+                backward_staleness=(updates[:, None] - backward_version.min(axis=1)).astype(np.int64))
+  else:
+    rows = dict(update=np.zeros(0, np.int64), time=np.zeros(0, time.dtype), loss=np.zeros(0, np.float32),
+                forward_staleness=np.zeros((0, K), np.int64), backward_staleness=np.zeros((0, K), np.int64))
   history_out = PipelineHistory(
-      update=updates.astype(np.int64), time=time, loss=np.asarray(records["loss"]),
-      forward_staleness=(updates[:, None] - forward_version.min(axis=1)).astype(np.int64),
-      backward_staleness=(updates[:, None] - backward_version.min(axis=1)).astype(np.int64),
+      **rows,
       eval_update=eval_points, eval_time=np.r_[0.0, time][eval_points],
       eval_metrics=records.get("metrics"))
   if mesh is not None:

@@ -21,7 +21,7 @@ from delayjax.runtime import _checkpoint, _engine
 from delayjax.runtime._arguments import check_optional_callable, check_optional_int, check_sampling
 from delayjax.runtime._checkpoint import gathered
 from delayjax.runtime._engine import AXIS
-from delayjax.runtime._history import chunk_span, nonfinite_report, sorted_pairs
+from delayjax.runtime._history import chunk_span, keeps_updates, nonfinite_report, sorted_pairs
 from delayjax.runtime._replica_plan import SLOT_GRAD, SLOT_MIX, SLOT_READ, ReplicaPlan, make_plan, pack_lanes
 from delayjax.runtime._sampling import minibatch_indices, shard_table
 from delayjax.runtime._simulate import _all_finite, _inexact, _program_cache_key, _program_digest, _shared_length
@@ -61,6 +61,11 @@ class GossipHistory(NamedTuple):
       parameters, optimizer state or method state were first found
       non-finite (checked after every chunk). Either report also raises a
       ``RuntimeWarning``.
+
+  With ``simulate_gossip(..., history="evaluations")`` the six per-step
+  fields (``events`` to ``consensus``) are empty (length 0, their dtypes):
+  the host keeps, and a checkpoint stores, only the evaluations and the
+  non-finite reports.
   """
 
   events: np.ndarray
@@ -123,6 +128,7 @@ def simulate_gossip(
     mesh: jax.sharding.Mesh | None = None,
     eval_fn: Callable[[Any], Any] | None = None,
     eval_every: int | None = None,
+    history: str = "updates",
     seed: int = 0,
     chunk_size: int | None = None,
     phases: int | None = None,
@@ -194,6 +200,13 @@ def simulate_gossip(
       average model and on every replica (see :class:`GossipHistory`).
     eval_every: evaluate after the steps in which another ``eval_every``
       gradients were applied (and at the start and the end).
+    history: ``"updates"`` (default) keeps a row per step (``events``,
+      ``gradients``, ``time``, ``loss``, ``loss_spread``, ``consensus``);
+      ``"evaluations"`` keeps none of them (empty), only the evaluations and
+      the non-finite reports, for long runs that read only those; everything
+      else is the same, bit for bit. As in ``dj.simulate``, a checkpoint
+      written with ``"updates"`` resumes with ``"evaluations"``, and the
+      reverse is a ``ValueError`` (the rows were never stored).
     seed: the minibatch seed.
     chunk_size: steps per compiled dispatch (default: about 256).
     phases: slot triples per step (default: chosen from the schedule).
@@ -242,6 +255,7 @@ def simulate_gossip(
   batch_size, num_examples = check_sampling(data, batch_size, sampling, shards)
   seed = check_seed("seed", seed)
   resume, has_aux = check_bool("resume", resume), check_bool("has_aux", has_aux)
+  keep_steps = keeps_updates(history)
   checkpoint_dir = _checkpoint.check_directory("checkpoint_dir", checkpoint_dir)
   resume_changes = _checkpoint.check_changes(resume_changes, checkpoint_dir)
   eval_every = check_optional_int("eval_every", eval_every)
@@ -342,18 +356,20 @@ def simulate_gossip(
   def collect(chunk, tabs, outputs):
     steps = slice(chunk * chunk_size, min((chunk + 1) * chunk_size, plan.num_steps))
     n = steps.stop - steps.start
-    count = _engine.host(outputs["count"])[:n]
-    loss = np.where(count > 0, _engine.host(outputs["loss"])[:n] / np.maximum(count, 1), np.nan)
-    with np.errstate(invalid="ignore"):
-      spread = np.where(count > 0, _engine.host(outputs["loss_max"])[:n] - _engine.host(outputs["loss_min"])[:n],
-                        np.nan)
     finite = _engine.host(outputs["finite"])[:n]
     bad = tabs["lane_active"][:n] & ~finite
     rows = np.stack([host_tables["lane_worker"][steps][bad], host_tables["lane_index"][steps][bad]], axis=1)
     flags = tabs["eval"][:n]
-    rec = {"loss": loss.astype(np.float32), "spread": spread.astype(np.float32),
-           "consensus": _engine.host(outputs["consensus"])[:n].astype(np.float32),
-           "nonfinite": rows.astype(np.int64)}
+    rec = {"nonfinite": rows.astype(np.int64)}
+    # Without per-step rows the chunk's losses and consensus distances stay on the devices, unread.
+    if keep_steps:
+      count = _engine.host(outputs["count"])[:n]
+      loss = np.where(count > 0, _engine.host(outputs["loss"])[:n] / np.maximum(count, 1), np.nan)
+      with np.errstate(invalid="ignore"):
+        spread = np.where(count > 0, _engine.host(outputs["loss_max"])[:n] - _engine.host(outputs["loss_min"])[:n],
+                          np.nan)
+      rec.update(loss=loss.astype(np.float32), spread=spread.astype(np.float32),
+                 consensus=_engine.host(outputs["consensus"])[:n].astype(np.float32))
     if eval_fn is not None:
       rec["metrics"] = jax.tree.map(lambda x: _engine.host(x)[:n][flags], outputs["metrics"])
       rec["replica_metrics"] = jax.tree.map(lambda x: _engine.host(x)[:n][flags], outputs["replica_metrics"])
@@ -362,8 +378,10 @@ def simulate_gossip(
   def like(tree, lead):
     return jax.tree.map(lambda s: np.zeros(lead + tuple(s.shape), s.dtype), tree)
 
-  records_like = {"loss": np.zeros(0, np.float32), "spread": np.zeros(0, np.float32),
-                  "consensus": np.zeros(0, np.float32), "nonfinite": np.zeros((0, 2), np.int64)}
+  records_like = {"nonfinite": np.zeros((0, 2), np.int64)}
+  if keep_steps:
+    records_like.update(loss=np.zeros(0, np.float32), spread=np.zeros(0, np.float32),
+                        consensus=np.zeros(0, np.float32))
   if eval_fn is not None:
     records_like["metrics"] = like(metric_like, (0,))
     records_like["replica_metrics"] = like(metric_like, (0, m))
@@ -410,11 +428,14 @@ def simulate_gossip(
   z = jax.vmap(method.grad_params)(params_out, extra_out)
   average = jax.tree.map(lambda x: jnp.mean(x, axis=0), z)
   steps_evaluated = np.flatnonzero(eval_flag)
+  # Empty arrays of their own without per-step rows (a view would keep the whole run's rows alive).
+  kept = plan.num_steps if keep_steps else 0
   history = GossipHistory(
-      events=host_tables["step_events"][:plan.num_steps].copy(),
-      gradients=host_tables["step_grads"][:plan.num_steps].copy(),
-      time=host_tables["step_time"][:plan.num_steps].copy(),
-      loss=records["loss"], loss_spread=records["spread"], consensus=records["consensus"],
+      events=host_tables["step_events"][:kept].copy(),
+      gradients=host_tables["step_grads"][:kept].copy(),
+      time=host_tables["step_time"][:kept].copy(),
+      loss=records.get("loss", np.zeros(0, np.float32)), loss_spread=records.get("spread", np.zeros(0, np.float32)),
+      consensus=records.get("consensus", np.zeros(0, np.float32)),
       eval_gradients=(np.r_[0, grads_done[steps_evaluated]].astype(np.int64) if eval_fn is not None
                       else np.zeros(0, np.int64)),
       eval_time=(np.r_[0.0, host_tables["step_time"][steps_evaluated]] if eval_fn is not None

@@ -16,7 +16,7 @@ import optax
 from jax.sharding import PartitionSpec as P
 
 from delayjax import delays as delays_lib
-from delayjax._checks import check_bool, check_choice, check_int, check_seed
+from delayjax._checks import check_bool, check_int, check_seed
 from delayjax.cluster._schedule import Schedule
 from delayjax.runtime import _checkpoint
 from delayjax.runtime import _engine as engine
@@ -49,9 +49,6 @@ _PER_EXAMPLE = ("sample_features", "sample_grads", "sample_scalars")
 RUNTIME_INPUTS = tuple(sorted(SERVER_INPUTS + LANE_INPUTS + CONTRIBUTION_INPUTS))
 # Payload entries that are averaged over an update's contributions like the gradient.
 _MIXED = ("grad", "snapshot_grad")
-# What the host keeps of a run's history (simulate's ``history``): every update's row, or only what
-# is kept per evaluation (and per non-finite report).
-HISTORIES = ("updates", "evaluations")
 
 
 class History(NamedTuple):
@@ -930,7 +927,7 @@ def simulate(
   resume, skip_nonfinite, has_aux = (check_bool(n, v) for n, v in (
       ("resume", resume), ("skip_nonfinite", skip_nonfinite), ("has_aux", has_aux)))
   keep_local_state = check_bool("keep_local_state", keep_local_state)
-  keep_updates = check_choice("history", history, HISTORIES) == "updates"
+  keep_updates = history_lib.keeps_updates(history)
   checkpoint_dir = _checkpoint.check_directory("checkpoint_dir", checkpoint_dir)
   resume_changes = _checkpoint.check_changes(resume_changes, checkpoint_dir)
   if num_updates is not None:

@@ -166,3 +166,63 @@ def test_a_checkpoint_of_updates_resumes_with_evaluations_and_not_the_reverse(pr
 def test_a_bad_history_names_the_argument_and_the_choices(problem, value):
   with pytest.raises(ValueError, match=f"history must be one of 'updates', 'evaluations'; got {value!r}"):
     _run(problem, history=value)
+
+
+def _assert_rows_empty_and_rest_equal(kept, bare, per_row):
+  """The same for a gossip or pipeline history: ``per_row`` fields empty (their dtypes and trailing shape)."""
+  state = [name for name in kept._fields if name not in ("history", "stats")]
+  for a, b in zip(jax.tree.leaves([getattr(kept, n) for n in state]), jax.tree.leaves([getattr(bare, n) for n in state]),
+                  strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  for name in kept.history._fields:
+    a, b = getattr(kept.history, name), getattr(bare.history, name)
+    if name in per_row:
+      assert len(a) > 0 and b.shape == (0,) + a.shape[1:] and b.dtype == a.dtype, (name, b.shape, b.dtype)
+    else:
+      jax.tree.map(np.testing.assert_array_equal, a, b)
+
+
+def test_simulate_gossip_with_evaluations(problem):
+  (loss_fn, _, data, _), _ = problem
+  params = {"w": jnp.zeros(3, jnp.float32), "b": jnp.zeros((), jnp.float32)}
+  schedule = dj.cluster.simulate_gossip(dj.cluster.d_psgd(dj.topology.ring(4)), dj.cluster.workers(4),
+                                        num_steps=30, seed=0)
+
+  def run(**kw):
+    return dj.simulate_gossip(loss_fn, optax.sgd(0.05), dj.gossip.d_psgd(), params, data, schedule, batch_size=8,
+                              chunk_size=8, eval_fn=lambda p: loss_fn(p, data), eval_every=20, **kw)
+
+  kept, bare = run(), run(history="evaluations")
+  assert len(kept.history.eval_gradients) > 2
+  _assert_rows_empty_and_rest_equal(
+      kept, bare, ("events", "gradients", "time", "loss", "loss_spread", "consensus"))
+  with pytest.raises(ValueError, match="history must be one of 'updates', 'evaluations'; got 'steps'"):
+    run(history="steps")
+
+
+def test_simulate_pipeline_with_evaluations(tmp_path):
+  from tests.pipeline.pipeline_reference import mlp_problem
+
+  stages, loss_fn, params, data = mlp_problem(2)
+  sched = dj.cluster.pipeline("1f1b", 2, 8, num_microbatches=2)
+
+  def run(**kw):
+    return dj.simulate_pipeline(stages, loss_fn, optax.sgd(0.3), params, data, sched, batch_size=8, seed=1,
+                                chunk_size=4, eval_fn=lambda ps: {"w0": ps[0]["w"]}, eval_every=3, **kw)
+
+  def stop_after_one(info):
+    if info["updates_done"] == 4:
+      raise Stop
+
+  kept = run()
+  with pytest.raises(Stop):
+    run(history="evaluations", checkpoint_dir=tmp_path, callback=stop_after_one)
+  with pytest.raises(ValueError, match=r"does not keep \['loss'\]"):
+    run(checkpoint_dir=tmp_path)
+  done = []
+  bare = run(history="evaluations", checkpoint_dir=tmp_path, callback=lambda info: done.append(info["updates_done"]))
+  assert done == [8]  # continued from the checkpoint
+  _assert_rows_empty_and_rest_equal(
+      kept, bare, ("update", "time", "loss", "forward_staleness", "backward_staleness"))
+  with pytest.raises(ValueError, match="history must be one of 'updates', 'evaluations'; got None"):
+    run(history=None)
