@@ -18,7 +18,10 @@ does the rest, the same way for every runtime:
    run's fingerprint and a checksum; the chunk's records appended to the
    history file) and calls the user's callback;
 5. resumes from a checkpoint of the same fingerprint, bit-identically, the
-   carry read straight into its layout.
+   carry read straight into its layout; its history must hold every record
+   of ``records_like`` (a run that keeps fewer, e.g. no per-update rows,
+   leaves the others unread; one that keeps more is refused: the rows it
+   needs were never written).
 
 The interface is :class:`Program`, a ``NamedTuple`` a runtime fills in:
 
