@@ -172,6 +172,8 @@ CASES = [
     ("simulate data", lambda: simulate(data={"x": np.zeros((16, 3)), "y": np.zeros(15)}), ValueError, "data"),
     ("simulate local_steps", lambda: simulate(local_steps=0), ValueError, "local_steps"),
     ("simulate max_memory", lambda: simulate(max_memory=-1), ValueError, "max_memory"),
+    ("simulate history", lambda: simulate(history="steps"), ValueError,
+     "history must be one of 'updates', 'evaluations'; got 'steps'"),
     # dj.simulate_gossip
     ("gossip method", lambda: simulate_gossip(method="d_psgd"), TypeError, "method"),
     ("gossip schedule", lambda: simulate_gossip(schedule=_schedule()), TypeError, "schedule"),
@@ -179,12 +181,14 @@ CASES = [
     ("gossip resume string", lambda: simulate_gossip(resume="False"), TypeError, "resume"),
     ("gossip batch_size", lambda: simulate_gossip(batch_size=0), ValueError, "batch_size"),
     ("gossip phases", lambda: simulate_gossip(phases=0), ValueError, "phases"),
+    ("gossip history", lambda: simulate_gossip(history="steps"), ValueError, "history must be one of"),
     # dj.simulate_pipeline
     ("pipeline stage count", lambda: simulate_pipeline(stage_fns=[_stage]), ValueError, "stage_fns"),
     ("pipeline schedule type", lambda: simulate_pipeline(schedule=_schedule()), TypeError, "schedule"),
     ("pipeline seed large", lambda: simulate_pipeline(seed=2**32), ValueError, "seed"),
     ("pipeline resume string", lambda: simulate_pipeline(resume="no"), TypeError, "resume"),
     ("pipeline data", lambda: simulate_pipeline(data={"y": np.zeros(4)}), ValueError, "data"),
+    ("pipeline history", lambda: simulate_pipeline(history=None), ValueError, "history must be one of"),
     # python -m experiments (in this process)
     ("cli unknown reproduction", lambda: cli("run", "nope"), SystemExit, "nope"),
     ("cli --set not a number", lambda: cli("run", "dc_asgd", "--set", "lr=abc"), SystemExit, "--set lr"),
