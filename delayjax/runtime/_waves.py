@@ -245,7 +245,10 @@ def _assign_steps(cu: np.ndarray, ready: np.ndarray, device: np.ndarray, num_dev
   n = cu.size
   if num_devices == 1 and after is None:
     placement = _Placement(lanes, n)
-    return (placement.step, placement.versions, None) if placement.extend(cu, ready, limit) else None
+    if not placement.extend(cu, ready, limit):
+      return None
+    step, _, versions = placement.finish(cu)
+    return step.tolist(), versions.tolist(), None
   cu_l, ready_l = cu.tolist(), ready.tolist()
   dev_l = device.tolist() if num_devices > 1 else [0] * n
   after_l = [-1] * n if after is None else after.tolist()
@@ -306,14 +309,16 @@ class _Placement:
   (``ready_step``) with a free lane, which is at most the step after the last one, which it then opens.
   ``free[t]`` is step ``t``'s free lanes (``1 .. lanes``) or, once the step is full, minus a later step
   towards one with a free lane (followed with path halving). Only steps are recorded: a contribution's lane
-  is its rank among its step's in index order (:meth:`lanes_of`).
+  is its rank among its step's in index order, and a step's version (after step 0's, 0) is the update of its
+  first contribution, which opened it (:meth:`finish`).
   """
 
   def __init__(self, lanes: int, num_contributions: int):
     self.lanes = lanes
     self.step: list[int] = []  # per contribution placed
-    self.versions = [0]  # per step; step 0 is built at version 0
-    self.ready_step = [0]  # [v]: the first step whose version is at least v, for v <= versions[-1]
+    self.top = 0  # the last step's version
+    self.known = 1  # steps so far; step 0 is built at version 0
+    self.ready_step = [0]  # [v]: the first step whose version is at least v, for v <= top
     # Per step, about num_contributions / lanes of them when lanes are the bound; grown as needed.
     self.free = [lanes] * (num_contributions // lanes + 64)
 
@@ -322,11 +327,11 @@ class _Placement:
     steps cost more than ``limit`` (steps times ``lanes + _STEP_COST``; the placement is then unusable)."""
     if not cu.size:
       return True
-    lanes, free, versions, ready_step = self.lanes, self.free, self.versions, self.ready_step
+    lanes, free, ready_step = self.lanes, self.free, self.ready_step
     if len(ready_step) < int(cu[-1]) + 2:
       ready_step.extend([0] * (int(cu[-1]) + 2 - len(ready_step)))
-    place, add_version = self.step.append, versions.append
-    top, known = versions[-1], len(versions)
+    place = self.step.append
+    top, known = self.top, self.known
     cost = lanes + _STEP_COST
     # Checked only when `known` passes it: the step tables' size, or the steps that `limit` allows.
     bound = min(len(free) - 2, limit / cost)
@@ -359,7 +364,6 @@ class _Placement:
       # A new step, built at this contribution's update.
       place(known)
       free[known] = rest if rest else -1 - known
-      add_version(u)
       if u == top + 1:
         ready_step[u] = known
       else:
@@ -371,16 +375,20 @@ class _Placement:
           return False
         free.extend([lanes] * len(free))
         bound = min(len(free) - 2, limit / cost)
+    self.top, self.known = top, known
     return True
 
-  @staticmethod
-  def lanes_of(step: np.ndarray) -> np.ndarray:
-    """Each contribution's lane: its rank among the contributions of its step, in index order."""
+  def finish(self, cu: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(compute_step, lane, versions)`` of the contributions placed (updates ``cu``)."""
+    step = np.asarray(self.step, np.int64)
     order = np.argsort(step, kind="stable")  # steps are nearly sorted: a few passes
-    counts = np.bincount(step)
+    counts = np.bincount(step, minlength=self.known)
+    first = np.cumsum(counts) - counts
     lane = np.empty_like(step)
-    lane[order] = np.arange(step.size) - (np.cumsum(counts) - counts)[step[order]]
-    return lane
+    lane[order] = np.arange(step.size) - first[step[order]]
+    versions = np.zeros(self.known, np.int64)
+    versions[1:] = cu[order[first[1:]]]  # every step after step 0 has its opener
+    return step, lane, versions
 
 
 def _schedule_steps(cu: np.ndarray, ready: np.ndarray, device: np.ndarray, num_devices: int, lanes: int,
@@ -397,9 +405,7 @@ def _schedule_steps(cu: np.ndarray, ready: np.ndarray, device: np.ndarray, num_d
       placement = _Placement(lanes, cu.size)
     done = len(placement.step)
     placement.extend(cu[done:], ready[done:])
-    compute_step = np.asarray(placement.step, np.int64)
-    lane_of = _Placement.lanes_of(compute_step)
-    versions = np.asarray(placement.versions, np.int64)
+    compute_step, lane_of, versions = placement.finish(cu)
   else:
     compute_step, versions, lane_of = _assign_steps(cu, ready, device, num_devices, lanes, after)
     compute_step, versions, lane_of = (np.asarray(x, np.int64) for x in (compute_step, versions, lane_of))
@@ -457,24 +463,36 @@ def _num_slots(c: np.ndarray, s: np.ndarray, compute_step: np.ndarray, rank: np.
 
 def _buffer_blocks(compute_step: np.ndarray, cu: np.ndarray, apply_step: np.ndarray,
                    num_steps: int) -> tuple[np.ndarray, int]:
-  """Each step's block of the gradient buffer: the lowest one whose gradients have all been applied."""
+  """Each step's block of the gradient buffer: the lowest one whose gradients have all been applied.
+
+  Taken in step order, block 0 goes to step 0 and then to the first step after the last one busy with its
+  gradients; block ``b`` likewise among the steps the lower blocks left, since at each of those every lower
+  block is busy. So each block's steps are one chain, followed over the steps still without a block.
+  """
   # A block is busy from its step through the step applying its last update.
   busy_through = np.arange(num_steps)
   if cu.size:
     np.maximum.at(busy_through, compute_step, apply_step[cu])
-  block_of_step: list[int] = []
-  use = block_of_step.append
-  # Per block: the last step it is busy; the last entry is a block not used yet (free from the start).
-  free_after = [-1]
-  for s, last in enumerate(busy_through.tolist()):
-    b = 0
-    while free_after[b] >= s:
-      b += 1
-    if b == len(free_after) - 1:
-      free_after.append(-1)
-    free_after[b] = last
-    use(b)
-  return np.asarray(block_of_step, np.int64), max(len(free_after) - 1, 1)
+  block_of_step = np.full(num_steps, -1, np.int64)
+  left = np.arange(num_steps)  # the steps without a block, in order
+  block = 0
+  while left.size:
+    # nxt[i]: where in `left` the first step after left[i]'s busy ones is, i.e. how many of `left` are
+    # busy_through[left[i]] or earlier (more than i), read from an array.array without converting entries.
+    left_through = np.cumsum(block_of_step < 0)
+    nxt = array.array("q")
+    nxt.frombytes(memoryview(left_through[busy_through[left]]).cast("B"))
+    chain = array.array("q")
+    take = chain.append
+    i, end = 0, left.size
+    while i < end:
+      take(i)
+      i = nxt[i]
+    chain = np.frombuffer(chain, np.int64)
+    block_of_step[left[chain]] = block
+    left = np.delete(left, chain)
+    block += 1
+  return block_of_step, max(block, 1)
 
 
 def _step_bound(cu: np.ndarray, ready: np.ndarray, num_updates: int) -> int:
@@ -535,7 +553,7 @@ def _choose_lanes(cu: np.ndarray, ready: np.ndarray, device: np.ndarray, num_dev
       placement = _Placement(lanes, cu.size)
       if not placement.extend(cu, ready, best_cost):
         continue
-      steps = len(placement.versions)
+      steps = placement.known
     else:
       placed = _assign_steps(cu, ready, device, num_devices, lanes, after, best_cost)
       if placed is None:

@@ -178,8 +178,8 @@ def test_more_steps_than_contributions_per_lane():
 
 
 def test_one_device_placement_is_the_general_placement():
-  """The one-device placement (free lanes and pointers in one table, steps only, lanes ranked afterwards,
-  placed in pieces as the lane choice continues it) gives the steps, lanes and versions of the general
+  """The one-device placement (free lanes and pointers in one table, steps only, lanes and versions found
+  afterwards, placed in pieces as the lane choice continues it) gives the steps, lanes and versions of the general
   placement loop (devices and predecessors), which ``after = -1`` everywhere forces."""
   rng = np.random.default_rng(23)
   for case in range(60):
@@ -200,9 +200,10 @@ def test_one_device_placement_is_the_general_placement():
     cuts = np.sort(rng.integers(0, cu.size + 1, 2))
     for lo, hi in zip([0, *cuts], [*cuts, cu.size]):
       assert placement.extend(cu[lo:hi], ready[lo:hi])
-    np.testing.assert_array_equal(placement.step, step)
-    np.testing.assert_array_equal(_waves._Placement.lanes_of(np.asarray(placement.step, np.int64)), lane)
-    assert placement.versions == versions
+    new_step, new_lane, new_versions = placement.finish(cu)
+    np.testing.assert_array_equal(new_step, step)
+    np.testing.assert_array_equal(new_lane, lane)
+    np.testing.assert_array_equal(new_versions, versions)
     # A cost limit stops both, or neither.
     limit = (len(versions) - int(rng.integers(0, 3))) * (lanes + _waves._STEP_COST)
     stopped = not _waves._Placement(lanes, cu.size).extend(cu, ready, limit)
