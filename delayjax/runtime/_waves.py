@@ -3,9 +3,10 @@
 Everything here is NumPy on the host; the device loop in ``_simulate.py``
 only follows the tables built here. Planning is array operations over the
 contributions, except one pass that places each contribution in its step
-(``_assign_steps``: a few list operations per contribution) and one over the
-steps that gives each its buffer block (``_buffer_blocks``), and it reads the
-schedule's sparse contributions, never an ``[updates, workers]`` array.
+(``_assign_steps``: a few list operations per contribution) and chains
+followed one link at a time through array.arrays (the waves, each buffer
+block's steps), and it reads the schedule's sparse contributions, never an
+``[updates, workers]`` array.
 
 The device loop runs *steps*: each computes ``lanes`` gradients per device
 (one ``vmap``) at the current server version ``V``, then applies, in order,
@@ -310,7 +311,9 @@ class _Placement:
   ``free[t]`` is step ``t``'s free lanes (``1 .. lanes``) or, once the step is full, minus a later step
   towards one with a free lane (followed with path halving). Only steps are recorded: a contribution's lane
   is its rank among its step's in index order, and a step's version (after step 0's, 0) is the update of its
-  first contribution, which opened it (:meth:`finish`).
+  first contribution, which opened it (:meth:`finish`). No exact array form of this greedy is known (a
+  contribution's step depends on how all lower-index ones filled the steps and which steps they opened), so
+  it stays one loop with few operations per contribution.
   """
 
   def __init__(self, lanes: int, num_contributions: int):
@@ -392,13 +395,13 @@ class _Placement:
 
 
 def _schedule_steps(cu: np.ndarray, ready: np.ndarray, device: np.ndarray, num_devices: int, lanes: int,
-                    num_updates: int, after: np.ndarray | None = None, placement: _Placement | None = None):
+                    num_updates: int, after: np.ndarray | None = None, placement: _Placement | tuple | None = None):
   """Every contribution's step, lane (within its device) and version, every update's step, and every
   step's version.
 
   See :func:`_assign_steps`; an update is applied in the step whose version
   it is at least and the next step's version it is below. ``placement``: the
-  one-device placement of a prefix of the contributions at ``lanes``, continued.
+  placement of the lane choice at ``lanes`` (see :func:`_choose_lanes`).
   """
   if num_devices == 1 and after is None:
     if placement is None:
@@ -407,8 +410,8 @@ def _schedule_steps(cu: np.ndarray, ready: np.ndarray, device: np.ndarray, num_d
     placement.extend(cu[done:], ready[done:])
     compute_step, lane_of, versions = placement.finish(cu)
   else:
-    compute_step, versions, lane_of = _assign_steps(cu, ready, device, num_devices, lanes, after)
-    compute_step, versions, lane_of = (np.asarray(x, np.int64) for x in (compute_step, versions, lane_of))
+    placed = placement if placement is not None else _assign_steps(cu, ready, device, num_devices, lanes, after)
+    compute_step, versions, lane_of = (np.asarray(x, np.int64) for x in placed)
   # last_step[v]: the last step whose version is at most v (versions are sorted).
   last_step = np.cumsum(np.bincount(versions, minlength=num_updates + 1)) - 1
   return compute_step, lane_of, versions[compute_step], last_step[:num_updates], versions, last_step
@@ -516,7 +519,7 @@ def _step_bound(cu: np.ndarray, ready: np.ndarray, num_updates: int) -> int:
 
 def _choose_lanes(cu: np.ndarray, ready: np.ndarray, device: np.ndarray, num_devices: int,
                   per_device: int, per_update: np.ndarray,
-                  after: np.ndarray | None) -> tuple[int, _Placement | None]:
+                  after: np.ndarray | None) -> tuple[int, _Placement | tuple | None]:
   """The lanes per device that minimize (steps) x (lanes + per-step overhead).
 
   Every width up to 8 is tried, then widths about 25% apart: each try plans
@@ -526,10 +529,13 @@ def _choose_lanes(cu: np.ndarray, ready: np.ndarray, device: np.ndarray, num_dev
   at full lanes) cannot beat the best so far is not planned, and a plan
   stops once it costs more; ties go to the fewest lanes.
 
-  Returns the width and, on one device without ``after``, its placement of
-  the planned contributions (to be continued with the rest).
+  Returns the width and its placement of the planned contributions, to be
+  continued with the rest (on one device without ``after``: a
+  :class:`_Placement`), or reused when they were all (elsewhere:
+  :func:`_assign_steps`'s result; ``None`` when they were not).
   """
-  if per_update.size > _CHOICE_UPDATES:
+  whole = per_update.size <= _CHOICE_UPDATES
+  if not whole:
     keep = cu < _CHOICE_UPDATES
     # Contributions are sorted by update: the kept ones are a prefix, and wait only for kept ones.
     cu, ready, device = cu[keep], ready[keep], device[keep]
@@ -558,7 +564,7 @@ def _choose_lanes(cu: np.ndarray, ready: np.ndarray, device: np.ndarray, num_dev
       placed = _assign_steps(cu, ready, device, num_devices, lanes, after, best_cost)
       if placed is None:
         continue
-      placement, steps = None, len(placed[1])
+      placement, steps = placed if whole else None, len(placed[1])
     cost = (steps if num_updates else 0) * (lanes + _STEP_COST)
     if cost < best_cost or (cost == best_cost and lanes < best):
       best, best_cost, best_placement = lanes, cost, placement

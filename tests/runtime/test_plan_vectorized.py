@@ -213,7 +213,7 @@ def test_one_device_placement_is_the_general_placement():
 
 def test_lane_choice_placement_is_continued(monkeypatch):
   """Past the updates the lane choice plans, the chosen width's placement of them is continued with the
-  rest: the plans are still the reference's."""
+  rest (one device) or redone (elsewhere): the plans are still the reference's."""
   monkeypatch.setattr(_waves, "_CHOICE_UPDATES", 37)
   monkeypatch.setattr(plan_reference, "_CHOICE_UPDATES", 37)
   rng = np.random.default_rng(5)
@@ -222,3 +222,9 @@ def test_lane_choice_placement_is_continued(monkeypatch):
     both(cluster_schedule(paradigm, num_workers, 250, seed), num_workers)
   both(random_schedule(rng, 8, 200, 12), 8)
   both(cluster_schedule("asp", 4, 200, 9), 4, not_before=np.arange(200) // 30 * 30)
+  # Elsewhere (several devices, workers in sequence) the choice's placement is reused only when whole.
+  both(cluster_schedule("ssp2", 8, 200, 4), 8, num_devices=2)
+  both(cluster_schedule("asp", 4, 200, 6), 4, local_steps=np.full(4, 2), sequential_workers=True)
+  monkeypatch.setattr(_waves, "_CHOICE_UPDATES", 200)
+  monkeypatch.setattr(plan_reference, "_CHOICE_UPDATES", 200)
+  both(cluster_schedule("ssp2", 8, 200, 4), 8, num_devices=2)
