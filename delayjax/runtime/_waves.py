@@ -430,14 +430,15 @@ def _reads(cv: np.ndarray, compute_step: np.ndarray, versions: np.ndarray, last_
   per version, the last step whose version is at most it.
   """
   groups = cv.shape[1]
-  pair_version = cv.reshape(-1)
-  by_read = np.argsort(pair_version, kind="stable")
-  version = pair_version[by_read]
-  c = by_read if groups == 1 else by_read // groups
-  s = last_step[version]
-  keep = compute_step[c] > s
-  c, s, version = c[keep], s[keep], version[keep]
-  g = None if groups == 1 else by_read[keep] % groups  # None: all group 0
+  through = last_step[cv]  # [n, G]
+  # The stored reads in (contribution, group) order, then stably by version (fewer to sort than all).
+  pair = np.flatnonzero(compute_step[:, None] > through)
+  version = cv.reshape(-1)[pair]
+  by_read = np.argsort(version, kind="stable")
+  pair, version = pair[by_read], version[by_read]
+  s = through.reshape(-1)[pair]
+  c = pair if groups == 1 else pair // groups
+  g = None if groups == 1 else pair % groups  # None: all group 0
   after = np.where(version == versions[s], -1, version - 1)
   return c, g, s, after
 
