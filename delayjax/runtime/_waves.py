@@ -322,14 +322,17 @@ class _Placement:
     self.top = 0  # the last step's version
     self.known = 1  # steps so far; step 0 is built at version 0
     self.ready_step = [0]  # [v]: the first step whose version is at least v, for v <= top
-    # Per step, about num_contributions / lanes of them when lanes are the bound; grown as needed.
-    self.free = [lanes] * (num_contributions // lanes + 64)
+    # Per step, about num_contributions / lanes of them when lanes are the bound; grown as needed. A step
+    # after step 0 is opened by a contribution: its lane is taken in advance.
+    self.free = [lanes] + [lanes - 1] * (num_contributions // lanes + 63)
 
   def extend(self, cu: np.ndarray, ready: np.ndarray, limit: float = np.inf) -> bool:
     """Places the next contributions (updates ``cu``, ready at versions ``ready``); ``False`` once the
     steps cost more than ``limit`` (steps times ``lanes + _STEP_COST``; the placement is then unusable)."""
     if not cu.size:
       return True
+    if self.lanes == 1:
+      return self._extend_one_lane(cu, ready, limit)
     lanes, free, ready_step = self.lanes, self.free, self.ready_step
     if len(ready_step) < int(cu[-1]) + 2:
       ready_step.extend([0] * (int(cu[-1]) + 2 - len(ready_step)))
@@ -338,7 +341,6 @@ class _Placement:
     cost = lanes + _STEP_COST
     # Checked only when `known` passes it: the step tables' size, or the steps that `limit` allows.
     bound = min(len(free) - 2, limit / cost)
-    rest = lanes - 1
     for r, u in zip(ready.tolist(), cu.tolist()):
       if r <= top:
         t = ready_step[r]
@@ -364,9 +366,8 @@ class _Placement:
           free[t] = f - 1 if f > 1 else -1 - t
           place(t)
           continue
-      # A new step, built at this contribution's update.
+      # A new step, built at this contribution's update (its lane already taken in `free`).
       place(known)
-      free[known] = rest if rest else -1 - known
       if u == top + 1:
         ready_step[u] = known
       else:
@@ -376,10 +377,27 @@ class _Placement:
       if known > bound:
         if known * cost > limit:
           return False
-        free.extend([lanes] * len(free))
+        free.extend([lanes - 1] * len(free))
         bound = min(len(free) - 2, limit / cost)
     self.top, self.known = top, known
     return True
+
+  def _extend_one_lane(self, cu: np.ndarray, ready: np.ndarray, limit: float) -> bool:
+    """:meth:`extend` with one lane: every step after step 0 holds only its opener, so the first contribution
+    ready at version 0 takes step 0 while it is free and every other opens the next step."""
+    opens = np.ones(cu.size, bool)
+    if self.free[0] == 1:
+      zero = np.flatnonzero(ready == 0)
+      if zero.size:
+        opens[zero[0]] = False
+        self.free[0] = -1
+    step = np.cumsum(opens) + (self.known - 1)
+    step[~opens] = 0
+    self.step.extend(step.tolist())
+    openers = np.flatnonzero(opens)
+    if openers.size:
+      self.top, self.known = int(cu[openers[-1]]), self.known + openers.size
+    return self.known * (1 + _STEP_COST) <= limit
 
   def finish(self, cu: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(compute_step, lane, versions)`` of the contributions placed (updates ``cu``)."""
