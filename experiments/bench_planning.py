@@ -37,7 +37,8 @@ With ``--history evaluations`` (or ``both``) this tree also runs with
 ``TREE`` (e.g. a ``git worktree`` of an older commit), alternating fresh
 processes of each.
 
-    python -m experiments.bench_planning [--quick] [--before TREE] [--out experiments/results/bench_planning.txt]
+    python -m experiments.bench_planning [--quick] [--before TREE] [--sections plan,gossip,memory]
+        [--out experiments/results/bench_planning.txt]
     python -m experiments.bench_planning --simulate-rss [--before TREE] [--quick] [--history both]
     python -m experiments.bench_planning --steady-state-against /path/to/other/tree [--rounds 4]
 """
@@ -320,19 +321,29 @@ def main(argv=None):
   parser.add_argument("--rounds", type=int, default=4, help="processes per tree for --steady-state-against")
   parser.add_argument("--before", metavar="TREE", default=None,
                       help="also time the plan_steps of the checkout at TREE (an earlier commit)")
+  parser.add_argument("--sections", default="plan,gossip,memory",
+                      help="the tables to time, comma-separated among plan (plan_steps), gossip (make_plan) and "
+                           "memory (peak memory of planning); default all")
   parser.add_argument("--simulate-rss", action="store_true",
                       help="the peak resident memory of dj.simulate at 1e6 updates instead")
   parser.add_argument("--history", choices=("updates", "evaluations", "both"), default="updates",
                       help="with --simulate-rss: dj.simulate's history setting(s) for this tree")
   add_out_argument(parser, "bench_planning")
   args = parser.parse_args(argv)
+  sections = args.sections.split(",")
+  if not sections or set(sections) - {"plan", "gossip", "memory"}:
+    parser.error(f"--sections takes plan, gossip and/or memory, comma-separated; got {args.sections!r}")
   lines = header(argv)
   if args.simulate_rss:
     lines += simulate_rss_rows(args.before, args.quick, args.history)
   elif args.steady_state_against:
     lines += steady_state_rows(args.steady_state_against, args.rounds, args.quick)
   else:
-    lines += plan_rows(args.quick, args.before) + gossip_rows(args.quick) + memory_rows(args.quick)
+    tables = {"plan": lambda: plan_rows(args.quick, args.before), "gossip": lambda: gossip_rows(args.quick),
+              "memory": lambda: memory_rows(args.quick)}
+    for name, rows in tables.items():
+      if name in sections:
+        lines += rows()
   publish(lines, args.out)
 
 
