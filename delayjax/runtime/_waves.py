@@ -400,8 +400,10 @@ class _Placement:
     return self.known * (1 + _STEP_COST) <= limit
 
   def finish(self, cu: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(compute_step, lane, versions)`` of the contributions placed (updates ``cu``)."""
+    """``(compute_step, lane, versions)`` of the contributions placed (updates ``cu``). The placement is then
+    spent: its lists (Python objects, several times the arrays' memory) are released."""
     step = np.asarray(self.step, np.int64)
+    del self.step, self.free, self.ready_step
     order = np.argsort(step, kind="stable")  # steps are nearly sorted: a few passes
     counts = np.bincount(step, minlength=self.known)
     first = np.cumsum(counts) - counts
