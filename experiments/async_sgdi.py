@@ -138,7 +138,7 @@ REPRODUCTION = Reproduction(
     scales=SCALES, specs=specs, run=run, summarize=summarize, claims=CLAIMS, plots=plots,
     columns=("key", "log10_grad_norm_sq", "late_decrease", "train_loss",
              "test_error", "gradients", "mean_staleness", "max_staleness"),
-    smoke=dict(steps=30, seeds=2, hidden=8, max_delay=6, max_batches=3, eval_every=10),
+    smoke=dict(steps=30, seeds=1, hidden=8, max_delay=6, max_batches=3, eval_every=10),
 )
 
 

@@ -141,7 +141,7 @@ REPRODUCTION = Reproduction(
     scales=SCALES, specs=specs, run=run, summarize=summarize, claims=CLAIMS, plots=plots,
     columns=("key", "gap", "gap_change", "train_loss", "test_loss",
              "test_error"),
-    smoke=dict(steps=20, seeds=2, taus=[0, 4], eval_every=10, n_train=100),
+    smoke=dict(steps=20, seeds=1, taus=[0, 4], eval_every=10, n_train=100),
 )
 
 
