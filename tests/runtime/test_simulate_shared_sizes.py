@@ -70,20 +70,36 @@ def test_seeds_of_a_sweep_share_programs_although_their_plans_differ(data):
   assert sum(compiled) == len(rounded), compiled
 
 
-@pytest.mark.parametrize("paradigm", [dj.cluster.asp(), dj.cluster.softsync(3), dj.cluster.ssp(2)],
-                         ids=["asp", "softsync", "ssp"])
-def test_rounded_sizes_give_the_bits_of_the_plans_own(data, paradigm, monkeypatch):
-  schedule = _schedule(paradigm, 3)
+PARADIGMS = {"asp": dj.cluster.asp(), "softsync": dj.cluster.softsync(3), "ssp": dj.cluster.ssp(2)}
+_TX = optax.chain(dj.scale_by_staleness("inverse"), optax.sgd(0.1, momentum=0.5))
+_ROUNDED_AND_OWN = {}
+
+
+def _run(data, schedule, **kw):
+  return dj.simulate(_loss, _TX, PARAMS, data, schedule, batch_size=8, seed=1, eval_fn=lambda p: {"w": p["w1"].sum()},
+                     eval_every=20, **kw)
+
+
+def _rounded_and_own(data, name):
+  """A paradigm's schedule, and its run with the rounded sizes and with the plan's own (each compiled once for
+  the module: the asp runs serve two tests)."""
+  if name not in _ROUNDED_AND_OWN:
+    schedule = _schedule(PARADIGMS[name], 3)
+    rounded = _run(data, schedule)
+    with pytest.MonkeyPatch.context() as m:
+      m.setattr(_simulate, "_program_sizes", _exact_sizes)
+      m.setattr(_simulate, "_shared_length", lambda n: n)
+      engine.clear_cache()
+      own = _run(data, schedule)
+    _ROUNDED_AND_OWN[name] = schedule, rounded, own
+  return _ROUNDED_AND_OWN[name]
+
+
+@pytest.mark.parametrize("name", sorted(PARADIGMS))
+def test_rounded_sizes_give_the_bits_of_the_plans_own(data, name):
+  schedule, rounded, own = _rounded_and_own(data, name)
   plan = plan_steps(schedule, WORKERS)
   assert _simulate._program_sizes(plan) != _exact_sizes(plan)  # the comparison below has rounding to see
-  tx = optax.chain(dj.scale_by_staleness("inverse"), optax.sgd(0.1, momentum=0.5))
-  run = lambda: dj.simulate(_loss, tx, PARAMS, data, schedule, batch_size=8, seed=1, eval_fn=lambda p: {"w": p["w1"].sum()},
-                            eval_every=20)
-  rounded = run()
-  monkeypatch.setattr(_simulate, "_program_sizes", _exact_sizes)
-  monkeypatch.setattr(_simulate, "_shared_length", lambda n: n)
-  engine.clear_cache()
-  own = run()
   assert own.stats["chunk_size"] <= rounded.stats["chunk_size"]
   for a, b in zip(jax.tree.leaves((rounded.params, rounded.opt_state, rounded.history)),
                   jax.tree.leaves((own.params, own.opt_state, own.history)), strict=True):
@@ -97,17 +113,12 @@ def test_the_rounding_bounds():
     assert n <= _simulate._shared_length(n) <= n * 9 / 8
 
 
-def test_a_buffer_rounded_past_max_memory_falls_back_to_the_plans_own(data, monkeypatch):
-  schedule = _schedule(dj.cluster.asp(), 3)
-  run = lambda **kw: dj.simulate(_loss, optax.sgd(0.1), PARAMS, data, schedule, batch_size=8, seed=1, **kw)
-  rounded = run()
-  with monkeypatch.context() as m:
-    m.setattr(_simulate, "_program_sizes", _exact_sizes)
-    own = run()
+def test_a_buffer_rounded_past_max_memory_falls_back_to_the_plans_own(data):
+  schedule, rounded, own = _rounded_and_own(data, "asp")
   assert own.stats["memory"]["total"] < rounded.stats["memory"]["total"]
   # A limit the plan's own buffer fits but the rounded one does not: the run takes its own size, not an error.
-  fitted = run(max_memory=own.stats["memory"]["total"])
+  fitted = _run(data, schedule, max_memory=own.stats["memory"]["total"])
   assert fitted.stats["memory"]["total"] == own.stats["memory"]["total"]
   np.testing.assert_array_equal(fitted.history.loss, rounded.history.loss)
   with pytest.raises(ValueError, match="max_memory"):
-    run(max_memory=own.stats["memory"]["total"] - 1)
+    _run(data, schedule, max_memory=own.stats["memory"]["total"] - 1)
