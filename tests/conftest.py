@@ -34,13 +34,44 @@ class _WorkStealing:
     return WorkStealingScheduling(config, log)
 
 
+# Test directories whose programs compile without backend optimization (``jax_disable_most_optimizations``: LLVM
+# at -O0, no expensive passes), which takes a fifth to a half off a test that is mostly compilation. The
+# runtimes' tests (tests/runtime, tests/gossip, tests/pipeline) are left out: they pin results bit for bit
+# across differently shaped programs (chunkings, lanes, devices, resumes), which depends on the code the
+# backend generates, so they compile as users' programs do.
+_FAST_COMPILE_DIRS = ("cluster", "experiments", "methods", "transforms")
+
+
+def pytest_collection_modifyitems(config, items):
+  tests = os.path.dirname(os.path.abspath(__file__))
+  for item in items:
+    where = os.path.relpath(str(item.path), tests).split(os.sep)
+    if (len(where) == 1 or where[0] in _FAST_COMPILE_DIRS) and item.get_closest_marker("optimized_compile") is None:
+      item.add_marker("fast_compile")
+
+
 def pytest_configure(config):
+  config.addinivalue_line(
+      "markers", "fast_compile: the test's programs compile without backend optimization (set by directory, "
+      "see _FAST_COMPILE_DIRS; a module in another directory may mark itself)")
+  config.addinivalue_line(
+      "markers", "optimized_compile: the test compiles with the backend's default optimization although its "
+      "directory would not (it pins bits across differently shaped programs)")
   config.addinivalue_line(
       "markers",
       "standard_promotion: the test runs third-party code that is not strict-promotion clean (e.g. "
       "optax.adam's bias correction mixes float and int32)")
   if config.pluginmanager.hasplugin("xdist") and not hasattr(config, "workerinput"):
     config.pluginmanager.register(_WorkStealing(), "delayjax-work-stealing")
+
+
+@pytest.fixture(autouse=True)
+def _compile_mode(request):
+  fast = request.node.get_closest_marker("fast_compile") is not None
+  before = jax.config.values["jax_disable_most_optimizations"]
+  jax.config.update("jax_disable_most_optimizations", fast)
+  yield
+  jax.config.update("jax_disable_most_optimizations", before)
 
 
 @pytest.fixture(autouse=True)
