@@ -9,6 +9,8 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
+from delayjax.runtime import _engine  # noqa: E402
+
 # Silent float64/float32 or int/float mixes are bugs in a library; make them fail in tests.
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 
@@ -65,13 +67,17 @@ def pytest_configure(config):
     config.pluginmanager.register(_WorkStealing(), "delayjax-work-stealing")
 
 
-@pytest.fixture(autouse=True)
-def _compile_mode(request):
-  fast = request.node.get_closest_marker("fast_compile") is not None
-  before = jax.config.values["jax_disable_most_optimizations"]
-  jax.config.update("jax_disable_most_optimizations", fast)
-  yield
-  jax.config.update("jax_disable_most_optimizations", before)
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+  # Before any fixture of the test, so that its module- and session-scoped fixtures compile in its mode too.
+  fast = item.get_closest_marker("fast_compile") is not None
+  if jax.config.values["jax_disable_most_optimizations"] != fast:
+    # Compiled programs are cached by what they compute, not by how they were compiled (JAX's caches and
+    # dj.simulate's), and the two modes differ in bits (the optimized backend fuses a * b + c into one
+    # rounding): a test of one mode must not be served a program compiled in the other.
+    jax.clear_caches()
+    _engine.clear_cache()
+    jax.config.update("jax_disable_most_optimizations", fast)
 
 
 @pytest.fixture(autouse=True)
