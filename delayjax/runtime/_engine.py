@@ -325,6 +325,10 @@ def run(program: Program, *, mesh: Any = None, checkpoint_dir: str | os.PathLike
     # Restored straight into its layout: with a mesh each process reads only its own shards.
     carry, restored, first_chunk = saver.restore(carry, shardings(mesh, program.carry_specs, carry), like)
     records = {name: [rows] for name, rows in restored.items()}
+    if mesh is None:
+      # Restored arrays are committed to their device and fresh ones are not, which JAX's compile cache
+      # tells apart: placed like a fresh carry, a resumed run reuses the program a fresh run compiled.
+      carry = place(put, program.carry_specs, jax.tree.map(np.asarray, carry))
   else:
     carry = place(put, program.carry_specs, carry)
   transfer = placer(mesh, donated=False)
