@@ -48,17 +48,14 @@ def pytest_collection_modifyitems(config, items):
   tests = os.path.dirname(os.path.abspath(__file__))
   for item in items:
     where = os.path.relpath(str(item.path), tests).split(os.sep)
-    if (len(where) == 1 or where[0] in _FAST_COMPILE_DIRS) and item.get_closest_marker("optimized_compile") is None:
+    if (len(where) == 1 or where[0] in _FAST_COMPILE_DIRS):
       item.add_marker("fast_compile")
 
 
 def pytest_configure(config):
   config.addinivalue_line(
       "markers", "fast_compile: the test's programs compile without backend optimization (set by directory, "
-      "see _FAST_COMPILE_DIRS; a module in another directory may mark itself)")
-  config.addinivalue_line(
-      "markers", "optimized_compile: the test compiles with the backend's default optimization although its "
-      "directory would not (it pins bits across differently shaped programs)")
+      "see _FAST_COMPILE_DIRS)")
   config.addinivalue_line(
       "markers",
       "standard_promotion: the test runs third-party code that is not strict-promotion clean (e.g. "

@@ -309,3 +309,17 @@ def killed_case():
   data, loss_fn, params = regression_problem()
   schedule = dj.cluster.simulate(dj.cluster.asp(), dj.cluster.workers(4), num_updates=256, seed=0)
   return loss_fn, optax.adam(0.05), params, data, schedule, dict(batch_size=8, seed=1, chunk_size=4)
+
+
+# Names of the programs XLA compiled so far in this process, by one listener (JAX 0.8 cannot remove one).
+COMPILED: list[str] = []
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, *_, fun_name=None, **__: COMPILED.append(str(fun_name))
+    if event == "/jax/core/compile/backend_compile_duration" else None)
+
+
+def compiled_by(fn: Any) -> tuple[list[str], Any]:
+  """The names of the programs XLA compiles during ``fn()``, and its result."""
+  before = len(COMPILED)
+  result = fn()
+  return COMPILED[before:], result

@@ -9,6 +9,7 @@ import pytest
 import delayjax as dj
 from delayjax.runtime import _engine as engine
 from delayjax.runtime import _simulate
+from simulate_reference import compiled_by
 
 BATCH = 4
 
@@ -86,13 +87,6 @@ def test_a_different_program_is_not_taken_from_the_cache(problem):
     assert not np.array_equal(result.history.loss, base.history.loss), name
 
 
-# Names of the programs XLA compiled so far, by one listener for the whole module (JAX 0.8 cannot remove one).
-_COMPILED = []
-jax.monitoring.register_event_duration_secs_listener(
-    lambda event, *_, fun_name=None, **__: _COMPILED.append(str(fun_name))
-    if event == "/jax/core/compile/backend_compile_duration" else None)
-
-
 @pytest.mark.standard_promotion
 def test_a_resumed_run_reuses_the_compiled_chunk(problem, tmp_path):
   straight = _fresh(lambda: _run(problem, optax.adam(0.05)))
@@ -109,10 +103,9 @@ def test_a_resumed_run_reuses_the_compiled_chunk(problem, tmp_path):
                                  batch_size=BATCH, chunk_size=4, checkpoint_dir=str(tmp_path), **kw)
   with pytest.raises(Stop):
     run(callback=stop_after_two)
-  before = len(_COMPILED)
   chunks = []
-  resumed = run(callback=lambda info: chunks.append(info["chunk"]))
+  compiled, resumed = compiled_by(lambda: run(callback=lambda info: chunks.append(info["chunk"])))
   assert chunks[0] == 2  # it continued from the checkpoint
   # The restored carry is placed as a fresh one is, so JAX's compile cache serves the chunk program.
-  assert not [name for name in _COMPILED[before:] if "chunk" in name], _COMPILED[before:]
+  assert not [name for name in compiled if "chunk" in name], compiled
   _assert_same(resumed, straight)

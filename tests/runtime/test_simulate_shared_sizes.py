@@ -12,6 +12,7 @@ import delayjax as dj
 from delayjax.runtime import _engine as engine
 from delayjax.runtime import _simulate
 from delayjax.runtime._waves import plan_steps
+from simulate_reference import compiled_by
 
 WORKERS = 8
 UPDATES = 160
@@ -40,19 +41,6 @@ def _schedule(paradigm, seed):
 _exact_sizes = functools.partial(_simulate._program_sizes, rounded=False)
 
 
-# XLA compilations so far, counted by one listener for the whole module (JAX 0.8 cannot unregister one).
-_COMPILES = []
-jax.monitoring.register_event_duration_secs_listener(
-    lambda event, *_, **__: _COMPILES.append(event) if event == "/jax/core/compile/backend_compile_duration" else None)
-
-
-def _compiles(fn):
-  """The XLA compilations ``fn()`` triggers, and its result."""
-  before = len(_COMPILES)
-  result = fn()
-  return len(_COMPILES) - before, result
-
-
 def test_seeds_of_a_sweep_share_programs_although_their_plans_differ(data):
   schedules = [_schedule(dj.cluster.asp(), seed) for seed in range(5)]
   plans = [plan_steps(s, WORKERS) for s in schedules]
@@ -66,7 +54,7 @@ def test_seeds_of_a_sweep_share_programs_although_their_plans_differ(data):
     return dj.simulate(_loss, optax.sgd(0.1), PARAMS, data, schedules[i], batch_size=8, seed=i)
 
   engine.clear_cache()
-  compiled = [_compiles(lambda: run(i))[0] > 0 for i in range(5)]
+  compiled = [len(compiled_by(lambda: run(i))[0]) > 0 for i in range(5)]
   assert sum(compiled) == len(rounded), compiled
 
 
