@@ -11,6 +11,12 @@ from delayjax import delays as delays
 from delayjax import gossip as gossip
 from delayjax import problems as problems
 from delayjax import topology as topology
+from delayjax import workers as workers
+from delayjax.runtime import Checkpoint as Checkpoint
+from delayjax.runtime import Execution as Execution
+from delayjax.runtime import Record as Record
+from delayjax.runtime import Runs as Runs
+from delayjax.runtime import Sampling as Sampling
 from delayjax.runtime import apply_gradients as apply_gradients
 from delayjax.runtime import delayed as delayed
 from delayjax.runtime import dylu_local_steps as dylu_local_steps

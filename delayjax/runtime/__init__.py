@@ -6,6 +6,11 @@ from delayjax.runtime._delayed import DelayedState as DelayedState
 from delayjax.runtime._delayed import delayed as delayed
 from delayjax.runtime._flax import apply_gradients as apply_gradients
 from delayjax.runtime._local import dylu_local_steps as dylu_local_steps
+from delayjax.runtime._options import Checkpoint as Checkpoint
+from delayjax.runtime._options import Execution as Execution
+from delayjax.runtime._options import Record as Record
+from delayjax.runtime._options import Runs as Runs
+from delayjax.runtime._options import Sampling as Sampling
 from delayjax.runtime._pipeline import PipelineHistory as PipelineHistory
 from delayjax.runtime._pipeline import PipelineResult as PipelineResult
 from delayjax.runtime._pipeline import simulate_pipeline as simulate_pipeline

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from delayjax._checks import check_choice, check_int
@@ -52,3 +53,47 @@ def check_optional_callable(name: str, value: Any) -> Any:
   if value is not None and not callable(value):
     raise TypeError(f"{name} must be callable or None, got {type(value).__name__}.")
   return value
+
+
+def check_params(params: Any, name: str = "params") -> None:
+  """Refuses parameters with no array leaf (nothing to train), naming ``name``."""
+  leaves = jax.tree.leaves(params)
+  if not leaves:
+    raise ValueError(f"{name} must hold at least one array to train, got an empty pytree {params!r}.")
+  for path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
+    if not hasattr(x, "dtype") and not isinstance(x, (int, float, complex, np.number)):
+      raise TypeError(
+          f"{name}{jax.tree_util.keystr(path)} must be an array, got {type(x).__name__} {x!r}.")
+
+
+def batch_like(data: Any, batch_size: int) -> Any:
+  """The shapes and dtypes of one minibatch of ``data`` (``jax.ShapeDtypeStruct`` leaves)."""
+  # As the runtimes place them: a float64 NumPy array becomes float32 unless x64 is enabled.
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+      (batch_size,) + np.shape(x)[1:], jax.dtypes.canonicalize_dtype(np.result_type(x))), data)
+
+
+def loss_has_aux(loss_fn: Callable[..., Any], params: Any, data: Any, batch_size: int,
+                 name: str = "loss_fn") -> bool:
+  """Whether ``loss_fn(params, batch)`` returns ``(loss, aux)`` rather than a scalar loss, found from its
+  output's structure (``jax.eval_shape``: nothing is computed), or a clear error naming ``name``.
+
+  A loss is a real scalar; ``(scalar, aux)``, a tuple or list of two whose
+  first entry is one, carries auxiliary output, which the runtimes discard.
+  """
+  try:
+    out = jax.eval_shape(loss_fn, params, batch_like(data, batch_size))
+  except (TypeError, ValueError) as e:
+    raise type(e)(f"{name}(params, batch) fails on a minibatch of {batch_size} examples: {e}") from e
+
+  def is_loss(x):
+    return isinstance(x, jax.ShapeDtypeStruct) and x.shape == () and jnp.issubdtype(x.dtype, jnp.floating)
+
+  if is_loss(out):
+    return False
+  if isinstance(out, (tuple, list)) and len(out) == 2 and is_loss(out[0]):
+    return True
+  shapes = jax.tree.map(lambda x: f"{x.dtype}{list(x.shape)}", out)
+  raise ValueError(
+      f"{name}(params, batch) must return a real scalar loss, or (loss, aux) with a scalar loss first; got "
+      f"{shapes}.")

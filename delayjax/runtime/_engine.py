@@ -104,8 +104,10 @@ that common to all runtimes (evaluation points, the non-finite report), and
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
-from typing import Any, Callable, NamedTuple
+import re
+from typing import Any, Callable, Iterator, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -114,6 +116,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from delayjax.runtime import _checkpoint
+from delayjax.runtime._lock import locked
+from delayjax.runtime._options import Checkpoint
 from delayjax.transforms._hooks import worker_capacity
 
 AXIS = "workers"
@@ -174,6 +178,81 @@ def clear_cache() -> None:
   _cache.clear()
 
 
+def program_cache_key(tag: tuple[str, ...], fn: Callable[..., Any], *args: Any) -> tuple[Any, ...] | None:
+  """A compile-cache key for ``fn`` on ``args`` (see ``_engine.cached``): ``tag`` and the digest of the program it
+  traces to, or ``None`` when it calls back into Python (such programs cannot be told apart, so they compile
+  afresh)."""
+  key = program_key(fn, *args)
+  return None if key is False else (*tag, key)
+
+
+def program_key(fn: Callable[..., Any], *args: Any) -> str | bool:
+  """A digest of the program ``fn`` traces to on ``args``: its jaxpr's text (without memory addresses) and
+  the values of the arrays it closes over; ``False`` if it calls back into Python (two callbacks of
+  different functions print alike)."""
+  closed = jax.make_jaxpr(fn)(*args)
+  text = str(closed.jaxpr)
+  if "callback" in text:
+    return False
+  consts = [jax.random.key_data(c) if jnp.issubdtype(jnp.result_type(c), jax.dtypes.prng_key) else c
+            for c in closed.consts]
+  return _checkpoint.digest(re.sub(r" at 0x[0-9a-fA-F]+", "", text), *[np.asarray(c) for c in consts])
+
+
+def program_digest(fn: Callable[..., Any], *args: Any) -> str:
+  """A digest of the program ``fn`` traces to on ``args`` (its jaxpr's text, with no memory addresses)."""
+  text = str(jax.make_jaxpr(fn)(*args))
+  return _checkpoint.digest(re.sub(r" at 0x[0-9a-fA-F]+", "", text))
+
+
+def identity(*, schedule: str, options: dict[str, Any], params: Any, data: Any,
+             programs: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]],
+             trees: dict[str, Any] | None = None) -> dict[str, str]:
+  """A run's identity (``Program.fingerprint``), the same components for every runtime.
+
+  ``schedule``: a digest of the host schedule; ``options``: every option that
+  changes the numbers; ``params`` and ``data``: digested with their values;
+  ``programs``: ``{name: (fn, example_args)}``, every function that changes the
+  numbers (``tx``, ``loss_fn``, ``eval_fn``, the gossip method, the stage
+  functions, a worker's local optimizer), each digested by the program it
+  traces to on the example arguments (hyper-parameters are literals in it);
+  ``trees``: more structures to match (e.g. the optimizer state's), by name.
+  Resuming a checkpoint whose identity differs names the components.
+  """
+  out = {
+      "schedule": schedule,
+      "options": _checkpoint.digest(sorted(options.items())),
+      "params (structure, shapes, dtypes)": _checkpoint.tree_digest(params, values=False),
+      "initial params": _checkpoint.tree_digest(params, values=True),
+      "data": _checkpoint.tree_digest(data, values=True),
+  }
+  for name, tree in (trees or {}).items():
+    out[f"{name} (structure, shapes, dtypes)"] = _checkpoint.tree_digest(tree, values=False)
+  for name, (fn, args) in programs.items():
+    out[name] = program_digest(fn, *args)
+  return out
+
+
+def check_extra_args(tx: Any, params: Any, opt_state: Any, runtime: str, passed: dict[str, Any]) -> None:
+  """Refuses, before anything compiles, a ``tx`` that needs an extra argument ``runtime`` does not pass.
+
+  ``tx.update`` is traced once (``jax.eval_shape``: nothing computed) with
+  the extra arguments ``passed``; a delayjax transformation missing one
+  says which, and the refusal names the runtime instead of telling a
+  hand-written loop to pass it.
+  """
+  try:
+    jax.eval_shape(lambda s, p: tx.update(p, s, p, **passed), opt_state, params)
+  except ValueError as e:
+    needed = re.search(r"needs the extra argument (\w+)=", str(e))
+    if needed is None:
+      raise
+    raise ValueError(
+        f"tx needs the extra argument {needed.group(1)}, which {runtime} does not pass (it passes "
+        f"{sorted(passed) or 'none'}); run it with a runtime that provides it (dj.simulate passes staleness, "
+        f"stale_params and worker) or leave that transformation out.") from None
+
+
 def check_mesh(mesh: Any, axis: str = AXIS) -> int:
   """The number of devices on ``mesh``'s ``axis`` (1 without a mesh), or a clear error.
 
@@ -193,6 +272,19 @@ def check_mesh(mesh: Any, axis: str = AXIS) -> int:
         f"mesh may only spread the {axis!r} axis; got other axes of size > 1: "
         f"{ {n: mesh.shape[n] for n in others} }.")
   return int(mesh.shape[axis])
+
+
+def checkpoint_arguments(checkpoint: Any) -> tuple[str | None, bool, tuple[str, ...]]:
+  """``(directory, resume, changes)`` of a runtime's ``checkpoint`` option (``(None, True, ())`` without
+  one); the directory is created and checked to be writable before anything compiles."""
+  if checkpoint is None:
+    return None, True, ()
+  if not isinstance(checkpoint, Checkpoint):
+    raise TypeError(
+        f"checkpoint must be a dj.Checkpoint (e.g. checkpoint=dj.Checkpoint('runs/a')) or None, got "
+        f"{type(checkpoint).__name__} {checkpoint!r}.")
+  directory = _checkpoint.check_directory("Checkpoint.directory", checkpoint.directory)
+  return directory, checkpoint.resume, checkpoint.changes
 
 
 def check_worker_capacity(opt_state: Any, num_workers: int, source: str) -> None:
@@ -290,8 +382,7 @@ def _chunk_function(program: Program, mesh: Any) -> Callable[[Any, Any, Any], tu
 
 def run(program: Program, *, mesh: Any = None, checkpoint_dir: str | os.PathLike[str] | None = None,
         checkpoint_name: str = "checkpoint", resume: bool = True, resume_changes: tuple[str, ...] = (),
-        callback: Callable[[dict[str, Any]], None] | None = None,
-        inspect: Callable[..., None] | None = None) -> tuple[Any, dict[str, Any]]:
+        callback: Callable[[dict[str, Any]], None] | None = None) -> tuple[Any, dict[str, Any]]:
   """Runs ``program`` chunk by chunk; returns the final carry (on the devices) and the records.
 
   Args:
@@ -303,13 +394,34 @@ def run(program: Program, *, mesh: Any = None, checkpoint_dir: str | os.PathLike
     resume: whether to continue from a checkpoint found there.
     resume_changes: fingerprint components allowed to differ from the checkpoint's on resume.
     callback: called on the host after every chunk with ``program.progress(chunk)``.
-    inspect: for benchmarks: called once, before the first dispatch, with the jitted chunk function and
-      its arguments (e.g. to read XLA's memory analysis before the call donates the carry).
 
   Returns:
     ``(carry, records)``: ``records[name]`` the rows of every chunk concatenated (``records_like``'s
     structure).
   """
+  inspect = _inspectors[-1] if _inspectors else None
+  if checkpoint_dir is None:
+    return _run(program, mesh, None, checkpoint_name, resume, resume_changes, callback, inspect)
+  with locked(os.fspath(checkpoint_dir), checkpoint_name):
+    return _run(program, mesh, checkpoint_dir, checkpoint_name, resume, resume_changes, callback, inspect)
+
+
+_inspectors: list[Callable[..., None]] = []
+
+
+@contextlib.contextmanager
+def inspecting(fn: Callable[..., None]) -> Iterator[None]:
+  """For benchmarks: within the block, every run calls ``fn(chunk_fn, args)`` once, before its first
+  dispatch, with its jitted chunk function and arguments (e.g. to read XLA's memory analysis before the call
+  donates the carry)."""
+  _inspectors.append(fn)
+  try:
+    yield
+  finally:
+    _inspectors.remove(fn)
+
+
+def _run(program, mesh, checkpoint_dir, checkpoint_name, resume, resume_changes, callback, inspect):
   chunk_fn = chunk_function(program, mesh)
   carry = program.carry
   like = dict(program.records_like)

@@ -47,7 +47,8 @@ def chunk_span(updates_per_chunk: np.ndarray, healthy: np.ndarray) -> tuple[int,
 
 
 def nonfinite_report(runtime: str, gradients: np.ndarray, skipped: np.ndarray | None,
-                     state_span: tuple[int, int] | None, *, stacklevel: int = 3) -> str | None:
+                     state_span: tuple[int, int] | None, *, stacklevel: int = 3, source: str = "worker",
+                     can_skip: bool = False) -> str | None:
   """Warns (``RuntimeWarning``) if a run met non-finite values, and returns the message (``None`` if not).
 
   Args:
@@ -58,19 +59,23 @@ def nonfinite_report(runtime: str, gradients: np.ndarray, skipped: np.ndarray | 
     state_span: the updates ``(first, last)`` of the chunk after which the
       parameters or optimizer state were first found non-finite, or ``None``.
     stacklevel: passed to ``warnings.warn`` (the user's call by default).
+    source: what the second column of ``gradients`` counts (``"worker"``, ``"replica"``, ``"stage"``).
+    can_skip: whether the runtime can skip such updates (``dj.Record(nonfinite="skip")``), which the
+      message then says.
   """
   parts = []
   if len(gradients):
     u, m = gradients[0]
     left = " (left out of their updates)" if skipped is not None else ""
-    parts.append(f"{len(gradients)} gradients were not finite{left}, the first at update {u} from worker {m}")
+    parts.append(f"{len(gradients)} gradients were not finite{left}, the first at update {u} from {source} {m}")
   if skipped is not None and len(skipped):
     u, m = skipped[0]
     parts.append(f"{len(skipped)} updates were skipped because their update or optimizer state was not "
                  f"finite, the first at update {u} (worker {m} the stalest contribution)")
   if state_span is not None:
     parts.append(f"the parameters or optimizer state became non-finite between updates {state_span[0]} and "
-                 f"{state_span[1]} (checked after every chunk; skip_nonfinite=True skips such updates)")
+                 f"{state_span[1]} (checked after every chunk"
+                 + ("; dj.Record(nonfinite='skip') skips such updates)" if can_skip else ")"))
   if not parts:
     return None
   message = f"{runtime}: " + "; ".join(parts) + "."

@@ -66,7 +66,6 @@ Optax transformation per stage.
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -75,13 +74,13 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec as P
 
-from delayjax._checks import check_bool, check_int, check_seed
 from delayjax.cluster._pipeline import PipelineSchedule
 from delayjax.runtime import _checkpoint
 from delayjax.runtime import _engine as engine
 from delayjax.runtime import _history as history_lib
+from delayjax.runtime._options import Checkpoint, Execution, Record, Sampling, check_option, check_seed_or_runs
 from delayjax.runtime._sampling import minibatch_indices
-from delayjax.runtime._simulate import _program_cache_key, _program_digest
+from delayjax.runtime._simulate import _all_finite, _inexact
 from delayjax.transforms._pipeline_remedies import stage_read
 
 StageFn = Callable[[Any, Any], Any]
@@ -224,8 +223,12 @@ class PipelineHistory(NamedTuple):
     eval_update, eval_time: int64 / float64 ``[E]``, the version each
       evaluation was made at (0, every ``eval_every``-th, the last) and its time.
     eval_metrics: ``eval_fn``'s output with a leading ``[E]`` axis, or ``None``.
+    nonfinite: int64 ``[n, 2]``, ``(update, stage)`` of every stage gradient
+      that was not finite, sorted.
+    nonfinite_state: ``(first, last)``, the updates of the first chunk after
+      which some stage's weights or optimizer state were not finite, or ``None``.
 
-  With ``simulate_pipeline(..., history="evaluations")`` the five per-update
+  With ``record=dj.Record(history="evaluations")`` the five per-update
   fields are empty (length 0, their dtypes; the staleness ``[0, K]``): the
   host keeps, and a checkpoint stores, only the evaluations.
   """
@@ -238,6 +241,8 @@ class PipelineHistory(NamedTuple):
   eval_update: np.ndarray
   eval_time: np.ndarray
   eval_metrics: Any
+  nonfinite: np.ndarray
+  nonfinite_state: tuple[int, int] | None
 
 
 class PipelineResult(NamedTuple):
@@ -394,7 +399,9 @@ def _stage_step(stage_fns: Sequence[StageFn], loss_fn: Callable[[Any, Any], jax.
 
     hist, dirs, states = jax.lax.switch(stage, [update(k) for k in range(K)], hist, dirs, states, grad)
     # Only the last stage has the loss; the others add exact zeros.
-    out = {"loss": jax.lax.psum(jnp.where(stage == K - 1, loss, 0.0), STAGES)}
+    out = {"loss": jax.lax.psum(jnp.where(stage == K - 1, loss, 0.0), STAGES),
+           # Each device's own stage gradient: finite or not, gathered in stage order.
+           "finite": jax.lax.all_gather(_all_finite(_inexact(grad)), STAGES)}
     if evaluate is not None:
       def params_of():
         current = {d: jax.lax.all_gather(a[(u + 1) % depth], STAGES) for d, a in hist.items()}
@@ -417,21 +424,31 @@ def _leading(tree: Any, depth: int) -> Any:
   return jax.tree.map(lambda x: jnp.zeros((depth,) + jnp.shape(x), jnp.result_type(x)).at[0].set(x), tree)
 
 
-def _fingerprint(schedule: PipelineSchedule, params: Sequence[Any], tx: Any, opt_state: Any, data: Any,
+def _fingerprint(schedule: PipelineSchedule, stage_fns: Sequence[StageFn], loss_fn: Callable[..., Any],
+                 eval_fn: Any, params: Sequence[Any], tx: Any, opt_state: Any, data: Any, batch_size: int,
                  **options: Any) -> dict[str, str]:
-  """The run's identity, by component (see ``_checkpoint``): what a checkpoint must match to be resumed."""
+  """The run's identity, by component (``_engine.identity``): what a checkpoint must match to be resumed."""
   first = params[0]
-  return {
-      "schedule": _checkpoint.digest(schedule.forward_version, schedule.backward_version),
-      "options": _checkpoint.digest(sorted(options.items())),
-      "params (structure, shapes, dtypes)": _checkpoint.tree_digest(tuple(params), values=False),
-      "initial params": _checkpoint.tree_digest(tuple(params), values=True),
-      # The traced program carries the hyper-parameters (a learning rate is a literal in it).
-      "tx": _program_digest(lambda g, s, p: tx.update(g, s, p, staleness=jnp.int32(0),
-                                                      backward_staleness=jnp.int32(0), stale_params=p),
-                            first, opt_state, first),
-      "data": _checkpoint.tree_digest(data, values=True),
+  # One micro-batch, as the runtime's step sees it: [1, B, ...].
+  batch = jax.tree.map(lambda a: jax.ShapeDtypeStruct((1, batch_size) + a.shape[1:], a.dtype), data)
+  inputs = _stage_inputs(stage_fns, params, batch)
+
+  def stages(ps, hs):
+    return [jax.vmap(functools.partial(f, p))(h) for f, p, h in zip(stage_fns, ps, hs)]
+
+  output = jax.eval_shape(stages, tuple(params), inputs)[-1]
+  programs = {
+      # The traced programs carry the hyper-parameters (a learning rate is a literal in them).
+      "tx": (lambda g, s, p: tx.update(g, s, p, staleness=jnp.int32(0), backward_staleness=jnp.int32(0),
+                                       stale_params=p), (first, opt_state, first)),
+      "stage_fns": (stages, (tuple(params), inputs)),
+      "loss_fn": (jax.vmap(loss_fn), (output, batch)),
   }
+  if eval_fn is not None:
+    programs["eval_fn"] = (eval_fn, (tuple(params),))
+  return engine.identity(
+      schedule=_checkpoint.digest(schedule.forward_version, schedule.backward_version), options=options,
+      params=tuple(params), data=data, programs=programs)
 
 
 def simulate_pipeline(
@@ -442,17 +459,11 @@ def simulate_pipeline(
     data: Any,
     schedule: PipelineSchedule,
     *,
-    batch_size: int,
     seed: int = 0,
-    eval_fn: Callable[[tuple[Any, ...]], Any] | None = None,
-    eval_every: int | None = None,
-    history: str = "updates",
-    chunk_size: int | None = None,
-    checkpoint_dir: str | os.PathLike[str] | None = None,
-    resume: bool = True,
-    resume_changes: tuple[str, ...] = (),
-    callback: Callable[[dict[str, Any]], None] | None = None,
-    mesh: jax.sharding.Mesh | None = None,
+    sampling: Sampling | None = None,
+    record: Record | None = None,
+    checkpoint: Checkpoint | None = None,
+    execution: Execution | None = None,
     backward: str = "recompute",
 ) -> PipelineResult:
   r"""Trains a staged model on a pipeline schedule, each pass at the weight version the schedule gives.
@@ -479,10 +490,14 @@ def simulate_pipeline(
   :math:`d_v` stored with version ``v`` and its steps ``s``.
 
   The run goes through the runtimes' engine (``delayjax.runtime._engine``):
-  ``chunk_size`` updates per compiled ``lax.scan``, a checkpoint after every
-  chunk in ``checkpoint_dir`` (a restarted run resumes from it, bit for bit),
-  and ``callback`` after every chunk. Each stage keeps its versions in a ring
-  of ``D`` slots, ``D - 1`` the largest staleness the schedule holds.
+  ``Execution.chunk_size`` updates per compiled ``lax.scan``, a checkpoint
+  after every chunk (a restarted run resumes from it, bit for bit), the
+  callback after every chunk, and the non-finite report: an update whose
+  gradient of some stage is not finite is listed in ``history.nonfinite``
+  (``(update, stage)`` rows), non-finite weights or optimizer states in
+  ``history.nonfinite_state``, and a ``RuntimeWarning`` names the first. Each
+  stage keeps its versions in a ring of ``D`` slots, ``D - 1`` the largest
+  staleness the schedule holds.
 
   With a ``mesh`` that has a ``stages`` axis of ``K`` devices, device ``k``
   holds stage ``k``'s ring of versions (its weight stash), its read
@@ -503,33 +518,24 @@ def simulate_pipeline(
   Args:
     stage_fns: ``K`` stage functions; stage 0 receives ``batch["x"]``.
     loss_fn: ``loss_fn(h_K, batch) -> scalar``.
-    tx: the per-stage optimizer.
+    tx: the per-stage optimizer. It receives ``staleness``,
+      ``backward_staleness`` and ``stale_params``; one that needs another
+      extra argument (``worker``) is refused.
     params: ``K`` parameter trees.
     data: a dict of arrays with a leading example axis, holding ``"x"``.
     schedule: a ``dj.cluster.pipeline`` schedule with ``K`` stages.
-    batch_size: examples per micro-batch.
-    seed: seeds the minibatches.
-    eval_fn: optional jittable ``eval_fn(params) -> metrics`` on the tuple of
-      stage parameters, at version 0, every ``eval_every`` updates and at the end.
-    eval_every: updates between evaluations (``None``: start and end only).
-    history: ``"updates"`` (default) keeps a row per update (``update``,
-      ``time``, ``loss``, the staleness); ``"evaluations"`` keeps none of
-      them (empty), only the evaluations, for long runs that read only those;
-      everything else is the same, bit for bit. As in ``dj.simulate``, a
-      checkpoint written with ``"updates"`` resumes with ``"evaluations"``, and
-      the reverse is a ``ValueError`` (the rows were never stored).
-    chunk_size: updates per compiled chunk (default ``min(U, 256)``).
-    checkpoint_dir: where to checkpoint after every chunk (``None``: never).
-    resume: continue from a checkpoint of the same run found there.
-    resume_changes: components of the run's identity allowed to differ
-      from the checkpoint's when resuming (a knowingly changed run, e.g.
-      ``("tx",)`` for a new learning rate after a restart); any other
-      difference is still refused, naming it. The components: ``schedule``,
-      ``options``, ``params (structure, shapes, dtypes)``, ``initial
-      params``, ``tx``, ``data``.
-    callback: called after every chunk with ``{"updates_done", "num_updates"}``.
-    mesh: ``None`` (one device) or a ``jax.sharding.Mesh`` whose ``stages``
-      axis has ``K`` devices (its other axes of size 1): one stage per device.
+    seed: seeds the minibatches, an int in ``[0, 2**32)``.
+    sampling: ``dj.Sampling``: ``batch_size`` examples per micro-batch,
+      drawn ``"iid"`` (the only scheme here).
+    record: ``dj.Record``: ``eval_fn(params)`` on the tuple of stage
+      parameters at version 0, every ``every`` updates and at the end;
+      ``history="updates"`` keeps a row per update (``update``, ``time``,
+      ``loss``, the staleness). Non-finite values are reported;
+      ``nonfinite="skip"`` is not defined for pipelines.
+    checkpoint: ``dj.Checkpoint``, or ``None``.
+    execution: ``dj.Execution``: ``mesh`` (``None``, or a mesh whose
+      ``stages`` axis has ``K`` devices: one stage per device), ``chunk_size``
+      (default ``min(U, 256)``), ``max_memory``.
     backward: how a backward pass at other weights than its forward pass is
       computed: ``"recompute"`` or ``"stored"`` (PipeDream's 1F1B without
       weight stashing); see the module docstring. Equal when the versions are
@@ -538,6 +544,19 @@ def simulate_pipeline(
   Returns:
     A :class:`PipelineResult` (on the host's default device, also with a mesh).
   """
+  runtime = "dj.simulate_pipeline"
+  seed, _ = check_seed_or_runs(seed, runtime, runs_allowed=False)
+  sampling = check_option("sampling", sampling, Sampling, runtime)
+  record = check_option("record", record, Record, runtime)
+  execution = check_option("execution", execution, Execution, runtime)
+  execution.refuse(runtime, "lanes", "phases")
+  if sampling.scheme != "iid":
+    raise ValueError(f"{runtime} draws its micro-batches i.i.d.; got Sampling.scheme={sampling.scheme!r}.")
+  if record.skip_nonfinite:
+    raise ValueError(
+        "Record.nonfinite='skip' is defined for dj.simulate only (an update there can leave out a contribution); "
+        f"{runtime} reports non-finite values (nonfinite='report').")
+  mesh, chunk_size = execution.mesh, execution.chunk_size
   stage_fns = _check_stages(stage_fns)
   if not isinstance(schedule, PipelineSchedule):
     raise TypeError(f"schedule must be a dj.cluster.pipeline(...) schedule, got {type(schedule).__name__}.")
@@ -550,17 +569,11 @@ def simulate_pipeline(
     if devices != K:
       raise ValueError(f"mesh's {STAGES!r} axis has {devices} devices but the schedule has num_stages={K}; "
                        f"the runtime places one stage per device.")
-  batch_size = check_int("batch_size", batch_size, minimum=1)
-  seed = check_seed("seed", seed)
-  resume = check_bool("resume", resume)
-  keep_updates = history_lib.keeps_updates(history)
-  checkpoint_dir = _checkpoint.check_directory("checkpoint_dir", checkpoint_dir)
-  resume_changes = _checkpoint.check_changes(resume_changes, checkpoint_dir)
-  if eval_every is not None:
-    eval_every = check_int("eval_every", eval_every, minimum=1)
-  if eval_fn is not None and not callable(eval_fn):
-    raise TypeError(f"eval_fn must be callable or None, got {type(eval_fn).__name__}.")
-  chunk_size = min(U, 256) if chunk_size is None else min(check_int("chunk_size", chunk_size, minimum=1), U)
+  batch_size = sampling.batch_size
+  keep_updates = record.keeps_updates
+  checkpoint_dir, resume, resume_changes = engine.checkpoint_arguments(checkpoint)
+  eval_fn, eval_every, callback = record.eval_fn, record.every, record.callback
+  chunk_size = min(U, 256) if chunk_size is None else min(chunk_size, U)
   if not isinstance(data, dict) or "x" not in data:
     raise ValueError("data must be a dict of arrays with a leading example axis, holding the inputs under 'x'.")
   data = {k: np.asarray(v) for k, v in data.items()}
@@ -576,6 +589,8 @@ def simulate_pipeline(
   depth = int(max((updates[:, None, None] - forward_version).max(),
                   (updates[:, None, None] - backward_version).max())) + 1
   opt_states = tuple(tx.init(p) for p in params)
+  engine.check_extra_args(tx, params[0], opt_states[0], runtime, {
+      "staleness": jnp.int32(0), "backward_staleness": jnp.int32(0), "stale_params": params[0]})
   readers = [stage_read(s) for s in opt_states]
   history = tuple(_leading(p, depth) for p in params)
   directions = tuple(None if r is None else _leading(r.read_direction(), depth) for r in readers)
@@ -634,7 +649,7 @@ def simulate_pipeline(
     new = [update_stage(k, hist[k], dirs[k], states[k], jax.tree.map(lambda x: jnp.mean(x, axis=0), grads[k]),
                         u, fv[0, k], bv[0, k], valid) for k in range(K)]
     new_carry = tuple(tuple(part) for part in zip(*new))
-    out = {"loss": jnp.mean(losses)}
+    out = {"loss": jnp.mean(losses), "finite": jnp.stack([_all_finite(_inexact(g)) for g in grads])}
     if eval_fn is not None:
       out["metrics"] = evaluate(tab["eval"] & valid, lambda: current_params(new_carry[0], u + 1))
     return new_carry, out
@@ -681,35 +696,46 @@ def simulate_pipeline(
 
   def collect(chunk: int, tabs: Any, outputs: Any) -> dict[str, Any]:
     valid = tabs["valid"]
+    update_of, stage_of = np.nonzero(valid[:, None] & ~engine.host(outputs["finite"]))
+    rows = {"nonfinite": np.stack([tabs["update"][update_of], stage_of], axis=1).astype(np.int64)}
     # Without per-update rows the chunk's losses stay on the device, unread.
-    rows = {"loss": engine.host(outputs["loss"])[valid]} if keep_updates else {}
+    if keep_updates:
+      rows["loss"] = engine.host(outputs["loss"])[valid]
     if eval_fn is not None:
       rows["metrics"] = jax.tree.map(lambda x: engine.host(x)[tabs["eval"] & valid], outputs["metrics"])
     return rows
 
-  records_like = {"loss": np.zeros(0, np.float32)} if keep_updates else {}
+  records_like = {"nonfinite": np.zeros((0, 2), np.int64)}
+  if keep_updates:
+    records_like["loss"] = np.zeros(0, np.float32)
   if eval_fn is not None:
     records_like["metrics"] = jax.tree.map(lambda s: np.zeros((0,) + s.shape, s.dtype), metric_shapes)
   # Compiled once per program: runs whose steps trace to the same program (closed-over arrays included) share
   # the jitted chunk and evaluation, so a sweep over seeds or initial parameters compiles once. On a mesh the
   # step holds collectives that trace only inside its shard_map: compiled afresh.
   row = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), tables(0))
-  cache_key = None if mesh is not None else _program_cache_key(("simulate_pipeline", "chunk"), step, carry, row, data)
+  cache_key = None if mesh is not None else engine.program_cache_key(("simulate_pipeline", "chunk"), step, carry, row, data)
   jitted_eval = None if eval_fn is None else engine.cached(
-      None if mesh is not None else _program_cache_key(("simulate_pipeline", "eval"), eval_fn, params), lambda: jax.jit(eval_fn))
+      None if mesh is not None else engine.program_cache_key(("simulate_pipeline", "eval"), eval_fn, params), lambda: jax.jit(eval_fn))
   program = engine.Program(
       carry=carry, carry_specs=carry_specs, constants=data, constant_specs=P(),
       step=step, table_specs=P(), output_specs=P(), num_chunks=num_chunks, tables=tables, collect=collect,
       records_like=records_like,
-      progress=lambda chunk: {"updates_done": min(U, (chunk + 1) * chunk_size), "num_updates": U},
+      progress=lambda chunk: {"updates_done": min(U, (chunk + 1) * chunk_size), "num_updates": U, "chunk": chunk,
+                              "num_chunks": num_chunks},
       # Only a checkpoint needs the run's identity (it traces tx and hashes the data).
       fingerprint="" if checkpoint_dir is None else _fingerprint(
-          schedule, params, tx, opt_states[0], data, seed=seed, batch_size=batch_size, chunk_size=chunk_size,
+          schedule, stage_fns, loss_fn, eval_fn, params, tx, opt_states[0], data, batch_size, seed=seed,
+          chunk_size=chunk_size,
           eval_points=eval_points.tolist(), depth=depth,
           layout="one stage per device" if mesh is not None else "one device", backward=backward),
       initial=None if eval_fn is None else (
           lambda carry: {"metrics": jax.tree.map(lambda x: engine.host(x)[None],
                                                  jitted_eval(params_at(carry[0], 0)))}),
+      # Every stage's weight versions, read directions and optimizer state finite, after each chunk (on a
+      # mesh each device checks its own stage and the flags are combined).
+      check=(lambda carry: _all_finite(_inexact(carry))) if mesh is None else (
+          lambda carry: jax.lax.pmin(_all_finite(_inexact(carry)).astype(jnp.int32), STAGES) > 0),
       cache_key=cache_key)
   carry, records = engine.run(program, mesh=mesh, checkpoint_dir=checkpoint_dir, checkpoint_name=_CHECKPOINT_FILE,
                               resume=resume, resume_changes=resume_changes, callback=callback)
@@ -721,10 +747,15 @@ def simulate_pipeline(
   else:
     rows = dict(update=np.zeros(0, np.int64), time=np.zeros(0, time.dtype), loss=np.zeros(0, np.float32),
                 forward_staleness=np.zeros((0, K), np.int64), backward_staleness=np.zeros((0, K), np.int64))
+  updates_per_chunk = np.diff(np.r_[0, np.minimum(np.arange(1, num_chunks + 1) * chunk_size, U)])
   history_out = PipelineHistory(
       **rows,
       eval_update=eval_points, eval_time=np.r_[0.0, time][eval_points],
-      eval_metrics=records.get("metrics"))
+      eval_metrics=records.get("metrics"),
+      nonfinite=history_lib.sorted_pairs(records["nonfinite"]),
+      nonfinite_state=history_lib.chunk_span(updates_per_chunk, records["check"]))
+  history_lib.nonfinite_report(runtime, history_out.nonfinite, None, history_out.nonfinite_state, stacklevel=2,
+                               source="stage")
   if mesh is not None:
     final = tuple(jax.tree.map(jnp.asarray, p) for p in params_at(carry[0], U))
     states = tuple(jax.tree.map(jnp.asarray, state_packing.unpack(k, {d: engine.host(a)[k] for d, a in

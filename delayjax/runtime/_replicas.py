@@ -13,18 +13,18 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec as P
 
-from delayjax._checks import check_bool, check_seed
 from delayjax.cluster._gossip import GossipSchedule
 from delayjax.gossip._method import GRADS as METHOD_GRADS
 from delayjax.gossip._method import GossipMethod
 from delayjax.runtime import _checkpoint, _engine
-from delayjax.runtime._arguments import check_optional_callable, check_optional_int, check_sampling
+from delayjax.runtime._arguments import batch_like, check_params, check_sampling, loss_has_aux
+from delayjax.runtime._options import Checkpoint, Execution, Record, Sampling, check_option, check_seed_or_runs
 from delayjax.runtime._checkpoint import gathered
 from delayjax.runtime._engine import AXIS
-from delayjax.runtime._history import chunk_span, keeps_updates, nonfinite_report, sorted_pairs
+from delayjax.runtime._history import chunk_span, nonfinite_report, sorted_pairs
 from delayjax.runtime._replica_plan import SLOT_GRAD, SLOT_MIX, SLOT_READ, ReplicaPlan, make_plan, pack_lanes
 from delayjax.runtime._sampling import minibatch_indices, shard_table
-from delayjax.runtime._simulate import _all_finite, _inexact, _program_cache_key, _program_digest, _shared_length
+from delayjax.runtime._simulate import _all_finite, _inexact, _shared_length
 
 _CHECKPOINT_FILE = "simulate_gossip"
 
@@ -121,22 +121,11 @@ def simulate_gossip(
     data: Any,
     schedule: GossipSchedule,
     *,
-    batch_size: int = 32,
-    sampling: str = "iid",
-    shards: Any = None,
-    has_aux: bool = False,
-    mesh: jax.sharding.Mesh | None = None,
-    eval_fn: Callable[[Any], Any] | None = None,
-    eval_every: int | None = None,
-    history: str = "updates",
     seed: int = 0,
-    chunk_size: int | None = None,
-    phases: int | None = None,
-    checkpoint_dir: str | os.PathLike[str] | None = None,
-    resume: bool = True,
-    resume_changes: tuple[str, ...] = (),
-    callback: Callable[[dict[str, Any]], None] | None = None,
-    _inspect: Callable[..., None] | None = None,
+    sampling: Sampling | None = None,
+    record: Record | None = None,
+    checkpoint: Checkpoint | None = None,
+    execution: Execution | None = None,
 ) -> GossipResult:
   r"""Trains ``M`` replicas by a decentralized method, exactly as a gossip schedule says.
 
@@ -182,45 +171,29 @@ def simulate_gossip(
   than 8 are applied as a dense ``[M, M]`` matrix.
 
   Args:
-    loss_fn: ``loss_fn(params, batch) -> scalar`` (``(scalar, aux)`` with
-      ``has_aux``).
-    tx: any Optax transformation, each replica with its own state.
+    loss_fn: ``loss_fn(params, batch) -> scalar``, or ``(scalar, aux)`` (told
+      apart by its output's structure; ``aux`` is discarded).
+    tx: any Optax transformation, each replica with its own state. It is
+      given no extra arguments (a replica's gradient is never stale), so a
+      transformation that needs ``staleness``, ``stale_params`` or
+      ``worker`` is refused.
     method: a :class:`~delayjax.gossip.GossipMethod`, e.g. ``dj.gossip.sgp()``.
     params: the initial parameters of every replica.
     data: a pytree of arrays sharing a leading example axis, on every device.
     schedule: a ``GossipSchedule`` (``dj.cluster``).
-    batch_size: examples per minibatch.
-    sampling: ``"iid"``, ``"epoch"`` or ``"shard"``, as in ``dj.simulate``
-      (:func:`~delayjax.runtime._sampling.minibatch_indices`).
-    shards: for ``sampling="shard"``, one index array per replica (non-iid
-      data); default contiguous near-equal pieces.
-    has_aux: whether ``loss_fn`` returns ``(loss, aux)``.
-    mesh: a ``jax.sharding.Mesh`` with a ``workers`` axis, or ``None``.
-    eval_fn: ``eval_fn(params) -> pytree of scalars``, evaluated on the
-      average model and on every replica (see :class:`GossipHistory`).
-    eval_every: evaluate after the steps in which another ``eval_every``
-      gradients were applied (and at the start and the end).
-    history: ``"updates"`` (default) keeps a row per step (``events``,
-      ``gradients``, ``time``, ``loss``, ``loss_spread``, ``consensus``);
-      ``"evaluations"`` keeps none of them (empty), only the evaluations and
-      the non-finite reports, for long runs that read only those; everything
-      else is the same, bit for bit. As in ``dj.simulate``, a checkpoint
-      written with ``"updates"`` resumes with ``"evaluations"``, and the
-      reverse is a ``ValueError`` (the rows were never stored).
-    seed: the minibatch seed.
-    chunk_size: steps per compiled dispatch (default: about 256).
-    phases: slot triples per step (default: chosen from the schedule).
-    checkpoint_dir: write a checkpoint there after every chunk and resume
-      from one (of the same run) found there.
-    resume: whether to resume from ``checkpoint_dir``.
-    resume_changes: components of the run's identity allowed to differ
-      from the checkpoint's when resuming (a knowingly changed run, e.g.
-      ``("tx",)`` for a new learning rate after a restart); any other
-      difference is still refused, naming it. The components: ``schedule``,
-      ``options``, ``params (structure, shapes, dtypes)``, ``initial
-      params``, ``tx``, ``loss_fn``, ``data``.
-    callback: called after every chunk with ``steps_done``, ``num_steps``,
-      ``chunk``, ``num_chunks``.
+    seed: the minibatch seed, an int in ``[0, 2**32)``.
+    sampling: ``dj.Sampling``: batch size and scheme, per replica.
+    record: ``dj.Record``: ``eval_fn`` is evaluated on the average model and
+      on every replica (see :class:`GossipHistory`), after the steps in which
+      another ``every`` gradients were applied (and at the start and the
+      end); ``history="updates"`` keeps a row per step (``events``,
+      ``gradients``, ``time``, ``loss``, ``loss_spread``, ``consensus``).
+      Non-finite values are reported; ``nonfinite="skip"`` is not defined
+      for replicas (a replica has no other contribution to fall back on).
+    checkpoint: ``dj.Checkpoint``, or ``None``.
+    execution: ``dj.Execution``: a ``workers`` mesh (``M`` a multiple of its
+      size), ``chunk_size``, ``phases`` (slot triples per step; default
+      chosen from the schedule), ``max_memory``.
 
   Returns:
     A :class:`GossipResult`.
@@ -239,10 +212,20 @@ def simulate_gossip(
     >>> ring = dj.cluster.d_psgd(dj.topology.ring(4))
     >>> schedule = dj.cluster.simulate_gossip(ring, dj.cluster.workers(4), num_steps=100, seed=0)
     >>> result = dj.simulate_gossip(loss_fn, optax.sgd(0.05), dj.gossip.d_psgd(), jnp.zeros(4), data, schedule,
-    ...                             batch_size=16)
+    ...                             sampling=dj.Sampling(batch_size=16))
     >>> result.params.shape, result.stats["mixing"], bool(result.history.consensus[-1] < 1e-2)
     ((4, 4), 'shift', True)
   """
+  runtime = "dj.simulate_gossip"
+  seed, _ = check_seed_or_runs(seed, runtime, runs_allowed=False)
+  sampling = check_option("sampling", sampling, Sampling, runtime)
+  record = check_option("record", record, Record, runtime)
+  execution = check_option("execution", execution, Execution, runtime)
+  execution.refuse(runtime, "lanes")
+  if record.skip_nonfinite:
+    raise ValueError(
+        "Record.nonfinite='skip' is defined for dj.simulate only (an update there can leave out a contribution); "
+        "dj.simulate_gossip reports non-finite values (nonfinite='report').")
   if not callable(loss_fn):
     raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}.")
   if not isinstance(tx, optax.GradientTransformation):
@@ -252,16 +235,14 @@ def simulate_gossip(
                     f"{type(method).__name__}.")
   if not isinstance(schedule, GossipSchedule):
     raise TypeError(f"schedule must be a dj.cluster.GossipSchedule, got {type(schedule).__name__}.")
-  batch_size, num_examples = check_sampling(data, batch_size, sampling, shards)
-  seed = check_seed("seed", seed)
-  resume, has_aux = check_bool("resume", resume), check_bool("has_aux", has_aux)
-  keep_steps = keeps_updates(history)
-  checkpoint_dir = _checkpoint.check_directory("checkpoint_dir", checkpoint_dir)
-  resume_changes = _checkpoint.check_changes(resume_changes, checkpoint_dir)
-  eval_every = check_optional_int("eval_every", eval_every)
-  chunk_size = check_optional_int("chunk_size", chunk_size)
-  phases = check_optional_int("phases", phases)
-  eval_fn = check_optional_callable("eval_fn", eval_fn)
+  batch_size, num_examples = check_sampling(data, sampling.batch_size, sampling.scheme, sampling.shards)
+  check_params(params)
+  has_aux = loss_has_aux(loss_fn, params, data, batch_size)
+  sampling, shards = sampling.scheme, sampling.shards
+  keep_steps = record.keeps_updates
+  checkpoint_dir, resume, resume_changes = _engine.checkpoint_arguments(checkpoint)
+  eval_fn, eval_every, callback = record.eval_fn, record.every, record.callback
+  mesh, chunk_size, phases = execution.mesh, execution.chunk_size, execution.phases
   num_devices = _engine.check_mesh(mesh)
   m = schedule.num_workers
   if m % num_devices:
@@ -315,12 +296,13 @@ def simulate_gossip(
   device_tables = {k: v for k, v in tables.items() if k not in host_tables}
 
   init_state = (params, tx.init(params), method.init(params))
+  _engine.check_extra_args(tx, params, init_state[1], runtime, {})
   stacked = jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (m,) + np.shape(x)).copy(), init_state)
   replica_params, opt_state, extra = stacked
   snap = jax.tree.map(np.zeros_like, replica_params)
   gbuf = jax.tree.map(np.zeros_like, replica_params)
   if plan.history > 1:
-    first = _engine.cached(_program_cache_key(("simulate_gossip", "message"), method.message, params, init_state[2]),
+    first = _engine.cached(_engine.program_cache_key(("simulate_gossip", "message"), method.message, params, init_state[2]),
                            lambda: jax.jit(method.message))(params, init_state[2])
     hist = jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (m, plan.history) + np.shape(x)).copy(), first)
   else:
@@ -400,7 +382,8 @@ def simulate_gossip(
 
   # Only a checkpoint needs the run's identity (it traces tx and loss_fn and hashes the data).
   fingerprint = "" if checkpoint_dir is None else _fingerprint(
-      schedule, tx=tx, loss_fn=loss_fn, params=params, data=data, batch_size=batch_size, options=dict(
+      schedule, tx=tx, loss_fn=loss_fn, method=method, eval_fn=eval_fn, params=params, data=data,
+      batch_size=batch_size, options=dict(
           method=method.name, seed=seed, batch_size=batch_size, sampling=sampling, chunk_size=chunk_size,
           phases=plan.phases, has_eval=eval_fn is not None, eval_every=eval_every, num_devices=num_devices,
           shards=None if shards is None else hashlib.sha256(
@@ -410,9 +393,9 @@ def simulate_gossip(
   # when their plans have the same sizes. On a mesh the step holds collectives that trace only inside its
   # shard_map: compiled afresh.
   row = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), chunk_tables(0))
-  cache_key = None if mesh is not None else _program_cache_key(("simulate_gossip", "chunk"), step, carry, row, constants)
+  cache_key = None if mesh is not None else _engine.program_cache_key(("simulate_gossip", "chunk"), step, carry, row, constants)
   jitted_eval = None if eval_fn is None else _engine.cached(
-      None if mesh is not None else _program_cache_key(("simulate_gossip", "eval"), eval_fn, params), lambda: jax.jit(eval_fn))
+      None if mesh is not None else _engine.program_cache_key(("simulate_gossip", "eval"), eval_fn, params), lambda: jax.jit(eval_fn))
   program = _engine.Program(
       carry=carry, carry_specs=carry_specs, constants=constants, constant_specs=constant_specs, step=step,
       table_specs=table_specs, output_specs=output_specs, num_chunks=num_chunks, tables=chunk_tables,
@@ -422,7 +405,7 @@ def simulate_gossip(
       check=lambda carry: _replicas_finite(carry[:3], mesh is not None), cache_key=cache_key)
   final, records = _engine.run(program, mesh=mesh, checkpoint_dir=checkpoint_dir,
                                checkpoint_name=_CHECKPOINT_FILE, resume=resume, resume_changes=resume_changes,
-                               callback=callback, inspect=_inspect)
+                               callback=callback)
 
   params_out, opt_out, extra_out = (jax.tree.map(gathered, x) for x in final[:3])
   z = jax.vmap(method.grad_params)(params_out, extra_out)
@@ -446,29 +429,34 @@ def simulate_gossip(
           np.minimum(np.arange(1, num_chunks + 1) * chunk_size, plan.num_steps) - 1]]), records["check"]))
   # The warning names the first bad gradient as (gradient index, replica).
   nonfinite_report("dj.simulate_gossip", sorted_pairs(history.nonfinite[:, ::-1]), None, history.nonfinite_state,
-                   stacklevel=2)
+                   stacklevel=2, source="replica")
   stats = {"num_steps": plan.num_steps, "phases": plan.phases, "lanes": plan.lanes, "slots": int(plan.used.any(axis=0).sum()),
            "lane_utilization": plan.lane_utilization, "mixing": plan.mixing, "history": plan.history,
            "num_devices": num_devices, "chunk_size": chunk_size, "num_chunks": num_chunks}
   return GossipResult(params_out, opt_out, extra_out, average, history, stats)
 
 
-def _fingerprint(schedule: GossipSchedule, *, tx: Any, loss_fn: Callable[..., Any],
-                 params: Any, data: Any, batch_size: int, options: dict[str, Any]) -> dict[str, str]:
-  """The run's identity, by component (see ``_checkpoint``): what a checkpoint must match to be resumed."""
-  opt_state = tx.init(params)
-  batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct((batch_size,) + np.shape(x)[1:], jnp.result_type(x)), data)
-  return {
-      "schedule": _checkpoint.digest(*(getattr(schedule, n) for n in (
-          "time", "kind", "worker", "num_batches", "mix", "members", "weights", "lag", "receives", "mixes"))),
-      "options": _checkpoint.digest(sorted(options.items())),
-      "params (structure, shapes, dtypes)": _checkpoint.tree_digest(params, values=False),
-      "initial params": _checkpoint.tree_digest(params, values=True),
+def _fingerprint(schedule: GossipSchedule, *, tx: Any, loss_fn: Callable[..., Any], method: GossipMethod,
+                 eval_fn: Any, params: Any, data: Any, batch_size: int, options: dict[str, Any]) -> dict[str, str]:
+  """The run's identity, by component (``_engine.identity``): what a checkpoint must match to be resumed."""
+  opt_state, extra = tx.init(params), method.init(params)
+  dt, weight = jnp.float32(1.0), jnp.float32(0.5)
+  message = jax.eval_shape(method.message, params, extra)
+  programs = {
       # The traced programs carry the hyper-parameters (a learning rate is a literal in them).
-      "tx": _program_digest(tx.update, params, opt_state, params),
-      "loss_fn": _program_digest(lambda p, b: loss_fn(p, b), params, batch),
-      "data": _checkpoint.tree_digest(data, values=True),
+      "tx": (tx.update, (params, opt_state, params)),
+      "loss_fn": (lambda p, b: loss_fn(p, b), (params, batch_like(data, batch_size))),
+      "method": (lambda p, s, e, m: (method.apply(tx, p, s, p, e, dt), method.message(p, e),
+                                     method.receive(p, e, m, weight, dt),
+                                     () if method.advance is None else method.advance(p, e, dt)),
+                 (params, opt_state, extra, message)),
   }
+  if eval_fn is not None:
+    programs["eval_fn"] = (eval_fn, (params,))
+  return _engine.identity(
+      schedule=_checkpoint.digest(*(getattr(schedule, n) for n in (
+          "time", "kind", "worker", "num_batches", "mix", "members", "weights", "lag", "receives", "mixes"))),
+      options=options, params=params, data=data, programs=programs)
 
 
 def _roll(x: jax.Array, shift: int, num_workers: int, num_devices: int, sharded: bool) -> jax.Array:

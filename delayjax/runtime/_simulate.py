@@ -16,14 +16,16 @@ import optax
 from jax.sharding import PartitionSpec as P
 
 from delayjax import delays as delays_lib
-from delayjax._checks import check_bool, check_int, check_seed
+from delayjax._checks import check_int
+from delayjax._memory import available_host_bytes
 from delayjax.cluster._schedule import Schedule
 from delayjax.runtime import _checkpoint
 from delayjax.runtime import _engine as engine
 from delayjax.runtime import _history as history_lib
-from delayjax.runtime._engine import AXIS, check_worker_capacity
-from delayjax.runtime._local import check_local_steps, local_pseudo_gradient
-from delayjax.runtime._arguments import check_sampling
+from delayjax.runtime._engine import AXIS, check_worker_capacity, program_cache_key, program_digest, program_key
+from delayjax.runtime._arguments import batch_like, check_params, check_sampling, loss_has_aux
+from delayjax.runtime._options import Checkpoint, Execution, Record, Runs, Sampling, check_option, check_seed_or_runs
+from delayjax.runtime._workers import Gradient, Worker, WorkerContext, check_worker
 from delayjax.runtime._sampling import minibatch_indices, server_minibatch_indices, shard_table
 from delayjax.runtime._waves import StepPlan, plan_steps
 from delayjax.transforms._hooks import read_params, requesting_states, runtime_inputs
@@ -124,28 +126,6 @@ class SimulationResult(NamedTuple):
   opt_state: Any
   history: History
   stats: dict[str, Any]
-
-
-def _check_runs(seed: Any, hyperparams: Any) -> tuple[list[int] | None, dict[str, list[Any]]]:
-  """The runs' seeds (``None`` for a single run) and each batched hyper-parameter's values, checked."""
-  batched_seed = isinstance(seed, (list, tuple, np.ndarray))
-  if hyperparams is None and not batched_seed:
-    return None, {}
-  if hyperparams is not None and not isinstance(hyperparams, dict):
-    raise TypeError(f"hyperparams must be a dict {{name: one value per run}} or None, got {type(hyperparams).__name__}.")
-  values = {name: list(np.asarray(v)) if np.ndim(v) else v for name, v in (hyperparams or {}).items()}
-  lengths = {name: len(v) if isinstance(v, list) else None for name, v in values.items()}
-  if batched_seed:
-    seeds = [check_seed(f"seed[{i}]", s) for i, s in enumerate(seed)]
-    lengths["seed"] = len(seeds)
-  if any(n is None for n in lengths.values()) or len(set(lengths.values())) != 1 or 0 in lengths.values():
-    raise ValueError(
-        f"several runs take one value per run in seed (a sequence) and in every hyperparams entry (a "
-        f"sequence), all of one non-zero length; got lengths {lengths}.")
-  num_runs = next(iter(lengths.values()))
-  if not batched_seed:
-    seeds = [check_seed("seed", seed)] * num_runs
-  return seeds, values
 
 
 _INJECTED = (optax.InjectHyperparamsState, optax.InjectStatefulHyperparamsState)
@@ -431,29 +411,21 @@ def _source_schedule(source: Any, num_updates: int | None, seed: int) -> tuple[S
 def _fingerprint(schedule: Schedule, *, tx: Any, loss_fn: Callable[..., Any], params: Any, opt_state: Any,
                  data: Any, eval_fn: Any, local_optimizer: Any, inputs: tuple[str, ...], batch_size: int,
                  terms: Any, plan: StepPlan, **options: Any) -> dict[str, str]:
-  """The run's identity, by component: what a checkpoint must match to be resumed (see ``_checkpoint``)."""
+  """The run's identity, by component: what a checkpoint must match to be resumed (``_engine.identity``)."""
   num_contrib = plan.upd_worker.shape[2]
   samples = num_contrib * _max_batches(plan) * batch_size
   extra = _input_examples(params, inputs, samples, terms, num_contrib)
-  batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct((batch_size,) + np.shape(x)[1:], jnp.result_type(x)), data)
-  out = {
-      "schedule": _schedule_digest(schedule),
-      "options": _checkpoint.digest(sorted(options.items())),
-      "params (structure, shapes, dtypes)": _checkpoint.tree_digest(params, values=False),
-      "initial params": _checkpoint.tree_digest(params, values=True),
-      "optimizer state (structure, shapes, dtypes)": _checkpoint.tree_digest(opt_state, values=False),
-      # The traced programs carry the hyper-parameters (a learning rate is a literal in them).
-      "tx": _program_digest(lambda g, s, p, e: tx.update(g, s, p, staleness=jnp.int32(0), stale_params=p,
-                                                          worker=jnp.int32(0), **e), params, opt_state, params,
-                            extra),
-      "loss_fn": _program_digest(loss_fn, params, batch),
-      "data": _checkpoint.tree_digest(data, values=True),
+  programs: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
+      "tx": (lambda g, s, p, e: tx.update(g, s, p, staleness=jnp.int32(0), stale_params=p, worker=jnp.int32(0), **e),
+             (params, opt_state, params, extra)),
+      "loss_fn": (loss_fn, (params, batch_like(data, batch_size))),
   }
   if eval_fn is not None:
-    out["eval_fn"] = _program_digest(eval_fn, params)
+    programs["eval_fn"] = (eval_fn, (params,))
   if local_optimizer is not None:
-    out["local_optimizer"] = _program_digest(local_optimizer.update, params, local_optimizer.init(params), params)
-  return out
+    programs["local_optimizer"] = (local_optimizer.update, (params, local_optimizer.init(params), params))
+  return engine.identity(schedule=_schedule_digest(schedule), options=options, params=params, data=data,
+                         programs=programs, trees={"optimizer state": opt_state})
 
 
 # Recent plans, by their arguments' digest: a sweep over one schedule (seeds, hyper-parameters) plans it
@@ -562,16 +534,16 @@ def _compile_key(*, loss_fn: Callable[..., Any], has_aux: bool, tx: Any, params:
   num_contrib = plan.upd_worker.shape[2]
   extra = _input_examples(params, inputs, num_contrib * _max_batches(plan) * batch_size, terms, num_contrib)
   programs = {
-      "loss_fn": _program_key(jax.value_and_grad(loss_fn, has_aux=has_aux), params_spec, batch),
-      "tx": _program_key(lambda g, s, p, e: tx.update(g, s, p, staleness=jnp.int32(0), stale_params=p,
+      "loss_fn": program_key(jax.value_and_grad(loss_fn, has_aux=has_aux), params_spec, batch),
+      "tx": program_key(lambda g, s, p, e: tx.update(g, s, p, staleness=jnp.int32(0), stale_params=p,
                                                       worker=jnp.int32(0), **e), params_spec, state_spec,
                          params_spec, extra),
-      "read_params": _program_key(read_params, state_spec, params_spec, jnp.int32(0)),
-      "eval_fn": None if eval_fn is None else _program_key(eval_fn, params_spec),
-      "sample_terms": None if sample_terms is None else _program_key(sample_terms, params_spec, batch),
-      "local_optimizer": None if local_optimizer is None else _program_key(
+      "read_params": program_key(read_params, state_spec, params_spec, jnp.int32(0)),
+      "eval_fn": None if eval_fn is None else program_key(eval_fn, params_spec),
+      "sample_terms": None if sample_terms is None else program_key(sample_terms, params_spec, batch),
+      "local_optimizer": None if local_optimizer is None else program_key(
           local_optimizer.update, params_spec, local_optimizer.init(params), params_spec),
-      "snapshot": _program_key(_snapshot_params, state_spec) if "snapshot_grad" in inputs else None,
+      "snapshot": program_key(_snapshot_params, state_spec) if "snapshot_grad" in inputs else None,
   }
   if any(key is False for key in programs.values()):
     return None
@@ -583,33 +555,6 @@ def _compile_key(*, loss_fn: Callable[..., Any], has_aux: bool, tx: Any, params:
   return {"chunk": chunk, "eval_fn": (programs["eval_fn"], structure[0])}
 
 
-def _program_cache_key(tag: tuple[str, ...], fn: Callable[..., Any], *args: Any) -> tuple[Any, ...] | None:
-  """A compile-cache key for ``fn`` on ``args`` (see ``_engine.cached``): ``tag`` and the digest of the program it
-  traces to, or ``None`` when it calls back into Python (such programs cannot be told apart, so they compile
-  afresh)."""
-  key = _program_key(fn, *args)
-  return None if key is False else (*tag, key)
-
-
-def _program_key(fn: Callable[..., Any], *args: Any) -> str | bool:
-  """A digest of the program ``fn`` traces to on ``args``: its jaxpr's text (without memory addresses) and
-  the values of the arrays it closes over; ``False`` if it calls back into Python (two callbacks of
-  different functions print alike)."""
-  closed = jax.make_jaxpr(fn)(*args)
-  text = str(closed.jaxpr)
-  if "callback" in text:
-    return False
-  consts = [jax.random.key_data(c) if jnp.issubdtype(jnp.result_type(c), jax.dtypes.prng_key) else c
-            for c in closed.consts]
-  return _checkpoint.digest(re.sub(r" at 0x[0-9a-fA-F]+", "", text), *[np.asarray(c) for c in consts])
-
-
-def _program_digest(fn: Callable[..., Any], *args: Any) -> str:
-  """A digest of the program ``fn`` traces to on ``args`` (its jaxpr's text, with no memory addresses)."""
-  text = str(jax.make_jaxpr(fn)(*args))
-  return _checkpoint.digest(re.sub(r" at 0x[0-9a-fA-F]+", "", text))
-
-
 def simulate(
     loss_fn: Callable[..., Any],
     tx: optax.GradientTransformation,
@@ -618,31 +563,12 @@ def simulate(
     source: Schedule | delays_lib.DelayModel,
     *,
     num_updates: int | None = None,
-    batch_size: int = 32,
-    seed: int | Sequence[int] = 0,
-    hyperparams: dict[str, Sequence[Any]] | None = None,
-    eval_fn: Callable[[Any], Any] | None = None,
-    eval_every: int | None = None,
-    history: str = "updates",
-    callback: Callable[[dict[str, Any]], None] | None = None,
-    checkpoint_dir: str | os.PathLike[str] | None = None,
-    resume: bool = True,
-    resume_changes: Sequence[str] = (),
-    skip_nonfinite: bool = False,
-    mesh: jax.sharding.Mesh | None = None,
-    has_aux: bool = False,
-    sampling: str = "iid",
-    shards: Sequence[Any] | None = None,
-    chunk_size: int | None = None,
-    lanes: int | None = None,
-    max_memory: int | None = None,
-    local_steps: int | Sequence[int] | np.ndarray | None = None,
-    local_optimizer: optax.GradientTransformation | None = None,
-    keep_local_state: bool = False,
-    snapshot_every: int | None = None,
-    full_batch_size: int | None = None,
-    sample_terms: Callable[[Any, Any], tuple[Any, Any]] | None = None,
-    _inspect: Callable[..., None] | None = None,
+    seed: int | Runs = 0,
+    sampling: Sampling | None = None,
+    worker: Worker | None = None,
+    record: Record | None = None,
+    checkpoint: Checkpoint | None = None,
+    execution: Execution | None = None,
 ) -> SimulationResult | list[SimulationResult]:
   r"""Trains under a delay schedule exactly, computing independent gradients in parallel.
 
@@ -651,9 +577,10 @@ def simulate(
   :math:`m` contributing to update :math:`u` read version
   :math:`v = \text{read\_version}[u, m]`, i.e. the parameters
   :math:`\tilde w_{u,m} = w_v` (or what a transformation such as DANA says
-  workers read), and computes there the mean :math:`g_{u,m}` of
-  :math:`n_{u,m}` = ``num_batches[u, m]`` fresh minibatch gradients of
-  ``loss_fn``. The server then applies, in order,
+  workers read), and computes there its contribution :math:`g_{u,m}`: by
+  default (``dj.workers.Gradient``) the mean of :math:`n_{u,m}` =
+  ``num_batches[u, m]`` fresh minibatch gradients of ``loss_fn``. The server
+  then applies, in order,
 
   .. math::
 
@@ -665,16 +592,20 @@ def simulate(
   with :math:`m^*` the update's stalest contribution (the lowest worker index
   among equally stale ones) and :math:`\tau_u = u - \text{read\_version}[u,
   m^*]` (int32 scalars). An update without contributions changes nothing.
-  The result equals this sequential definition bit for bit, whatever the
-  devices, ``lanes`` and ``chunk_size``; the same seed gives the same result.
+  On one device the result equals this sequential definition bit for bit,
+  whatever ``Execution.lanes`` and ``chunk_size``; the same seed gives the
+  same result. On a ``workers`` mesh of several devices the per-lane
+  gradients are the same computations, but XLA may fuse a gradient's
+  arithmetic differently in the per-device program: linear models agree
+  bit for bit, nonlinear ones to a few float32 ulps per update (pinned in
+  ``tests/runtime/test_simulate.py``).
 
   With a delay model as ``source`` (the stale-read model), update :math:`t`
-  has one contribution, read at version :math:`\max(0, t - d_t)` (so its
-  staleness is :math:`\min(d_t, t)`), from worker :math:`t \bmod
-  (\text{max\_delay} + 1)`. With ``dj.delays.per_leaf`` (layer-wise
-  staleness), each model of its tree draws its own delay, the leaves it covers
-  are read at their own version, and ``staleness`` is a pytree like
-  ``params``; ``history.staleness`` holds the largest.
+  has one contribution, read at version :math:`\max(0, t - d_t)`, from worker
+  :math:`t \bmod (\text{max\_delay} + 1)`. With ``dj.delays.per_leaf``
+  (layer-wise staleness) the leaves are read at their own versions and
+  ``staleness`` is a pytree like ``params``; ``history.staleness`` holds the
+  largest.
 
   Example::
 
@@ -685,298 +616,106 @@ def simulate(
     >>> def loss_fn(w, batch):
     ...   return jnp.mean((batch["x"] @ w - batch["y"]) ** 2)
     >>> schedule = dj.cluster.simulate(dj.cluster.asp(), dj.cluster.workers(8), num_updates=500, seed=0)
-    >>> result = dj.simulate(loss_fn, optax.sgd(0.05), jnp.zeros(4), data, schedule, batch_size=16)
+    >>> result = dj.simulate(loss_fn, optax.sgd(0.05), jnp.zeros(4), data, schedule,
+    ...                      sampling=dj.Sampling(batch_size=16))
     >>> bool(result.history.loss[-50:].mean() < 0.01), int(result.history.staleness.max()) > 0
     (True, True)
 
   Args:
-    loss_fn: ``loss_fn(params, batch) -> scalar`` (or ``(scalar, aux)`` with
-      ``has_aux``; ``aux`` is discarded). ``batch`` is ``data`` indexed on its
-      leading axis by the minibatch's indices.
-    tx: an Optax transformation; it receives ``staleness``,
-      ``stale_params``, ``worker`` and any runtime inputs it requests (see
-      *Runtime inputs* below). Plain Optax transformations are wrapped with
-      ``optax.with_extra_args_support``.
+    loss_fn: ``loss_fn(params, batch) -> scalar``, or ``(scalar, aux)`` (told
+      apart by its output's structure; ``aux`` is discarded). ``batch`` is
+      ``data`` indexed on its leading axis by the minibatch's indices.
+    tx: an Optax transformation; it receives ``staleness``, ``stale_params``,
+      ``worker`` and the runtime inputs it requests (``dj.runtime_inputs``:
+      see ``dj.workers.Gradient``). Transformations that take ``value`` (e.g.
+      ``optax.contrib.reduce_on_plateau``) get the update's mean loss.
     params: the initial parameters (version 0).
-    data: a pytree of arrays sharing a leading dimension ``N`` (the
-      examples), kept on every device.
-    source: a ``dj.cluster.Schedule``, or a delay model from ``dj.delays``
-      (``per_leaf`` too, its tree a prefix of ``params``).
+    data: a pytree of arrays sharing a leading dimension (the examples), kept
+      on every device.
+    source: a ``dj.cluster.Schedule``, or a delay model from ``dj.delays``.
     num_updates: updates to run; a schedule's first ``num_updates`` (default:
       all of it); required for a delay model.
-    batch_size: examples per minibatch.
-    seed: a non-negative int below 2**32; seeds the minibatches (and a delay
-      model's delays). Which examples each gradient uses does not depend on
-      ``chunk_size``, ``lanes`` or the devices. A sequence of seeds makes
-      several runs, one per seed, computed as one program (see *Several
-      runs* below).
-    hyperparams: ``None``, or ``{name: values}``: several runs, run ``r``
-      with the hyper-parameter ``name`` of ``tx``'s
-      ``optax.inject_hyperparams`` state set to ``values[r]`` (see *Several
-      runs* below).
-    eval_fn: ``eval_fn(params) -> pytree of arrays``, evaluated on the server
-      parameters at version 0, every ``eval_every`` updates and at the end.
-    eval_every: updates between evaluations; ``None``: at the start and the
-      end only.
-    history: what the host keeps of every update: ``"updates"`` (default)
-      keeps ``history.update``, ``time``, ``loss`` and ``staleness``, a row
-      per update (28 bytes each, in memory and in a checkpoint's history);
-      ``"evaluations"`` keeps none (those four are empty, length 0), for
-      sweeps of long runs that read only the evaluations: the history then
-      grows with the evaluations and the non-finite reports, not the updates.
-      Everything else (parameters, optimizer state, ``eval_*``,
-      ``nonfinite``, ``skipped``, ``nonfinite_state``) is the same, bit for
-      bit, and so is the compiled program. It is not part of the run's
-      identity: a checkpoint written with ``"updates"`` resumes with
-      ``"evaluations"`` (the rows it holds are then left unread), while one
-      written with ``"evaluations"`` cannot give the rows of the updates it
-      did not keep, so resuming it with ``"updates"`` is a ``ValueError``
-      (``resume_changes`` cannot allow it: the rows are not there).
-    callback: called on the host after every chunk with a dict:
-      ``updates_done``, ``num_updates``, ``chunk``, ``num_chunks``.
-    checkpoint_dir: if given, the whole state is written there after every
-      chunk (atomically, with a checksum; the history appended), and with
-      ``resume`` a run finding a checkpoint of the same run continues from
-      it, bit-identically to an uninterrupted run. The checkpoint records
-      what makes the run (schedule, options, the parameters' and optimizer
-      state's structure, shapes and dtypes, the initial parameters, the
-      traced programs of ``tx``, ``loss_fn`` and ``eval_fn``, the data):
-      resuming with any of them changed, or from a damaged file, is a
-      ``ValueError`` that names what differs or the file. The state is an
-      Orbax checkpoint: with a ``mesh`` spanning processes every process
-      writes its own shards, and every process must see the directory.
-    resume: whether to continue from a checkpoint found in ``checkpoint_dir``.
-    resume_changes: components of the run's identity allowed to differ
-      from the checkpoint's when resuming, for a knowingly changed run: e.g.
-      ``("tx",)`` continues from the checkpoint with a new learning rate
-      after a restart. Any other difference is still refused, naming it.
-      The components: ``schedule``, ``options``, ``params (structure,
-      shapes, dtypes)``, ``initial params``, ``optimizer state (structure,
-      shapes, dtypes)``, ``tx``, ``loss_fn``, ``data``, and ``eval_fn`` or
-      ``local_optimizer`` when given. The next checkpoint records the new
-      identity. A state of another structure, shape or dtype cannot be
-      resumed at all.
-    skip_nonfinite: leave contributions whose gradient is not finite out of
-      their update (weights renormalized over the rest, extra arguments
-      taken from the rest); an update with none left changes nothing. An
-      update whose own result or new optimizer state is not finite (e.g.
-      Adam's second moment overflowing on a huge, finite gradient) is
-      skipped whole, as ``optax.apply_if_finite`` does (``history.skipped``).
-      Either way, non-finite gradients are listed in ``history.nonfinite``,
-      non-finite parameters or state in ``history.nonfinite_state``, and a
-      ``RuntimeWarning`` at the end names the first.
-    mesh: a ``jax.sharding.Mesh`` with a ``workers`` axis (other axes of size
-      1), possibly spanning processes (``jax.distributed``); ``None`` runs on
-      one device. Workers are padded to a multiple of the axis size with idle
-      ones. With several processes every process makes the same call, and
-      the returned parameters and state are replicated global arrays.
-    has_aux: whether ``loss_fn`` returns ``(loss, aux)``.
+    seed: an int in ``[0, 2**32)`` seeding the minibatches (and a delay
+      model's delays), or ``dj.Runs(...)``: several runs in one program.
+    sampling: ``dj.Sampling``: batch size and how workers draw minibatches.
+    worker: what a worker computes (``dj.workers``): ``Gradient()`` (default)
+      or ``LocalSteps(...)`` (local SGD, DiLoCo).
+    record: ``dj.Record``: evaluations, history, callback, non-finite values
+      (``"skip"`` is defined here).
+    checkpoint: ``dj.Checkpoint``, or ``None``: no checkpoints.
+    execution: ``dj.Execution``: mesh (a ``workers`` axis; workers are
+      padded to a multiple of its size with idle ones), chunk size, lanes,
+      memory limit.
 
-  Sampling:
-    sampling: ``"iid"``, ``"epoch"`` or ``"shard"``; the minibatch of
-      (update, worker, draw) is exactly ``dj.runtime.minibatch_indices``.
-    shards: with ``sampling="shard"``, one index array per worker (non-iid
-      splits); default: contiguous, near-equal pieces.
-
-  Execution (results do not depend on these):
-    chunk_size: steps per dispatch (and between checkpoints); default about
-      256, balanced so the last chunk is not mostly padding.
-    lanes: gradients computed per device in one step (one ``vmap``); default:
-      chosen from the schedule to minimize masked lanes plus per-step cost.
-    max_memory: bytes per device the run may hold; default: the device's
-      own limit where JAX reports one (GPUs, TPUs), else no limit. The state
-      the run keeps on each device (parameters and optimizer state, the
-      parameter copies workers read, the lanes' parameters, the buffers of
-      gradients waiting for their update, the data) is sized from the plan
-      before anything compiles (``stats["memory"]``, by term; temporaries of
-      the gradient computation come on top); a run that needs more is a
-      ``ValueError`` naming the largest term and what shrinks it.
-
-  Local-SGD workers (DiLoCo-style):
-    local_steps: ``None`` (workers push gradients), or :math:`H \ge 1` local
-      steps per contribution, an int or one per worker (e.g.
-      ``dj.runtime.dylu_local_steps``). A contribution then starts from
-      :math:`w^{(0)} = \tilde w_{u,m}` and takes :math:`H_m` steps
-      :math:`w^{(h+1)} = w^{(h)} + d_h`, :math:`d_h` being
-      ``local_optimizer``'s update for the mean of :math:`n_{u,m}` fresh
-      minibatch gradients at :math:`w^{(h)}` (step :math:`h` draws after those
-      of steps :math:`0 .. h - 1`); it pushes the pseudo-gradient
-      :math:`g_{u,m} = -(d_0 + \dots + d_{H_m - 1})` (equal to
-      :math:`\tilde w_{u,m} - w^{(H_m)}` up to rounding; for :math:`H_m = 1`
-      exactly :math:`-d_0`, so ``tx = optax.sgd(1.0)``, one worker and
-      ``local_optimizer=optax.sgd(lr)`` is plain SGD, bit for bit). Lanes
-      run :math:`\max_m H_m` steps, masked beyond their own.
-    local_optimizer: the workers' optimizer (e.g. ``optax.sgd(0.1)``),
-      required with ``local_steps`` and given no extra arguments; ``tx`` is
-      then the outer (server) optimizer, e.g. ``dj.delayed_nesterov``.
-    keep_local_state: each worker keeps its local optimizer state from one
-      contribution to the next (as DiLoCo's inner AdamW moments), starting
-      from ``local_optimizer.init(params)``; its contributions are then
-      computed one after another. Default: a fresh state per contribution.
-
-  Several runs (seeds, hyper-parameters) in one program:
-    With ``seed=[s_0, ..., s_{R-1}]`` and/or ``hyperparams={name: [v_0, ...,
-    v_{R-1}]}`` (each a sequence of ``R`` values; with an int ``seed`` all
-    runs share it), the ``R`` runs share the schedule, the data and the
-    plan, and are computed as one program: the chunk is ``vmap``-ed over a
-    leading run axis of the parameters, optimizer state and buffers, so a
-    step computes the ``R`` runs' gradients together. Hyper-parameters are
-    the ones ``optax.inject_hyperparams`` keeps in its state (e.g.
-    ``tx = optax.inject_hyperparams(optax.sgd)(learning_rate=0.1)``,
-    ``hyperparams={"learning_rate": [0.1, 0.03, 0.01]}``); run ``r`` starts
-    from ``tx.init(params)`` with them set. The result is a list of ``R``
-    :class:`SimulationResult`, one per run, each what the separate call
-    with that seed (and that ``tx``) returns, to float rounding: the run
-    axis batches the gradients' matrix products, which XLA may sum in
-    another order (a few ulps; integers, such as the non-finite lists,
-    are exact as long as rounding does not decide them). Batched runs need a ``Schedule`` source when their
-    seeds differ (a delay model draws its delays from the seed), one
-    device (``mesh=None``) and no ``checkpoint_dir``; they take ``R``
-    times the memory.
-
-  Runtime inputs (variance reduction, Zeno++):
-    A state inside ``tx``'s state may request extra arguments through the
-    ``runtime_inputs`` hook (``dj.transforms.runtime_inputs``); only those
-    are computed, once per update, and passed to ``tx.update``. They are
-    refused with ``local_steps``.
-
-    * ``zeno_grad`` (Zeno++): :math:`\nabla_w \text{loss\_fn}(w_u, S_u)` at
-      the update's *server minibatch* :math:`S_u`
-      (``dj.runtime.server_minibatch_indices``: ``batch_size`` examples drawn
-      uniformly with replacement from a key stream of its own).
-    * ``full_grad`` and ``refresh`` (``dj.svrg``): epochs start at updates
-      :math:`u \equiv 0 \pmod E`; there ``refresh`` is true and
-      ``full_grad`` is the gradient over the whole data (``loss_fn`` must be
-      a mean over its batch); elsewhere false and zeros. An update that is
-      not applied passes its ``refresh`` on to the next applied one, at the
-      same parameters, so the snapshot of update :math:`u` is always
-      :math:`w_e`, :math:`e` the start of its epoch.
-    * ``snapshot_grad`` (``dj.svrg``): each contribution's mean gradient over
-      its own minibatches at its epoch's snapshot, averaged like
-      :math:`g_u` (one more gradient per minibatch, in parallel with the
-      first; a contribution is computed once its update's epoch has begun).
-    * ``sample_indices``, ``sample_grads``, ``sample_mask`` (``dj.saga``):
-      the examples of the update's contributions, stalest first, in draw
-      order; each example's gradient at :math:`\tilde w_{u,m}`; which entries
-      count (padding and skipped contributions do not).
-    * ``sample_scalars``, ``sample_features`` (``dj.saga(table="scalars")``,
-      ``dj.prox_asaga``): ``sample_terms``' output on the same examples.
-
-    snapshot_every: :math:`E`, updates per SVRG epoch; default
-      :math:`\lceil 2N / \text{batch\_size} \rceil` (Johnson & Zhang's
-      :math:`m = 2n`). Only with a ``tx`` that requests ``full_grad``.
-    full_batch_size: compute the full gradient over chunks of this many
-      examples (``lax.map``, weighted by their share) to bound its memory;
-      default: all the data at once. Only with ``full_grad``.
-    sample_terms: ``sample_terms(params, batch) -> (scalars [b], features)``
-      with :math:`\nabla f_i = s_i a_i` (plus terms outside the table);
-      ``features`` has a leading ``[b]`` axis and the form the requesting
-      transformation takes (a pytree like ``params`` for
-      ``dj.saga(n, table="scalars")``, the sparse row for ``dj.prox_asaga``).
-      Required when ``tx`` requests ``sample_scalars``, and only then.
-
-  How it runs:
-    The schedule splits into *waves*, runs of updates whose gradients are
-    independent. The host plans *steps*, each computing ``lanes`` gradients
-    per device (``vmap``; with ``mesh`` a ``shard_map`` over its ``workers``
-    axis, the gradients then all-gathered) of contributions already read,
-    earliest update first, across waves (a gradient computed ahead waits in
-    a buffer); then the updates whose gradients are all in are applied in
-    order. Steps run ``chunk_size`` at a time in one compiled ``lax.scan``,
-    compiled once. A masked lane still costs a gradient:
-    ``stats["lane_utilization"]`` says how full the steps were.
-
-  Compiled once per program (sweeps):
-    The compiled chunk is kept in memory (the last
-    ``dj.runtime._engine.CACHE_SIZE`` = 8 programs) and reused by every
-    later call with the same program: the same ``loss_fn``, ``tx``,
-    ``eval_fn`` (and ``sample_terms``, ``local_optimizer``), counted by the
-    programs they trace to, the arrays they close over included (a new
-    ``optax.sgd(0.1)`` or a new closure of the same model is the same
-    program); the same shapes and dtypes of ``params``, optimizer state and
-    ``data``; the same options; and the same static sizes of the plan
-    (lanes, updates per step, contributions per update, which a schedule's
-    statistics fix; the widths that vary from one draw of a schedule to the
-    next are rounded up, so seeds of a sweep with a schedule each mostly
-    share a program too: :class:`ProgramSizes`). The seed, the initial parameters' and the data's
-    values and hyper-parameters held in the optimizer state (as
-    ``optax.inject_hyperparams`` holds them) are arguments of the program,
-    so a sweep over them compiles once; a learning rate given as a Python
-    float is a constant of the program, so each value compiles its own.
-    Calls with the same schedule also share its plan (the last 2 plans are
-    kept). Functions that call back into Python (``jax.debug.print``,
-    ``jax.pure_callback``) cannot be told apart by their programs: such
-    runs compile afresh at every call. Across processes, JAX's persistent
-    compilation cache serves the same programs from disk::
-
-      jax.config.update("jax_compilation_cache_dir", "/path/to/cache")
-      jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  How it runs: the schedule splits into *waves* of updates whose gradients
+  are independent; the host plans *steps*, each computing ``lanes``
+  gradients per device (``vmap``; ``shard_map`` over the mesh) of
+  contributions already read, earliest update first; then the updates whose
+  gradients are all in are applied in order. Steps run ``chunk_size`` at a
+  time in one compiled ``lax.scan``, kept in a cache of compiled programs
+  (the last 8): a later call with the same program (functions, shapes,
+  options, plan sizes) neither traces nor compiles, whatever its seed,
+  initial values, data values and ``optax.inject_hyperparams`` values.
 
   Returns:
-    A :class:`SimulationResult`: ``params``, ``opt_state``, ``history`` (a
-    :class:`History`) and ``stats``; with several runs (``seed`` a
-    sequence or ``hyperparams``), a list of them, one per run.
+    A :class:`SimulationResult` (``params``, ``opt_state``, ``history``,
+    ``stats``); with ``seed=dj.Runs(...)``, a list of them, one per run.
 
   Raises:
-    ValueError, TypeError: on bad arguments, naming the argument.
+    ValueError, TypeError: on bad arguments, naming the argument, before
+    anything is allocated or compiled.
   """
-  seed_arg = seed
-  seeds, hyper_values = _check_runs(seed, hyperparams)
-  runs = None if seeds is None else len(seeds)
-  seed = check_seed("seed", seed) if seeds is None else seeds[0]
-  resume, skip_nonfinite, has_aux = (check_bool(n, v) for n, v in (
-      ("resume", resume), ("skip_nonfinite", skip_nonfinite), ("has_aux", has_aux)))
-  keep_local_state = check_bool("keep_local_state", keep_local_state)
-  keep_updates = history_lib.keeps_updates(history)
-  checkpoint_dir = _checkpoint.check_directory("checkpoint_dir", checkpoint_dir)
-  resume_changes = _checkpoint.check_changes(resume_changes, checkpoint_dir)
-  if num_updates is not None:
-    num_updates = check_int("num_updates", num_updates, minimum=1)
-  if eval_every is not None:
-    eval_every = check_int("eval_every", eval_every, minimum=1)
-  if chunk_size is not None:
-    chunk_size = check_int("chunk_size", chunk_size, minimum=1)
-  if sample_terms is not None and not callable(sample_terms):
-    raise TypeError(f"sample_terms must be callable or None, got {type(sample_terms).__name__}.")
-  if eval_fn is not None and not callable(eval_fn):
-    raise TypeError(f"eval_fn must be callable or None, got {type(eval_fn).__name__}.")
+  runtime = "dj.simulate"
+  seed, runs_option = check_seed_or_runs(seed, runtime)
+  sampling = check_option("sampling", sampling, Sampling, runtime)
+  record = check_option("record", record, Record, runtime)
+  execution = check_option("execution", execution, Execution, runtime)
+  execution.refuse(runtime, "phases")
+  worker = check_worker(worker)
   if not callable(loss_fn):
     raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}.")
   if not isinstance(tx, optax.GradientTransformation):
     raise TypeError(f"tx must be an optax.GradientTransformation, got {type(tx).__name__}.")
-  batch_size, num_examples = check_sampling(data, batch_size, sampling, shards)
+  batch_size, num_examples = check_sampling(data, sampling.batch_size, sampling.scheme, sampling.shards)
+  check_params(params)
+  has_aux = loss_has_aux(loss_fn, params, data, batch_size)
+  checkpoint_dir, resume, resume_changes = engine.checkpoint_arguments(checkpoint)
+  eval_fn, eval_every, callback = record.eval_fn, record.every, record.callback
+  skip_nonfinite, keep_updates = record.skip_nonfinite, record.keeps_updates
+  mesh, chunk_size, lanes, max_memory = execution.mesh, execution.chunk_size, execution.lanes, execution.max_memory
+  shards, sampling = sampling.shards, sampling.scheme
+  snapshot_every = full_batch_size = sample_terms = None
+  if isinstance(worker, Gradient):
+    snapshot_every, full_batch_size, sample_terms = worker.snapshot_every, worker.full_batch_size, worker.sample_terms
+  if num_updates is not None:
+    num_updates = check_int("num_updates", num_updates, minimum=1)
   num_devices = engine.check_mesh(mesh)
-  if runs is not None:
+  runs = seeds = None
+  hyper_values: dict[str, list[Any]] = {}
+  if runs_option is not None:
+    seeds, hyper_values, runs = list(runs_option.seeds), runs_option.hyperparams, runs_option.num_runs
     if mesh is not None or checkpoint_dir is not None:
       raise ValueError(
-          f"several runs (seed={seed_arg!r}, hyperparams={hyperparams!r}) are computed on one device and "
-          f"without checkpoints; got {'a mesh' if mesh is not None else f'checkpoint_dir={checkpoint_dir!r}'}.")
+          f"several runs (seed={runs_option!r}) are computed on one device and without checkpoints; got "
+          f"{'Execution.mesh' if mesh is not None else f'checkpoint=dj.Checkpoint({checkpoint_dir!r})'}.")
     if isinstance(source, delays_lib.DelayModel) and len(set(seeds)) > 1:
       raise ValueError(
           "several seeds with a delay model as source would draw different delays for every run; pass a "
           "Schedule (e.g. dj.runtime.schedule_from_delays(model, num_updates, seed)) to share one.")
-  if snapshot_every is not None:
-    snapshot_every = check_int("snapshot_every", snapshot_every, minimum=1)
-  if full_batch_size is not None:
-    full_batch_size = check_int("full_batch_size", full_batch_size, minimum=1)
+
 
   schedule, model_versions = _source_schedule(source, num_updates, seed)
   group_versions, leaf_groups = _leaf_reads(source, model_versions, params)
   num_updates = schedule.num_updates
   num_workers = -(-schedule.num_workers // num_devices) * num_devices
-  if lanes is not None:
-    lanes = check_int("lanes", lanes, minimum=1)
-  worker_steps = check_local_steps(local_steps, local_optimizer, schedule.num_workers)
-  if keep_local_state and worker_steps is None:
-    raise ValueError("keep_local_state=True needs local_steps (local-SGD workers); got local_steps=None.")
-  if worker_steps is not None:
-    # Padding workers never contribute; one step keeps their masked lanes cheap.
-    worker_steps = np.concatenate([worker_steps, np.ones(num_workers - schedule.num_workers, np.int64)])
+  worker = worker.bind(schedule.num_workers, num_workers)
+  worker_steps, keep_local_state = worker.local_steps, worker.sequential
+  local_optimizer = getattr(worker, "optimizer", None)
 
   tx = optax.with_extra_args_support(tx)
   opt_state = tx.init(params)
   check_worker_capacity(opt_state, schedule.num_workers, "source")
-  inputs = _check_runtime_inputs(opt_state, local=worker_steps is not None, has_terms=sample_terms is not None)
+  inputs = _check_runtime_inputs(opt_state, local=not worker.requests_allowed(), has_terms=sample_terms is not None)
   terms = None if sample_terms is None else _terms_spec(sample_terms, params, data, batch_size)
   if "full_grad" in inputs:
     # Johnson & Zhang's m = 2n single-example updates per epoch, in minibatches.
@@ -1016,27 +755,29 @@ def simulate(
       keep_stale=keep_stale, loss_fn=loss_fn, has_aux=has_aux, tx=tx, params=params, eval_fn=eval_fn,
       num_examples=num_examples, batch_size=batch_size, sampling=sampling, plan=plan,
       skip_nonfinite=skip_nonfinite, always_applies=bool(np.all(np.diff(schedule.offsets) > 0)),
-      distributed=mesh is not None, inputs=inputs, sizes=sizes, local_steps=worker_steps, max_batches=_max_batches(plan),
-      sample_terms=sample_terms, terms=terms, full_batch_size=full_batch_size, leaf_groups=leaf_groups,
-      keep_local_state=keep_local_state,
-      local_optimizer=None if local_optimizer is None else optax.with_extra_args_support(local_optimizer))
+      distributed=mesh is not None, inputs=inputs, sizes=sizes, worker=worker, max_batches=_max_batches(plan),
+      sample_terms=sample_terms, terms=terms, full_batch_size=full_batch_size, leaf_groups=leaf_groups)
 
-  def initial(buffer_size: int) -> Any:
+  def initial(buffer_size: int, shapes: bool = False) -> Any:
+    if shapes:
+      one = _initial_carry(params, opt_state, plan, buffer_size, inputs, batch_size, terms, leaf_groups,
+                           worker.init_state(params) if keep_local_state else None, keep_stale, shapes=True)
+      return one if runs is None else jax.tree.map(lambda x: jax.ShapeDtypeStruct((runs,) + x.shape, x.dtype), one)
     carries = [_initial_carry(params, state, plan, buffer_size, inputs, batch_size, terms, leaf_groups,
-                              local_optimizer if keep_local_state else None, keep_stale)
+                              worker.init_state(params) if keep_local_state else None, keep_stale)
                for state in ([opt_state] if runs is None else _run_states(opt_state, hyper_values, runs))]
     # Several runs: every leaf of the carry gains a leading run axis.
     return carries[0] if runs is None else jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *carries)
 
-  carry = initial(sizes.buffer_size)
-  memory = _memory_terms(carry, data, num_devices)
+  # Sized from shapes, before anything is allocated: a run too large for the device is refused, not killed.
+  memory = _memory_terms(initial(sizes.buffer_size, shapes=True), data, num_devices)
   limit = _memory_limit(max_memory, mesh)
   if limit is not None and sum(memory.values()) > limit[0] and sizes.buffer_size > plan.buffer_size:
     # The shared buffer size does not fit where the plan's own may: this run's program is its own.
     sizes = sizes._replace(buffer_size=plan.buffer_size)
-    carry = initial(sizes.buffer_size)
-    memory = _memory_terms(carry, data, num_devices)
+    memory = _memory_terms(initial(sizes.buffer_size, shapes=True), data, num_devices)
   _check_memory(memory, limit)
+  carry = initial(sizes.buffer_size)
   # Traced only now, after every check that can refuse the run. The compiled chunk is shared by every run whose program is the same: a sweep over seeds, initial
   # parameters, data values or hyper-parameters held in the optimizer state compiles once.
   compile_key = _compile_key(
@@ -1125,7 +866,7 @@ def simulate(
           lambda carry: {"metrics": jax.tree.map(lambda x: engine.host(x)[None] if runs else engine.host(x)[None, None],
                                                  jitted_eval(carry[0]))}))
   carry, records = engine.run(program, mesh=mesh, checkpoint_dir=checkpoint_dir, checkpoint_name=_CHECKPOINT_FILE,
-                              resume=resume, resume_changes=resume_changes, callback=callback, inspect=_inspect)
+                              resume=resume, resume_changes=resume_changes, callback=callback)
 
   times = np.asarray(schedule.time)
   updates_per_chunk = np.add.reduceat(plan.upd_count, np.arange(0, plan.num_steps, chunk_size))
@@ -1148,7 +889,8 @@ def simulate(
             updates_per_chunk, records["check"] if runs is None else records["check"][:, r]),
     )
     history_lib.nonfinite_report("dj.simulate" if runs is None else f"dj.simulate (run {r}, seed {seeds[r]})",
-                                 hist.nonfinite, hist.skipped if skip_nonfinite else None, hist.nonfinite_state)
+                                 hist.nonfinite, hist.skipped if skip_nonfinite else None, hist.nonfinite_state,
+                                 can_skip=not skip_nonfinite)
     return hist
 
   stats = {
@@ -1208,9 +950,10 @@ def _memory_terms(carry: tuple[Any, ...], data: Any, num_devices: int) -> dict[s
 
 def _memory_limit(max_memory: int | None, mesh: Any) -> tuple[int, str] | None:
   """The bytes a run may keep per device and where that limit comes from: ``max_memory``, else the device's
-  reported limit (``None`` when it reports none)."""
+  reported limit, else on a CPU the machine's available memory shared by the run's devices (``None`` when
+  none of these is known)."""
   if max_memory is not None:
-    return check_int("max_memory", max_memory, minimum=1), "max_memory"
+    return check_int("Execution.max_memory", max_memory, minimum=1), "Execution.max_memory"
   # One of this process's devices (another process's cannot be asked).
   device = jax.local_devices()[0] if mesh is None else next(
       d for d in mesh.devices.flat if d.process_index == jax.process_index())
@@ -1218,9 +961,15 @@ def _memory_limit(max_memory: int | None, mesh: Any) -> tuple[int, str] | None:
     stats = device.memory_stats()
   except (AttributeError, jax.errors.JaxRuntimeError):
     stats = None
-  if not stats or "bytes_limit" not in stats:
+  if stats and "bytes_limit" in stats:
+    return int(stats["bytes_limit"]), f"the memory of {device.device_kind}"
+  available = available_host_bytes() if device.platform == "cpu" else None
+  if available is None:
     return None
-  return int(stats["bytes_limit"]), f"the memory of {device.device_kind}"
+  # CPU devices share the host's memory.
+  sharing = 1 if mesh is None else sum(d.process_index == jax.process_index() for d in mesh.devices.flat)
+  return available // sharing, (f"the memory this machine has available, {_size(available)}"
+                                + (f", shared by {sharing} CPU devices" if sharing > 1 else ""))
 
 
 def _check_memory(memory: dict[str, int], limit: tuple[int, str] | None) -> None:
@@ -1246,30 +995,46 @@ def _size(num_bytes: int) -> str:
 
 
 def _initial_carry(params: Any, opt_state: Any, plan: StepPlan, size: int, inputs: tuple[str, ...], batch_size: int,
-                   terms: Any, leaf_groups: tuple[int, ...] | None, local_optimizer: Any,
-                   keep_stale: bool) -> tuple[Any, ...]:
+                   terms: Any, leaf_groups: tuple[int, ...] | None, worker_state: Any,
+                   keep_stale: bool, shapes: bool = False) -> tuple[Any, ...]:
   """The server runtime's carry before the first step (host arrays; see ``CARRY_SPECS``).
 
-  ``local_optimizer``: given with ``keep_local_state``, every worker's local
-  state starts as its ``init(params)``. ``keep_stale``: whether to buffer the
+  ``worker_state``: one worker's own initial state (a sequential worker
+  plug-in's ``init_state``), which every worker starts from, or ``None``. ``keep_stale``: whether to buffer the
   gradients' stale parameters (an empty tuple otherwise). ``size``: rows of the gradient buffer.
+  ``shapes``: only the carry's shapes and dtypes (``jax.ShapeDtypeStruct`` leaves; nothing allocated).
   """
+  def dtype(x):
+    return x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
+
   def buffer(x, *lead):
-    return np.zeros(lead + np.shape(x), np.asarray(x).dtype)
+    if shapes:
+      return jax.ShapeDtypeStruct(lead + np.shape(x), dtype(x))
+    return np.zeros(lead + np.shape(x), dtype(x))
 
   payload = _payload_like(params, inputs, _max_batches(plan) * batch_size, terms)
   slots = jax.tree.map(lambda x: buffer(x, plan.num_workers, plan.num_slots), params)
   first = plan.tables(0, 1)
-  first_stale = _first_stale(
-      opt_state, params, slots, first["lane_worker"][0], first["lane_worker"][0], first["lane_slot"][0],
-      first["lane_fresh"][0], leaf_groups)
-  return (params, opt_state, slots, jax.device_get(first_stale),
-          jax.tree.map(lambda x: buffer(x, size), payload),
-          jax.tree.map(lambda x: buffer(x, size), params) if keep_stale else (),
-          np.zeros(size, np.float32), np.ones(size, bool), np.asarray(False),
-          () if local_optimizer is None else jax.tree.map(
-              lambda x: np.broadcast_to(np.asarray(x), (plan.num_workers,) + np.shape(x)).copy(),
-              local_optimizer.init(params)))
+  stale_args = (opt_state, params, slots, first["lane_worker"][0], first["lane_worker"][0], first["lane_slot"][0],
+                first["lane_fresh"][0])
+  if shapes:
+    first_stale = jax.eval_shape(lambda *args: _lanes_stale(*args, leaf_groups), *stale_args)
+  else:
+    first_stale = jax.device_get(_first_stale(*stale_args, leaf_groups))
+  carry = (params, opt_state, slots, first_stale,
+           jax.tree.map(lambda x: buffer(x, size), payload),
+           jax.tree.map(lambda x: buffer(x, size), params) if keep_stale else (),
+           buffer(np.float32(0), size), buffer(np.bool_(True), size), np.asarray(False),
+           () if worker_state is None else jax.tree.map(lambda x: buffer(x, plan.num_workers), worker_state))
+  if shapes:
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), dtype(x)), carry)
+  # The buffers of losses start at 0 and the finiteness flags at True; the workers' states at worker_state.
+  carry = list(carry)
+  carry[7] = np.ones(size, bool)
+  if worker_state is not None:
+    carry[9] = jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (plan.num_workers,) + np.shape(x)).copy(),
+                            worker_state)
+  return tuple(carry)
 
 
 # Module level, so that its compiled programs are reused from run to run.
@@ -1290,8 +1055,8 @@ def _fingerprint_shards(shards: Sequence[Any]) -> str:
 
 def _step_function(*, keep_stale: bool, loss_fn, has_aux, tx, params, eval_fn, num_examples, batch_size, sampling,
                    plan: StepPlan, sizes: ProgramSizes, skip_nonfinite, always_applies, distributed: bool,
-                   inputs: tuple[str, ...], local_steps: np.ndarray | None, local_optimizer, max_batches: int, sample_terms, terms,
-                   full_batch_size: int | None, leaf_groups: tuple[int, ...] | None, keep_local_state: bool):
+                   inputs: tuple[str, ...], worker: Worker, max_batches: int, sample_terms, terms,
+                   full_batch_size: int | None, leaf_groups: tuple[int, ...] | None):
   """The server runtime's step (see ``_engine.Program.step``): compute a vector of gradients, then apply,
   in order, the updates whose gradients are all computed."""
   # Only sizes are taken from the plan: the step (kept in the compile cache) must not hold its tables.
@@ -1304,8 +1069,7 @@ def _step_function(*, keep_stale: bool, loss_fn, has_aux, tx, params, eval_fn, n
   svrg = "snapshot_grad" in inputs
   per_example = "sample_indices" in inputs
   per_contribution = "contribution_grads" in inputs
-  max_local = int(local_steps.max()) if local_steps is not None else 1
-  uniform_local = local_steps is None or bool(np.all(local_steps == max_local))
+  keep_local_state = worker.sequential
   # A static bound on the reads after one update: unrolled when small (the
   # common case), a loop otherwise.
   reads_per_update = sizes.reads_per_update
@@ -1378,22 +1142,14 @@ def _step_function(*, keep_stale: bool, loss_fn, has_aux, tx, params, eval_fn, n
       stacked["sample_valid"] = valid
     return loss, {**summed, **stacked}
 
-  def lane_push(data, seed, stale, snap, update, worker, draw, batches, shard_row, shard_size, local_state):
-    """A lane's contribution: its gradient, or with local steps its pseudo-gradient (and the worker's
-    local optimizer state after them, with ``keep_local_state``)."""
-    if local_steps is None:
-      loss, payload = lane_grad(data, seed, stale, snap, update, worker, draw, batches, shard_row, shard_size)
-      return loss, payload, ()
+  def lane_push(data, seed, stale, snap, update, worker_index, draw, batches, shard_row, shard_size, local_state):
+    """A lane's contribution, as the worker plug-in computes it from the parameters read."""
+    def gradient(w, h):
+      # Group h of the contribution's minibatches: draws h * batches, ..., h * batches + batches - 1.
+      at = draw if isinstance(h, int) and h == 0 else draw + h * batches
+      return lane_grad(data, seed, w, snap, update, worker_index, at, batches, shard_row, shard_size)
 
-    def step_grad(w, h):
-      # Local step h draws right after the minibatches of steps 0 .. h - 1.
-      loss, payload = lane_grad(data, seed, w, snap, update, worker, draw + h * batches, batches, shard_row, shard_size)
-      return loss, payload["grad"]
-
-    steps = max_local if uniform_local else jnp.asarray(local_steps, jnp.int32)[worker]
-    loss, pseudo, final = local_pseudo_gradient(step_grad, local_optimizer, stale, steps, max_local,
-                                                state=local_state if keep_local_state else None)
-    return loss, {"grad": pseudo}, final if keep_local_state else ()
+    return worker.contribute(WorkerContext(gradient, worker_index, update), stale, local_state)
 
   def server_inputs(data, seed, params, update, refresh):
     """The server inputs ``tx`` requested, at the server parameters ``params`` of ``update``.

@@ -1,0 +1,300 @@
+"""The runtimes' options: small typed objects, each checked when it is made, shared by the three runtimes.
+
+``dj.simulate``, ``dj.simulate_gossip`` and ``dj.simulate_pipeline`` take the
+same option objects for the concerns they share, as ``diffrax.diffeqsolve``
+takes ``SaveAt`` or a step-size controller:
+
+=====================  ========================================================
+``sampling=``          :class:`Sampling`: how workers draw their minibatches
+``record=``            :class:`Record`: what the run records and when, and what
+                       it does with non-finite values
+``checkpoint=``        :class:`Checkpoint`: where the run is saved, and resume
+``execution=``         :class:`Execution`: devices, chunks, lanes, memory (the
+                       results do not depend on them)
+``seed=``              an int, or :class:`Runs`: many runs in one program
+``worker=``            a worker plug-in (``dj.workers``): what a worker computes
+=====================  ========================================================
+
+An option that has no effect in a combination is an error naming both (for
+example ``Execution(lanes=...)`` with the replica runtime, which has no lanes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+from delayjax._checks import check_bool, check_choice, check_int, check_seed
+from delayjax.runtime._sampling import SAMPLINGS
+
+__all__ = ["Checkpoint", "Execution", "Record", "Runs", "Sampling"]
+
+HISTORIES = ("updates", "evaluations")
+NONFINITE = ("report", "skip")
+
+
+def _optional_int(name: str, value: Any, minimum: int = 1) -> int | None:
+  return None if value is None else check_int(name, value, minimum=minimum)
+
+
+def _optional_callable(name: str, value: Any) -> Any:
+  if value is not None and not callable(value):
+    raise TypeError(f"{name} must be callable or None, got {type(value).__name__}.")
+  return value
+
+
+def check_option(name: str, value: Any, cls: type, runtime: str) -> Any:
+  """``value`` if it is a ``cls`` (``cls()`` for ``None``), or a ``TypeError`` naming the keyword and the class."""
+  if value is None:
+    return cls()
+  if not isinstance(value, cls):
+    raise TypeError(
+        f"{runtime}'s {name} must be a dj.{cls.__name__} (e.g. {name}=dj.{cls.__name__}(...)) or None, got "
+        f"{type(value).__name__} {value!r}.")
+  return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+  """How workers draw their minibatches from ``data``.
+
+  The minibatch of (update, worker, draw) is exactly
+  ``dj.runtime.minibatch_indices(seed, update, worker, draw, ...)``: which
+  examples a gradient uses depends on the seed and on these, never on the
+  devices, lanes or chunks.
+
+  Args:
+    batch_size: examples per minibatch (default 32).
+    scheme: ``"iid"`` (uniform with replacement), ``"epoch"`` (each worker
+      walks a fresh permutation per epoch) or ``"shard"`` (each worker draws
+      from its own shard: non-iid splits). ``dj.simulate_pipeline`` draws
+      ``"iid"`` only.
+    shards: with ``scheme="shard"``, one index array per worker; default
+      contiguous, near-equal pieces. Only with ``"shard"``.
+  """
+
+  batch_size: int = 32
+  scheme: str = "iid"
+  shards: Sequence[Any] | None = None
+
+  def __post_init__(self):
+    object.__setattr__(self, "batch_size", check_int("Sampling.batch_size", self.batch_size, minimum=1))
+    check_choice("Sampling.scheme", self.scheme, SAMPLINGS)
+    if self.shards is not None and self.scheme != "shard":
+      raise ValueError(
+          f"Sampling.shards is only used with Sampling.scheme='shard'; got scheme={self.scheme!r}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+  """What a run records and when, and what it does about non-finite values.
+
+  Args:
+    eval_fn: ``eval_fn(params) -> pytree of arrays``, evaluated at version 0,
+      every ``every`` updates and at the end (``history.eval_update``,
+      ``eval_time``, ``eval_metrics``). For the pipeline runtime it receives
+      the tuple of stage parameters.
+    every: updates between evaluations; ``None``: at the start and the end
+      only. Needs ``eval_fn``.
+    history: what the host keeps of every update (every event step for the
+      replica runtime): ``"updates"`` (default) keeps a row per update
+      (``history.update``, ``time``, ``loss``, ``staleness``: 28 bytes each,
+      in memory and in a checkpoint); ``"evaluations"`` keeps none of them,
+      for sweeps of long runs that read only evaluations. Everything else is
+      the same bit for bit, and so is the compiled program. It is not part
+      of the run's identity: a checkpoint written with ``"updates"``
+      resumes with ``"evaluations"``; the reverse is refused (the rows were
+      never written).
+    callback: called on the host after every chunk with a dict of the run's
+      progress (``dj.simulate`` and ``dj.simulate_pipeline``:
+      ``updates_done``, ``num_updates``, ``chunk``, ``num_chunks``;
+      ``dj.simulate_gossip``: ``steps_done``, ``num_steps``, ``chunk``,
+      ``num_chunks``).
+    nonfinite: ``"report"`` (default): non-finite gradients, parameters or
+      optimizer state are listed in the history (``nonfinite``,
+      ``nonfinite_state``) and a ``RuntimeWarning`` names the first.
+      ``"skip"`` (``dj.simulate`` only, where an update has contributions to
+      leave out) also leaves non-finite contributions out of their update
+      (weights renormalized over the rest) and skips an update whose result
+      or new state is not finite, as ``optax.apply_if_finite`` does
+      (``history.skipped``).
+  """
+
+  eval_fn: Callable[[Any], Any] | None = None
+  every: int | None = None
+  history: str = "updates"
+  callback: Callable[[dict[str, Any]], None] | None = None
+  nonfinite: str = "report"
+
+  def __post_init__(self):
+    _optional_callable("Record.eval_fn", self.eval_fn)
+    object.__setattr__(self, "every", _optional_int("Record.every", self.every))
+    if self.every is not None and self.eval_fn is None:
+      raise ValueError(
+          f"Record.every={self.every} has no effect without Record.eval_fn (nothing to evaluate); pass "
+          f"eval_fn=... or leave every=None.")
+    check_choice("Record.history", self.history, HISTORIES)
+    _optional_callable("Record.callback", self.callback)
+    check_choice("Record.nonfinite", self.nonfinite, NONFINITE)
+
+  @property
+  def keeps_updates(self) -> bool:
+    return self.history == "updates"
+
+  @property
+  def skip_nonfinite(self) -> bool:
+    return self.nonfinite == "skip"
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+  """Where a run is checkpointed, and whether it resumes.
+
+  After every chunk the whole state is written to ``directory`` (an Orbax
+  checkpoint, committed by a rename; with a mesh across processes every
+  process writes its own shards, and every process must see the directory),
+  the history appended, with a checksum of each process's shards. A run
+  that finds a checkpoint of the same run there continues from it,
+  bit-identically to an uninterrupted run, also after ``kill -9``. The
+  checkpoint records the run's identity: every function that changes the
+  numbers (``loss_fn``, ``tx``, ``eval_fn``, the gossip method, the stage
+  functions, a worker's local optimizer: their traced programs), the
+  schedule, the options, the parameters' and state's structure and the
+  data. Resuming another run is a ``ValueError`` listing what differs. While
+  a run writes, the directory is locked: a second live process is refused,
+  naming the holder; the lock of a killed process is taken over.
+
+  Args:
+    directory: the checkpoint directory (created if missing; it must be
+      writable, checked before anything compiles).
+    resume: whether to continue from a checkpoint found there (default
+      ``True``); ``False`` starts afresh and overwrites it.
+    changes: identity components allowed to differ on resume, for a
+      knowingly changed run: e.g. ``("tx",)`` continues with a new learning
+      rate after a restart. Any other difference is still refused. The
+      components are named in the refusal's message (``schedule``,
+      ``options``, ``tx``, ``loss_fn``, ``data``, ...).
+  """
+
+  directory: str | os.PathLike[str]
+  resume: bool = True
+  changes: tuple[str, ...] = ()
+
+  def __post_init__(self):
+    if not isinstance(self.directory, (str, os.PathLike)):
+      raise TypeError(
+          f"Checkpoint.directory must be a path (str or os.PathLike), got {type(self.directory).__name__}.")
+    check_bool("Checkpoint.resume", self.resume)
+    changes = self.changes
+    if isinstance(changes, str) or not isinstance(changes, (tuple, list)) or not all(
+        isinstance(c, str) for c in changes):
+      raise TypeError(f"Checkpoint.changes must be a tuple of component names (str), got {changes!r}.")
+    object.__setattr__(self, "changes", tuple(changes))
+
+
+@dataclasses.dataclass(frozen=True)
+class Execution:
+  """How and where the program runs. The results do not depend on ``chunk_size``, ``lanes`` or ``phases``.
+
+  Args:
+    mesh: ``None`` (one device), or a ``jax.sharding.Mesh`` whose one axis of
+      size > 1 is ``workers`` (``dj.simulate``, ``dj.simulate_gossip``) or
+      ``stages`` (``dj.simulate_pipeline``), possibly spanning processes
+      (``jax.distributed``; every process makes the same call). Which results
+      are bit-identical to one device is stated in each runtime's docstring.
+    chunk_size: steps per compiled dispatch (and between checkpoints and
+      callbacks); default about 256, balanced so the last chunk is not mostly
+      padding.
+    lanes: ``dj.simulate`` only: gradients per device in one step (one
+      ``vmap``); default chosen from the schedule.
+    phases: ``dj.simulate_gossip`` only: event phases per step; default
+      chosen from the schedule.
+    max_memory: bytes per device the run may hold. Default: the device's own
+      limit where JAX reports one (GPUs, TPUs); on a CPU the memory the
+      machine has available (``MemAvailable``). The run's state is sized from
+      shapes (``jax.eval_shape``) before anything is allocated; a run that
+      needs more is a ``ValueError`` naming its largest term.
+  """
+
+  mesh: jax.sharding.Mesh | None = None
+  chunk_size: int | None = None
+  lanes: int | None = None
+  phases: int | None = None
+  max_memory: int | None = None
+
+  def __post_init__(self):
+    if self.mesh is not None and not isinstance(self.mesh, jax.sharding.Mesh):
+      raise TypeError(f"Execution.mesh must be a jax.sharding.Mesh or None, got {type(self.mesh).__name__}.")
+    for name in ("chunk_size", "lanes", "phases", "max_memory"):
+      object.__setattr__(self, name, _optional_int(f"Execution.{name}", getattr(self, name)))
+
+  def refuse(self, runtime: str, *names: str) -> None:
+    """Raises if any option ``names`` is set: ``runtime`` has no use for it."""
+    for name in names:
+      if getattr(self, name) is not None:
+        raise ValueError(f"Execution.{name}={getattr(self, name)!r} has no effect in {runtime}, which has no {name}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Runs:
+  """Several runs computed as one program (``seed=dj.Runs(...)``), returned as a list of results.
+
+  The runs share the schedule, the data and the plan: the chunk is
+  ``vmap``-ed over a leading run axis of the parameters, optimizer state and
+  buffers, so one step computes every run's gradients. Each result equals
+  the separate call with that seed (and hyper-parameters) to float rounding
+  (batching may sum the matrix products in another order; integer outputs
+  are exact). One device, no checkpoint; ``R`` times the memory.
+
+  Args:
+    seeds: one int seed per run, or one int shared by every run.
+    hyperparams: ``None``, or ``{name: [v_0, ..., v_{R-1}]}``: run ``r`` with
+      the hyper-parameter ``name`` of ``tx``'s ``optax.inject_hyperparams``
+      state set to ``v_r`` (e.g. ``{"learning_rate": [0.1, 0.03]}``).
+
+  All sequences have one length ``R`` >= 1.
+  """
+
+  seeds: int | Sequence[int] = 0
+  hyperparams: dict[str, Sequence[Any]] | None = None
+
+  def __post_init__(self):
+    batched = isinstance(self.seeds, (list, tuple, range, np.ndarray))
+    if self.hyperparams is not None and not isinstance(self.hyperparams, dict):
+      raise TypeError(
+          f"Runs.hyperparams must be a dict {{name: one value per run}} or None, got "
+          f"{type(self.hyperparams).__name__}.")
+    values = {name: list(np.asarray(v)) if np.ndim(v) else v for name, v in (self.hyperparams or {}).items()}
+    lengths = {f"hyperparams[{name!r}]": len(v) if isinstance(v, list) else None for name, v in values.items()}
+    if batched:
+      seeds = tuple(check_seed(f"Runs.seeds[{i}]", s) for i, s in enumerate(self.seeds))
+      lengths["seeds"] = len(seeds)
+    if not lengths or any(n is None for n in lengths.values()) or len(set(lengths.values())) != 1 or (
+        0 in lengths.values()):
+      raise ValueError(
+          f"Runs take one value per run in seeds (a sequence) and in every hyperparams entry (a sequence), "
+          f"all of one non-zero length; got lengths {lengths or 'none: a single int seed and no hyperparams'}.")
+    if not batched:
+      seeds = (check_seed("Runs.seeds", self.seeds),) * next(iter(lengths.values()))
+    object.__setattr__(self, "seeds", seeds)
+    object.__setattr__(self, "hyperparams", values)
+
+  @property
+  def num_runs(self) -> int:
+    return len(self.seeds)
+
+
+def check_seed_or_runs(seed: Any, runtime: str, runs_allowed: bool = True) -> tuple[int, Runs | None]:
+  """``(seed of the first run, Runs or None)`` from a runtime's ``seed`` argument."""
+  if isinstance(seed, Runs):
+    if not runs_allowed:
+      raise ValueError(f"{runtime} computes one run per call; seed=dj.Runs(...) is for dj.simulate.")
+    return seed.seeds[0], seed
+  if isinstance(seed, (list, tuple, range, np.ndarray)):
+    raise TypeError(
+        f"{runtime}'s seed must be an int; for several runs in one program pass seed=dj.Runs(seeds={list(seed)!r}).")
+  return check_seed("seed", seed), None

@@ -1,0 +1,14 @@
+"""What a worker computes: the worker plug-ins of ``dj.simulate(..., worker=...)``.
+
+``Gradient`` (the default) pushes the minibatch gradient at the parameters it
+read, with the inputs a transformation requests; ``LocalSteps`` runs local
+optimizer steps and pushes the pseudo-gradient. A new kind is a subclass of
+``Worker`` (see ``delayjax.runtime._workers`` for the protocol).
+"""
+
+from delayjax.runtime._workers import Gradient as Gradient
+from delayjax.runtime._workers import LocalSteps as LocalSteps
+from delayjax.runtime._workers import Worker as Worker
+from delayjax.runtime._workers import WorkerContext as WorkerContext
+
+__all__ = ["Gradient", "LocalSteps", "Worker", "WorkerContext"]
