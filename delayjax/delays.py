@@ -32,12 +32,49 @@ import jax.numpy as jnp
 import numpy as np
 
 from delayjax._checks import check_float, check_int
+from delayjax.cluster._memory import available_memory, check_fits
 
 __all__ = [
     "DelayModel", "Constant", "Uniform", "Geometric", "Categorical", "Trace", "PerLeaf",
     "constant", "uniform", "geometric", "categorical", "trace", "per_leaf", "leaf_models",
-    "sample_for",
+    "sample_for", "MAX_DELAY",
 ]
+
+# Delays, and the max_delay + 1 slots a buffer needs for them, are int32 in the traced code (steps, versions,
+# ring indices): a larger one would wrap around to another delay instead of failing.
+MAX_DELAY = 2**31 - 2
+
+
+def _check_delay(name: str, value: Any) -> int:
+  """``value`` as a Python int in ``[0, MAX_DELAY]``, or a TypeError / ValueError naming ``name``."""
+  value = check_int(name, value, minimum=0)
+  if value > MAX_DELAY:
+    raise ValueError(f"{name} must be an integer in [0, 2**31 - 2 = {MAX_DELAY}] (delays and the max_delay + 1 "
+                     f"buffer slots they need are int32), got {value}.")
+  return value
+
+
+def _pmf_zeros(model: Any, size: int) -> np.ndarray:
+  """float64 zeros ``[size]`` for a ``pmf``, refused by name when they cannot fit in memory."""
+  check_fits(f"{model!r}.pmf(): its table of {size} probabilities", 8 * size, available_memory())
+  return np.zeros(size)
+
+
+def _numbers(name: str, values: Any, what: str) -> np.ndarray:
+  """``values`` as a 1-D NumPy array of real numbers (not booleans, strings or objects), or an error naming ``name``."""
+  try:
+    array = None if values is None or isinstance(values, (str, bytes)) else np.asarray(values)
+  except (ValueError, TypeError) as error:
+    raise TypeError(f"{name} must be a non-empty 1-D sequence of {what}, got {values!r} ({error}).") from None
+  if array is None or array.ndim == 0:
+    raise TypeError(f"{name} must be a non-empty 1-D sequence of {what}, got {values!r} of type "
+                    f"{type(values).__name__}.")
+  if array.ndim != 1 or array.shape[0] < 1:
+    raise ValueError(f"{name} must be a non-empty 1-D sequence, got shape {array.shape}.")
+  if array.dtype.kind not in "iuf":
+    raise TypeError(f"{name} must hold {what}, got entries of dtype {array.dtype} (e.g. {array.tolist()[0]!r}); booleans "
+                    f"and strings are not numbers here.")
+  return array
 
 
 class DelayModel(abc.ABC):
@@ -74,7 +111,7 @@ class Constant(DelayModel):
   tau: int
 
   def __post_init__(self):
-    check_int("tau", self.tau, minimum=0)
+    object.__setattr__(self, "tau", _check_delay("tau", self.tau))
 
   @property
   def max_delay(self) -> int:
@@ -89,9 +126,12 @@ class Constant(DelayModel):
     return jnp.asarray(self.tau, jnp.int32)
 
   def pmf(self):
-    p = np.zeros(self.tau + 1)
+    p = _pmf_zeros(self, self.tau + 1)
     p[self.tau] = 1.0
     return p
+
+  def mean(self) -> float:
+    return float(self.tau)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,9 +141,10 @@ class Categorical(DelayModel):
   probs: tuple[float, ...]
 
   def __post_init__(self):
-    probs = np.asarray(self.probs, dtype=np.float64)
-    if probs.ndim != 1 or probs.shape[0] < 1:
-      raise ValueError(f"probs must be a non-empty 1-D sequence, got shape {probs.shape}.")
+    probs = _numbers("probs", self.probs, "probabilities").astype(np.float64)
+    if probs.shape[0] > MAX_DELAY + 1:
+      raise ValueError(f"probs must have at most 2**31 - 1 = {MAX_DELAY + 1} entries (delays are int32), got "
+                       f"{probs.shape[0]}.")
     if not np.all(np.isfinite(probs)) or np.any(probs < 0) or probs.sum() <= 0:
       raise ValueError(f"probs must be finite, non-negative and not all zero, got {probs.tolist()}.")
     nonzero = np.flatnonzero(probs)
@@ -131,7 +172,7 @@ class Uniform(DelayModel):
   s: int
 
   def __post_init__(self):
-    check_int("max_delay", self.s, minimum=0)
+    object.__setattr__(self, "s", _check_delay("max_delay", self.s))
 
   @property
   def max_delay(self) -> int:
@@ -146,7 +187,12 @@ class Uniform(DelayModel):
     return jax.random.randint(key, (), 0, self.s + 1, dtype=jnp.int32)
 
   def pmf(self):
-    return np.full(self.s + 1, 1.0 / (self.s + 1))
+    p = _pmf_zeros(self, self.s + 1)
+    p[:] = 1.0 / (self.s + 1)
+    return p
+
+  def mean(self) -> float:
+    return 0.5 * self.s
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,10 +205,20 @@ class Geometric(Categorical):
 
   def __init__(self, p: float, max_delay: int):
     p = check_float("p", p, minimum=0.0, maximum=1.0, strict_minimum=True)
-    max_delay = check_int("max_delay", max_delay, minimum=0)
+    max_delay = _check_delay("max_delay", max_delay)
     object.__setattr__(self, "p", p)
-    k = np.arange(max_delay + 1)
-    probs = p * (1.0 - p) ** k
+    # The table is built in blocks and stops at the first block that ends in 0: p (1 - p)^k only decreases,
+    # so the rest has underflowed (those delays cannot be drawn). What is kept is allocated twice (float64 here,
+    # Python floats in the tuple), so it is sized as it grows: a max_delay that cannot fit is refused by name.
+    block, parts, available = 1 << 20, [], available_memory()
+    for start in range(0, max_delay + 1, block):
+      k = np.arange(start, min(start + block, max_delay + 1))
+      parts.append(p * (1.0 - p) ** k)
+      check_fits(f"geometric(p={p}, max_delay={max_delay}): its table of at least {start + k.shape[0]} "
+                 "probabilities", 48 * (start + k.shape[0]), available)
+      if parts[-1][-1] == 0:
+        break
+    probs = np.concatenate(parts)
     super().__init__(tuple(float(x) for x in probs))
     # A tiny p can underflow the tail: keep the declared bound either way.
     object.__setattr__(self, "_max_delay", max_delay)
@@ -172,7 +228,7 @@ class Geometric(Categorical):
     return self._max_delay
 
   def pmf(self):
-    p = np.zeros(self._max_delay + 1)
+    p = _pmf_zeros(self, self._max_delay + 1)
     p[: len(self.probs)] = self.probs
     return p
 
@@ -192,14 +248,16 @@ class Trace(DelayModel):
   delays: tuple[int, ...]
 
   def __post_init__(self):
-    delays = np.asarray(self.delays)
-    if delays.ndim != 1 or delays.shape[0] < 1:
-      raise ValueError(f"delays must be a non-empty 1-D sequence, got shape {delays.shape}.")
+    delays = _numbers("delays", self.delays, "integers")
     if not np.issubdtype(delays.dtype, np.integer):
       if not np.all(np.isfinite(delays)) or np.any(delays != np.round(delays)):
-        raise ValueError("delays must be integers (finite, without a fractional part).")
+        bad = delays[~np.isfinite(delays) | (delays != np.round(delays))][0]
+        raise ValueError(f"delays must be integers (finite, without a fractional part), got {bad.item()!r}.")
     if np.any(delays < 0):
       raise ValueError(f"delays must be >= 0, got a minimum of {delays.min()}.")
+    if np.any(delays > MAX_DELAY):
+      raise ValueError(f"delays must be integers in [0, 2**31 - 2 = {MAX_DELAY}] (delays and the max_delay + 1 "
+                       f"buffer slots they need are int32), got {delays.max().item()}.")
     object.__setattr__(self, "delays", tuple(int(x) for x in delays))
 
   @property
@@ -212,6 +270,12 @@ class Trace(DelayModel):
 
   def sample(self, key, step):
     del key
+    if not isinstance(step, jax.core.Tracer):
+      # A concrete step is checked: a float would be truncated and a negative one would wrap to the end.
+      if isinstance(step, bool) or not np.issubdtype(np.asarray(step).dtype, np.integer) or np.ndim(step) != 0:
+        raise TypeError(f"step must be an integer scalar (the update index), got {step!r}.")
+      if not 0 <= int(step) <= np.iinfo(np.int32).max:
+        raise ValueError(f"step must be in [0, 2**31 - 1] (the update index, int32), got {int(step)}.")
     table = jnp.asarray(self.delays, jnp.int32)
     return table[jnp.asarray(step, jnp.int32) % table.shape[0]]
 
@@ -281,12 +345,12 @@ def geometric(p: float, max_delay: int) -> Geometric:
 
 def categorical(probs: Sequence[float]) -> Categorical:
   """Delay ``k`` with probability ``probs[k] / sum(probs)``, e.g. a measured delay histogram."""
-  return Categorical(tuple(probs))
+  return Categorical(tuple(_numbers("probs", probs, "probabilities").tolist()))
 
 
 def trace(delays: Sequence[int]) -> Trace:
   """Replays logged delays in order, cycling at the end."""
-  return Trace(tuple(np.asarray(delays).tolist()))
+  return Trace(tuple(_numbers("delays", delays, "integers").tolist()))
 
 
 def per_leaf(models: Any) -> PerLeaf:
@@ -334,6 +398,7 @@ def sample_for(model: DelayModel, key: jax.Array, step: Any, tree: Any) -> Any:
   the draw of the model that covers it (leaves under one model share its
   draw: a layer's weights and biases are equally stale).
   """
+  model = check_model("model", model)
   if not isinstance(model, PerLeaf):
     return model.sample(key, step)
   draws = model.sample(key, step)
