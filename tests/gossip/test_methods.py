@@ -23,7 +23,7 @@ LR, BETA, BATCH = 0.05, 0.5, 4
 def _run(method, schedule, **kw):
   data, loss_fn, params = regression()
   return dj.simulate_gossip(loss_fn, optax.sgd(LR, momentum=BETA), method, params, data, schedule,
-                            batch_size=BATCH, **kw), data, params
+                            sampling=dj.Sampling(batch_size=BATCH), **kw), data, params
 
 
 def _stacked(params):
@@ -89,7 +89,7 @@ def test_one_replica_is_plain_training_bit_for_bit(make):
   data, loss_fn, params = regression()
   # The optimizer of AD-PSGD's reference code: weight decay, then SGD with Nesterov momentum.
   tx = optax.chain(optax.add_decayed_weights(1e-3), optax.sgd(0.05, momentum=0.9, nesterov=True))
-  result = dj.simulate_gossip(loss_fn, tx, method, params, data, schedule, batch_size=BATCH)
+  result = dj.simulate_gossip(loss_fn, tx, method, params, data, schedule, sampling=dj.Sampling(batch_size=BATCH))
 
   @jax.jit
   def train_step(p, s, k):
@@ -139,4 +139,4 @@ def test_rules_that_take_their_own_share_out_refuse_late_messages(make):
   assert schedule.lag.max() > 0
   method = make()
   with pytest.raises(ValueError, match=rf"'{method.name}' is not defined for late messages.*lag up to 2"):
-    dj.simulate_gossip(loss_fn, optax.sgd(LR), method, params, data, schedule, batch_size=BATCH)
+    dj.simulate_gossip(loss_fn, optax.sgd(LR), method, params, data, schedule, sampling=dj.Sampling(batch_size=BATCH))
