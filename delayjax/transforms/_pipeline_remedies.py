@@ -30,8 +30,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from delayjax.transforms._extra_args import require_extra
 from delayjax.transforms._hyperparams import (LearningRate, check_number, check_positive_rate, coefficient, descend,
                                               rate_at)
+from delayjax.transforms._staleness import check_staleness
 
 __all__ = ["ReadsStageWeights", "stage_read", "spectrain", "SpecTrainState", "pipemare", "PipeMareState",
            "PipeMareCorrectionState"]
@@ -173,6 +175,15 @@ class PipeMareCorrectionState(PipeMareState):
     return jnp.zeros_like(update), backward_version - forward_version
 
 
+def _stage_staleness(name: str, value: Any, what: str) -> jax.Array:
+  """A pipeline stage's (scalar) staleness extra argument as int32, refused as every staleness rule refuses it."""
+  value = require_extra("pipemare", name, value, f"int32 scalar, {what}")
+  if jnp.ndim(value) != 0:
+    raise ValueError(f"{name} must be a scalar (one delay per stage), got shape {jnp.shape(value)}.")
+  check_staleness(name, value)
+  return jnp.asarray(value, jnp.int32)
+
+
 def pipemare(
     learning_rate: LearningRate,
     *,
@@ -225,9 +236,12 @@ def pipemare(
       ``None`` (default) leaves it off.
 
   Returns:
-    An ``optax.GradientTransformationExtraArgs`` taking ``staleness`` and
-    ``backward_staleness``; with correction its state defines the pipeline
-    reads.
+    An ``optax.GradientTransformationExtraArgs`` that needs ``staleness``
+    (and, with correction, ``backward_staleness``): int32 scalars, as every
+    staleness rule takes them; a missing, negative, fractional or non-finite
+    concrete one is a ``ValueError`` (a missing one is not taken as 0, which
+    would silently run without the rescheduling). With correction its state
+    defines the pipeline reads.
 
   Examples:
     >>> import jax.numpy as jnp
@@ -263,8 +277,14 @@ def pipemare(
 
   def update_fn(updates, state, params=None, *, staleness=None, backward_staleness=None, **extra_args):
     del params, extra_args
-    tau_f = jnp.zeros([], jnp.int32) if staleness is None else jnp.asarray(staleness, jnp.int32)
-    tau_b = jnp.zeros([], jnp.int32) if backward_staleness is None else jnp.asarray(backward_staleness, jnp.int32)
+    tau_f = _stage_staleness("staleness", staleness, "the stage's forward delay")
+    if discrepancy_decay is None:
+      # Without correction the backward delay is not used; one given is still checked.
+      tau_b = (jnp.zeros([], jnp.int32) if backward_staleness is None
+               else _stage_staleness("backward_staleness", backward_staleness, "the stage's backward delay"))
+    else:
+      tau_b = _stage_staleness("backward_staleness", backward_staleness,
+                               "the stage's backward delay, for discrepancy correction")
     # optax.sgd's trace arithmetic: v <- g + mu v (the first update is g itself).
     trace = updates
     if uses_momentum:

@@ -13,6 +13,9 @@ from delayjax.transforms._extra_args import masked_like
 from delayjax.transforms._hyperparams import check_number
 
 StalenessFn = Callable[[jax.Array], jax.Array]
+
+# Staleness is int32 in the traced code (every rule casts it): the largest value it can hold.
+MAX_STALENESS = 2**31 - 1
 Rule = Union[str, StalenessFn]
 
 # Each rule: its keyword arguments with defaults (None = required) and the weight it computes.
@@ -121,10 +124,13 @@ def _checked(weight: StalenessFn) -> StalenessFn:
 
 
 def check_staleness(name: str, staleness: Any) -> None:
-  """Raises unless every concrete value in ``staleness`` (a number, an array or a pytree of them) is an integer >= 0.
+  """Raises unless every concrete value in ``staleness`` (a number, an array or a pytree of them) is an integer
+  in ``[0, 2**31 - 1]``.
 
   A float with an integer value (``3.0``) is accepted; ``2.7``, ``-3``, NaN
-  and booleans are not. Traced values (inside ``jit``, ``vmap`` or
+  and booleans are not, nor a value of ``2**31`` or more: the rules cast
+  staleness to int32, where ``2**32 + 5`` would act as 5 and ``1e10`` as a
+  negative number. The message shows the value as given. Traced values (inside ``jit``, ``vmap`` or
   ``lax.scan``) cannot be checked: they are cast to int32 as they are (a
   float is truncated towards zero) and a negative one gives the rule's value
   at that negative staleness. The delayjax runtimes compute staleness as
@@ -133,7 +139,13 @@ def check_staleness(name: str, staleness: Any) -> None:
   for leaf in jax.tree.leaves(staleness):
     if isinstance(leaf, jax.core.Tracer):
       continue
-    value = np.asarray(leaf)
+    if isinstance(leaf, int) and not isinstance(leaf, bool):
+      # A Python int of any size (NumPy would make one past int64 an object array).
+      value = np.asarray(min(max(leaf, -1), MAX_STALENESS + 1))
+      shown = leaf
+    else:
+      value = np.asarray(leaf)
+      shown = None
     if value.dtype == np.bool_ or not (np.issubdtype(value.dtype, np.integer) or np.issubdtype(value.dtype, np.floating)):
       raise TypeError(f"{name} must be an integer >= 0 (or a pytree of them), got {leaf!r} of dtype {value.dtype}.")
     if np.issubdtype(value.dtype, np.floating):
@@ -141,8 +153,13 @@ def check_staleness(name: str, staleness: Any) -> None:
     else:
       bad = value < 0
     if np.any(bad):
-      first = value[bad].flat[0].item()
+      first = value[bad].flat[0].item() if shown is None else shown
       raise ValueError(f"{name} must be an integer >= 0 (a number of updates), got {first!r}.")
+    # Cast to int32 further on, a larger value would wrap around (2**32 + 5 acts as 5): refused as given.
+    big = value > MAX_STALENESS
+    if np.any(big):
+      first = value[big].flat[0].item() if shown is None else shown
+      raise ValueError(f"{name} must be an integer in [0, 2**31 - 1 = {MAX_STALENESS}] (it is int32), got {first!r}.")
 
 
 def broadcast_staleness(staleness: Any, updates: Any, name: str = "staleness") -> Any:

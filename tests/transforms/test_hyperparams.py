@@ -21,7 +21,9 @@ VECTOR = jnp.array([0.5, -1.0, 2.0], jnp.float32)
 
 
 def extras(params, step):
-  return {"staleness": jnp.int32(step % 3), "stale_params": jax.tree.map(lambda p: 0.9 * p, params),
+  # PipeMare's discrepancy correction needs the stage's backward staleness (at most its forward one).
+  return {"staleness": jnp.int32(step % 3), "backward_staleness": jnp.int32(min(step % 3, 1)),
+          "stale_params": jax.tree.map(lambda p: 0.9 * p, params),
           "worker": jnp.int32(step % 2), "zeno_grad": jax.tree.map(jnp.ones_like, params)}
 
 

@@ -142,3 +142,54 @@ def test_whole_float_staleness_is_that_integer():
   tx = dj.scale_by_staleness("polynomial", a=1.0)
   g = jnp.ones(2)
   np.testing.assert_array_equal(tx.update(g, tx.init(g), staleness=3.0)[0], tx.update(g, tx.init(g), staleness=3)[0])
+
+
+STALENESS_RULES = (lambda: dj.scale_by_staleness("polynomial"), lambda: dj.fed_buff(optax.sgd(1.0), 2),
+                   lambda: dj.async_adam(0.1, staleness_rule="inverse"), lambda: dj.delay_adaptive_sgd(0.1, 0.2),
+                   lambda: dj.mindthestep(0.1, 4, target_momentum=0.5))
+
+
+@pytest.mark.parametrize("staleness, shown", [
+    (np.int64(2**32 + 5), "4294967301"),
+    (np.float64(1e10), "10000000000.0"),
+    (2**40, "1099511627776"),
+    (2**31, "2147483648"),
+    (2**70, str(2**70)),
+    ({"a": 1, "b": np.int64(2**33)}, "8589934592"),
+])
+def test_staleness_past_int32_is_refused_showing_the_value_given(staleness, shown):
+  """Every rule casts staleness to int32: 2**32 + 5 acted as 5 and 1e10 was reported as -2147483648."""
+  g = {"a": jnp.ones(2), "b": jnp.ones(2)}
+  match = rf"staleness must be an integer in \[0, 2\*\*31 - 1 = 2147483647\] \(it is int32\), got {shown}\."
+  for make in STALENESS_RULES:
+    tx = make()
+    with pytest.raises(ValueError, match=match):
+      tx.update(g, tx.init(g), g, staleness=staleness, stale_params=g)
+
+
+def test_the_largest_int32_staleness_is_its_own_weight():
+  tau = 2**31 - 1
+  u, _ = dj.scale_by_staleness("inverse").update(jnp.ones(2), optax.EmptyState(), staleness=np.int64(tau))
+  np.testing.assert_allclose(u, np.full(2, 1.0 / tau), rtol=1e-6)
+
+
+def test_pipemare_checks_its_staleness_like_every_staleness_rule():
+  """PipeMare took a missing staleness as 0 and a negative one as 1 (no rescheduling, no error)."""
+  g = {"w": jnp.ones(2)}
+  tx = dj.pipemare(0.1, warmup_steps=4)
+  state = tx.init(g)
+  with pytest.raises(ValueError, match="pipemare needs the extra argument staleness="):
+    tx.update(g, state, g)
+  for bad, match in ((-1, "got -1"), (float("nan"), "got nan"), (2.5, "got 2.5"),
+                     (np.int64(2**32 + 5), r"\[0, 2\*\*31 - 1 = 2147483647\].*got 4294967301")):
+    with pytest.raises(ValueError, match=f"staleness must be an integer.*{match}"):
+      tx.update(g, state, g, staleness=bad)
+  with pytest.raises(ValueError, match=r"staleness must be a scalar \(one delay per stage\), got shape \(2,\)"):
+    tx.update(g, state, g, staleness=jnp.ones(2, jnp.int32))
+  # At t = 0 the step is alpha / tau.
+  np.testing.assert_allclose(tx.update(g, state, g, staleness=4)[0]["w"], np.full(2, -0.1 / 4), rtol=1e-6)
+  corrected = dj.pipemare(0.1, warmup_steps=4, discrepancy_decay=0.5)
+  with pytest.raises(ValueError, match="pipemare needs the extra argument backward_staleness="):
+    corrected.update(g, corrected.init(g), g, staleness=4)
+  with pytest.raises(ValueError, match="backward_staleness must be an integer >= 0.*got -2"):
+    corrected.update(g, corrected.init(g), g, staleness=4, backward_staleness=-2)
