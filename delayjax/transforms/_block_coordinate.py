@@ -95,7 +95,7 @@ def block_coordinate(learning_rate: float, prox: ProxFn | None = None, *, select
   if prox is not None and not callable(prox):
     raise TypeError(f"prox must be None or a callable (x, step) -> x such as dj.prox_l1(0.1), got {prox!r}.")
   check_choice("selection", selection, SELECTIONS)
-  seed = check_number("seed", seed, minimum=0, integer=True)
+  seed = check_number("seed", seed, minimum=0, maximum=2**32 - 1, integer=True)
   prox_fn = _identity_prox if prox is None else prox
 
   def init_fn(params):

@@ -42,8 +42,9 @@ def check_number(
       ``schedule``) a callable of the update count.
     minimum, maximum, strict_minimum, strict_maximum: bounds on a concrete
       value, as in :func:`delayjax._checks.check_float`.
-    integer: the value must be a whole number (of the bounds, only ``minimum``
-      applies).
+    integer: the value must be a whole number, at most ``maximum`` (default
+      ``2**31 - 1``: integer hyper-parameters meet int32 counts in the traced
+      code, where a larger one would overflow or wrap around).
     schedule: a callable (an Optax schedule) is allowed.
 
   Returns:
@@ -69,20 +70,37 @@ def check_number(
     if isinstance(value, jax.core.Tracer):
       return value
     if integer:
-      concrete = float(value)
-      if not concrete.is_integer():
+      concrete = float(value) if np.issubdtype(dtype, np.floating) else value.item()
+      if isinstance(concrete, float) and not concrete.is_integer():
         raise TypeError(f"{name} must be an integer, got {concrete!r}.")
-      check_int(name, int(concrete), minimum=minimum)
+      _check_integer(name, int(concrete), minimum, maximum)
     else:
       check_float(name, float(value), **bounds)
     return value
   if integer:
-    return check_int(name, value, minimum=minimum)
+    return _check_integer(name, value, minimum, maximum)
   return check_float(name, value, **bounds)
 
 
+INT32_MAX = 2**31 - 1
+
+
+def _check_integer(name: str, value: Any, minimum: int | None, maximum: int | None) -> int:
+  """``value`` as a Python int in ``[minimum, maximum]`` (``maximum`` default ``2**31 - 1``), or raises naming ``name``."""
+  value = check_int(name, value, minimum=minimum)
+  limit = INT32_MAX if maximum is None else maximum
+  if value > limit:
+    low = "" if minimum is None else f"[{minimum}, "
+    shown = f"2**31 - 1 = {limit}" if maximum is None else str(limit)
+    allowed = f"{low}{shown}]" if low else f"<= {shown}"
+    why = " (it meets int32 counts in the traced code)" if maximum is None else ""
+    raise ValueError(f"{name} must be an integer {'in ' if low else ''}{allowed}{why}, got {value}.")
+  return value
+
+
 def check_static_int(name: str, value: Any, *, minimum: int | None = None) -> int:
-  """An integer that sizes the state (a number of workers, samples or slots): a Python int, never an array.
+  """An integer that sizes the state (a number of workers, samples or slots): a Python int, never an array,
+  at most ``2**31 - 1`` (it indexes int32 rows).
 
   ``optax.inject_hyperparams`` turns every number it is given into an array
   (traced inside ``jit``); such an argument must be named in its
@@ -92,7 +110,7 @@ def check_static_int(name: str, value: Any, *, minimum: int | None = None) -> in
     raise TypeError(
         f"{name} must be a Python int (it sets the shapes of the optimizer state), got an array; with "
         f"optax.inject_hyperparams, pass static_args=({name!r},).")
-  return check_int(name, value, minimum=minimum)
+  return _check_integer(name, value, minimum, None)
 
 
 def check_positive_rate(name: str, value: Any) -> Any:

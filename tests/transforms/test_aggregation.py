@@ -243,3 +243,22 @@ def test_fed_buff_jit_and_chain():
 def test_fed_buff_bad_arguments(kwargs, err, match):
   with pytest.raises(err, match=match):
     dj.fed_buff(optax.sgd(0.1), **kwargs)
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: dj.accumulate_sum(optax.sgd(0.1), 10**12), r"k must be an integer in \[1, 2\*\*31 - 1 = 2147483647\]"),
+    (lambda: dj.accumulate_sum(optax.sgd(0.1), np.int64(2**31)), r"k must be an integer in \[1, 2\*\*31 - 1"),
+    (lambda: dj.fed_buff(optax.sgd(0.1), buffer_size=2**40), r"buffer_size must be an integer in \[1, 2\*\*31 - 1"),
+])
+def test_counts_past_int32_are_refused(make, match):
+  """The count of summed gradients is int32: a larger k overflowed at the first update, inside the trace."""
+  with pytest.raises(ValueError, match=match + r".*got \d+"):
+    make()
+
+
+def test_the_largest_int32_k_sums_without_stepping():
+  tx = dj.accumulate_sum(optax.sgd(1.0), 2**31 - 1)
+  state = tx.init(jnp.zeros(1))
+  u, state = tx.update(jnp.ones(1), state, jnp.zeros(1))
+  np.testing.assert_array_equal(u, np.zeros(1))
+  assert int(state.count) == 1
