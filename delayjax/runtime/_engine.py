@@ -115,6 +115,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from delayjax._memory import available_host_bytes
 from delayjax.runtime import _checkpoint
 from delayjax.runtime._lock import locked
 from delayjax.runtime._options import Checkpoint
@@ -285,6 +286,74 @@ def checkpoint_arguments(checkpoint: Any) -> tuple[str | None, bool, tuple[str, 
         f"{type(checkpoint).__name__} {checkpoint!r}.")
   directory = _checkpoint.check_directory("Checkpoint.directory", checkpoint.directory)
   return directory, checkpoint.resume, checkpoint.changes
+
+
+def memory_terms(parts: dict[str, tuple[Any, bool]], data: Any, num_devices: int) -> dict[str, int]:
+  """Bytes per device of what a run keeps on its devices, by term: ``parts[name] = (tree, split)``, a tree
+  of arrays or ``jax.ShapeDtypeStruct`` (nothing need be allocated) and whether it is split over the mesh's
+  devices (a leading axis laid out on it) rather than held whole by each; ``data`` is held by each."""
+  def nbytes(tree):
+    return sum(int(np.prod(np.shape(x))) * np.dtype(x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype).itemsize
+               for x in jax.tree.leaves(tree))
+
+  out = {name: nbytes(tree) // (num_devices if split else 1) for name, (tree, split) in parts.items()}
+  out["data"] = nbytes(data)
+  return out
+
+
+def shapes(tree: Any, lead: tuple[int, ...] = ()) -> Any:
+  """``tree``'s leaves as ``jax.ShapeDtypeStruct``, with the axes ``lead`` in front (nothing allocated)."""
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+      lead + np.shape(x), x.dtype if hasattr(x, "dtype") else np.result_type(x)), tree)
+
+
+def memory_limit(max_memory: int | None, mesh: Any) -> tuple[int, str] | None:
+  """The bytes a run may keep per device and where that limit comes from: ``Execution.max_memory``, else
+  the device's reported limit, else on a CPU the machine's available memory shared by the run's devices
+  (``None`` when none of these is known)."""
+  if max_memory is not None:
+    return max_memory, "Execution.max_memory"
+  # One of this process's devices (another process's cannot be asked).
+  device = jax.local_devices()[0] if mesh is None else next(
+      d for d in mesh.devices.flat if d.process_index == jax.process_index())
+  try:
+    stats = device.memory_stats()
+  except (AttributeError, jax.errors.JaxRuntimeError):
+    stats = None
+  if stats and "bytes_limit" in stats:
+    return int(stats["bytes_limit"]), f"the memory of {device.device_kind}"
+  available = available_host_bytes() if device.platform == "cpu" else None
+  if available is None:
+    return None
+  # CPU devices share the host's memory.
+  sharing = 1 if mesh is None else sum(d.process_index == jax.process_index() for d in mesh.devices.flat)
+  return available // sharing, (f"the memory this machine has available, {size_text(available)}"
+                                + (f", shared by {sharing} CPU devices" if sharing > 1 else ""))
+
+
+def check_memory(runtime: str, memory: dict[str, int], limit: tuple[int, str] | None,
+                 hints: dict[str, str]) -> None:
+  """Refuses a run whose kept state (:func:`memory_terms`) exceeds ``limit`` (:func:`memory_limit`), naming
+  its largest term and what shrinks it (``hints[term]``)."""
+  if limit is None:
+    return
+  limit, source = limit
+  total = sum(memory.values())
+  if total <= limit:
+    return
+  name, size = max(memory.items(), key=lambda kv: kv[1])
+  hint = hints.get(name) or "a smaller data set (it is kept on every device)"
+  raise ValueError(
+      f"{runtime} would keep {size_text(total)} per device (before temporaries), more than {size_text(limit)} "
+      f"({source}); the largest term is the {name}, {size_text(size)}: to shrink it, use {hint}.")
+
+
+def size_text(num_bytes: int) -> str:
+  """``num_bytes`` in GiB, MiB or KiB, for messages."""
+  for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    if num_bytes >= scale:
+      return f"{num_bytes / scale:.1f} {unit}"
+  return f"{num_bytes} bytes"
 
 
 def check_worker_capacity(opt_state: Any, num_workers: int, source: str) -> None:

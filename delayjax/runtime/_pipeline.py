@@ -592,6 +592,17 @@ def simulate_pipeline(
   engine.check_extra_args(tx, params[0], opt_states[0], runtime, {
       "staleness": jnp.int32(0), "backward_staleness": jnp.int32(0), "stale_params": params[0]})
   readers = [stage_read(s) for s in opt_states]
+  # Sized from shapes, before anything is allocated: a run too large for the device is refused, not killed.
+  memory = engine.memory_terms({
+      "weight versions": (engine.shapes(tuple(params), (depth,)), mesh is not None),
+      "read directions": (tuple(() if r is None else engine.shapes(jax.eval_shape(r.read_direction), (depth,))
+                                for r in readers), mesh is not None),
+      "optimizer states": (opt_states, mesh is not None)}, data, K if mesh is not None else 1)
+  engine.check_memory(runtime, memory, engine.memory_limit(execution.max_memory, mesh), {
+      "weight versions": "a schedule with less staleness (each stage keeps its last D versions) or a mesh with a "
+                         "stage per device",
+      "read directions": "a transformation without pipeline reads, or less staleness",
+      "optimizer states": "a lighter optimizer or a mesh with a stage per device"})
   history = tuple(_leading(p, depth) for p in params)
   directions = tuple(None if r is None else _leading(r.read_direction(), depth) for r in readers)
   eval_points = history_lib.eval_points(U, eval_every) if eval_fn is not None else np.zeros(0, np.int64)

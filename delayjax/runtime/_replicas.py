@@ -297,6 +297,14 @@ def simulate_gossip(
 
   init_state = (params, tx.init(params), method.init(params))
   _engine.check_extra_args(tx, params, init_state[1], runtime, {})
+  # Sized from shapes, before anything is allocated: a run too large for the device is refused, not killed.
+  message_like = jax.eval_shape(method.message, params, init_state[2]) if plan.history > 1 else ()
+  memory = _engine.memory_terms({
+      name: (_engine.shapes(tree, lead), True)
+      for name, tree, lead in (("replica parameters", params, (3 * m,)), ("optimizer states", init_state[1], (m,)),
+                               ("method states", init_state[2], (m,)),
+                               ("message history", message_like, (m, plan.history)))}, data, num_devices)
+  _engine.check_memory(runtime, memory, _engine.memory_limit(execution.max_memory, mesh), _MEMORY_HINTS)
   stacked = jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (m,) + np.shape(x)).copy(), init_state)
   replica_params, opt_state, extra = stacked
   snap = jax.tree.map(np.zeros_like, replica_params)
@@ -432,8 +440,19 @@ def simulate_gossip(
                    stacklevel=2, source="replica")
   stats = {"num_steps": plan.num_steps, "phases": plan.phases, "lanes": plan.lanes, "slots": int(plan.used.any(axis=0).sum()),
            "lane_utilization": plan.lane_utilization, "mixing": plan.mixing, "history": plan.history,
-           "num_devices": num_devices, "chunk_size": chunk_size, "num_chunks": num_chunks}
+           "num_devices": num_devices, "chunk_size": chunk_size, "num_chunks": num_chunks,
+           "memory": {**memory, "total": sum(memory.values())}}
   return GossipResult(params_out, opt_out, extra_out, average, history, stats)
+
+
+# What shrinks each term of a replica run's memory (the replica parameters count three copies: the
+# parameters, the snapshot a read takes and the pending gradient).
+_MEMORY_HINTS = {
+    "replica parameters": "fewer replicas per device (a mesh with more devices) or a smaller model",
+    "optimizer states": "a lighter optimizer or fewer replicas per device",
+    "method states": "fewer replicas per device",
+    "message history": "a schedule with less message lag (each replica keeps its last lag + 1 messages)",
+}
 
 
 def _fingerprint(schedule: GossipSchedule, *, tx: Any, loss_fn: Callable[..., Any], method: GossipMethod,

@@ -17,7 +17,6 @@ from jax.sharding import PartitionSpec as P
 
 from delayjax import delays as delays_lib
 from delayjax._checks import check_int
-from delayjax._memory import available_host_bytes
 from delayjax.cluster._schedule import Schedule
 from delayjax.runtime import _checkpoint
 from delayjax.runtime import _engine as engine
@@ -771,12 +770,12 @@ def simulate(
 
   # Sized from shapes, before anything is allocated: a run too large for the device is refused, not killed.
   memory = _memory_terms(initial(sizes.buffer_size, shapes=True), data, num_devices)
-  limit = _memory_limit(max_memory, mesh)
+  limit = engine.memory_limit(max_memory, mesh)
   if limit is not None and sum(memory.values()) > limit[0] and sizes.buffer_size > plan.buffer_size:
     # The shared buffer size does not fit where the plan's own may: this run's program is its own.
     sizes = sizes._replace(buffer_size=plan.buffer_size)
     memory = _memory_terms(initial(sizes.buffer_size, shapes=True), data, num_devices)
-  _check_memory(memory, limit)
+  engine.check_memory(runtime, memory, limit, dict(_MEMORY_TERMS))
   carry = initial(sizes.buffer_size)
   # Traced only now, after every check that can refuse the run. The compiled chunk is shared by every run whose program is the same: a sweep over seeds, initial
   # parameters, data values or hyper-parameters held in the optimizer state compiles once.
@@ -935,63 +934,9 @@ _MEMORY_TERMS = (
 
 
 def _memory_terms(carry: tuple[Any, ...], data: Any, num_devices: int) -> dict[str, int]:
-  """Bytes per device of what the run keeps on the devices, by term (host-side, from the carry's shapes)."""
-  def nbytes(tree):
-    return sum(int(np.prod(np.shape(x))) * np.dtype(x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype).itemsize
-               for x in jax.tree.leaves(tree))
-
-  out = {}
-  for (name, _), spec, part in zip(_MEMORY_TERMS, CARRY_SPECS, carry, strict=True):
-    # A carry element laid out on the workers axis is split across the devices.
-    out[name] = nbytes(part) // (num_devices if spec == P(AXIS) else 1)
-  out["data"] = nbytes(data)
-  return out
-
-
-def _memory_limit(max_memory: int | None, mesh: Any) -> tuple[int, str] | None:
-  """The bytes a run may keep per device and where that limit comes from: ``max_memory``, else the device's
-  reported limit, else on a CPU the machine's available memory shared by the run's devices (``None`` when
-  none of these is known)."""
-  if max_memory is not None:
-    return check_int("Execution.max_memory", max_memory, minimum=1), "Execution.max_memory"
-  # One of this process's devices (another process's cannot be asked).
-  device = jax.local_devices()[0] if mesh is None else next(
-      d for d in mesh.devices.flat if d.process_index == jax.process_index())
-  try:
-    stats = device.memory_stats()
-  except (AttributeError, jax.errors.JaxRuntimeError):
-    stats = None
-  if stats and "bytes_limit" in stats:
-    return int(stats["bytes_limit"]), f"the memory of {device.device_kind}"
-  available = available_host_bytes() if device.platform == "cpu" else None
-  if available is None:
-    return None
-  # CPU devices share the host's memory.
-  sharing = 1 if mesh is None else sum(d.process_index == jax.process_index() for d in mesh.devices.flat)
-  return available // sharing, (f"the memory this machine has available, {_size(available)}"
-                                + (f", shared by {sharing} CPU devices" if sharing > 1 else ""))
-
-
-def _check_memory(memory: dict[str, int], limit: tuple[int, str] | None) -> None:
-  """Refuses a run whose kept state exceeds ``limit`` (see :func:`_memory_limit`)."""
-  if limit is None:
-    return
-  limit, source = limit
-  total = sum(memory.values())
-  if total <= limit:
-    return
-  name, size = max(memory.items(), key=lambda kv: kv[1])
-  hint = dict(_MEMORY_TERMS).get(name) or "a smaller data set (it is kept on every device)"
-  raise ValueError(
-      f"dj.simulate would keep {_size(total)} per device (before temporaries), more than {_size(limit)} "
-      f"({source}); the largest term is the {name}, {_size(size)}: to shrink it, use {hint}.")
-
-
-def _size(num_bytes: int) -> str:
-  for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-    if num_bytes >= scale:
-      return f"{num_bytes / scale:.1f} {unit}"
-  return f"{num_bytes} bytes"
+  """Bytes per device of what the run keeps on the devices, by term (from the carry's shapes)."""
+  return engine.memory_terms({name: (part, spec == P(AXIS)) for (name, _), spec, part in zip(
+      _MEMORY_TERMS, CARRY_SPECS, carry, strict=True)}, data, num_devices)
 
 
 def _initial_carry(params: Any, opt_state: Any, plan: StepPlan, size: int, inputs: tuple[str, ...], batch_size: int,
