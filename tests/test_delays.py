@@ -105,3 +105,60 @@ def test_plain_model_broadcasts_to_every_leaf():
 def test_bad_input(make, exc, match):
   with pytest.raises(exc, match=match):
     make()
+
+
+INT32_RANGE = r"must be (an integer|integers) in \[0, 2\*\*31 - 2 = 2147483646\] \(delays and the max_delay \+ 1 buffer slots"
+
+
+@pytest.mark.parametrize("make, name, given", [
+    (lambda: delays.constant(2**31), "tau", 2**31),
+    (lambda: delays.constant(2**31 - 1), "tau", 2**31 - 1),
+    (lambda: delays.uniform(10**10), "max_delay", 10**10),
+    (lambda: delays.geometric(0.5, 2**40), "max_delay", 2**40),
+    (lambda: delays.trace([1, 2**31]), "delays", 2**31),
+    (lambda: delays.trace(np.array([3, 2**33], np.int64)), "delays", 2**33),
+])
+def test_delays_past_int32_are_refused_by_name(make, name, given):
+  """Delays are int32 in the traced code: ``trace([2**31])`` overflowed at its first draw and ``uniform(10**10)``
+  at its first sample, and ``geometric(p, 2**40)`` tried to allocate 2**40 probabilities."""
+  with pytest.raises(ValueError, match=rf"^{name} {INT32_RANGE}.*got {given}\.$"):
+    make()
+
+
+def test_the_largest_int32_delay_is_drawn_exactly():
+  top = 2**31 - 2
+  assert int(delays.constant(top).sample(jax.random.PRNGKey(0), 0)) == top
+  assert int(delays.trace([top, 0]).sample(None, 0)) == top
+  d = draws(delays.uniform(top), num=64)
+  assert d.min() >= 0 and d.max() <= top and d.max() > 2**30
+
+
+@pytest.mark.parametrize("p, max_delay", [(0.5, 5000), (2e-6, 2_500_000)])
+def test_geometric_built_in_blocks_is_the_closed_form_bit_for_bit(p, max_delay):
+  """The table is built in blocks of 2**20 and stops once the tail has underflowed: the same probabilities as
+  ``p (1 - p)^k`` for every ``k`` at once, normalized (one case underflows, one spans three blocks)."""
+  direct = p * (1.0 - p) ** np.arange(max_delay + 1)
+  direct = direct[: np.flatnonzero(direct)[-1] + 1]
+  np.testing.assert_array_equal(np.asarray(delays.geometric(p, max_delay).probs), direct / direct.sum())
+  assert delays.geometric(p, max_delay).max_delay == max_delay
+
+
+@pytest.mark.parametrize("make, exc, match", [
+    (lambda: delays.trace([True, False]), TypeError, r"delays must hold integers, got entries of dtype bool"),
+    (lambda: delays.trace(["1", "2"]), TypeError, r"delays must hold integers, got entries of dtype <U1 \(e.g. '1'\)"),
+    (lambda: delays.trace(3), TypeError, r"delays must be a non-empty 1-D sequence of integers, got 3 of type int"),
+    (lambda: delays.trace(None), TypeError, r"delays must be a non-empty 1-D sequence of integers, got None"),
+    (lambda: delays.trace([[1], [2, 3]]), TypeError, r"delays must be a non-empty 1-D sequence of integers"),
+    (lambda: delays.trace([1, float("inf")]), ValueError, r"delays must be integers .*got inf"),
+    (lambda: delays.categorical([True, False]), TypeError, r"probs must hold probabilities, got entries of dtype bool"),
+    (lambda: delays.categorical(["a"]), TypeError, r"probs must hold probabilities"),
+    (lambda: delays.categorical(0.5), TypeError, r"probs must be a non-empty 1-D sequence of probabilities, got 0.5"),
+    (lambda: delays.trace([1, 2]).sample(None, 1.5), TypeError, r"step must be an integer scalar .*got 1.5"),
+    (lambda: delays.trace([1, 2]).sample(None, -1), ValueError, r"step must be in \[0, 2\*\*31 - 1\] .*got -1"),
+    (lambda: delays.sample_for(3, jax.random.PRNGKey(0), 0, {"w": 1}), TypeError, r"model must be a delay model"),
+])
+def test_inputs_that_were_silent_or_obscure(make, exc, match):
+  """Booleans were taken as delays 1 and 0 (a mask passed by mistake), strings and scalars failed inside NumPy,
+  and a negative or fractional step of a trace wrapped around or was truncated."""
+  with pytest.raises(exc, match=match):
+    make()
