@@ -149,7 +149,7 @@ class Categorical(DelayModel):
       raise ValueError(f"probs must be finite, non-negative and not all zero, got {probs.tolist()}.")
     nonzero = np.flatnonzero(probs)
     probs = probs[: nonzero[-1] + 1] / probs.sum()
-    object.__setattr__(self, "probs", tuple(float(x) for x in probs))
+    object.__setattr__(self, "probs", tuple(probs.tolist()))
 
   @property
   def max_delay(self) -> int:
@@ -219,7 +219,7 @@ class Geometric(Categorical):
       if parts[-1][-1] == 0:
         break
     probs = np.concatenate(parts)
-    super().__init__(tuple(float(x) for x in probs))
+    super().__init__(tuple(probs.tolist()))
     # A tiny p can underflow the tail: keep the declared bound either way.
     object.__setattr__(self, "_max_delay", max_delay)
 
