@@ -23,7 +23,7 @@ LR, BETA, BATCH = 0.05, 0.5, 4
 def _run(schedule, method=None, **kw):
   data, loss_fn, params = regression()
   return dj.simulate_gossip(loss_fn, optax.sgd(LR, momentum=BETA), method or dj.gossip.d_psgd(), params, data,
-                            schedule, batch_size=BATCH, **kw)
+                            schedule, sampling=dj.Sampling(batch_size=BATCH), **kw)
 
 
 def _equal(a, b):
@@ -97,7 +97,7 @@ def test_runs_of_one_program_compile_once():
   _equal((cached.params, cached.opt_state, cached.history.loss), (fresh.params, fresh.opt_state, fresh.history.loss))
   misses = engine.cache_info()["misses"]
   dj.simulate_gossip(loss_fn, optax.sgd(2 * LR, momentum=BETA), dj.gossip.ad_psgd(), params, data, schedule,
-                     batch_size=BATCH, seed=3)
+                     sampling=dj.Sampling(batch_size=BATCH), seed=3)
   assert engine.cache_info()["misses"] == misses + 1
 
 # One mixing path each: 1 device and 8 devices must agree bit for bit (plain sgd: nothing but the mixes
@@ -117,7 +117,8 @@ def test_one_device_and_a_mesh_agree_bit_for_bit(mixing):
   workers = dj.cluster.workers(m, compute="exponential", speed=[1.0] * (m - 1) + [0.25], seed=0)
   schedule = dj.cluster.simulate_gossip(paradigm(), workers, num_steps=8, seed=1, failures=failures())
   data, loss_fn, params = regression()
-  runs = [dj.simulate_gossip(loss_fn, optax.sgd(LR), method(), params, data, schedule, batch_size=BATCH, mesh=mesh)
+  runs = [dj.simulate_gossip(loss_fn, optax.sgd(LR), method(), params, data, schedule,
+                             sampling=dj.Sampling(batch_size=BATCH), execution=dj.Execution(mesh=mesh))
           for mesh in (None, jax.make_mesh((8,), ("workers",)))]
   one, eight = runs
   assert one.stats["mixing"] == eight.stats["mixing"] == mixing.split("_")[0]
@@ -174,28 +175,31 @@ def _stacked(params):
 
 def test_resume_is_bit_identical(tmp_path):
   schedule = random_schedule(4, 70, seed=2, group=2)
-  full = _run(schedule, chunk_size=3)
+  full = _run(schedule, execution=dj.Execution(chunk_size=3))
 
   def stop_after_two(info):
     if info["chunk"] == 1:
       raise KeyboardInterrupt
 
   with pytest.raises(KeyboardInterrupt):
-    _run(schedule, chunk_size=3, checkpoint_dir=tmp_path, callback=stop_after_two)
-  resumed = _run(schedule, chunk_size=3, checkpoint_dir=tmp_path)
+    _run(schedule, execution=dj.Execution(chunk_size=3), checkpoint=dj.Checkpoint(tmp_path),
+         record=dj.Record(callback=stop_after_two))
+  resumed = _run(schedule, execution=dj.Execution(chunk_size=3), checkpoint=dj.Checkpoint(tmp_path))
   _equal((full.params, full.opt_state), (resumed.params, resumed.opt_state))
   np.testing.assert_array_equal(full.history.loss, resumed.history.loss)
   np.testing.assert_array_equal(full.history.consensus, resumed.history.consensus)
   with pytest.raises(ValueError, match="different run: .*schedule"):
-    _run(random_schedule(4, 70, seed=3, group=2), chunk_size=3, checkpoint_dir=tmp_path)
+    _run(random_schedule(4, 70, seed=3, group=2), execution=dj.Execution(chunk_size=3),
+         checkpoint=dj.Checkpoint(tmp_path))
   # Another learning rate is another run, unless named as a knowing change (then the finished
   # checkpoint is continued: nothing is left to run).
   data, loss_fn, params = regression()
   other = dict(loss_fn=loss_fn, tx=optax.sgd(0.5, momentum=BETA), method=dj.gossip.d_psgd(), params=params,
-               data=data, schedule=schedule, batch_size=BATCH, chunk_size=3, checkpoint_dir=tmp_path)
+               data=data, schedule=schedule, sampling=dj.Sampling(batch_size=BATCH),
+               execution=dj.Execution(chunk_size=3), checkpoint=dj.Checkpoint(tmp_path))
   with pytest.raises(ValueError, match="different run: tx differ"):
     dj.simulate_gossip(**other)
-  again = dj.simulate_gossip(**other, resume_changes=("tx",))
+  again = dj.simulate_gossip(**dict(other, checkpoint=dj.Checkpoint(tmp_path, changes=("tx",))))
   _equal((again.params, again.opt_state), (resumed.params, resumed.opt_state))
 
 
@@ -214,7 +218,8 @@ def test_complete_graph_full_averaging_is_all_reduce_sgd():
       receives=np.ones((k, m), bool), mixes=np.zeros(k, np.int8))
   data, loss_fn, params = regression()
   result = dj.simulate_gossip(loss_fn, optax.sgd(LR), dj.gossip.d_psgd(), params, data, schedule,
-                              batch_size=BATCH, eval_fn=lambda p: {"loss": loss_fn(p, data)}, eval_every=8)
+                              sampling=dj.Sampling(batch_size=BATCH),
+                              record=dj.Record(eval_fn=lambda p: {"loss": loss_fn(p, data)}, every=8))
   theta = flat(params)
   from method_reference import grad
   for r in range(rounds):
@@ -240,7 +245,7 @@ def test_nonfinite_gradients_are_reported():
   # Zero updates keep every model finite, so a gradient is non-finite iff its minibatch has an even example.
   with pytest.warns(RuntimeWarning, match="gradients were not finite"):
     result = dj.simulate_gossip(loss_fn, optax.set_to_zero(), dj.gossip.d_psgd(), params, data, schedule,
-                                batch_size=2)
+                                sampling=dj.Sampling(batch_size=2))
   reads = np.zeros(4, int)
   want = []
   for e in range(schedule.num_events):
@@ -257,8 +262,8 @@ def test_nonfinite_gradients_are_reported():
   assert result.history.nonfinite_state is None
   # Applied, a non-finite gradient spoils the state: the chunk where it happened is named.
   with pytest.warns(RuntimeWarning, match="became non-finite between"):
-    spoiled = dj.simulate_gossip(loss_fn, optax.sgd(LR), dj.gossip.d_psgd(), params, data, schedule, batch_size=2,
-                                 chunk_size=4)
+    spoiled = dj.simulate_gossip(loss_fn, optax.sgd(LR), dj.gossip.d_psgd(), params, data, schedule,
+                                 sampling=dj.Sampling(batch_size=2), execution=dj.Execution(chunk_size=4))
   first, last = spoiled.history.nonfinite_state
   assert 0 <= first <= last < schedule.num_events
   assert not np.all(np.isfinite(np.asarray(spoiled.params["w"])))
@@ -273,20 +278,25 @@ def test_bad_arguments_name_themselves():
   with pytest.raises(TypeError, match="schedule"):
     dj.simulate_gossip(loss_fn, tx, dj.gossip.d_psgd(), params, data, None)
   with pytest.raises(ValueError, match="batch_size"):
-    dj.simulate_gossip(loss_fn, tx, dj.gossip.d_psgd(), params, data, schedule, batch_size=0)
+    dj.simulate_gossip(loss_fn, tx, dj.gossip.d_psgd(), params, data, schedule, sampling=dj.Sampling(batch_size=0))
   with pytest.raises(ValueError, match="split evenly"):
-    dj.simulate_gossip(loss_fn, tx, dj.gossip.d_psgd(), params, data, schedule, mesh=jax.make_mesh((8,), ("workers",)))
+    dj.simulate_gossip(loss_fn, tx, dj.gossip.d_psgd(), params, data, schedule,
+                       execution=dj.Execution(mesh=jax.make_mesh((8,), ("workers",))))
   with pytest.raises(ValueError, match="mixes gradients"):
     dj.simulate_gossip(loss_fn, tx, dj.gossip.gossip_grad(), params, data, schedule)
-  # The same standard as dj.simulate: seeds in [0, 2**32), bools that are bools, a writable checkpoint_dir.
-  cases = [(dict(seed=-1), ValueError, "seed must be an integer >= 0, got -1"),
-           (dict(seed=2**32), ValueError, "seed must be an integer below 2\\*\\*32"),
-           (dict(resume="False"), TypeError, "resume must be a bool, got str 'False'"),
-           (dict(has_aux=1), TypeError, "has_aux must be a bool, got int"),
-           (dict(checkpoint_dir=3), TypeError, "checkpoint_dir must be a path"),
-           (dict(phases=0), ValueError, "phases must be an integer >= 1, got 0"),
-           (dict(eval_fn=3), TypeError, "eval_fn must be callable or None, got int"),
-           (dict(sampling="epoch", batch_size=41), ValueError, "batch_size=41 is larger than the data set")]
+  # The same standard as dj.simulate: seeds in [0, 2**32), bools that are bools, a writable checkpoint directory,
+  # options that are option objects. The options are made inside the check: each is checked when it is made.
+  cases = [(lambda: dict(seed=-1), ValueError, "seed must be an integer >= 0, got -1"),
+           (lambda: dict(seed=2**32), ValueError, "seed must be an integer below 2\\*\\*32"),
+           (lambda: dict(checkpoint=dj.Checkpoint("unused", resume="False")), TypeError,
+            "Checkpoint.resume must be a bool, got str 'False'"),
+           (lambda: dict(record=5), TypeError, "record must be a dj.Record"),
+           (lambda: dict(checkpoint=dj.Checkpoint(3)), TypeError, "Checkpoint.directory must be a path"),
+           (lambda: dict(execution=dj.Execution(phases=0)), ValueError,
+            "Execution.phases must be an integer >= 1, got 0"),
+           (lambda: dict(record=dj.Record(eval_fn=3)), TypeError, "Record.eval_fn must be callable or None, got int"),
+           (lambda: dict(sampling=dj.Sampling(41, scheme="epoch")), ValueError,
+            "batch_size=41 is larger than the data set")]
   for kwargs, error, message in cases:
     with pytest.raises(error, match=message):
-      dj.simulate_gossip(loss_fn, tx, dj.gossip.d_psgd(), params, data, schedule, **kwargs)
+      dj.simulate_gossip(loss_fn, tx, dj.gossip.d_psgd(), params, data, schedule, **kwargs())
