@@ -30,7 +30,7 @@ def full_loss(params):
 
 
 def run(tx, delays, steps=STEPS):
-  return dj.simulate(loss_fn, tx, PARAMS, DATA, delays, num_updates=steps, batch_size=16, seed=1)
+  return dj.simulate(loss_fn, tx, PARAMS, DATA, delays, num_updates=steps, sampling=dj.Sampling(batch_size=16), seed=1)
 
 
 @functools.lru_cache(maxsize=None)
@@ -115,8 +115,8 @@ def test_delayed_nesterov_as_outer_optimizer_of_local_sgd_workers():
   """Asynchronous Local-SGD: four workers take DyLU's local steps and push pseudo-gradients."""
   steps = dj.dylu_local_steps([1.0, 0.5, 0.8, 0.3], max_steps=4)
   result = dj.simulate(loss_fn, dj.delayed_nesterov(0.7, 0.5, buffer_size=4), PARAMS, DATA,
-                       dj.delays.constant(3), num_updates=STEPS, batch_size=16, seed=1,
-                       local_steps=steps, local_optimizer=optax.sgd(0.02))
+                       dj.delays.constant(3), num_updates=STEPS, sampling=dj.Sampling(batch_size=16), seed=1,
+                       worker=dj.workers.LocalSteps(steps, optax.sgd(0.02)))
   assert_trains(result)
 
 
