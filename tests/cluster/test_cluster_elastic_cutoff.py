@@ -173,7 +173,7 @@ def test_dj_simulate_trains_under_elastic_bsp_as_the_sequential_reference():
   schedule = C.simulate(C.elastic_bsp(3), C.workers(3, compute="lognormal"), 16, seed=2)
   assert schedule.max_staleness.max() > 1
   tx = probe(0.05, schedule.num_workers)
-  result = dj.simulate(loss_fn, tx, params, data, schedule, batch_size=4, seed=1)
+  result = dj.simulate(loss_fn, tx, params, data, schedule, sampling=dj.Sampling(batch_size=4), seed=1)
   ref_params, ref_state, ref_loss, _, _ = reference(loss_fn, tx, params, data, schedule, batch_size=4, seed=1)
   assert_trees_close(result.params, ref_params, rtol=1e-5, atol=1e-6)
   np.testing.assert_array_equal(result.opt_state.per_worker, ref_state.per_worker)
