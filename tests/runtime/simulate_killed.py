@@ -16,8 +16,8 @@ def main(checkpoint_dir: str) -> None:
   import delayjax as dj
 
   loss_fn, tx, params, data, schedule, kwargs = killed_case()
-  dj.simulate(loss_fn, tx, params, data, schedule, checkpoint_dir=checkpoint_dir,
-              callback=lambda info: print("chunk", info["chunk"], flush=True), **kwargs)
+  dj.simulate(loss_fn, tx, params, data, schedule, checkpoint=dj.Checkpoint(checkpoint_dir),
+              record=dj.Record(callback=lambda info: print("chunk", info["chunk"], flush=True)), **kwargs)
 
 
 if __name__ == "__main__":

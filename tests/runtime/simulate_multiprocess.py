@@ -37,14 +37,14 @@ def main(port: str, process_id: str, out: str, checkpoint_dir: str) -> None:
   import delayjax as dj
 
   mesh = jax.make_mesh((4,), ("workers",), devices=jax.devices())
-  loss_fn, tx, params, data, schedule, kwargs = multiprocess_case()
-  straight = dj.simulate(loss_fn, tx, params, data, schedule, mesh=mesh, **kwargs)
+  loss_fn, tx, params, data, schedule, kwargs = multiprocess_case(mesh)
+  straight = dj.simulate(loss_fn, tx, params, data, schedule, **kwargs)
   try:
-    dj.simulate(loss_fn, tx, params, data, schedule, mesh=mesh, checkpoint_dir=checkpoint_dir,
-                callback=stop_after_two, **kwargs)
+    dj.simulate(loss_fn, tx, params, data, schedule, checkpoint=dj.Checkpoint(checkpoint_dir),
+                record=dj.Record(callback=stop_after_two), **kwargs)
   except Stop:
     pass
-  resumed = dj.simulate(loss_fn, tx, params, data, schedule, mesh=mesh, checkpoint_dir=checkpoint_dir, **kwargs)
+  resumed = dj.simulate(loss_fn, tx, params, data, schedule, checkpoint=dj.Checkpoint(checkpoint_dir), **kwargs)
   arrays = {}
   for name, result in (("straight", straight), ("resumed", resumed)):
     arrays[f"{name}_loss"] = result.history.loss

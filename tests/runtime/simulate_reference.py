@@ -293,11 +293,12 @@ def round_robin(num_workers: int, num_updates: int) -> dj.cluster.Schedule:
                              wait=np.zeros(num_workers))
 
 
-def multiprocess_case():
-  """The run shared by the two-process test and its single-process twin."""
+def multiprocess_case(mesh=None):
+  """The run shared by the two-process test and its single-process twin, on ``mesh``."""
   data, loss_fn, params = regression_problem(num_examples=64)
   schedule = hand_schedule(8, 40, spread=1.0, seed=5)
-  return loss_fn, probe(0.05, 8), params, data, schedule, dict(batch_size=4, seed=3, chunk_size=2)
+  return loss_fn, probe(0.05, 8), params, data, schedule, dict(
+      sampling=dj.Sampling(batch_size=4), seed=3, execution=dj.Execution(mesh=mesh, chunk_size=2))
 
 
 def killed_case():
@@ -308,7 +309,8 @@ def killed_case():
   """
   data, loss_fn, params = regression_problem()
   schedule = dj.cluster.simulate(dj.cluster.asp(), dj.cluster.workers(4), num_updates=256, seed=0)
-  return loss_fn, optax.adam(0.05), params, data, schedule, dict(batch_size=8, seed=1, chunk_size=4)
+  return loss_fn, optax.adam(0.05), params, data, schedule, dict(
+      sampling=dj.Sampling(batch_size=8), seed=1, execution=dj.Execution(chunk_size=4))
 
 
 # Names of the programs XLA compiled so far in this process, by one listener (JAX 0.8 cannot remove one).

@@ -33,12 +33,12 @@ def interrupted(tmp_path_factory):
   """A run stopped after 2 of its 5 chunks, its checkpoint left behind, and the same run uninterrupted."""
   data, loss_fn, params = regression_problem()
   schedule = dj.cluster.simulate(dj.cluster.asp(), dj.cluster.workers(4), num_updates=40, seed=0)
-  kw = dict(batch_size=8, chunk_size=2, seed=1)
+  kw = dict(sampling=dj.Sampling(batch_size=8), execution=dj.Execution(chunk_size=2), seed=1)
   directory = tmp_path_factory.mktemp("run")
   seen = []
   with pytest.raises(Stop):
-    dj.simulate(loss_fn, optax.sgd(0.05), params, data, schedule, checkpoint_dir=directory,
-                callback=_stop_after(2, seen), **kw)
+    dj.simulate(loss_fn, optax.sgd(0.05), params, data, schedule, checkpoint=dj.Checkpoint(directory),
+                record=dj.Record(callback=_stop_after(2, seen)), **kw)
   full = dj.simulate(loss_fn, optax.sgd(0.05), params, data, schedule, **kw)
   full.stats["updates_checkpointed"] = seen[-1]["updates_done"]
   return directory, (loss_fn, params, data, schedule), kw, full
@@ -76,7 +76,8 @@ def test_resuming_another_run_names_what_differs(interrupted, change, component)
   directory, (loss_fn, params, data, schedule), kw, _ = interrupted
   args = change({"loss_fn": loss_fn, "tx": optax.sgd(0.05), "params": params, "data": data})
   with pytest.raises(ValueError, match=f"of a different run: .*{component.split(' (')[0]}"):
-    dj.simulate(args["loss_fn"], args["tx"], args["params"], args["data"], schedule, checkpoint_dir=directory, **kw)
+    dj.simulate(args["loss_fn"], args["tx"], args["params"], args["data"], schedule,
+                checkpoint=dj.Checkpoint(directory), **kw)
 
 
 def test_resume_is_bit_identical_and_ignores_a_chunk_appended_before_a_crash(interrupted, tmp_path):
@@ -84,7 +85,7 @@ def test_resume_is_bit_identical_and_ignores_a_chunk_appended_before_a_crash(int
   copy = _copy(directory, tmp_path)
   with open(copy / "simulate.records", "ab") as f:
     f.write(b"a chunk whose checkpoint was never written")
-  resumed = dj.simulate(loss_fn, optax.sgd(0.05), params, data, schedule, checkpoint_dir=copy, **kw)
+  resumed = dj.simulate(loss_fn, optax.sgd(0.05), params, data, schedule, checkpoint=dj.Checkpoint(copy), **kw)
   np.testing.assert_array_equal(np.asarray(resumed.params["w"]), np.asarray(full.params["w"]))
   np.testing.assert_array_equal(resumed.history.loss, full.history.loss)
 
@@ -94,7 +95,8 @@ def test_a_relative_checkpoint_dir_resumes_too(interrupted, tmp_path, monkeypatc
   directory, (loss_fn, params, data, schedule), kw, full = interrupted
   _copy(directory, tmp_path / "relative")
   monkeypatch.chdir(tmp_path)
-  resumed = dj.simulate(loss_fn, optax.sgd(0.05), params, data, schedule, checkpoint_dir="relative", **kw)
+  resumed = dj.simulate(loss_fn, optax.sgd(0.05), params, data, schedule, checkpoint=dj.Checkpoint("relative"),
+                        **kw)
   np.testing.assert_array_equal(resumed.history.loss, full.history.loss)
   assert max(int(n) for n in os.listdir(tmp_path / "relative" / "simulate") if n.isdigit()) > 2  # saved there
 
@@ -104,9 +106,10 @@ def test_history_is_appended_not_rewritten(interrupted, tmp_path):
   directory, (loss_fn, params, data, schedule), kw, _ = interrupted
   copy = _copy(directory, tmp_path)
   sizes = []
-  dj.simulate(loss_fn, optax.sgd(0.05), params, data, schedule, checkpoint_dir=copy,
-              callback=lambda info: sizes.append((_state_size(copy / "simulate"),
-                                                  os.path.getsize(copy / "simulate.records"))), **kw)
+  dj.simulate(loss_fn, optax.sgd(0.05), params, data, schedule, checkpoint=dj.Checkpoint(copy),
+              record=dj.Record(callback=lambda info: sizes.append((_state_size(copy / "simulate"),
+                                                                   os.path.getsize(copy / "simulate.records")))),
+              **kw)
   state, history = np.array(sizes).T
   # One Orbax step is kept, of the carry's size, not the run's: a state that held the run so far would grow
   # in proportion to the chunks done (3, 4, 5 of 5 here: 5/3 = 1.67x). Its compressed chunks and Orbax's
@@ -137,14 +140,14 @@ def test_a_damaged_checkpoint_names_its_file(interrupted, tmp_path, damage):
   with open(path, "wb") as f:
     f.write(bytes(raw))
   with pytest.raises(ValueError, match=f"checkpoint .*{named} is damaged or truncated"):
-    dj.simulate(loss_fn, optax.sgd(0.05), params, data, schedule, checkpoint_dir=copy, **kw)
+    dj.simulate(loss_fn, optax.sgd(0.05), params, data, schedule, checkpoint=dj.Checkpoint(copy), **kw)
 
 
 def test_a_checkpoint_of_the_earlier_format_says_the_format_changed(interrupted, tmp_path):
   _, (loss_fn, params, data, schedule), kw, _ = interrupted
   (tmp_path / "simulate.msgpack").write_bytes(b"delayjax checkpoint 2\n" + bytes(40))
   with pytest.raises(ValueError, match="earlier format .*simulate.msgpack.*no longer reads"):
-    dj.simulate(loss_fn, optax.sgd(0.05), params, data, schedule, checkpoint_dir=tmp_path, **kw)
+    dj.simulate(loss_fn, optax.sgd(0.05), params, data, schedule, checkpoint=dj.Checkpoint(tmp_path), **kw)
 
 
 def test_resume_changes_continues_knowingly_with_a_new_learning_rate(interrupted, tmp_path):
@@ -154,12 +157,12 @@ def test_resume_changes_continues_knowingly_with_a_new_learning_rate(interrupted
   k = full.stats["updates_checkpointed"]
   copy = _copy(directory, tmp_path)
   with pytest.raises(ValueError, match=r"of a different run: tx differ.*resume_changes=\('tx',\)"):
-    dj.simulate(loss_fn, optax.sgd(0.5), params, data, schedule, checkpoint_dir=copy, **kw)
+    dj.simulate(loss_fn, optax.sgd(0.5), params, data, schedule, checkpoint=dj.Checkpoint(copy), **kw)
   with pytest.raises(ValueError, match="of a different run: loss_fn differ"):
-    dj.simulate(_wrong_loss, optax.sgd(0.5), params, data, schedule, checkpoint_dir=copy, resume_changes=("tx",),
-                **kw)
-  resumed = dj.simulate(loss_fn, optax.sgd(0.5), params, data, schedule, checkpoint_dir=copy,
-                        resume_changes=("tx",), **kw)
+    dj.simulate(_wrong_loss, optax.sgd(0.5), params, data, schedule,
+                checkpoint=dj.Checkpoint(copy, changes=("tx",)), **kw)
+  resumed = dj.simulate(loss_fn, optax.sgd(0.5), params, data, schedule,
+                        checkpoint=dj.Checkpoint(copy, changes=("tx",)), **kw)
   stepped = dj.simulate(loss_fn, optax.sgd(lambda count: jnp.where(count < k, jnp.float32(0.05), jnp.float32(0.5))),
                         params, data, schedule, **kw)
   assert 0 < k < 40
@@ -167,12 +170,12 @@ def test_resume_changes_continues_knowingly_with_a_new_learning_rate(interrupted
   np.testing.assert_allclose(resumed.history.loss, stepped.history.loss, rtol=1e-5)
   assert not np.allclose(np.asarray(resumed.params["w"]), np.asarray(full.params["w"]))
   # The checkpoint now records the new identity: resuming the new run needs no override.
-  again = dj.simulate(loss_fn, optax.sgd(0.5), params, data, schedule, checkpoint_dir=copy, **kw)
+  again = dj.simulate(loss_fn, optax.sgd(0.5), params, data, schedule, checkpoint=dj.Checkpoint(copy), **kw)
   np.testing.assert_array_equal(np.asarray(again.params["w"]), np.asarray(resumed.params["w"]))
 
 
 def test_resume_changes_names_only_components_of_the_run(interrupted, tmp_path):
   _, (loss_fn, params, data, schedule), kw, _ = interrupted
   with pytest.raises(ValueError, match="resume_changes names 'lr', not a component.*'tx'"):
-    dj.simulate(loss_fn, optax.sgd(0.5), params, data, schedule, checkpoint_dir=tmp_path, resume_changes=("lr",),
-                **kw)
+    dj.simulate(loss_fn, optax.sgd(0.5), params, data, schedule,
+                checkpoint=dj.Checkpoint(tmp_path, changes=("lr",)), **kw)

@@ -43,8 +43,8 @@ def test_resume_after_kill_9_is_bit_identical(tmp_path):
       proc.wait()
   assert sum(line.startswith("chunk") for line in lines) == 4, lines
   chunks = []
-  resumed = dj.simulate(loss_fn, tx, params, data, schedule, checkpoint_dir=checkpoints,
-                        callback=lambda info: chunks.append(info["chunk"]), **kwargs)
+  resumed = dj.simulate(loss_fn, tx, params, data, schedule, checkpoint=dj.Checkpoint(checkpoints),
+                        record=dj.Record(callback=lambda info: chunks.append(info["chunk"])), **kwargs)
   assert chunks and chunks[0] >= 4, chunks  # it continued from a checkpoint of a killed process, not from the start
   np.testing.assert_array_equal(resumed.history.loss, straight.history.loss)
   for a, b in zip(jax.tree.leaves((resumed.params, resumed.opt_state)), jax.tree.leaves((straight.params,

@@ -70,7 +70,7 @@ def test_matches_sequential_reference(name):
   schedule = _as_schedule(source, 24, seed=1)
   tx = probe(0.05, schedule.num_workers)
   result = dj.simulate(loss_fn, tx, params, data, source, num_updates=schedule.num_updates,
-                       batch_size=BATCH, seed=1)
+                       sampling=dj.Sampling(batch_size=BATCH), seed=1)
   ref_params, ref_state, ref_loss, _, _ = reference(loss_fn, tx, params, data, schedule,
                                                     batch_size=BATCH, seed=1)
   assert_trees_close(result.params, ref_params, rtol=1e-5, atol=1e-6)
@@ -94,7 +94,7 @@ def test_package_transformations_match_reference(name):
   tx = (dj.dana(0.05, 0.9, num_workers=5) if name == "dana" else
         optax.chain(dj.delay_compensation(lam=1.0, adaptive=True), dj.scale_by_staleness("inverse"),
                     optax.sgd(0.05)))
-  result = dj.simulate(loss_fn, tx, params, data, schedule, batch_size=BATCH)
+  result = dj.simulate(loss_fn, tx, params, data, schedule, sampling=dj.Sampling(batch_size=BATCH))
   ref_params, ref_state, _, _, _ = reference(loss_fn, tx, params, data, schedule, batch_size=BATCH)
   assert_trees_close(result.params, ref_params, rtol=1e-5, atol=1e-6)
   assert_trees_close(result.opt_state, ref_state, rtol=1e-5, atol=1e-6)
@@ -120,8 +120,8 @@ def test_sampling_matches_reference(sampling):
   schedule = hand_schedule(3, 24, max_batches=2, seed=8)
   shards = [np.arange(0, 5), np.arange(5, 20, 2), np.array([19, 1, 3])] if sampling == "shard" else None
   tx = optax.sgd(0.05)
-  result = dj.simulate(loss_fn, tx, params, data, schedule, batch_size=BATCH, sampling=sampling,
-                       shards=shards, seed=2)
+  result = dj.simulate(loss_fn, tx, params, data, schedule,
+                       sampling=dj.Sampling(batch_size=BATCH, scheme=sampling, shards=shards), seed=2)
   ref_params, _, ref_loss, _, _ = reference(loss_fn, tx, params, data, schedule, batch_size=BATCH,
                                             sampling=sampling, shards=shards, seed=2)
   assert_trees_close(result.params, ref_params, rtol=1e-5, atol=1e-6)
@@ -154,9 +154,10 @@ def test_one_and_eight_devices_agree():
   data, loss_fn, params = regression_problem()
   schedule = _cluster(dj.cluster.asp(), num_workers, 40, seed=9)
   tx = probe(0.05, num_workers)
-  single = dj.simulate(loss_fn, tx, params, data, schedule, batch_size=BATCH)
+  single = dj.simulate(loss_fn, tx, params, data, schedule, sampling=dj.Sampling(batch_size=BATCH))
   mesh = jax.make_mesh((8,), ("workers",))
-  multi = dj.simulate(loss_fn, tx, params, data, schedule, batch_size=BATCH, mesh=mesh)
+  multi = dj.simulate(loss_fn, tx, params, data, schedule, sampling=dj.Sampling(batch_size=BATCH),
+                      execution=dj.Execution(mesh=mesh))
   assert multi.stats["num_devices"] == 8 and multi.stats["num_workers"] == 16
   assert_trees_close(multi.params, single.params, rtol=1e-5, atol=1e-6)
   np.testing.assert_array_equal(multi.opt_state.per_worker, single.opt_state.per_worker)
@@ -167,9 +168,9 @@ def test_resume_is_bit_identical(tmp_path):
   data, loss_fn, params = regression_problem()
   schedule = hand_schedule(4, 40, latency=1.5, seed=10)
   tx = optax.sgd(0.05, momentum=0.9)
-  kwargs = dict(batch_size=BATCH, chunk_size=3, eval_fn=lambda p: {"norm": jnp.sum(p["w"] ** 2)},
-                eval_every=7, seed=4)
-  whole = dj.simulate(loss_fn, tx, params, data, schedule, **kwargs)
+  eval_fn = lambda p: {"norm": jnp.sum(p["w"] ** 2)}
+  kwargs = dict(sampling=dj.Sampling(batch_size=BATCH), execution=dj.Execution(chunk_size=3), seed=4)
+  whole = dj.simulate(loss_fn, tx, params, data, schedule, record=dj.Record(eval_fn=eval_fn, every=7), **kwargs)
   assert whole.stats["num_chunks"] >= 4
 
   class Stop(Exception):
@@ -180,31 +181,37 @@ def test_resume_is_bit_identical(tmp_path):
       raise Stop
 
   with pytest.raises(Stop):
-    dj.simulate(loss_fn, tx, params, data, schedule, checkpoint_dir=tmp_path, callback=stop_after_two, **kwargs)
+    dj.simulate(loss_fn, tx, params, data, schedule, checkpoint=dj.Checkpoint(tmp_path),
+                record=dj.Record(eval_fn=eval_fn, every=7, callback=stop_after_two), **kwargs)
   seen = []
-  resumed = dj.simulate(loss_fn, tx, params, data, schedule, checkpoint_dir=tmp_path,
-                        callback=lambda info: seen.append(info["chunk"]), **kwargs)
+  resumed = dj.simulate(loss_fn, tx, params, data, schedule, checkpoint=dj.Checkpoint(tmp_path),
+                        record=dj.Record(eval_fn=eval_fn, every=7, callback=lambda info: seen.append(info["chunk"])),
+                        **kwargs)
   assert seen[0] == 2  # it did continue rather than start over
   _assert_trees_equal(resumed.params, whole.params)
   _assert_trees_equal(resumed.opt_state, whole.opt_state)
   _assert_trees_equal(resumed.history, whole.history)
   # A checkpoint of another run is refused rather than silently mixed in.
   with pytest.raises(ValueError, match="checkpoint_dir holds a checkpoint"):
-    dj.simulate(loss_fn, tx, params, data, schedule, checkpoint_dir=tmp_path, **{**kwargs, "seed": 5})
+    dj.simulate(loss_fn, tx, params, data, schedule, checkpoint=dj.Checkpoint(tmp_path),
+                record=dj.Record(eval_fn=eval_fn, every=7), **{**kwargs, "seed": 5})
 
 
 def test_same_seed_is_bit_identical_and_chunking_and_lanes_do_not_matter():
   data, loss_fn, params = regression_problem()
   schedule = _cluster(dj.cluster.ssp(2), 4, 30, seed=11)
   tx = probe(0.05, 4)
-  a = dj.simulate(loss_fn, tx, params, data, schedule, batch_size=BATCH, seed=7)
-  b = dj.simulate(loss_fn, tx, params, data, schedule, batch_size=BATCH, seed=7, chunk_size=2)
-  c = dj.simulate(loss_fn, tx, params, data, schedule, batch_size=BATCH, seed=8)
+  sampling = dj.Sampling(batch_size=BATCH)
+  a = dj.simulate(loss_fn, tx, params, data, schedule, sampling=sampling, seed=7)
+  b = dj.simulate(loss_fn, tx, params, data, schedule, sampling=sampling, seed=7,
+                  execution=dj.Execution(chunk_size=2))
+  c = dj.simulate(loss_fn, tx, params, data, schedule, sampling=sampling, seed=8)
   _assert_trees_equal(a.params, b.params)
   np.testing.assert_array_equal(a.history.loss, b.history.loss)
   # Nor does how many gradients a step computes (which changes which step computes each).
   for lanes in (1, 3):
-    d = dj.simulate(loss_fn, tx, params, data, schedule, batch_size=BATCH, seed=7, lanes=lanes)
+    d = dj.simulate(loss_fn, tx, params, data, schedule, sampling=sampling, seed=7,
+                    execution=dj.Execution(lanes=lanes))
     _assert_trees_equal(a.params, d.params)
     np.testing.assert_array_equal(a.history.loss, d.history.loss)
   assert not np.array_equal(a.history.loss, c.history.loss)
@@ -214,7 +221,8 @@ def test_chunks_compile_once(caplog):
   data, loss_fn, params = regression_problem()
   schedule = round_robin(4, 40)
   with jax.log_compiles(True), caplog.at_level(logging.WARNING):
-    result = dj.simulate(loss_fn, optax.sgd(0.05), params, data, schedule, batch_size=BATCH, chunk_size=2)
+    result = dj.simulate(loss_fn, optax.sgd(0.05), params, data, schedule, sampling=dj.Sampling(batch_size=BATCH),
+                         execution=dj.Execution(chunk_size=2))
   assert result.stats["num_chunks"] >= 5
   compiles = [r for r in caplog.records if "Compiling" in r.getMessage() and "chunk" in r.getMessage()]
   assert len(compiles) == 1, [r.getMessage() for r in compiles]
@@ -226,7 +234,8 @@ def test_nonfinite_gradients_are_reported_and_skipped(skip):
   data["x"][5] = np.nan  # every minibatch holding example 5 has a NaN gradient
   schedule = hand_schedule(3, 30, group=2, seed=12)
   tx = probe(0.05, 3)
-  result = dj.simulate(loss_fn, tx, params, data, schedule, batch_size=BATCH, skip_nonfinite=skip)
+  result = dj.simulate(loss_fn, tx, params, data, schedule, sampling=dj.Sampling(batch_size=BATCH),
+                       record=dj.Record(nonfinite="skip" if skip else "report"))
   ref_params, ref_state, _, ref_bad, _ = reference(loss_fn, tx, params, data, schedule, batch_size=BATCH,
                                                    skip_nonfinite=skip)
   assert len(ref_bad) > 0
@@ -252,8 +261,8 @@ def test_eval_history_indices_times_and_values():
   def eval_fn(p):
     return {"norm": jnp.sum(p["w"] ** 2), "b": p["b"]}
 
-  result = dj.simulate(loss_fn, tx, params, data, schedule, batch_size=BATCH, eval_fn=eval_fn, eval_every=5,
-                       chunk_size=2)
+  result = dj.simulate(loss_fn, tx, params, data, schedule, sampling=dj.Sampling(batch_size=BATCH),
+                       record=dj.Record(eval_fn=eval_fn, every=5), execution=dj.Execution(chunk_size=2))
   *_, versions = reference(loss_fn, tx, params, data, schedule, batch_size=BATCH)
   np.testing.assert_array_equal(result.history.eval_update, [0, 5, 10, 15, 20, 23])
   np.testing.assert_array_equal(result.history.eval_time, [0.0] + [schedule.time[v - 1] for v in (5, 10, 15, 20, 23)])
@@ -272,7 +281,7 @@ def test_matches_delayed_wrapper_with_constant_delay():
     return loss_fn(p, batch), {"n": batch["x"].shape[0]}
 
   result = dj.simulate(with_aux, tx, params, data, dj.delays.constant(tau), num_updates=num_updates,
-                       batch_size=BATCH, seed=6, has_aux=True)
+                       sampling=dj.Sampling(batch_size=BATCH), seed=6)
   np.testing.assert_array_equal(result.history.time, np.arange(num_updates))
   np.testing.assert_array_equal(result.history.staleness, np.minimum(np.arange(num_updates), tau))
   delayed = dj.delayed(tx, dj.delays.constant(tau))
@@ -318,9 +327,9 @@ def test_two_processes_match_one_with_and_without_resume(tmp_path):
     if "gloo" in text.lower() and ("not" in text.lower() and "available" in text.lower()):
       pytest.skip(f"gloo CPU collectives are unavailable: {text[-500:]}")
     pytest.fail("two-process run failed:\n" + text[-3000:])
-  loss_fn, tx, params, data, schedule, kwargs = multiprocess_case()
   mesh = jax.make_mesh((4,), ("workers",), devices=jax.devices()[:4])
-  single = dj.simulate(loss_fn, tx, params, data, schedule, mesh=mesh, **kwargs)
+  loss_fn, tx, params, data, schedule, kwargs = multiprocess_case(mesh)
+  single = dj.simulate(loss_fn, tx, params, data, schedule, **kwargs)
   assert single.stats["num_chunks"] >= 3  # so the interrupted run really stopped midway
   with np.load(out) as two:
     # Straight through, and interrupted then resumed from a checkpoint written
@@ -331,21 +340,31 @@ def test_two_processes_match_one_with_and_without_resume(tmp_path):
         np.testing.assert_array_equal(two[f"{name}_{i}"], np.asarray(leaf))
 
 
+def _eval(params):
+  return {"norm": jnp.sum(params["w"] ** 2)}
+
+
+# Options are checked when they are made: each case builds its keywords inside pytest.raises.
 @pytest.mark.parametrize("kwargs, error, match", [
-    (dict(num_updates=50), ValueError, r"num_updates=50 .* has only 20 updates"),
-    (dict(batch_size=0), ValueError, r"batch_size must be an integer >= 1, got 0"),
-    (dict(sampling="stratified"), ValueError, r"sampling must be one of 'iid', 'epoch', 'shard'; got 'stratified'"),
-    (dict(mesh="devices"), TypeError, r"mesh must be a jax.sharding.Mesh"),
-    (dict(shards=[np.arange(3)] * 4), ValueError, r"shards is only used with sampling='shard'"),
-    (dict(sampling="shard", shards=[np.arange(3)] * 3), ValueError, r"shards must hold one index array per worker \(4\), got 3"),
-    (dict(sampling="shard", shards=[np.arange(3)] * 3 + [np.array([99])]), ValueError, r"shards\[3\] holds indices outside 0..47"),
-    (dict(eval_every=0), ValueError, r"eval_every must be an integer >= 1"),
-    (dict(chunk_size=1.5), TypeError, r"chunk_size must be an integer"),
+    (lambda: dict(num_updates=50), ValueError, r"num_updates=50 .* has only 20 updates"),
+    (lambda: dict(sampling=dj.Sampling(batch_size=0)), ValueError,
+     r"Sampling.batch_size must be an integer >= 1, got 0"),
+    (lambda: dict(sampling=dj.Sampling(scheme="stratified")), ValueError,
+     r"Sampling.scheme must be one of 'iid', 'epoch', 'shard'; got 'stratified'"),
+    (lambda: dict(execution=dj.Execution(mesh="devices")), TypeError, r"Execution.mesh must be a jax.sharding.Mesh"),
+    (lambda: dict(sampling=dj.Sampling(shards=[np.arange(3)] * 4)), ValueError,
+     r"Sampling.shards is only used with Sampling.scheme='shard'"),
+    (lambda: dict(sampling=dj.Sampling(scheme="shard", shards=[np.arange(3)] * 3)), ValueError,
+     r"shards must hold one index array per worker \(4\), got 3"),
+    (lambda: dict(sampling=dj.Sampling(scheme="shard", shards=[np.arange(3)] * 3 + [np.array([99])])), ValueError,
+     r"shards\[3\] holds indices outside 0..47"),
+    (lambda: dict(record=dj.Record(eval_fn=_eval, every=0)), ValueError, r"Record.every must be an integer >= 1"),
+    (lambda: dict(execution=dj.Execution(chunk_size=1.5)), TypeError, r"Execution.chunk_size must be an integer"),
 ])
 def test_bad_arguments(kwargs, error, match):
   data, loss_fn, params = regression_problem()
   with pytest.raises(error, match=match):
-    dj.simulate(loss_fn, optax.sgd(0.1), params, data, round_robin(4, 20), **kwargs)
+    dj.simulate(loss_fn, optax.sgd(0.1), params, data, round_robin(4, 20), **kwargs())
 
 
 def test_bad_sources_data_and_mesh():
@@ -353,7 +372,8 @@ def test_bad_sources_data_and_mesh():
   with pytest.raises(ValueError, match=r"data leaves must share their leading dimension.*\['x'\]: 48.*\['y'\]: 47"):
     dj.simulate(loss_fn, optax.sgd(0.1), params, {"x": data["x"], "y": data["y"][:47]}, round_robin(2, 5))
   with pytest.raises(ValueError, match=r"mesh must have an axis named 'workers'; got axes \('data',\)"):
-    dj.simulate(loss_fn, optax.sgd(0.1), params, data, round_robin(2, 5), mesh=jax.make_mesh((2,), ("data",)))
+    dj.simulate(loss_fn, optax.sgd(0.1), params, data, round_robin(2, 5),
+                execution=dj.Execution(mesh=jax.make_mesh((2,), ("data",))))
   with pytest.raises(ValueError, match="num_updates is required when source is a delay model"):
     dj.simulate(loss_fn, optax.sgd(0.1), params, data, dj.delays.constant(2))
   with pytest.raises(TypeError, match="source must be a dj.cluster.Schedule or a delay model.*got list"):
@@ -362,4 +382,5 @@ def test_bad_sources_data_and_mesh():
     dj.simulate(loss_fn, optax.sgd(0.1), params, data,
                 dj.delays.per_leaf({"w": dj.delays.constant(1), "c": dj.delays.constant(0)}), num_updates=3)
   with pytest.raises(ValueError, match="batch_size=64 is larger than the data set"):
-    dj.simulate(loss_fn, optax.sgd(0.1), params, data, round_robin(2, 5), sampling="epoch", batch_size=64)
+    dj.simulate(loss_fn, optax.sgd(0.1), params, data, round_robin(2, 5),
+                sampling=dj.Sampling(batch_size=64, scheme="epoch"))
