@@ -461,14 +461,16 @@ def _fingerprint(schedule: GossipSchedule, *, tx: Any, loss_fn: Callable[..., An
   opt_state, extra = tx.init(params), method.init(params)
   dt, weight = jnp.float32(1.0), jnp.float32(0.5)
   message = jax.eval_shape(method.message, params, extra)
+  # The method's own rules, traced with a fixed optimizer so that its digest changes with the method only.
+  reference = optax.sgd(1.0)
   programs = {
       # The traced programs carry the hyper-parameters (a learning rate is a literal in them).
       "tx": (tx.update, (params, opt_state, params)),
       "loss_fn": (lambda p, b: loss_fn(p, b), (params, batch_like(data, batch_size))),
-      "method": (lambda p, s, e, m: (method.apply(tx, p, s, p, e, dt), method.message(p, e),
+      "method": (lambda p, s, e, m: (method.apply(reference, p, s, p, e, dt), method.message(p, e),
                                      method.receive(p, e, m, weight, dt),
                                      () if method.advance is None else method.advance(p, e, dt)),
-                 (params, opt_state, extra, message)),
+                 (params, reference.init(params), extra, message)),
   }
   if eval_fn is not None:
     programs["eval_fn"] = (eval_fn, (params,))

@@ -215,13 +215,14 @@ def _leaf_reads(source: Any, versions: np.ndarray | None,
 
 
 def _payload_like(params: Any, inputs: tuple[str, ...], samples: int, terms: Any = None) -> dict[str, Any]:
-  """Zeros shaped like one contribution's payload: its gradient and the lane inputs ``inputs`` need.
+  """The shapes and dtypes (``jax.ShapeDtypeStruct``: nothing allocated) of one contribution's payload: its
+  gradient and the lane inputs ``inputs`` need.
 
   ``samples``: the examples a contribution draws (per-example entries);
   ``terms``: the shapes of ``sample_terms``' output for one example.
   """
   def zeros(tree, lead):
-    return jax.tree.map(lambda x: np.zeros(lead + np.shape(x), jnp.result_type(x)), tree)
+    return engine.shapes(tree, lead)
 
   out = {"grad": zeros(params, ())}
   if "snapshot_grad" in inputs:
@@ -231,8 +232,8 @@ def _payload_like(params: Any, inputs: tuple[str, ...], samples: int, terms: Any
   if "sample_scalars" in inputs:
     out["sample_scalars"], out["sample_features"] = zeros(tuple(terms), (samples,))
   if "sample_indices" in inputs:
-    out["sample_indices"] = np.zeros((samples,), np.int32)
-    out["sample_valid"] = np.zeros((samples,), bool)
+    out["sample_indices"] = jax.ShapeDtypeStruct((samples,), np.int32)
+    out["sample_valid"] = jax.ShapeDtypeStruct((samples,), np.bool_)
   return out
 
 
@@ -287,7 +288,8 @@ def _uses_stale_params(tx: optax.GradientTransformationExtraArgs, params: Any, i
   state = jax.eval_shape(tx.init, spec)
 
   def update(stale, state, params):
-    extra = jax.tree.map(jnp.asarray, _input_examples(params, inputs, samples, terms, num_contrib))
+    extra = jax.tree.map(lambda x: jnp.zeros(np.shape(x), x.dtype), _input_examples(params, inputs, samples, terms,
+                                                                                   num_contrib))
     if "contribution_stale_params" in inputs:
       extra["contribution_stale_params"] = jax.tree.map(lambda s: jnp.stack([s] * num_contrib), stale)
     return tx.update(params, state, params, staleness=jnp.int32(0), stale_params=stale, worker=jnp.int32(0),
