@@ -45,7 +45,7 @@ def _gossip_schedule():
 
 def simulate_gossip(**kw):
   args = {"loss_fn": loss_fn, "tx": optax.sgd(0.1), "method": dj.gossip.d_psgd(), "params": PARAMS, "data": DATA,
-          "schedule": _gossip_schedule(), "batch_size": 4}
+          "schedule": _gossip_schedule(), "sampling": dj.Sampling(batch_size=4)}
   args.update(kw)
   return dj.simulate_gossip(args.pop("loss_fn"), args.pop("tx"), args.pop("method"), args.pop("params"),
                             args.pop("data"), args.pop("schedule"), **args)
@@ -58,10 +58,19 @@ def _stage(params, h):
 def simulate_pipeline(**kw):
   args = {"stage_fns": [_stage, _stage], "loss_fn": lambda h, batch: jnp.mean((h - batch["y"]) ** 2),
           "tx": optax.sgd(0.1), "params": [{"w": jnp.eye(3)}, {"w": jnp.ones(3)}], "data": DATA,
-          "schedule": dj.cluster.pipeline("gpipe", 2, 3), "batch_size": 4}
+          "schedule": dj.cluster.pipeline("gpipe", 2, 3), "sampling": dj.Sampling(batch_size=4)}
   args.update(kw)
   return dj.simulate_pipeline(args.pop("stage_fns"), args.pop("loss_fn"), args.pop("tx"), args.pop("params"),
                               args.pop("data"), args.pop("schedule"), **args)
+
+
+def _evaluate(params):
+  return loss_fn(params, DATA)
+
+
+def _vector_loss(params, batch):
+  """A loss that is not a scalar (nor a (scalar, aux) pair): one value per example."""
+  return (batch["x"] @ params["w"] + params["b"] - batch["y"]) ** 2
 
 
 def cli(*argv):
@@ -154,41 +163,74 @@ CASES = [
     # dj.simulate
     ("simulate tx", lambda: simulate(tx="sgd"), TypeError, "tx"),
     ("simulate source", lambda: simulate(source=[1, 2]), TypeError, "source"),
-    ("simulate batch_size", lambda: simulate(batch_size=0), ValueError, "batch_size"),
+    ("simulate Sampling.batch_size", lambda: simulate(sampling=dj.Sampling(batch_size=0)), ValueError,
+     "Sampling.batch_size"),
     ("simulate seed negative", lambda: simulate(seed=-1), ValueError, "seed"),
     ("simulate seed large", lambda: simulate(seed=2**32), ValueError, "seed"),
-    ("simulate resume string", lambda: simulate(resume="False"), TypeError, "resume"),
-    ("simulate skip_nonfinite string", lambda: simulate(skip_nonfinite="False"), TypeError, "skip_nonfinite"),
-    ("simulate sampling", lambda: simulate(sampling="stratified"), ValueError, "sampling"),
+    ("simulate Checkpoint.resume string", lambda: simulate(checkpoint=dj.Checkpoint("ckpt", resume="False")),
+     TypeError, "Checkpoint.resume"),
+    ("simulate Record.nonfinite string", lambda: simulate(record=dj.Record(nonfinite="False")), ValueError,
+     "Record.nonfinite"),
+    ("simulate Sampling.scheme", lambda: simulate(sampling=dj.Sampling(scheme="stratified")), ValueError,
+     "Sampling.scheme"),
     ("simulate num_updates", lambda: simulate(num_updates=50), ValueError, "num_updates=50"),
-    ("simulate chunk_size", lambda: simulate(chunk_size=0), ValueError, "chunk_size"),
-    ("simulate eval_every", lambda: simulate(eval_every=0), ValueError, "eval_every"),
-    ("simulate mesh", lambda: simulate(mesh="devices"), TypeError, "mesh"),
-    ("simulate checkpoint_dir type", lambda: simulate(checkpoint_dir=3), TypeError, "checkpoint_dir"),
-    ("simulate resume_changes string", lambda: simulate(resume_changes="tx"), TypeError, "resume_changes"),
-    ("simulate resume_changes without checkpoint", lambda: simulate(resume_changes=("tx",)), ValueError,
-     "resume_changes"),
+    ("simulate Execution.chunk_size", lambda: simulate(execution=dj.Execution(chunk_size=0)), ValueError,
+     "Execution.chunk_size"),
+    ("simulate Record.every", lambda: simulate(record=dj.Record(eval_fn=_evaluate, every=0)), ValueError,
+     "Record.every"),
+    ("simulate Execution.mesh", lambda: simulate(execution=dj.Execution(mesh="devices")), TypeError,
+     "Execution.mesh"),
+    ("simulate Checkpoint.directory type", lambda: simulate(checkpoint=dj.Checkpoint(3)), TypeError,
+     "Checkpoint.directory"),
+    ("simulate Checkpoint.changes string", lambda: simulate(checkpoint=dj.Checkpoint("ckpt", changes="tx")),
+     TypeError, "Checkpoint.changes"),
+    ("simulate Record.every without eval_fn", lambda: simulate(record=dj.Record(every=5)), ValueError,
+     "Record.eval_fn"),
     ("simulate per-worker table", lambda: simulate(tx=dj.dana(0.1, num_workers=2)), ValueError, "num_workers=4"),
     ("simulate data", lambda: simulate(data={"x": np.zeros((16, 3)), "y": np.zeros(15)}), ValueError, "data"),
-    ("simulate local_steps", lambda: simulate(local_steps=0), ValueError, "local_steps"),
-    ("simulate max_memory", lambda: simulate(max_memory=-1), ValueError, "max_memory"),
-    ("simulate history", lambda: simulate(history="steps"), ValueError,
-     "history must be one of 'updates', 'evaluations'; got 'steps'"),
+    ("simulate LocalSteps.steps", lambda: simulate(worker=dj.workers.LocalSteps(0, optax.sgd(0.1))), ValueError,
+     "LocalSteps.steps"),
+    ("simulate Execution.max_memory", lambda: simulate(execution=dj.Execution(max_memory=-1)), ValueError,
+     "Execution.max_memory"),
+    ("simulate Record.history", lambda: simulate(record=dj.Record(history="steps")), ValueError,
+     "Record.history must be one of 'updates', 'evaluations'; got 'steps'"),
+    ("simulate record not a Record", lambda: simulate(record=5), TypeError, "record must be a dj.Record"),
+    ("simulate worker not a plug-in", lambda: simulate(worker="local"), TypeError, "worker must be a dj.workers"),
+    ("simulate loss not a scalar", lambda: simulate(loss_fn=_vector_loss), ValueError,
+     "loss_fn(params, batch) must return a real scalar loss"),
     # dj.simulate_gossip
     ("gossip method", lambda: simulate_gossip(method="d_psgd"), TypeError, "method"),
     ("gossip schedule", lambda: simulate_gossip(schedule=_schedule()), TypeError, "schedule"),
     ("gossip seed negative", lambda: simulate_gossip(seed=-1), ValueError, "seed"),
-    ("gossip resume string", lambda: simulate_gossip(resume="False"), TypeError, "resume"),
-    ("gossip batch_size", lambda: simulate_gossip(batch_size=0), ValueError, "batch_size"),
-    ("gossip phases", lambda: simulate_gossip(phases=0), ValueError, "phases"),
-    ("gossip history", lambda: simulate_gossip(history="steps"), ValueError, "history must be one of"),
+    ("gossip Checkpoint.resume string", lambda: simulate_gossip(checkpoint=dj.Checkpoint("ckpt", resume="False")),
+     TypeError, "Checkpoint.resume"),
+    ("gossip Sampling.batch_size", lambda: simulate_gossip(sampling=dj.Sampling(batch_size=0)), ValueError,
+     "Sampling.batch_size"),
+    ("gossip Execution.phases", lambda: simulate_gossip(execution=dj.Execution(phases=0)), ValueError,
+     "Execution.phases"),
+    ("gossip Record.history", lambda: simulate_gossip(record=dj.Record(history="steps")), ValueError,
+     "Record.history must be one of"),
+    ("gossip Execution.lanes", lambda: simulate_gossip(execution=dj.Execution(lanes=2)), ValueError,
+     "Execution.lanes"),
+    ("gossip seed list", lambda: simulate_gossip(seed=[0, 1]), TypeError, "dj.Runs"),
+    ("gossip Record.nonfinite skip", lambda: simulate_gossip(record=dj.Record(nonfinite="skip")), ValueError,
+     "Record.nonfinite='skip'"),
+    ("gossip record not a Record", lambda: simulate_gossip(record=5), TypeError, "record must be a dj.Record"),
+    ("gossip loss not a scalar", lambda: simulate_gossip(loss_fn=_vector_loss), ValueError,
+     "loss_fn(params, batch) must return a real scalar loss"),
     # dj.simulate_pipeline
     ("pipeline stage count", lambda: simulate_pipeline(stage_fns=[_stage]), ValueError, "stage_fns"),
     ("pipeline schedule type", lambda: simulate_pipeline(schedule=_schedule()), TypeError, "schedule"),
     ("pipeline seed large", lambda: simulate_pipeline(seed=2**32), ValueError, "seed"),
-    ("pipeline resume string", lambda: simulate_pipeline(resume="no"), TypeError, "resume"),
+    ("pipeline Checkpoint.resume string", lambda: simulate_pipeline(checkpoint=dj.Checkpoint("ckpt", resume="no")),
+     TypeError, "Checkpoint.resume"),
     ("pipeline data", lambda: simulate_pipeline(data={"y": np.zeros(4)}), ValueError, "data"),
-    ("pipeline history", lambda: simulate_pipeline(history=None), ValueError, "history must be one of"),
+    ("pipeline Record.history", lambda: simulate_pipeline(record=dj.Record(history=None)), ValueError,
+     "Record.history must be one of"),
+    ("pipeline Execution.phases", lambda: simulate_pipeline(execution=dj.Execution(phases=2)), ValueError,
+     "Execution.phases"),
+    ("pipeline checkpoint not a Checkpoint", lambda: simulate_pipeline(checkpoint="ckpt"), TypeError,
+     "checkpoint must be a dj.Checkpoint"),
     # python -m experiments (in this process)
     ("cli unknown reproduction", lambda: cli("run", "nope"), SystemExit, "nope"),
     ("cli --set not a number", lambda: cli("run", "dc_asgd", "--set", "lr=abc"), SystemExit, "--set lr"),
