@@ -31,8 +31,8 @@ def _loss(scale):
 
 def _run(problem, tx, seed=0, loss_fn=None):
   data, schedule, params = problem
-  return dj.simulate(loss_fn or _loss(jnp.ones(3)), tx, params, data, schedule, batch_size=BATCH, seed=seed,
-                     chunk_size=4)
+  return dj.simulate(loss_fn or _loss(jnp.ones(3)), tx, params, data, schedule, sampling=dj.Sampling(batch_size=BATCH),
+                     seed=seed, execution=dj.Execution(chunk_size=4))
 
 
 def _fresh(run):
@@ -99,12 +99,13 @@ def test_a_resumed_run_reuses_the_compiled_chunk(problem, tmp_path):
       raise Stop
 
   data, schedule, params = problem
-  run = lambda **kw: dj.simulate(_loss(jnp.ones(3)), optax.adam(0.05), params, data, schedule,
-                                 batch_size=BATCH, chunk_size=4, checkpoint_dir=str(tmp_path), **kw)
+  run = lambda callback: dj.simulate(_loss(jnp.ones(3)), optax.adam(0.05), params, data, schedule,
+                                     sampling=dj.Sampling(batch_size=BATCH), execution=dj.Execution(chunk_size=4),
+                                     checkpoint=dj.Checkpoint(str(tmp_path)), record=dj.Record(callback=callback))
   with pytest.raises(Stop):
-    run(callback=stop_after_two)
+    run(stop_after_two)
   chunks = []
-  compiled, resumed = compiled_by(lambda: run(callback=lambda info: chunks.append(info["chunk"])))
+  compiled, resumed = compiled_by(lambda: run(lambda info: chunks.append(info["chunk"])))
   assert chunks[0] == 2  # it continued from the checkpoint
   # The restored carry is placed as a fresh one is, so JAX's compile cache serves the chunk program.
   assert not [name for name in compiled if "chunk" in name], compiled

@@ -40,8 +40,8 @@ def problem():
   def eval_fn(p):
     return {"loss": loss_fn(p, data), "w": p["w"]}
 
-  kw = dict(batch_size=8, chunk_size=CHUNK, seed=1, eval_fn=eval_fn, eval_every=EVAL_EVERY)
-  return (loss_fn, params, data, schedule), kw
+  kw = dict(sampling=dj.Sampling(batch_size=8), execution=dj.Execution(chunk_size=CHUNK), seed=1)
+  return (loss_fn, params, data, schedule, eval_fn), kw
 
 
 @pytest.fixture(scope="module")
@@ -50,13 +50,14 @@ def straight(problem):
   compiled chunk)``."""
   kept = _run(problem)
   hits = _engine.cache_info()["hits"]
-  bare = _run(problem, history="evaluations")
+  bare = _run(problem, "evaluations")
   return kept, bare, _engine.cache_info()["hits"] > hits
 
 
-def _run(problem, **extra):
-  (loss_fn, params, data, schedule), kw = problem
-  return dj.simulate(loss_fn, optax.sgd(0.05, momentum=0.9), params, data, schedule, **kw, **extra)
+def _run(problem, history="updates", callback=None, **extra):
+  (loss_fn, params, data, schedule, eval_fn), kw = problem
+  record = dj.Record(eval_fn=eval_fn, every=EVAL_EVERY, history=history, callback=callback)
+  return dj.simulate(loss_fn, optax.sgd(0.05, momentum=0.9), params, data, schedule, record=record, **kw, **extra)
 
 
 def _assert_same_except_per_update(kept, bare):
@@ -83,25 +84,26 @@ def test_evaluations_keeps_everything_but_the_per_update_rows_and_shares_the_pro
   assert shared
   assert len(kept.history.loss) == UPDATES and kept.history.loss.dtype == np.float32
   _assert_same_except_per_update(kept, bare)
-  (loss_fn, _, data, _), _ = problem
+  (loss_fn, _, data, _, _), _ = problem
   # The last evaluation is eval_fn at the final parameters, computed independently here.
   assert bare.history.eval_update.tolist() == [0, 7, 14, 21, 28, 35, 40]
   np.testing.assert_allclose(bare.history.eval_metrics["loss"][-1], loss_fn(bare.params, data), rtol=1e-6)
 
 
-def _nonfinite_run(value, tx, history, **kw):
+def _nonfinite_run(value, tx, history, nonfinite="report"):
   # One example's gradient is `value` (the other examples' 1): a NaN or a float32-overflowing gradient.
   c = np.ones(8, np.float32)
   c[3] = value
   return dj.simulate(lambda w, batch: jnp.mean(batch["c"]) * jnp.sum(w), tx, jnp.zeros(2), {"c": c},
-                     dj.delays.constant(1), num_updates=UPDATES, batch_size=1, seed=1, chunk_size=8,
-                     eval_fn=lambda w: jnp.sum(w), eval_every=10, history=history, **kw)
+                     dj.delays.constant(1), num_updates=UPDATES, sampling=dj.Sampling(batch_size=1), seed=1,
+                     execution=dj.Execution(chunk_size=8),
+                     record=dj.Record(eval_fn=lambda w: jnp.sum(w), every=10, history=history, nonfinite=nonfinite))
 
 
 @pytest.mark.standard_promotion
 @pytest.mark.parametrize("value, tx, kw, reported", [
     (np.nan, optax.sgd(0.1), {}, "nonfinite"),
-    (1e25, optax.adam(0.1), {"skip_nonfinite": True}, "skipped"),
+    (1e25, optax.adam(0.1), {"nonfinite": "skip"}, "skipped"),
 ], ids=["nan_gradient", "skipped_update"])
 def test_nonfinite_reports_are_the_same_with_evaluations(value, tx, kw, reported):
   with pytest.warns(RuntimeWarning, match="dj.simulate"):
@@ -126,9 +128,9 @@ def _frames(path):
 def test_checkpoint_resume_with_evaluations_is_bit_identical_and_stores_no_update_rows(problem, straight, tmp_path):
   straight = straight[1]
   with pytest.raises(Stop):
-    _run(problem, history="evaluations", checkpoint_dir=tmp_path, callback=_stop_after(2))
+    _run(problem, "evaluations", checkpoint=dj.Checkpoint(tmp_path), callback=_stop_after(2))
   chunks = []
-  resumed = _run(problem, history="evaluations", checkpoint_dir=tmp_path,
+  resumed = _run(problem, "evaluations", checkpoint=dj.Checkpoint(tmp_path),
                  callback=lambda info: chunks.append(info["chunk"]))
   assert chunks[0] == 2  # continued from the checkpoint
   _assert_same_except_per_update(straight, resumed)
@@ -146,17 +148,17 @@ def test_a_checkpoint_of_updates_resumes_with_evaluations_and_not_the_reverse(pr
   kept_dir, bare_dir = tmp_path / "kept", tmp_path / "bare"
   for directory, history in ((kept_dir, "updates"), (bare_dir, "evaluations")):
     with pytest.raises(Stop):
-      _run(problem, history=history, checkpoint_dir=directory, callback=_stop_after(2))
+      _run(problem, history, checkpoint=dj.Checkpoint(directory), callback=_stop_after(2))
   # The "updates" checkpoint stores every update's loss so far (so the resume below leaves them unread).
   assert sum(len(frame["loss"]["0"]) for frame in _frames(kept_dir / "simulate.records") if "loss" in frame) > 0
   shutil.copytree(bare_dir, tmp_path / "bare_copy")
   with pytest.raises(ValueError, match=r"does not keep \['loss'\].*history='evaluations'.*resume=False"):
-    _run(problem, checkpoint_dir=bare_dir)
+    _run(problem, checkpoint=dj.Checkpoint(bare_dir))
   # Allowing any change of the run's identity does not make the missing rows appear.
   with pytest.raises(ValueError, match=r"does not keep \['loss'\]"):
-    _run(problem, checkpoint_dir=tmp_path / "bare_copy", resume_changes=("options",))
+    _run(problem, checkpoint=dj.Checkpoint(tmp_path / "bare_copy", changes=("options",)))
   chunks = []
-  resumed = _run(problem, history="evaluations", checkpoint_dir=kept_dir,
+  resumed = _run(problem, "evaluations", checkpoint=dj.Checkpoint(kept_dir),
                  callback=lambda info: chunks.append(info["chunk"]))
   assert chunks[0] == 2  # continued from the checkpoint
   _assert_same_except_per_update(straight[0], resumed)
@@ -164,8 +166,8 @@ def test_a_checkpoint_of_updates_resumes_with_evaluations_and_not_the_reverse(pr
 
 @pytest.mark.parametrize("value", ["update", "Evaluations", None, 1])
 def test_a_bad_history_names_the_argument_and_the_choices(problem, value):
-  with pytest.raises(ValueError, match=f"history must be one of 'updates', 'evaluations'; got {value!r}"):
-    _run(problem, history=value)
+  with pytest.raises(ValueError, match=f"Record.history must be one of 'updates', 'evaluations'; got {value!r}"):
+    _run(problem, value)
 
 
 def _assert_rows_empty_and_rest_equal(kept, bare, per_row):
@@ -183,16 +185,17 @@ def _assert_rows_empty_and_rest_equal(kept, bare, per_row):
 
 
 def test_simulate_gossip_with_evaluations(problem):
-  (loss_fn, _, data, _), _ = problem
+  (loss_fn, _, data, _, _), _ = problem
   params = {"w": jnp.zeros(3, jnp.float32), "b": jnp.zeros((), jnp.float32)}
   schedule = dj.cluster.simulate_gossip(dj.cluster.d_psgd(dj.topology.ring(4)), dj.cluster.workers(4),
                                         num_steps=30, seed=0)
 
-  def run(**kw):
-    return dj.simulate_gossip(loss_fn, optax.sgd(0.05), dj.gossip.d_psgd(), params, data, schedule, batch_size=8,
-                              chunk_size=8, eval_fn=lambda p: loss_fn(p, data), eval_every=20, **kw)
+  def run(history="updates"):
+    return dj.simulate_gossip(loss_fn, optax.sgd(0.05), dj.gossip.d_psgd(), params, data, schedule,
+                              sampling=dj.Sampling(batch_size=8), execution=dj.Execution(chunk_size=8),
+                              record=dj.Record(eval_fn=lambda p: loss_fn(p, data), every=20, history=history))
 
-  kept, bare = run(), run(history="evaluations")
+  kept, bare = run(), run("evaluations")
   assert len(kept.history.eval_gradients) > 2
   _assert_rows_empty_and_rest_equal(
       kept, bare, ("events", "gradients", "time", "loss", "loss_spread", "consensus"))
@@ -204,9 +207,12 @@ def test_simulate_pipeline_with_evaluations(tmp_path):
   stages, loss_fn, params, data = mlp_problem(2)
   sched = dj.cluster.pipeline("1f1b", 2, 8, num_microbatches=2)
 
-  def run(**kw):
-    return dj.simulate_pipeline(stages, loss_fn, optax.sgd(0.3), params, data, sched, batch_size=8, seed=1,
-                                chunk_size=4, eval_fn=lambda ps: {"w0": ps[0]["w"]}, eval_every=3, **kw)
+  eval_fn = lambda ps: {"w0": ps[0]["w"]}
+
+  def run(history="updates", callback=None, **kw):
+    return dj.simulate_pipeline(stages, loss_fn, optax.sgd(0.3), params, data, sched,
+                                sampling=dj.Sampling(batch_size=8), seed=1, execution=dj.Execution(chunk_size=4),
+                                record=dj.Record(eval_fn=eval_fn, every=3, history=history, callback=callback), **kw)
 
   def stop_after_one(info):
     if info["updates_done"] == 4:
@@ -214,11 +220,11 @@ def test_simulate_pipeline_with_evaluations(tmp_path):
 
   kept = run()
   with pytest.raises(Stop):
-    run(history="evaluations", checkpoint_dir=tmp_path, callback=stop_after_one)
+    run("evaluations", checkpoint=dj.Checkpoint(tmp_path), callback=stop_after_one)
   with pytest.raises(ValueError, match=r"does not keep \['loss'\]"):
-    run(checkpoint_dir=tmp_path)
+    run(checkpoint=dj.Checkpoint(tmp_path))
   done = []
-  bare = run(history="evaluations", checkpoint_dir=tmp_path, callback=lambda info: done.append(info["updates_done"]))
+  bare = run("evaluations", checkpoint=dj.Checkpoint(tmp_path), callback=lambda info: done.append(info["updates_done"]))
   assert done == [8]  # continued from the checkpoint
   _assert_rows_empty_and_rest_equal(
       kept, bare, ("update", "time", "loss", "forward_staleness", "backward_staleness"))

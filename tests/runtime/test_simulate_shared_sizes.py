@@ -51,7 +51,7 @@ def test_seeds_of_a_sweep_share_programs_although_their_plans_differ(data):
   assert len(rounded) < len(exact) < len(plans) + 1, (rounded, exact)
 
   def run(i):
-    return dj.simulate(_loss, optax.sgd(0.1), PARAMS, data, schedules[i], batch_size=8, seed=i)
+    return dj.simulate(_loss, optax.sgd(0.1), PARAMS, data, schedules[i], sampling=dj.Sampling(batch_size=8), seed=i)
 
   engine.clear_cache()
   compiled = [len(compiled_by(lambda: run(i))[0]) > 0 for i in range(5)]
@@ -63,9 +63,10 @@ _TX = optax.chain(dj.scale_by_staleness("inverse"), optax.sgd(0.1, momentum=0.5)
 _ROUNDED_AND_OWN = {}
 
 
-def _run(data, schedule, **kw):
-  return dj.simulate(_loss, _TX, PARAMS, data, schedule, batch_size=8, seed=1, eval_fn=lambda p: {"w": p["w1"].sum()},
-                     eval_every=20, **kw)
+def _run(data, schedule, max_memory=None):
+  return dj.simulate(_loss, _TX, PARAMS, data, schedule, sampling=dj.Sampling(batch_size=8), seed=1,
+                     record=dj.Record(eval_fn=lambda p: {"w": p["w1"].sum()}, every=20),
+                     execution=dj.Execution(max_memory=max_memory))
 
 
 def _rounded_and_own(data, name):
