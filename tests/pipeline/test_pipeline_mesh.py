@@ -40,8 +40,10 @@ def test_one_stage_per_device_resumes_to_the_bits_of_one_device(monkeypatch, tmp
   stages, loss_fn, params, data = mlp_problem(K)
   sched = dj.cluster.pipeline("1f1b", K, 8, num_microbatches=2, weights="latest")
   tx = optax.sgd(0.3, momentum=0.5)
-  kwargs = dict(batch_size=8, seed=4, chunk_size=3, eval_every=3,
-                eval_fn=lambda ps: {"w0": jnp.sum(ps[0]["w"]), "b3": jnp.sum(ps[3]["b"])})
+  evaluate = lambda ps: {"w0": jnp.sum(ps[0]["w"]), "b3": jnp.sum(ps[3]["b"])}  # noqa: E731
+  kwargs = dict(sampling=dj.Sampling(batch_size=8), seed=4, execution=dj.Execution(chunk_size=3),
+                record=dj.Record(eval_fn=evaluate, every=3))
+  on_mesh = dict(kwargs, execution=dj.Execution(mesh=_mesh(K), chunk_size=3))
   one = dj.simulate_pipeline(stages, loss_fn, tx, params, data, sched, **kwargs)
 
   placed = []
@@ -58,15 +60,15 @@ def test_one_stage_per_device_resumes_to_the_bits_of_one_device(monkeypatch, tmp
 
   monkeypatch.setattr(_engine, "chunk_function", spy)
   with pytest.raises(_Stop):
-    dj.simulate_pipeline(stages, loss_fn, tx, params, data, sched, mesh=_mesh(K), checkpoint_dir=str(tmp_path),
-                         callback=_stop_after(6), **kwargs)
+    dj.simulate_pipeline(stages, loss_fn, tx, params, data, sched, checkpoint=dj.Checkpoint(str(tmp_path)),
+                         **dict(on_mesh, record=dj.Record(eval_fn=evaluate, every=3, callback=_stop_after(6))))
   # Device k holds row k (stage k's versions and state) and nothing of the other stages.
   assert placed[0] and placed[0] == [(P("stages"), [(jax.devices()[k].id, k, 1) for k in range(K)])] * len(placed[0])
   # The one-stage-per-device checkpoint is another layout: refused on one device, not misread.
   with pytest.raises(ValueError):
-    dj.simulate_pipeline(stages, loss_fn, tx, params, data, sched, checkpoint_dir=str(tmp_path), **kwargs)
-  spread = dj.simulate_pipeline(stages, loss_fn, tx, params, data, sched, mesh=_mesh(K),
-                                checkpoint_dir=str(tmp_path), **kwargs)
+    dj.simulate_pipeline(stages, loss_fn, tx, params, data, sched, checkpoint=dj.Checkpoint(str(tmp_path)), **kwargs)
+  spread = dj.simulate_pipeline(stages, loss_fn, tx, params, data, sched, checkpoint=dj.Checkpoint(str(tmp_path)),
+                                **on_mesh)
   jax.tree.map(np.testing.assert_array_equal, spread.params, one.params)
   jax.tree.map(np.testing.assert_array_equal, spread.opt_states, one.opt_states)
   np.testing.assert_array_equal(spread.history.loss, one.history.loss)
@@ -82,9 +84,10 @@ def test_read_remedies_and_stored_backward_under_the_mesh():
   stages, loss_fn, params, data = mlp_problem(K)
   sched = dj.cluster.pipeline("1f1b", K, 6, weights="latest")
   tx = dj.pipemare(0.2, warmup_steps=4, momentum=0.5, discrepancy_decay=0.1)
-  kwargs = dict(batch_size=8, seed=3, chunk_size=3, backward="stored")
-  one = dj.simulate_pipeline(stages, loss_fn, tx, params, data, sched, **kwargs)
-  spread = dj.simulate_pipeline(stages, loss_fn, tx, params, data, sched, mesh=_mesh(K), **kwargs)
+  kwargs = dict(sampling=dj.Sampling(batch_size=8), seed=3, backward="stored")
+  one = dj.simulate_pipeline(stages, loss_fn, tx, params, data, sched, execution=dj.Execution(chunk_size=3), **kwargs)
+  spread = dj.simulate_pipeline(stages, loss_fn, tx, params, data, sched,
+                                execution=dj.Execution(mesh=_mesh(K), chunk_size=3), **kwargs)
   assert_trees_close(spread.params, one.params, rtol=1e-6, atol=1e-7)
   assert_trees_close(spread.opt_states, one.opt_states, rtol=1e-6, atol=1e-7)
   np.testing.assert_allclose(spread.history.loss, one.history.loss, rtol=1e-6)
@@ -94,7 +97,7 @@ def test_a_mesh_must_hold_one_stage_per_device():
   stages, loss_fn, params, data = mlp_problem(2)
   sched = dj.cluster.pipeline("gpipe", 2, 2)
   run = lambda mesh: dj.simulate_pipeline(stages, loss_fn, optax.sgd(0.1), params, data, sched,  # noqa: E731
-                                          batch_size=4, mesh=mesh)
+                                          sampling=dj.Sampling(batch_size=4), execution=dj.Execution(mesh=mesh))
   with pytest.raises(ValueError, match="num_stages=2"):
     run(_mesh(4))
   with pytest.raises(ValueError, match="'stages'"):

@@ -109,7 +109,8 @@ def test_reads_through_the_runtime_match_the_rule(rule):
   sched = dj.cluster.pipeline("1f1b", 2, 5, num_microbatches=1, weights="latest")
   tx = (dj.spectrain(0.3, smoothing=0.8) if rule == "spectrain"
         else dj.pipemare(0.3, warmup_steps=3, momentum=0.5, discrepancy_decay=0.1))
-  result = dj.simulate_pipeline(stages, loss_fn, tx, params, data, sched, batch_size=8, seed=2)
+  result = dj.simulate_pipeline(stages, loss_fn, tx, params, data, sched, sampling=dj.Sampling(batch_size=8),
+                                seed=2)
   want, _, _ = reference(stages, loss_fn, tx, params, data, sched, batch_size=8, seed=2, read=_predicted(rule))
   assert_trees_close(result.params, want)
 
@@ -120,7 +121,8 @@ def test_diversely_stale_compensation_uses_the_forward_weights():
   sched = dj.cluster.pipeline("1f1b", 2, 4, weights="latest")
   lam, lr = 0.5, 0.3
   tx = optax.chain(dj.delay_compensation(lam=lam), optax.sgd(lr))
-  result = dj.simulate_pipeline(stages, loss_fn, tx, params, data, sched, batch_size=8, seed=0)
+  result = dj.simulate_pipeline(stages, loss_fn, tx, params, data, sched, sampling=dj.Sampling(batch_size=8),
+                                seed=0)
 
   def compensated(g, state, p, *, stale_params, **extra):
     """The rule written out: -lr (g + lam g * g * (w - w_forward))."""

@@ -24,8 +24,8 @@ def test_matches_the_sequential_reference(K, weights, m, backward):
   U = 5
   sched = dj.cluster.pipeline("1f1b", K, U, num_microbatches=m, weights=weights)
   tx = optax.sgd(0.3, momentum=0.5)
-  result = dj.simulate_pipeline(stages, loss_fn, tx, params, data, sched, batch_size=8, seed=4, chunk_size=2,
-                                backward=backward)
+  result = dj.simulate_pipeline(stages, loss_fn, tx, params, data, sched, sampling=dj.Sampling(batch_size=8), seed=4,
+                                execution=dj.Execution(chunk_size=2), backward=backward)
   want, losses, _ = reference(stages, loss_fn, tx, params, data, sched, batch_size=8, seed=4,
                               grad={"recompute": explicit_grad, "stored": stored_dense_grad}[backward])
   assert_trees_close(result.params, want)
@@ -46,8 +46,9 @@ def test_synchronous_pipeline_is_minibatch_sgd():
       h = f(p, h)
     return loss_fn(h, batch)
 
-  result = dj.simulate_pipeline(stages, loss_fn, optax.sgd(0.5), params, data, sched, batch_size=B, seed=1,
-                                eval_fn=lambda ps: {"loss": full_loss(ps, data)}, eval_every=2)
+  result = dj.simulate_pipeline(stages, loss_fn, optax.sgd(0.5), params, data, sched,
+                                sampling=dj.Sampling(batch_size=B), seed=1,
+                                record=dj.Record(eval_fn=lambda ps: {"loss": full_loss(ps, data)}, every=2))
   ps, evals = list(params), [full_loss(params, data)]
   step = jax.jit(jax.grad(lambda ps, batch: jnp.mean(jax.vmap(lambda b: full_loss(ps, b))(batch))))
   for u in range(U):
@@ -66,16 +67,19 @@ def test_bad_arguments():
   stages, loss_fn, params, data = mlp_problem(2)
   sched = dj.cluster.pipeline("gpipe", 3, 2)
   with pytest.raises(ValueError, match="num_stages=3"):
-    dj.simulate_pipeline(stages, loss_fn, optax.sgd(0.1), params, data, sched, batch_size=4)
+    dj.simulate_pipeline(stages, loss_fn, optax.sgd(0.1), params, data, sched, sampling=dj.Sampling(batch_size=4))
   with pytest.raises(TypeError, match="schedule"):
-    dj.simulate_pipeline(stages, loss_fn, optax.sgd(0.1), params, data, dj.delays.constant(2), batch_size=4)
+    dj.simulate_pipeline(stages, loss_fn, optax.sgd(0.1), params, data, dj.delays.constant(2),
+                         sampling=dj.Sampling(batch_size=4))
   sched = dj.cluster.pipeline("gpipe", 2, 2)
   with pytest.raises(ValueError, match="batch_size"):
-    dj.simulate_pipeline(stages, loss_fn, optax.sgd(0.1), params, data, sched, batch_size=0)
+    dj.simulate_pipeline(stages, loss_fn, optax.sgd(0.1), params, data, sched, sampling=dj.Sampling(batch_size=0))
   with pytest.raises(ValueError, match="backward"):
-    dj.simulate_pipeline(stages, loss_fn, optax.sgd(0.1), params, data, sched, batch_size=4, backward="latest")
+    dj.simulate_pipeline(stages, loss_fn, optax.sgd(0.1), params, data, sched, sampling=dj.Sampling(batch_size=4),
+                         backward="latest")
   with pytest.raises(ValueError, match="'x'"):
-    dj.simulate_pipeline(stages, loss_fn, optax.sgd(0.1), params, {"inputs": data["x"]}, sched, batch_size=4)
+    dj.simulate_pipeline(stages, loss_fn, optax.sgd(0.1), params, {"inputs": data["x"]}, sched,
+                         sampling=dj.Sampling(batch_size=4))
 
 
 def test_checkpoint_and_resume_are_bit_identical(tmp_path):
@@ -83,8 +87,9 @@ def test_checkpoint_and_resume_are_bit_identical(tmp_path):
   stages, loss_fn, params, data = mlp_problem(2)
   sched = dj.cluster.pipeline("1f1b", 2, 10, weights="latest")
   tx = dj.pipemare(0.2, warmup_steps=4, momentum=0.5, discrepancy_decay=0.1)
-  kwargs = dict(batch_size=8, seed=3, chunk_size=3, eval_every=4,
-                eval_fn=jax.jit(lambda ps: {"w0": jnp.sum(ps[0]["w"])}))
+  evaluate = jax.jit(lambda ps: {"w0": jnp.sum(ps[0]["w"])})
+  kwargs = dict(sampling=dj.Sampling(batch_size=8), seed=3, execution=dj.Execution(chunk_size=3),
+                record=dj.Record(eval_fn=evaluate, every=4))
   full = dj.simulate_pipeline(stages, loss_fn, tx, params, data, sched, **kwargs)
 
   class Stop(Exception):
@@ -95,9 +100,10 @@ def test_checkpoint_and_resume_are_bit_identical(tmp_path):
       raise Stop
 
   with pytest.raises(Stop):
-    dj.simulate_pipeline(stages, loss_fn, tx, params, data, sched, checkpoint_dir=str(tmp_path),
-                         callback=stop_after_two, **kwargs)
-  resumed = dj.simulate_pipeline(stages, loss_fn, tx, params, data, sched, checkpoint_dir=str(tmp_path), **kwargs)
+    dj.simulate_pipeline(stages, loss_fn, tx, params, data, sched, checkpoint=dj.Checkpoint(str(tmp_path)),
+                         **dict(kwargs, record=dj.Record(eval_fn=evaluate, every=4, callback=stop_after_two)))
+  resumed = dj.simulate_pipeline(stages, loss_fn, tx, params, data, sched, checkpoint=dj.Checkpoint(str(tmp_path)),
+                                 **kwargs)
   jax.tree.map(np.testing.assert_array_equal, resumed.params, full.params)
   jax.tree.map(np.testing.assert_array_equal, resumed.opt_states, full.opt_states)
   np.testing.assert_array_equal(resumed.history.loss, full.history.loss)
@@ -105,11 +111,12 @@ def test_checkpoint_and_resume_are_bit_identical(tmp_path):
   np.testing.assert_array_equal(resumed.history.eval_metrics["w0"], full.history.eval_metrics["w0"])
   # Another seed or learning rate is another run: its checkpoint is refused, not silently continued.
   with pytest.raises(ValueError, match="different run: options differ"):
-    dj.simulate_pipeline(stages, loss_fn, tx, params, data, sched, checkpoint_dir=str(tmp_path),
+    dj.simulate_pipeline(stages, loss_fn, tx, params, data, sched, checkpoint=dj.Checkpoint(str(tmp_path)),
                          **{**kwargs, "seed": 4})
   faster = dj.pipemare(0.3, warmup_steps=4, momentum=0.5, discrepancy_decay=0.1)
   with pytest.raises(ValueError, match="different run: tx differ"):
-    dj.simulate_pipeline(stages, loss_fn, faster, params, data, sched, checkpoint_dir=str(tmp_path), **kwargs)
+    dj.simulate_pipeline(stages, loss_fn, faster, params, data, sched, checkpoint=dj.Checkpoint(str(tmp_path)),
+                         **kwargs)
 
 
 def test_runs_of_one_program_compile_once():
@@ -120,7 +127,8 @@ def test_runs_of_one_program_compile_once():
   stages, loss_fn, params, data = mlp_problem(2)
   sched = dj.cluster.pipeline("1f1b", 2, 4, num_microbatches=2)
   run = lambda seed, lr=0.3: dj.simulate_pipeline(stages, loss_fn, optax.sgd(lr), params, data, sched,  # noqa: E731
-                                                  batch_size=8, seed=seed, chunk_size=2)
+                                                  sampling=dj.Sampling(batch_size=8), seed=seed,
+                                                  execution=dj.Execution(chunk_size=2))
   engine.clear_cache()
   run(4)
   hits = engine.cache_info()["hits"]
