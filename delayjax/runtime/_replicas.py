@@ -162,7 +162,10 @@ def simulate_gossip(
   the non-finite report). With ``mesh`` the replicas are split over its
   ``workers`` axis (``M`` must be a multiple of its size). How messages
   move depends on the schedule alone, so one device and a mesh add the same
-  terms in the same order: when every mix's sources sit at no more than
+  mixing terms in the same order (each product rounded on its own): a
+  linear model is the same bit for bit; a nonlinear one agrees to a relative
+  error of a few 1e-7, from the gradients, which XLA compiles differently
+  for a device's share of the replicas (``tests/runtime/test_device_count.py``). When every mix's sources sit at no more than
   four fixed offsets :math:`(b - a) \bmod M` and none is late (a ring, a
   torus row, a fixed permutation round), each offset is a roll of the
   replica axis, ``lax.ppermute`` of whole blocks between devices;
