@@ -83,7 +83,7 @@ def test_simulated_moments_match_exact_and_sde_breaks_at_large_steps():
   num_updates, burn_in = 1400, 400
   result = dj.simulate(loss_fn, optax.sgd(LR), jnp.ones(2 * PER_GROUP, jnp.float32),
                        {"z": jnp.asarray(z, jnp.float32)}, dj.delays.constant(TAU), num_updates=num_updates,
-                       batch_size=1, eval_fn=lambda x: x, eval_every=1, seed=0)
+                       sampling=dj.Sampling(batch_size=1), record=dj.Record(eval_fn=lambda x: x, every=1), seed=0)
   xs = np.asarray(result.history.eval_metrics, np.float64)  # [U + 1, D]
   for g, curvature in enumerate(CURVATURES):
     group = xs[:, g * PER_GROUP:(g + 1) * PER_GROUP]

@@ -36,7 +36,7 @@ def test_simulate_averages_the_grown_minibatches_at_the_stale_read():
   tau, lr, steps, seed = 2, 0.3, 30, 5
   schedule = dj.growing_batches(dj.delays.constant(tau), steps, initial=1, rate=0.25, maximum=6, seed=seed)
   result = dj.simulate(lambda w, batch: 0.5 * jnp.mean((w - batch["x"]) ** 2), optax.sgd(lr), jnp.float32(3.0),
-                       {"x": jnp.asarray(x)}, schedule, batch_size=2, seed=seed)
+                       {"x": jnp.asarray(x)}, schedule, sampling=dj.Sampling(batch_size=2), seed=seed)
   # NumPy: w_{u+1} = w_u - lr (w_read - mean of the b_u minibatches the worker draws, counted per worker).
   versions, draws = [3.0], np.zeros(tau + 1, int)
   for u in range(steps):

@@ -48,7 +48,8 @@ def test_apcd_through_simulate_matches_numpy_per_block_reads_and_converges():
   source = dj.delays.per_leaf({k: dj.delays.trace(v) for k, v in TRACES.items()})
   result = dj.simulate(lambda p, batch: problem.loss_fn(join(p), batch), dj.apcd(LR, dj.prox_l1(L1), seed=SEED),
                        split(np.zeros(problem.num_features)), problem.data(), source, num_updates=320,
-                       batch_size=problem.num_samples, sampling="epoch", eval_fn=join, eval_every=16)
+                       sampling=dj.Sampling(batch_size=problem.num_samples, scheme="epoch"),
+                       record=dj.Record(eval_fn=join, every=16))
   got = np.asarray(result.history.eval_metrics)
   want = numpy_apcd(problem, 320)
   np.testing.assert_allclose(got, want[result.history.eval_update], rtol=1e-4, atol=2e-5)
@@ -59,11 +60,11 @@ def test_asysbcdvr_converges_on_a_lasso_under_per_block_delays_where_block_sgd_s
   problem = lasso_problem()
   w_star = composite_optimum(problem, L1)
   source = dj.delays.per_leaf({"a": dj.delays.uniform(3), "b": dj.delays.uniform(1), "c": dj.delays.uniform(4)})
-  kwargs = dict(num_updates=900, batch_size=4, seed=1, eval_fn=join)
+  kwargs = dict(num_updates=900, sampling=dj.Sampling(batch_size=4), seed=1, record=dj.Record(eval_fn=join))
   loss = lambda p, batch: problem.loss_fn(join(p), batch)  # noqa: E731
   w0 = split(np.zeros(problem.num_features))
-  vr = dj.simulate(loss, dj.asysbcdvr(0.3, dj.prox_l1(L1)), w0, problem.data(), source, snapshot_every=48,
-                   **kwargs)
+  vr = dj.simulate(loss, dj.asysbcdvr(0.3, dj.prox_l1(L1)), w0, problem.data(), source,
+                   worker=dj.workers.Gradient(snapshot_every=48), **kwargs)
   err_vr = np.max(np.abs(np.asarray(vr.history.eval_metrics)[-1] - w_star))
   # The same block steps on plain minibatch gradients, in NumPy: the noise floor VR removes.
   rng = np.random.default_rng(0)

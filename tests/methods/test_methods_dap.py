@@ -38,9 +38,9 @@ def simulate_run(problem, source, num_updates: int, eval_every: int, server_rate
   dap = dj.dap_sgd(dj.prox_l1(L1), LR, server_rate=server_rate)
   # batch_size = N with epoch sampling: every gradient is the full gradient (summed in a shuffled order).
   result = dj.simulate(problem.loss_fn, dap.server, jnp.asarray(W0, jnp.float32), problem.data(), source,
-                       num_updates=num_updates, batch_size=problem.num_samples, sampling="epoch",
-                       local_steps=dap.local_steps, local_optimizer=dap.worker, eval_fn=lambda w: w,
-                       eval_every=eval_every)
+                       num_updates=num_updates, sampling=dj.Sampling(batch_size=problem.num_samples, scheme="epoch"),
+                       worker=dj.workers.LocalSteps(dap.local_steps, dap.worker),
+                       record=dj.Record(eval_fn=lambda w: w, every=eval_every))
   return result.history.eval_update, np.asarray(result.history.eval_metrics)
 
 
