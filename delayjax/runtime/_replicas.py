@@ -240,7 +240,6 @@ def simulate_gossip(
     raise TypeError(f"schedule must be a dj.cluster.GossipSchedule, got {type(schedule).__name__}.")
   batch_size, num_examples = check_sampling(data, sampling.batch_size, sampling.scheme, sampling.shards)
   check_params(params)
-  has_aux = loss_has_aux(loss_fn, params, data, batch_size)
   sampling, shards = sampling.scheme, sampling.shards
   keep_steps = record.keeps_updates
   checkpoint_dir, resume, resume_changes = _engine.checkpoint_arguments(checkpoint)
@@ -308,6 +307,8 @@ def simulate_gossip(
                                ("method states", init_state[2], (m,)),
                                ("message history", message_like, (m, plan.history)))}, data, num_devices)
   _engine.check_memory(runtime, memory, _engine.memory_limit(execution.max_memory, mesh), _MEMORY_HINTS)
+  # The loss is traced only now, after every check that can refuse the run.
+  has_aux = loss_has_aux(loss_fn, params, data, batch_size)
   stacked = jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (m,) + np.shape(x)).copy(), init_state)
   replica_params, opt_state, extra = stacked
   snap = jax.tree.map(np.zeros_like, replica_params)

@@ -677,10 +677,9 @@ def simulate(
     raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}.")
   if not isinstance(tx, optax.GradientTransformation):
     raise TypeError(f"tx must be an optax.GradientTransformation, got {type(tx).__name__}.")
+  checkpoint_dir, resume, resume_changes = engine.checkpoint_arguments(checkpoint)
   batch_size, num_examples = check_sampling(data, sampling.batch_size, sampling.scheme, sampling.shards)
   check_params(params)
-  has_aux = loss_has_aux(loss_fn, params, data, batch_size)
-  checkpoint_dir, resume, resume_changes = engine.checkpoint_arguments(checkpoint)
   eval_fn, eval_every, callback = record.eval_fn, record.every, record.callback
   skip_nonfinite, keep_updates = record.skip_nonfinite, record.keeps_updates
   mesh, chunk_size, lanes, max_memory = execution.mesh, execution.chunk_size, execution.lanes, execution.max_memory
@@ -752,12 +751,6 @@ def simulate(
   # The gradients' stale parameters are buffered only for a tx whose result depends on them.
   keep_stale = _uses_stale_params(tx, params, inputs, plan.upd_worker.shape[2] * _max_batches(plan) * batch_size,
                                   terms, plan.upd_worker.shape[2])
-  step = _step_function(
-      keep_stale=keep_stale, loss_fn=loss_fn, has_aux=has_aux, tx=tx, params=params, eval_fn=eval_fn,
-      num_examples=num_examples, batch_size=batch_size, sampling=sampling, plan=plan,
-      skip_nonfinite=skip_nonfinite, always_applies=bool(np.all(np.diff(schedule.offsets) > 0)),
-      distributed=mesh is not None, inputs=inputs, sizes=sizes, worker=worker, max_batches=_max_batches(plan),
-      sample_terms=sample_terms, terms=terms, full_batch_size=full_batch_size, leaf_groups=leaf_groups)
 
   def initial(buffer_size: int, shapes: bool = False) -> Any:
     if shapes:
@@ -778,6 +771,14 @@ def simulate(
     sizes = sizes._replace(buffer_size=plan.buffer_size)
     memory = _memory_terms(initial(sizes.buffer_size, shapes=True), data, num_devices)
   engine.check_memory(runtime, memory, limit, dict(_MEMORY_TERMS))
+  # The loss is traced only now, after every check that can refuse the run.
+  has_aux = loss_has_aux(loss_fn, params, data, batch_size)
+  step = _step_function(
+      keep_stale=keep_stale, loss_fn=loss_fn, has_aux=has_aux, tx=tx, params=params, eval_fn=eval_fn,
+      num_examples=num_examples, batch_size=batch_size, sampling=sampling, plan=plan,
+      skip_nonfinite=skip_nonfinite, always_applies=bool(np.all(np.diff(schedule.offsets) > 0)),
+      distributed=mesh is not None, inputs=inputs, sizes=sizes, worker=worker, max_batches=_max_batches(plan),
+      sample_terms=sample_terms, terms=terms, full_batch_size=full_batch_size, leaf_groups=leaf_groups)
   carry = initial(sizes.buffer_size)
   # Traced only now, after every check that can refuse the run. The compiled chunk is shared by every run whose program is the same: a sweep over seeds, initial
   # parameters, data values or hyper-parameters held in the optimizer state compiles once.
