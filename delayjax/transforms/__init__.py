@@ -25,9 +25,12 @@ from delayjax.transforms._dc_asgd import PerWorkerDelayCompensationState as PerW
 from delayjax.transforms._dc_asgd import delay_compensation as delay_compensation
 from delayjax.transforms._delayed_nesterov import DelayedNesterovState as DelayedNesterovState
 from delayjax.transforms._delayed_nesterov import delayed_nesterov as delayed_nesterov
+from delayjax.transforms._hooks import CountsContributions as CountsContributions
 from delayjax.transforms._hooks import HasWorkerRows as HasWorkerRows
+from delayjax.transforms._hooks import KeepsDelayWindow as KeepsDelayWindow
 from delayjax.transforms._hooks import NeedsRuntimeInputs as NeedsRuntimeInputs
 from delayjax.transforms._hooks import ReadsParams as ReadsParams
+from delayjax.transforms._hooks import check_schedule as check_schedule
 from delayjax.transforms._hooks import read_params as read_params
 from delayjax.transforms._hooks import runtime_inputs as runtime_inputs
 from delayjax.transforms._hooks import worker_capacity as worker_capacity

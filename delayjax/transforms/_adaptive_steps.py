@@ -21,6 +21,11 @@ class DelayAdaptiveState(NamedTuple):
   count: jax.Array  # shape=(), int32: updates applied so far, k
   steps: Any  # pytree like params, [max_delay] float32 per leaf: step t stored at t % max_delay
 
+  def delay_window(self) -> int | None:
+    """``max_delay``, the past steps kept (a gradient staler than that gets step 0); ``None`` without leaves."""
+    leaves = jax.tree.leaves(self.steps)
+    return int(leaves[0].shape[-1]) if leaves else None
+
 
 def delay_adaptive_sgd(
     max_step: float | jax.Array,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import jax
@@ -13,12 +14,47 @@ from delayjax.transforms._hyperparams import check_number, coefficient, descend
 from delayjax.transforms._staleness import Rule, broadcast_staleness, rule_parameters, scale_by_staleness, staleness_weight
 
 
+@jax.tree_util.register_static
+@dataclasses.dataclass(frozen=True, eq=False)
+class StepEvery:
+  """Static metadata of an accumulating state: the transformation, its argument and ``K`` (``None`` if traced).
+
+  It lets :func:`delayjax.transforms.check_schedule` refuse a run too short
+  for one inner step. It is a pytree node without leaves, and every
+  ``StepEvery`` compares (and prints) equal: it is not part of the state's
+  identity, so states with different ``K``, or with ``K`` injected as an
+  array, keep one tree structure (``jit`` caches, ``lax.scan`` carries,
+  checkpoints, ``optax.inject_hyperparams``), as they did without it.
+  """
+
+  transformation: str = "accumulate_sum"
+  argument: str = "k"
+  value: int | None = None
+
+  def __eq__(self, other: object) -> bool:
+    return isinstance(other, StepEvery)
+
+  def __hash__(self) -> int:
+    return hash(StepEvery)
+
+  def __repr__(self) -> str:
+    return "StepEvery()"
+
+
 class AccumulateSumState(NamedTuple):
-  """State of :func:`accumulate_sum`."""
+  """State of :func:`accumulate_sum` (and of the buffer of :func:`fed_buff`)."""
 
   count: jax.Array  # shape=(), int32: contributions summed since the last inner step, in [0, k)
   summed: Any  # pytree like params: their sum
   inner_state: Any  # the inner optimizer's state, untouched between inner steps
+  every: StepEvery = StepEvery()  # static: which transformation and K (no leaves)
+
+  def contributions_per_step(self) -> tuple[str, str, int] | None:
+    """``(the call, the name of its K, K)`` (see ``dj.transforms.check_schedule``), or ``None`` if ``K`` was traced."""
+    every = self.every
+    if every.value is None:
+      return None
+    return f"dj.{every.transformation}(..., {every.argument}={every.value})", every.argument, every.value
 
 
 def _tree_select(cond: jax.Array, on_true: Any, on_false: Any) -> Any:
@@ -83,14 +119,29 @@ def accumulate_sum(
     Transformers <https://arxiv.org/abs/1906.03496>`_, Workshop on Neural
     Generation and Translation (WNGT) 2019.
   """
-  k = check_number("k", k, minimum=1, integer=True)
+  return _accumulate_sum(inner, k, "accumulate_sum", "k")
+
+
+def _concrete_int(value: Any) -> int | None:
+  """``value`` as a Python int when it is concrete (a number or a concrete scalar array), else ``None``."""
+  if isinstance(value, jax.core.Tracer):
+    return None
+  return int(value)
+
+
+def _accumulate_sum(inner: optax.GradientTransformation, k: Any, transformation: str,
+                    argument: str) -> optax.GradientTransformationExtraArgs:
+  """:func:`accumulate_sum`, its ``k`` checked and recorded under the name the caller gave it."""
+  k = check_number(argument, k, minimum=1, integer=True)
   inner = optax.with_extra_args_support(inner)
+  every = StepEvery(transformation, argument, _concrete_int(k))
 
   def init_fn(params):
     return AccumulateSumState(
         count=jnp.zeros([], jnp.int32),
         summed=jax.tree.map(jnp.zeros_like, params),
-        inner_state=inner.init(params))
+        inner_state=inner.init(params),
+        every=every)
 
   def update_fn(updates, state, params=None, **extra_args):
     summed = jax.tree.map(lambda s, g: s + g, state.summed, updates)
@@ -101,7 +152,8 @@ def accumulate_sum(
     new_state = AccumulateSumState(
         count=jnp.where(step, jnp.zeros([], jnp.int32), state.count + 1),
         summed=jax.tree.map(lambda s: jnp.where(step, jnp.zeros_like(s), s), summed),
-        inner_state=_tree_select(step, inner_state, state.inner_state))
+        inner_state=_tree_select(step, inner_state, state.inner_state),
+        every=every)
     return out, new_state
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
@@ -269,5 +321,5 @@ def fed_buff(
   return optax.chain(
       scale_by_staleness(rule, a=a, b=b, value=value, threshold=threshold),
       optax.stateless(lambda updates, params=None: jax.tree.map(lambda u: descend(inverse, u), updates)),
-      accumulate_sum(server_optimizer, buffer_size),
+      _accumulate_sum(server_optimizer, buffer_size, "fed_buff", "buffer_size"),
   )

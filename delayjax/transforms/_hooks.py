@@ -6,8 +6,9 @@ a state object with a ``read_params(params, worker)`` method; the runtimes find
 it anywhere inside an optimizer state (through ``optax.chain``,
 ``inject_hyperparams``, ``MultiSteps`` and ``dj.delayed``) with
 :func:`read_params`. The same way, :func:`runtime_inputs` finds the extra
-arguments a transformation asks the runtime to compute, and
-:func:`worker_capacity` the number of workers its per-worker tables hold.
+arguments a transformation asks the runtime to compute,
+:func:`worker_capacity` the number of workers its per-worker tables hold, and
+:func:`check_schedule` whether a run is long and fresh enough for it.
 
 Worker indices out of range. A transformation with per-worker rows (``dj.dana``,
 ``dj.dana_slim``, ``dj.delay_compensation(adaptive=True, num_workers=M)``)
@@ -22,9 +23,12 @@ number of workers with :func:`worker_capacity` before compiling anything.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Protocol, runtime_checkable
 
 import jax
+
+from delayjax._checks import check_int
 
 
 @runtime_checkable
@@ -211,3 +215,102 @@ def table_rows(table: Any) -> int | None:
   """The number of rows (leading axis) of a per-worker table, a pytree of ``[rows, ...]`` leaves."""
   leaves = jax.tree.leaves(table)
   return int(leaves[0].shape[0]) if leaves else None
+
+
+@runtime_checkable
+class CountsContributions(Protocol):
+  """An optimizer state that takes one inner step every ``K`` contributions (``dj.fed_buff``, ``dj.accumulate_sum``)."""
+
+  def contributions_per_step(self) -> tuple[str, str, int] | None:
+    """``(the call, e.g. "dj.fed_buff(..., buffer_size=10)", the argument's name, K)``, or ``None`` if unknown."""
+    ...
+
+
+@runtime_checkable
+class KeepsDelayWindow(Protocol):
+  """An optimizer state that keeps the last ``D`` steps and gives a gradient staler than ``D`` no step."""
+
+  def delay_window(self) -> int | None:
+    """``D``, the past steps kept, or ``None`` if unknown."""
+    ...
+
+
+def _visit(opt_state: Any, protocol: type) -> list[Any]:
+  """Every state inside ``opt_state`` (through chains, wrappers, other states) that follows ``protocol``."""
+  found: list[Any] = []
+
+  def visit(x: Any) -> bool:
+    if isinstance(x, protocol) and not isinstance(x, type):
+      found.append(x)
+    return False
+
+  jax.tree.leaves(opt_state, is_leaf=visit)
+  return found
+
+
+def check_schedule(opt_state: Any, *, num_contributions: int, max_staleness: int) -> None:
+  """Refuses a run on which the transformations inside ``opt_state`` would silently do nothing.
+
+  A runtime calls it before compiling, with what its schedule implies. Two
+  cases, found anywhere inside the state (chains, ``inject_hyperparams``,
+  ``MultiSteps``, ``dj.delayed``, ``dj.per_contribution``, like
+  :func:`worker_capacity`):
+
+  - ``dj.fed_buff(..., buffer_size=K)`` (and ``dj.accumulate_sum(..., k=K)``)
+    takes its first server step at the ``K``-th contribution. A run with
+    fewer returns zero updates throughout and ends where it started, which
+    looks like a converged run: a ``ValueError``.
+  - ``dj.delay_adaptive_sgd(..., max_delay=D)`` keeps ``D`` past steps and
+    gives a gradient staler than ``D`` a step of 0 (its window cannot be
+    checked). When the run's staleness can exceed ``D`` those gradients are
+    skipped, and a run whose gradients are all that stale takes zero
+    steps: a ``UserWarning`` (a run can be right to skip its few stalest
+    gradients, so this is not an error).
+
+  A ``K`` injected as a traced array cannot be checked and is skipped.
+
+  Args:
+    opt_state: an optimizer state as ``tx.init`` returns it, possibly
+      nested; abstract shapes (``jax.eval_shape(tx.init, params)``) are
+      enough.
+    num_contributions: how many contributions the run gives the
+      transformations (per update, or per contribution under
+      ``dj.per_contribution``), an integer ``>= 0``.
+    max_staleness: the largest staleness in the run, an integer ``>= 0``.
+
+  Raises:
+    ValueError: if an accumulating state's ``K`` exceeds ``num_contributions``.
+    TypeError, ValueError: if ``num_contributions`` or ``max_staleness`` is
+      not an integer, or is negative.
+
+  Warns:
+    UserWarning: if a delay window ``D`` is smaller than ``max_staleness``.
+
+  Examples:
+    >>> import jax.numpy as jnp, optax
+    >>> import delayjax as dj
+    >>> state = dj.fed_buff(optax.sgd(1.0), buffer_size=1000).init(jnp.zeros(3))
+    >>> dj.transforms.check_schedule(state, num_contributions=40, max_staleness=3)
+    Traceback (most recent call last):
+    ...
+    ValueError: dj.fed_buff(..., buffer_size=1000) takes its first step at contribution 1000 ...
+  """
+  num_contributions = check_int("num_contributions", num_contributions, minimum=0)
+  max_staleness = check_int("max_staleness", max_staleness, minimum=0)
+  for state in _visit(opt_state, CountsContributions):
+    found = state.contributions_per_step()
+    if found is None:
+      continue
+    described, argument, k = found
+    if k > num_contributions:
+      raise ValueError(
+          f"{described} takes its first step at contribution {k} ({argument}={k} but the run has "
+          f"{num_contributions} contributions): every update would be zero; use {argument} <= "
+          f"{num_contributions} or a longer run.")
+  for state in _visit(opt_state, KeepsDelayWindow):
+    window = state.delay_window()
+    if window is not None and window < max_staleness:
+      warnings.warn(
+          f"dj.delay_adaptive_sgd(..., max_delay={window}) keeps the last {window} steps, but the run's "
+          f"max_staleness is {max_staleness}: gradients staler than {window} get step 0, and a run of such "
+          f"gradients stalls with zero steps; use max_delay >= {max_staleness}.", UserWarning, stacklevel=2)
