@@ -19,7 +19,10 @@ def check_update_call(updates: Any, params: Any, extra_args: dict[str, Any], com
     raise ValueError("delayed needs params: call update(grads, state, params).")
   clash = [k for k in computed if k in extra_args]
   if clash:
-    raise TypeError(f"delayed computes {clash} itself; do not pass them to its update().")
+    raise TypeError(
+        f"dj.delayed computes {clash} itself, so it cannot also be given them: in a hand-written loop, do not "
+        f"pass them to its update(); under a runtime (dj.simulate passes staleness, stale_params and worker), "
+        f"give the runtime the inner transformation instead: the runtime's schedule already delays it.")
   if jax.tree.structure(updates) != jax.tree.structure(params):
     raise ValueError(
         f"updates must have the structure of params {jax.tree.structure(params)}; got "

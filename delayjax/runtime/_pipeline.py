@@ -78,6 +78,7 @@ from delayjax.cluster._pipeline import PipelineSchedule
 from delayjax.runtime import _checkpoint
 from delayjax.runtime import _engine as engine
 from delayjax.runtime import _history as history_lib
+from delayjax.runtime._arguments import batch_like
 from delayjax.runtime._options import Checkpoint, Execution, Record, Sampling, check_option, check_seed_or_runs
 from delayjax.runtime._sampling import minibatch_indices
 from delayjax.runtime._simulate import _all_finite, _inexact
@@ -303,6 +304,31 @@ class _Packing:
     """Every stage's tree packed, stacked on a leading stage axis (host arrays)."""
     packed = [self.pack(k, tree, lead) for k, tree in enumerate(trees)]
     return {d: np.stack([np.asarray(p[d]) for p in packed]) for d in self.widths}
+
+
+def _check_stage_shapes(stage_fns: Sequence[StageFn], loss_fn: Callable[..., Any], params: Sequence[Any],
+                        data: Any, batch_size: int) -> None:
+  """Traces the stages in order on one micro-batch's shapes (``jax.eval_shape``: nothing computed) and refuses,
+  naming the stage and the shapes it was given, stages that do not compose (an activation may be any pytree
+  of arrays the next stage takes)."""
+  def described(tree):
+    return jax.tree.map(lambda a: f"{a.dtype}{list(a.shape)}", tree)
+
+  batch = batch_like(data, batch_size)
+  h = batch["x"]
+  for k, (f, p) in enumerate(zip(stage_fns, params)):
+    try:
+      h = jax.eval_shape(f, p, h)
+    except (TypeError, ValueError) as e:
+      raise ValueError(
+          f"stage_fns[{k}] fails on its input {described(h)} (stage 0 gets data['x'], stage k the output of stage "
+          f"k - 1): {e}") from None
+  try:
+    loss = jax.eval_shape(loss_fn, h, batch)
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"loss_fn fails on the last stage's output {described(h)}: {e}") from None
+  if not (isinstance(loss, jax.ShapeDtypeStruct) and loss.shape == () and jnp.issubdtype(loss.dtype, jnp.floating)):
+    raise ValueError(f"loss_fn(h_K, batch) must return a real scalar; got {jax.tree.map(lambda a: a.shape, loss)}.")
 
 
 def _stage_inputs(stage_fns: Sequence[StageFn], params: Sequence[Any], batch_like: Any) -> list[Any]:
@@ -580,6 +606,7 @@ def simulate_pipeline(
   data = {k: np.asarray(v) for k, v in data.items()}
   num_examples = int(data["x"].shape[0])
   backward = _check_backward(backward)
+  _check_stage_shapes(stage_fns, loss_fn, params, data, batch_size)
   value_and_grad = staged_value_and_grad(stage_fns, loss_fn, backward=backward)
   tx = optax.with_extra_args_support(tx)
 

@@ -328,6 +328,10 @@ def simulate_gossip(
                  for k, v in device_tables.items()}
   table_specs["lane_examples"] = P(None, AXIS)
   metric_like = None if eval_fn is None else jax.eval_shape(eval_fn, params)
+  if metric_like is not None and any(np.shape(x) != () for x in jax.tree.leaves(metric_like)):
+    raise ValueError(
+        f"Record.eval_fn must return a pytree of scalars here (each is evaluated on the average model and on every "
+        f"replica); got shapes {jax.tree.map(lambda x: list(x.shape), metric_like)}.")
 
   step = _step_function(
       loss_fn=loss_fn, has_aux=has_aux, tx=tx, method=method, plan=plan, eval_fn=eval_fn,
