@@ -27,7 +27,7 @@ from delayjax.runtime._options import Checkpoint, Execution, Record, Runs, Sampl
 from delayjax.runtime._workers import Gradient, Worker, WorkerContext, check_worker
 from delayjax.runtime._sampling import minibatch_indices, server_minibatch_indices, shard_table
 from delayjax.runtime._waves import StepPlan, plan_steps
-from delayjax.transforms._hooks import read_params, requesting_states, runtime_inputs
+from delayjax.transforms._hooks import check_schedule, read_params, requesting_states, runtime_inputs
 
 # Server params, optimizer state, slots, the parameters the next step's lanes compute at, then the
 # payload buffer (gradients and per-contribution inputs), stale-params, loss and finiteness
@@ -716,6 +716,12 @@ def simulate(
   opt_state = tx.init(params)
   check_worker_capacity(opt_state, schedule.num_workers, "source")
   inputs = _check_runtime_inputs(opt_state, local=not worker.requests_allowed(), has_terms=sample_terms is not None)
+  # A transformation that would do nothing on this schedule (a buffer it never fills, a delay window it never
+  # reaches) is refused or warned about now. Under dj.per_contribution it counts contributions, else updates.
+  staleness = schedule.max_staleness
+  check_schedule(opt_state, max_staleness=int(staleness.max()) if staleness.size else 0,
+                 num_contributions=schedule.num_contributions if "contribution_grads" in inputs else int(
+                     np.count_nonzero(np.diff(schedule.offsets))))
   terms = None if sample_terms is None else _terms_spec(sample_terms, params, data, batch_size)
   if "full_grad" in inputs:
     # Johnson & Zhang's m = 2n single-example updates per epoch, in minibatches.
