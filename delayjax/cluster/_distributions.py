@@ -2,6 +2,12 @@
 
 Each model is a small frozen object with a ``mean`` and a ``sample(rng, size)``
 that draws non-negative float64 seconds from a ``numpy.random.Generator``.
+A latency (``comm``) may be 0; a compute time may not: ``dj.cluster.workers``
+refuses a compute model that draws only 0 (a constant ``<= 0``, a uniform
+with ``high = 0``), and the compute times it draws are strictly positive
+(exponential, gamma and log-normal draws are, with their factories'
+positive parameters; a draw of exactly 0, of probability zero, is taken as
+the smallest positive float).
 Models are parametrized by their mean so that swapping one for another keeps
 the cluster's average speed. ``as_time_model`` turns the short forms users
 write (a name, a number) into a model.

@@ -77,6 +77,7 @@ import numpy as np
 
 from delayjax import topology as topo
 from delayjax._checks import check_choice, check_float, check_int, check_seed
+from delayjax.cluster._memory import available_memory, check_fits
 from delayjax.cluster._schedule_io import load_npz, save_npz
 from delayjax.cluster._simulate import _seed_sequences, _Times, _window_factors
 from delayjax.cluster._workers import Workers
@@ -1064,7 +1065,8 @@ def simulate_gossip(paradigm: GossipParadigm, workers: Workers, num_steps: int, 
     num_steps: gradients per replica on average: the run ends when
       ``num_steps * M`` gradients have been applied (``num_steps`` rounds for
       the synchronous ``allreduce``, ``d_psgd`` and ``gossipgrad``, fewer
-      gradients where failed nodes sit rounds out).
+      gradients where failed nodes sit rounds out). One whose record cannot
+      fit in the available memory is refused before anything is simulated.
     seed: the same seed gives a bit-identical schedule.
     failures: optional ``failures(drop, down)``, for ``d_psgd`` and ``ad_psgd``.
 
@@ -1087,6 +1089,10 @@ def simulate_gossip(paradigm: GossipParadigm, workers: Workers, num_steps: int, 
   check_seed("seed", seed)
   num_steps = check_int("num_steps", num_steps, minimum=1)
   paradigm.check(workers.num_workers)
+  # At least a READ and a GRAD event per gradient (41 bytes each: time, kind, worker, num_batches, mix,
+  # compute_end) and its busy interval (24 bytes); mixes come on top. Refused before simulating anything.
+  check_fits(f"num_steps={num_steps} on {workers.num_workers} replicas: its schedule, at least 106 bytes per "
+             "gradient,", 106 * num_steps * workers.num_workers, available_memory())
   if failures is None:
     failures = Failures()
   elif not isinstance(failures, Failures):

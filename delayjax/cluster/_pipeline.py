@@ -62,6 +62,7 @@ import numpy as np
 
 from delayjax._checks import check_choice, check_int, check_seed
 from delayjax.cluster._distributions import TimeModel, as_time_model
+from delayjax.cluster._memory import available_memory, check_fits
 
 __all__ = ["PipelineSchedule", "pipeline", "PIPELINE_SCHEDULES", "PIPELINE_WEIGHTS"]
 
@@ -277,6 +278,9 @@ def pipeline(
   bwd_models = _per_stage("backward", backward, K)
   comm_models = _per_stage("comm", comm, K)
   N = U * m
+  # Ten [micro-batches, stages] tables of 8 bytes and the update times, allocated at once below.
+  check_fits(f"num_updates={U} x num_microbatches={m} on num_stages={K}: the pipeline schedule's tables",
+             8 * K * (10 * N + U), available_memory())
   fwd_time, bwd_time, comm_f, comm_b = (np.empty((N, K)) for _ in range(4))
   for k in range(K):
     rng = np.random.default_rng([seed, k])

@@ -38,6 +38,7 @@ import numpy as np
 
 from delayjax._checks import check_float, check_int, check_seed
 from delayjax.cluster import _paradigms as P
+from delayjax.cluster._memory import available_memory, check_fits
 from delayjax.cluster._schedule import Schedule
 from delayjax.cluster._workers import Workers
 
@@ -765,6 +766,7 @@ class Simulation:
   def run(self, num_updates: int) -> Schedule:
     """Simulates the next ``num_updates`` updates and returns them as a chunk."""
     num_updates = check_int("num_updates", num_updates, minimum=1)
+    check_record_fits(self.paradigm, self.workers, num_updates, True)
     return self._record(num_updates).schedule(str(self.paradigm))
 
   def _record(self, num_updates: int) -> _Record:
@@ -840,6 +842,51 @@ class Simulation:
     return rec
 
 
+def _recorded_per_update(paradigm: P.Paradigm, num_workers: int) -> tuple[int, int]:
+  """The fewest (contributions, gradient events) ``simulate`` records per update of ``paradigm``."""
+  m = num_workers
+  if isinstance(paradigm, P.BSP):
+    return m, m
+  if isinstance(paradigm, P.KSync):
+    return paradigm.k, m  # every worker reads each round; the slow ones are cancelled
+  if isinstance(paradigm, (P.AdaSync, P.PredictiveCutoff)):
+    return 1, m
+  if isinstance(paradigm, P.KAsync):
+    return paradigm.k, paradigm.k  # a pusher waits for the update: k distinct workers
+  if isinstance(paradigm, (P.KBatchAsync, P.KBatchSync)):
+    return 1, paradigm.k  # one fast worker may push all k minibatches
+  if isinstance(paradigm, P.SoftSync):
+    return 1, max(m // paradigm.n, 1)
+  if isinstance(paradigm, P.BackupWorkers):
+    return m - paradigm.b, m - paradigm.b
+  return 1, 1
+
+
+def record_bytes_per_update(paradigm: P.Paradigm, num_workers: int, record_events: bool) -> int:
+  """A lower bound on the bytes a schedule of ``paradigm`` records per update.
+
+  The record grows with the gradients: per update its time and offset (16
+  bytes), per contribution its worker and version (16 bytes) and, with
+  ``record_events``, per gradient event its five fields (40 bytes), each in
+  the fewest the paradigm records per update. The schedule's arrays are also
+  copied while it is built, and round paradigms draw dense
+  ``[updates, workers]`` tables, so a run needs more than this, about twice.
+  """
+  contributions, events = _recorded_per_update(paradigm, num_workers)
+  return 16 + 16 * contributions + 40 * events * bool(record_events)
+
+
+def check_record_fits(paradigm: P.Paradigm, workers: Workers, num_updates: int, record_events: bool) -> None:
+  """Refuses, before simulating, a ``num_updates`` whose record cannot fit in the available memory.
+
+  The size is :func:`record_bytes_per_update` times ``num_updates``, a lower
+  bound: a run refused here could never have finished.
+  """
+  per_update = record_bytes_per_update(paradigm, workers.num_workers, record_events)
+  check_fits(f"num_updates={num_updates} with {paradigm} on {workers.num_workers} workers: its schedule, at "
+             f"least {per_update} bytes per update,", per_update * num_updates, available_memory())
+
+
 def _check_inputs(paradigm: Any, workers: Any, seed: Any) -> None:
   if not isinstance(paradigm, P.Paradigm):
     raise TypeError(f"paradigm must be a paradigm such as dj.cluster.ssp(3), got {paradigm!r}.")
@@ -861,7 +908,9 @@ def simulate(paradigm: P.Paradigm, workers: Workers, num_updates: int, seed: int
   Args:
     paradigm: a synchronization paradigm, e.g. ``dj.cluster.ssp(3)``.
     workers: the cluster, from ``dj.cluster.workers(...)``.
-    num_updates: ``U >= 1``.
+    num_updates: ``U >= 1``; one whose record cannot fit in the available
+      memory is refused before anything is simulated (see
+      :func:`check_record_fits`).
     seed: the same seed gives a bit-identical schedule.
     record_events: keep the per-gradient events in ``extras`` (40 bytes per
       gradient); ``False`` keeps only what ``dj.simulate`` needs (the
@@ -887,6 +936,7 @@ def simulate(paradigm: P.Paradigm, workers: Workers, num_updates: int, seed: int
   num_updates = check_int("num_updates", num_updates, minimum=1)
   if not isinstance(record_events, bool):
     raise TypeError(f"record_events must be a bool, got {record_events!r}.")
+  check_record_fits(paradigm, workers, num_updates, record_events)
   if isinstance(paradigm, _ROUND_PARADIGMS):
     return Simulation(paradigm, workers, seed)._record(num_updates).schedule(str(paradigm), record_events)
   time_seq, barrier_seq = _seed_sequences(seed, workers)

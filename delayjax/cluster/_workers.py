@@ -23,12 +23,32 @@ from typing import Any, Sequence
 import numpy as np
 
 from delayjax._checks import check_float, check_int, check_seed
-from delayjax.cluster._distributions import TimeModel, as_time_model
+from delayjax.cluster._distributions import Constant, TimeModel, Uniform, as_time_model
 
 __all__ = [
     "Workers", "Replay", "RandomStragglers", "StragglerWindow",
     "workers", "replay", "random_stragglers", "straggler_window",
 ]
+
+_SMALLEST_TIME = float(np.finfo(np.float64).smallest_subnormal)
+
+
+def _check_positive_compute(name: str, model: TimeModel) -> TimeModel:
+  """``model`` if its draws are positive, else a ValueError naming ``name``.
+
+  A gradient that takes no time lets its worker push again at the same
+  instant, forever: under ASP worker 0 gets every update and the schedule
+  reports infinite updates per second. A constant of 0 (or less) and a
+  uniform whose ``high`` is 0 draw only 0; the other models, with the
+  positive parameters their factories require, draw positive times.
+  """
+  if isinstance(model, Constant) and not model.value > 0:
+    raise ValueError(f"{name} must be a compute time > 0 seconds (a gradient takes time; with 0 one worker "
+                     f"pushes without end at one instant), got the constant {model.value}.")
+  if isinstance(model, Uniform) and not model.high > 0:
+    raise ValueError(f"{name} must draw compute times > 0 seconds, got uniform(low={model.low}, high={model.high}), "
+                     "which draws only 0; give high > 0.")
+  return model
 
 
 def _check_worker_subset(value: Any, num_workers: int | None = None) -> tuple[int, ...] | None:
@@ -99,7 +119,7 @@ class Replay:
   """Measured compute times replayed per worker: gradient ``j`` of worker ``m`` takes ``times[m, j % n]``.
 
   Attributes:
-    times: float64 ``[M, n]``, seconds; finite and non-negative.
+    times: float64 ``[M, n]``, seconds; finite and positive.
   """
 
   times: np.ndarray
@@ -109,8 +129,10 @@ class Replay:
     if times.ndim != 2 or times.shape[0] < 1 or times.shape[1] < 1:
       raise ValueError(f"times must be a non-empty 2-D array [num_workers, num_measurements], "
                        f"got shape {times.shape}.")
-    if not np.all(np.isfinite(times)) or np.any(times < 0):
-      raise ValueError("times must be finite and >= 0 seconds; got negative, NaN or infinite entries.")
+    if not np.all(np.isfinite(times)) or np.any(times <= 0):
+      bad = times[~np.isfinite(times) | (times <= 0)][0]
+      raise ValueError(f"times must be finite and > 0 seconds (a gradient takes time: with 0 a worker pushes "
+                       f"without end at one instant), got {bad.item()}.")
     times.setflags(write=False)
     object.__setattr__(self, "times", times)
 
@@ -180,6 +202,10 @@ class Workers:
         hit = rng.random(size) < s.probability
         if s.workers is None or worker in s.workers:
           compute = np.where(hit, compute * s.slowdown, compute)
+    # Compute times are strictly positive: a draw of exactly 0 (uniform from 0, exponential or gamma with a
+    # uniform variate of 0, a huge speed) would be a push taking no time; it becomes the smallest positive
+    # float, which changes no other draw.
+    compute = np.maximum(compute, _SMALLEST_TIME)
     comm = np.zeros(size) if self.comm is None else self.comm[worker].sample(rng, size)
     return compute, comm
 
@@ -228,7 +254,11 @@ def workers(
       mean 1 second), a model such as ``dj.cluster.gamma(shape=4, mean=2.0)``,
       a number of seconds (constant), a sequence of those with one per worker,
       or measured times to replay: ``dj.cluster.replay(times)`` or a 2-D array
-      ``[num_workers, num_measurements]`` (each row is cycled).
+      ``[num_workers, num_measurements]`` (each row is cycled). Compute times
+      are strictly positive: a constant ``<= 0``, a uniform with ``high = 0``
+      and replayed times ``<= 0`` are refused (a gradient that takes no time
+      lets its worker push without end at one instant), and a random draw of
+      exactly 0 is taken as the smallest positive float.
     comm: communication latency added to every push, in the same forms
       (``None``: no latency; replay is not accepted here).
     speed: per-worker speed factors (a worker's compute time is divided by
@@ -250,12 +280,21 @@ def workers(
   """
   num_workers = check_int("num_workers", num_workers, minimum=1)
   if isinstance(compute, Replay) or (not isinstance(compute, (str, TimeModel)) and _is_table(compute)):
-    compute_models: tuple[TimeModel, ...] | Replay = compute if isinstance(compute, Replay) else Replay(compute)
+    if isinstance(compute, Replay):
+      compute_models: tuple[TimeModel, ...] | Replay = compute
+    else:
+      try:
+        compute_models = Replay(compute)
+      except ValueError as error:
+        raise ValueError(f"compute (measured times to replay): {error}") from None
     if compute_models.times.shape[0] != num_workers:
       raise ValueError(f"compute replay times must have one row per worker ({num_workers}), "
                        f"got shape {compute_models.times.shape}.")
   else:
     compute_models = _per_worker("compute", compute, num_workers)
+    names = ["compute"] * num_workers if not isinstance(compute, (list, tuple)) else [
+        f"compute[{m}]" for m in range(num_workers)]
+    compute_models = tuple(_check_positive_compute(n, c) for n, c in zip(names, compute_models))
   comm_models = None if comm is None else _per_worker("comm", comm, num_workers)
   if speed is None:
     speeds = np.ones(num_workers)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import delayjax as dj
+from delayjax.cluster._simulate import record_bytes_per_update
 
 C = dj.cluster
 
@@ -37,8 +38,16 @@ C = dj.cluster
     (lambda: C.workers(2, speed=[1.0, 0.0]), ValueError, r"speed must be finite and > 0 for every worker"),
     (lambda: C.workers(2, speed=[1.0, math.nan]), ValueError, r"speed must be finite and > 0"),
     (lambda: C.workers(3, speed=[1.0, 2.0]), ValueError, r"speed must be a number or have one entry per worker \(3\)"),
-    (lambda: C.replay([[1.0, -1.0]]), ValueError, r"times must be finite and >= 0 seconds"),
-    (lambda: C.replay([[1.0, math.nan]]), ValueError, r"times must be finite and >= 0 seconds"),
+    (lambda: C.replay([[1.0, -1.0]]), ValueError, r"times must be finite and > 0 seconds .*got -1.0"),
+    (lambda: C.replay([[1.0, math.nan]]), ValueError, r"times must be finite and > 0 seconds .*got nan"),
+    (lambda: C.replay([[1.0, 0.0]]), ValueError, r"times must be finite and > 0 seconds .*got 0.0"),
+    (lambda: C.workers(1, compute=[[0.0, 0.0]]), ValueError, r"compute \(measured times to replay\): times must be "
+     r"finite and > 0"),
+    (lambda: C.workers(2, compute=0.0), ValueError, r"compute must be a compute time > 0 seconds .*got the constant 0.0"),
+    (lambda: C.workers(2, compute=C.constant(0.0)), ValueError, r"compute must be a compute time > 0 seconds"),
+    (lambda: C.workers(2, compute=[1.0, C.constant(0.0)]), ValueError, r"compute\[1\] must be a compute time > 0"),
+    (lambda: C.workers(2, compute=C.uniform(0.0, 0.0)), ValueError,
+     r"compute must draw compute times > 0 seconds, got uniform\(low=0.0, high=0.0\)"),
     (lambda: C.replay([1.0, 2.0]), ValueError, r"times must be a non-empty 2-D array .* got shape \(2,\)"),
     (lambda: C.workers(3, compute=np.ones((2, 4))), ValueError,
      r"compute replay times must have one row per worker \(3\), got shape \(2, 4\)"),
@@ -103,3 +112,32 @@ def test_k_batch_forms_may_count_more_minibatches_than_workers():
 def test_bad_simulation_arguments(call, error, match):
   with pytest.raises(error, match=match):
     call()
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: C.simulate(C.asp(), W3, 10**15), r"^num_updates=1000000000000000 with asp\(\) on 3 workers: .*needs"),
+    (lambda: C.simulate(C.bsp(), W3, 10**13, record_events=False), r"^num_updates=10000000000000 with bsp\(\)"),
+    (lambda: C.Simulation(C.bsp(), W3).run(10**14), r"^num_updates=100000000000000 with bsp\(\)"),
+    (lambda: C.simulate_gossip(C.allreduce(), W3, 10**14), r"^num_steps=100000000000000 on 3 replicas"),
+    (lambda: C.pipeline("gpipe", 4, 10**12), r"^num_updates=1000000000000 x num_microbatches=1 on num_stages=4"),
+])
+def test_a_run_whose_record_cannot_fit_is_refused_before_it_starts(call, match):
+  """These were accepted and grew until the machine ran out of memory."""
+  with pytest.raises(ValueError, match=match + r".*bytes\), more than the .* of available host memory\."):
+    call()
+
+
+def _recorded_bytes(sched: C.Schedule) -> int:
+  c = sched.contributions
+  return sched.time.nbytes + 8 * (sched.num_updates + 1) + c.worker.nbytes + c.read_version.nbytes + sum(
+      v.nbytes for k, v in sched.extras.items() if k.startswith("event_"))
+
+
+@pytest.mark.parametrize("paradigm", [C.asp(), C.ssp(1), C.psp(2, 1), C.dssp(0, 2), C.k_async(2), C.k_batch_async(3),
+                                      C.softsync(1), C.backup_workers(1), C.bsp(), C.k_sync(2), C.k_batch_sync(4),
+                                      C.adasync(2), C.elastic_bsp(2), C.predictive_cutoff(3)], ids=str)
+@pytest.mark.parametrize("record_events", [True, False])
+def test_the_memory_estimate_is_a_lower_bound_of_the_record(paradigm, record_events):
+  """The refusal above fires only for a run that could not fit: the estimate never exceeds what is recorded."""
+  sched = C.simulate(paradigm, W3, 300, record_events=record_events)
+  assert 300 * record_bytes_per_update(paradigm, 3, record_events) <= _recorded_bytes(sched)

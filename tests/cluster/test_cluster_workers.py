@@ -134,3 +134,28 @@ def test_each_worker_draws_from_its_own_stream():
             for x in (small, big))
     assert a.shape == b.shape == (50,)
     np.testing.assert_allclose(a, b, rtol=1e-9)
+
+
+def test_compute_draws_are_strictly_positive():
+  """A uniform of width 5e-324 draws 0 or the smallest float: the zeros become the smallest positive time, so no
+  gradient takes no time (and the others are unchanged)."""
+  tiny = float(np.finfo(np.float64).smallest_subnormal)
+  w = C.workers(2, compute=C.uniform(0.0, tiny))
+  raw = C.uniform(0.0, tiny).sample(np.random.default_rng(0), 4096)
+  assert np.any(raw == 0)
+  compute, _ = w.draw(np.random.default_rng(0), 0, 0, 4096)
+  np.testing.assert_array_equal(compute, np.maximum(raw, tiny))
+  sched = C.simulate(C.asp(), w, 50)
+  assert np.all(np.diff(np.r_[0.0, sched.time]) >= 0) and sched.time[-1] > 0
+  # Ordinary times are not touched.
+  w = C.workers(3, compute="gamma", seed=1)
+  np.testing.assert_array_equal(w.draw(np.random.default_rng(3), 1, 0, 100)[0],
+                                C.gamma().sample(np.random.default_rng(3), 100))
+
+
+def test_a_zero_compute_time_is_refused_rather_than_one_worker_taking_every_update():
+  with pytest.raises(ValueError, match=r"compute must be a compute time > 0 seconds .*got the constant 0.0"):
+    C.workers(4, compute=C.constant(0.0))
+  # A latency may be 0, and then the compute time alone sets the order: every worker contributes.
+  sched = C.simulate(C.asp(), C.workers(4, compute=C.constant(1.0), comm=0.0), 40)
+  np.testing.assert_array_equal(np.bincount(sched.contributions.worker, minlength=4), [10] * 4)
