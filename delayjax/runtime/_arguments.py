@@ -44,17 +44,6 @@ def check_sampling(data: Any, batch_size: Any, sampling: Any, shards: Any) -> tu
   return batch_size, num_examples
 
 
-def check_optional_int(name: str, value: Any, minimum: int = 1) -> int | None:
-  """``None``, or ``value`` as an int ``>= minimum``."""
-  return None if value is None else check_int(name, value, minimum=minimum)
-
-
-def check_optional_callable(name: str, value: Any) -> Any:
-  if value is not None and not callable(value):
-    raise TypeError(f"{name} must be callable or None, got {type(value).__name__}.")
-  return value
-
-
 def check_params(params: Any, name: str = "params") -> None:
   """Refuses parameters with no array leaf (nothing to train), naming ``name``."""
   leaves = jax.tree.leaves(params)

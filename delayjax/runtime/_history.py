@@ -6,17 +6,6 @@ import warnings
 
 import numpy as np
 
-from delayjax._checks import check_choice
-
-# What the host keeps of a run's history (the runtimes' ``history`` argument): every update's row (every
-# step's, for the gossip runtime), or only the evaluations and the non-finite reports.
-HISTORIES = ("updates", "evaluations")
-
-
-def keeps_updates(history: str) -> bool:
-  """Whether a run's ``history`` argument (checked: one of ``HISTORIES``) keeps the per-update rows."""
-  return check_choice("history", history, HISTORIES) == "updates"
-
 
 def eval_points(num_updates: int, eval_every: int | None) -> np.ndarray:
   """int64: the versions evaluated: 0, every ``eval_every``-th and the last, sorted."""

@@ -25,7 +25,7 @@ def dylu_local_steps(speeds: Sequence[float] | np.ndarray, max_steps: int) -> np
     max_steps: :math:`H \ge 1`, the fastest worker's local steps.
 
   Returns:
-    int64 ``[M]``, for ``dj.simulate(..., local_steps=...)``.
+    int64 ``[M]``, for ``dj.simulate(..., worker=dj.workers.LocalSteps(steps, optimizer))``.
 
   Raises:
     ValueError: if ``speeds`` is not a non-empty 1-D array of finite positive
@@ -46,30 +46,6 @@ def dylu_local_steps(speeds: Sequence[float] | np.ndarray, max_steps: int) -> np
   if v.ndim != 1 or v.size == 0 or not np.all(np.isfinite(v)) or np.any(v <= 0):
     raise ValueError(f"speeds must be a non-empty 1-D array of finite numbers > 0, got {speeds!r}.")
   return np.maximum(1, np.floor(v / v.max() * max_steps)).astype(np.int64)
-
-
-def check_local_steps(local_steps: int | Sequence[int] | np.ndarray | None,
-                      local_optimizer: optax.GradientTransformation | None,
-                      num_workers: int) -> np.ndarray | None:
-  """``local_steps`` as int64 ``[num_workers]`` (or ``None`` without local steps), or raises naming it."""
-  if local_steps is None:
-    if local_optimizer is not None:
-      raise ValueError("local_optimizer is only used with local_steps; got local_steps=None.")
-    return None
-  if local_optimizer is None:
-    raise ValueError("local_steps needs a local_optimizer (e.g. optax.sgd(0.1)); got local_optimizer=None.")
-  if not isinstance(local_optimizer, optax.GradientTransformation):
-    raise TypeError(
-        f"local_optimizer must be an optax.GradientTransformation, got {type(local_optimizer).__name__}.")
-  if np.ndim(local_steps) == 0:
-    steps = np.full(num_workers, check_int("local_steps", local_steps, minimum=1), np.int64)
-  else:
-    given = list(local_steps)
-    if len(given) != num_workers:
-      raise ValueError(
-          f"local_steps must be an int or hold one entry per worker ({num_workers}), got {len(given)} entries.")
-    steps = np.asarray([check_int(f"local_steps[{m}]", h, minimum=1) for m, h in enumerate(given)], np.int64)
-  return steps
 
 
 def local_pseudo_gradient(step_grad: Callable[[Any, jax.Array], tuple[jax.Array, Any]],

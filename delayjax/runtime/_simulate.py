@@ -5,8 +5,6 @@ from __future__ import annotations
 import collections
 import hashlib
 import math
-import os
-import re
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -21,7 +19,7 @@ from delayjax.cluster._schedule import Schedule
 from delayjax.runtime import _checkpoint
 from delayjax.runtime import _engine as engine
 from delayjax.runtime import _history as history_lib
-from delayjax.runtime._engine import AXIS, check_worker_capacity, program_cache_key, program_digest, program_key
+from delayjax.runtime._engine import AXIS, check_worker_capacity, program_key
 from delayjax.runtime._arguments import batch_like, check_params, check_sampling, loss_has_aux
 from delayjax.runtime._options import Checkpoint, Execution, Record, Runs, Sampling, check_option, check_seed_or_runs
 from delayjax.runtime._workers import Gradient, Worker, WorkerContext, check_worker

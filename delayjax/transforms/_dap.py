@@ -101,7 +101,7 @@ def dap_sgd(prox: ProxFn, learning_rate: float, server_rate: float | optax.Sched
 
     dap = dj.dap_sgd(dj.prox_l1(lam), lr, server_rate=0.5)
     dj.simulate(loss_fn, dap.server, params, data, delays,
-                local_steps=dap.local_steps, local_optimizer=dap.worker)
+                worker=dj.workers.LocalSteps(dap.local_steps, dap.worker))
 
   ``loss_fn`` is the smooth part :math:`F` only. An update that combines
   several contributions (n-softsync, K-async) adds their weighted mean
