@@ -20,3 +20,4 @@ from delayjax.gossip._dc_s3gd import dc_s3gd as dc_s3gd
 from delayjax.gossip._layup import LayUpState as LayUpState
 from delayjax.gossip._layup import layup as layup
 from delayjax.gossip._method import GossipMethod as GossipMethod
+from delayjax.gossip._method import check_method_schedule as check_method_schedule

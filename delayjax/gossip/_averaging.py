@@ -155,6 +155,10 @@ def sgp() -> GossipMethod:
   with the same mixing weights. With one replica :math:`w = 1` and this is
   plain training with ``tx``.
 
+  Its ``push_sum`` flag lets it run on column-stochastic (push-sum)
+  schedules, which the methods without a weight refuse; on a row-stochastic
+  one its weight stays 1 and it is D-PSGD (see ``check_method_schedule``).
+
   Returns:
     A :class:`GossipMethod` with a :class:`PushSumState` per replica.
 
@@ -162,4 +166,5 @@ def sgp() -> GossipMethod:
     Assran, Loizou, Ballas, Rabbat, `Stochastic Gradient Push for Distributed
     Deep Learning <https://arxiv.org/abs/1811.10792>`_, ICML 2019
   """
-  return GossipMethod("sgp", _sgp_init, _debiased, _sgp_apply, _sgp_message, _sgp_receive, mixes=PARAMS)
+  return GossipMethod("sgp", _sgp_init, _debiased, _sgp_apply, _sgp_message, _sgp_receive, mixes=PARAMS,
+                      push_sum=True)

@@ -86,4 +86,6 @@ def dc_s3gd(lam: float = 0.04) -> GossipMethod:
     del extra, self_weight, dt
     return params, DCS3GDState(mixed)
 
-  return GossipMethod("dc_s3gd", init, params_themselves, apply, params_themselves, receive, mixes=PARAMS)
+  # Its replicas continue from the last mixed model: a schedule without PARAMS mixes would restart every step.
+  return GossipMethod("dc_s3gd", init, params_themselves, apply, params_themselves, receive, mixes=PARAMS,
+                      needs_param_mixes=True)

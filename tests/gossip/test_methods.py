@@ -140,3 +140,108 @@ def test_rules_that_take_their_own_share_out_refuse_late_messages(make):
   method = make()
   with pytest.raises(ValueError, match=rf"'{method.name}' is not defined for late messages.*lag up to 2"):
     dj.simulate_gossip(loss_fn, optax.sgd(LR), method, params, data, schedule, sampling=dj.Sampling(batch_size=BATCH))
+
+
+def _mixed_at_rest(schedule: GossipSchedule, push_sum: bool) -> np.ndarray:
+  """Replicas of value 1 at learning rate 0 through the schedule's mixes, in NumPy: the value each ends with (for
+  push-sum the de-biased x / w, both mixed alike with the schedule's weights and lags)."""
+  num = schedule.num_workers
+  x_hist = [[1.0] for _ in range(num)]
+  w_hist = [[1.0] for _ in range(num)]
+  for e in range(schedule.num_events):
+    kind = int(schedule.kind[e])
+    if kind == 1:  # GRAD at rate 0: a new local version, the same value
+      m = int(schedule.worker[e])
+      x_hist[m].append(x_hist[m][-1])
+      w_hist[m].append(w_hist[m][-1])
+    elif kind == 2 and schedule.mixes[schedule.mix[e]] == PARAMS:
+      k = int(schedule.mix[e])
+      members = [int(m) for m in schedule.members[k] if m >= 0]
+      sent_x = [x_hist[m][len(x_hist[m]) - 1 - schedule.lag[k, b]] for b, m in enumerate(members)]
+      sent_w = [w_hist[m][len(w_hist[m]) - 1 - schedule.lag[k, b]] for b, m in enumerate(members)]
+      for a, m in enumerate(members):
+        if schedule.receives[k, a]:
+          x_hist[m].append(float(np.dot(schedule.weights[k, a, :len(members)], sent_x)))
+          w_hist[m].append(float(np.dot(schedule.weights[k, a, :len(members)], sent_w)))
+  x = np.array([h[-1] for h in x_hist])
+  return x / np.array([h[-1] for h in w_hist]) if push_sum else x
+
+
+PARADIGMS = {
+    "allreduce": lambda: dj.cluster.allreduce(),
+    "d_psgd": lambda: dj.cluster.d_psgd(dj.topology.ring(4)),
+    "ad_psgd": lambda: dj.cluster.ad_psgd(),
+    "ad_psgd_ring": lambda: dj.cluster.ad_psgd(dj.topology.ring(4)),
+    "sgp": lambda: dj.cluster.sgp(),
+    "sgp_overlap": lambda: dj.cluster.sgp(overlap=2),
+    "gossipgrad": lambda: dj.cluster.gossipgrad(),
+}
+METHODS = {
+    "d_psgd": dj.gossip.d_psgd, "ad_psgd": dj.gossip.ad_psgd, "gossip_grad": dj.gossip.gossip_grad,
+    "sgp": dj.gossip.sgp, "dc_s3gd": dj.gossip.dc_s3gd, "a2cid2": lambda: dj.gossip.a2cid2(0.3, 0.2),
+    "layup": dj.gossip.layup, "accelerated": dj.gossip.accelerated_sgd,
+}
+PUSH_SUM_PARADIGMS = ("sgp", "sgp_overlap")
+GRADS_ONLY_PARADIGMS = ("allreduce", "gossipgrad")
+
+
+@pytest.mark.parametrize("paradigm", PARADIGMS)
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_and_paradigm_pair_is_accepted_exactly_when_the_mixes_suit_the_method(method, paradigm):
+  """Mixed at rest, identical replicas stay identical under the rule of each accepted pair; each refused pair is
+  named with its reason (push-sum weights changing the mass, gradient mixing on model mixes, late messages, or
+  DC-S3GD without model mixes)."""
+  m = METHODS[method]()
+  schedule = dj.cluster.simulate_gossip(PARADIGMS[paradigm](), dj.cluster.workers(4, seed=0), num_steps=6, seed=1)
+  reasons = []
+  if paradigm in PUSH_SUM_PARADIGMS and not m.push_sum:
+    reasons.append("has no push-sum weight")
+  if m.mixes == "gradients" and paradigm not in GRADS_ONLY_PARADIGMS:
+    reasons.append("mixes gradients")
+  if m.needs_param_mixes and paradigm in GRADS_ONLY_PARADIGMS:
+    reasons.append("continues from its last mixed model")
+  if not m.late_messages and schedule.lag.max() > 0:
+    reasons.append("not defined for late messages")
+  if not reasons:
+    dj.gossip.check_method_schedule(m, schedule)
+    np.testing.assert_allclose(_mixed_at_rest(schedule, m.push_sum), np.ones(4), rtol=1e-12)
+    return
+  with pytest.raises(ValueError, match=rf"method '{m.name}'") as info:
+    dj.gossip.check_method_schedule(m, schedule)
+  message = str(info.value)
+  assert any(r in message for r in reasons), message
+  if "push-sum" in message:
+    assert f"paradigm '{schedule.paradigm}'" in message
+    # The refusal is the math: mixed without a weight, identical replicas drift apart.
+    assert not np.allclose(_mixed_at_rest(schedule, False), 1.0)
+
+
+def test_a_method_without_a_weight_on_an_sgp_schedule_drifts_apart_and_is_refused():
+  """The case of the issue: AD-PSGD's rule on a short SGP schedule, learning rate 0, identical replicas."""
+  schedule = dj.cluster.simulate_gossip(dj.cluster.sgp(), dj.cluster.workers(4, seed=0), num_steps=6, seed=1)
+  at_rest = _mixed_at_rest(schedule, False)
+  assert at_rest.min() < 0.6 and at_rest.max() > 1.4
+  np.testing.assert_allclose(_mixed_at_rest(schedule, True), np.ones(4), rtol=1e-12)
+  with pytest.raises(ValueError, match=r"method 'ad_psgd' has no push-sum weight, so its mixes must average .*"
+                                       r"paradigm 'sgp\(overlap=0, forward_only=False\)'.* summing to 0\.5"):
+    dj.gossip.check_method_schedule(dj.gossip.ad_psgd(), schedule)
+
+
+def test_a_gradient_mix_that_does_not_average_is_refused_for_every_method():
+  schedule = _one_replica_rounds(3, GRADS)
+  fields = {f: getattr(schedule, f) for f in ("time", "kind", "worker", "num_batches", "mix", "members", "lag",
+                                               "receives", "mixes")}
+  doubled = GossipSchedule(num_workers=1, weights=2.0 * schedule.weights, **fields)
+  for make in (dj.gossip.gossip_grad, dj.gossip.sgp):
+    dj.gossip.check_method_schedule(make(), schedule)
+    with pytest.raises(ValueError, match=r"gradient mixes must average .*GRADS mix 0 .*summing to 2"):
+      dj.gossip.check_method_schedule(make(), doubled)
+
+
+def test_check_method_schedule_refuses_other_types():
+  schedule = _one_replica_rounds(2, PARAMS)
+  with pytest.raises(TypeError, match="method must be a dj.gossip method"):
+    dj.gossip.check_method_schedule("d_psgd", schedule)
+  with pytest.raises(TypeError, match="schedule must be a dj.cluster.GossipSchedule, got Schedule"):
+    dj.gossip.check_method_schedule(dj.gossip.d_psgd(),
+                                    dj.cluster.simulate(dj.cluster.asp(), dj.cluster.workers(2), 5))
