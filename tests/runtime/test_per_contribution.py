@@ -32,9 +32,9 @@ def test_inverse_rate_per_gradient_moves_by_the_paper_amount():
   data = {"x": np.zeros((4, 1), np.float32)}
   schedule = _two_gradient_schedule()
   per = dj.simulate(loss_fn, optax.chain(dj.per_contribution(dj.scale_by_staleness("inverse")), optax.sgd(1.0)),
-                    jnp.zeros(1), data, schedule, batch_size=1)
+                    jnp.zeros(1), data, schedule, sampling=dj.Sampling(batch_size=1))
   whole = dj.simulate(loss_fn, optax.chain(dj.scale_by_staleness("inverse"), optax.sgd(1.0)),
-                      jnp.zeros(1), data, schedule, batch_size=1)
+                      jnp.zeros(1), data, schedule, sampling=dj.Sampling(batch_size=1))
   np.testing.assert_allclose(np.asarray(per.params), [-(4 + 0.625)])
   np.testing.assert_allclose(np.asarray(whole.params), [-(4 + 0.25)])
 
@@ -49,9 +49,10 @@ def test_one_contribution_per_update_is_the_plain_rule_bit_for_bit():
                                  seed=1)
   assert schedule.contributes.sum(axis=1).max() == 1
   per = dj.simulate(loss_fn, optax.chain(dj.per_contribution(optax.chain(_dc_a(4), dj.scale_by_staleness("inverse"))),
-                                         optax.sgd(0.05)), params, data, schedule, batch_size=8, seed=2)
+                                         optax.sgd(0.05)), params, data, schedule, sampling=dj.Sampling(batch_size=8),
+                    seed=2)
   plain = dj.simulate(loss_fn, optax.chain(_dc_a(4), dj.scale_by_staleness("inverse"), optax.sgd(0.05)),
-                      params, data, schedule, batch_size=8, seed=2)
+                      params, data, schedule, sampling=dj.Sampling(batch_size=8), seed=2)
   for a, b in zip(jax.tree.leaves(per.params), jax.tree.leaves(plain.params), strict=True):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   np.testing.assert_array_equal(np.asarray(per.opt_state[0].inner[0].mean_square["w"]),
@@ -100,7 +101,7 @@ def test_dc_asgd_a_per_worker_on_k_async_against_numpy():
                                  num_updates=30, seed=3)
   assert schedule.contributes.sum(axis=1).max() == 2
   tx = optax.chain(dj.per_contribution(_dc_a(4)), optax.sgd(0.05))
-  result = dj.simulate(loss_fn, tx, params, data, schedule, batch_size=8, seed=4)
+  result = dj.simulate(loss_fn, tx, params, data, schedule, sampling=dj.Sampling(batch_size=8), seed=4)
   expected = _numpy_dc_a_per_contribution(data, schedule, lr=0.05, lam=0.5, mu=0.95, eps=1e-7, batch_size=8,
                                           seed=4)
   got = np.concatenate([np.asarray(result.params["w"]), np.asarray(result.params["b"])[None]])

@@ -47,7 +47,8 @@ def test_unknown_runtime_inputs_are_refused():
 
   tx = optax.GradientTransformationExtraArgs(init_fn, update_fn)
   with pytest.raises(ValueError, match=r"tx requests runtime inputs that dj.simulate cannot compute: \['svrg_grad'\]"):
-    dj.simulate(loss_fn, tx, params, data, dj.delays.constant(1), num_updates=4, batch_size=BATCH)
+    dj.simulate(loss_fn, tx, params, data, dj.delays.constant(1), num_updates=4,
+                sampling=dj.Sampling(batch_size=BATCH))
 
 
 def test_server_minibatch_is_its_own_documented_stream():
@@ -69,7 +70,7 @@ def test_zeno_plus_plus_matches_reference(inner):
   data, loss_fn, params = regression_problem()
   schedule = hand_schedule(4, 30, group=2, max_batches=2, seed=21)
   tx = dj.zeno_plus_plus(0.05, rho=0.002, inner=None if inner == "sgd" else probe(0.05, 4))
-  result = dj.simulate(loss_fn, tx, params, data, schedule, batch_size=BATCH, seed=5)
+  result = dj.simulate(loss_fn, tx, params, data, schedule, sampling=dj.Sampling(batch_size=BATCH), seed=5)
   ref_params, ref_state, ref_loss, _, _ = reference(loss_fn, tx, params, data, schedule, batch_size=BATCH, seed=5)
   # Some candidates were rejected and some accepted, or the test would not tell much.
   assert 0 < int(ref_state.accepted) < int(ref_state.count)
@@ -85,8 +86,9 @@ def test_zeno_plus_plus_on_eight_devices():
   data, loss_fn, params = regression_problem()
   schedule = hand_schedule(6, 24, seed=22)
   tx = dj.zeno_plus_plus(0.05, rho=0.002)
-  single = dj.simulate(loss_fn, tx, params, data, schedule, batch_size=BATCH)
-  multi = dj.simulate(loss_fn, tx, params, data, schedule, batch_size=BATCH, mesh=jax.make_mesh((8,), ("workers",)))
+  single = dj.simulate(loss_fn, tx, params, data, schedule, sampling=dj.Sampling(batch_size=BATCH))
+  multi = dj.simulate(loss_fn, tx, params, data, schedule, sampling=dj.Sampling(batch_size=BATCH),
+                      execution=dj.Execution(mesh=jax.make_mesh((8,), ("workers",))))
   assert multi.stats["num_devices"] == 8
   np.testing.assert_array_equal(multi.opt_state.accepted, single.opt_state.accepted)
   assert_trees_close(multi.params, single.params, rtol=1e-5, atol=1e-6)

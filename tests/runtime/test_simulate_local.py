@@ -20,9 +20,9 @@ BATCH = 4
 def test_one_worker_one_local_step_is_plain_sgd_bit_for_bit():
   data, loss_fn, params = regression_problem()
   schedule = round_robin(1, 20)
-  local = dj.simulate(loss_fn, optax.sgd(1.0), params, data, schedule, batch_size=BATCH, seed=2,
-                      local_steps=1, local_optimizer=optax.sgd(0.05))
-  plain = dj.simulate(loss_fn, optax.sgd(0.05), params, data, schedule, batch_size=BATCH, seed=2)
+  local = dj.simulate(loss_fn, optax.sgd(1.0), params, data, schedule, sampling=dj.Sampling(batch_size=BATCH), seed=2,
+                      worker=dj.workers.LocalSteps(1, optax.sgd(0.05)))
+  plain = dj.simulate(loss_fn, optax.sgd(0.05), params, data, schedule, sampling=dj.Sampling(batch_size=BATCH), seed=2)
   for x, y in zip(jax.tree.leaves(local.params), jax.tree.leaves(plain.params), strict=True):
     np.testing.assert_array_equal(x, y)
   np.testing.assert_array_equal(local.history.loss, plain.history.loss)
@@ -47,8 +47,8 @@ def test_local_steps_match_reference(name):
   data, loss_fn, params = regression_problem()
   schedule = make_schedule()
   tx = make_tx(schedule.num_workers)
-  result = dj.simulate(loss_fn, tx, params, data, schedule, batch_size=BATCH, seed=4, local_steps=steps,
-                       local_optimizer=make_local())
+  result = dj.simulate(loss_fn, tx, params, data, schedule, sampling=dj.Sampling(batch_size=BATCH), seed=4,
+                       worker=dj.workers.LocalSteps(steps, make_local()))
   assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(result.params))
   per_worker = np.broadcast_to(steps, (schedule.num_workers,))
   ref_params, ref_state, ref_loss, _, _ = reference(loss_fn, tx, params, data, schedule, batch_size=BATCH, seed=4,
@@ -64,10 +64,10 @@ def test_per_worker_local_steps_on_eight_devices():
   data, loss_fn, params = regression_problem()
   schedule = dj.cluster.simulate(dj.cluster.asp(), dj.cluster.workers(6), num_updates=24, seed=5)
   steps = [1, 2, 3, 1, 2, 3]
-  kwargs = dict(batch_size=BATCH, local_steps=steps, local_optimizer=optax.sgd(0.05))
+  kwargs = dict(sampling=dj.Sampling(batch_size=BATCH), worker=dj.workers.LocalSteps(steps, optax.sgd(0.05)))
   single = dj.simulate(loss_fn, probe(0.5, 8), params, data, schedule, **kwargs)
-  multi = dj.simulate(loss_fn, probe(0.5, 8), params, data, schedule, mesh=jax.make_mesh((8,), ("workers",)),
-                      **kwargs)
+  multi = dj.simulate(loss_fn, probe(0.5, 8), params, data, schedule,
+                      execution=dj.Execution(mesh=jax.make_mesh((8,), ("workers",))), **kwargs)
   assert multi.stats["num_devices"] == 8
   assert_trees_close(multi.params, single.params, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(multi.history.loss, single.history.loss, rtol=1e-5, atol=1e-6)
@@ -88,9 +88,10 @@ def test_kept_local_state_matches_reference(name, make_local):
   schedule = make_schedule()
   tx = make_tx(schedule.num_workers)
   per_worker = np.broadcast_to(steps, (schedule.num_workers,))
-  kw = dict(batch_size=BATCH, seed=4, local_steps=steps, local_optimizer=make_local())
-  kept = dj.simulate(loss_fn, tx, params, data, schedule, keep_local_state=True, **kw)
-  fresh = dj.simulate(loss_fn, tx, params, data, schedule, **kw)
+  kw = dict(sampling=dj.Sampling(batch_size=BATCH), seed=4)
+  kept = dj.simulate(loss_fn, tx, params, data, schedule, worker=dj.workers.LocalSteps(steps, make_local(),
+                                                                                       keep_state=True), **kw)
+  fresh = dj.simulate(loss_fn, tx, params, data, schedule, worker=dj.workers.LocalSteps(steps, make_local()), **kw)
   ref_params, ref_state, ref_loss, _, _ = reference(
       loss_fn, tx, params, data, schedule, batch_size=BATCH, seed=4, local_steps=per_worker,
       local_optimizer=make_local(), keep_local_state=True)
@@ -105,11 +106,12 @@ def test_kept_local_state_matches_reference(name, make_local):
 def test_kept_local_state_on_eight_devices_and_across_resume(tmp_path):
   data, loss_fn, params = regression_problem()
   schedule = dj.cluster.simulate(dj.cluster.asp(), dj.cluster.workers(6), num_updates=24, seed=5)
-  kw = dict(batch_size=BATCH, local_steps=[1, 2, 3, 1, 2, 3], local_optimizer=optax.sgd(0.05, momentum=0.9),
-            keep_local_state=True)
+  kw = dict(sampling=dj.Sampling(batch_size=BATCH),
+            worker=dj.workers.LocalSteps([1, 2, 3, 1, 2, 3], optax.sgd(0.05, momentum=0.9), keep_state=True))
   # The one-device run is in chunks of 3: one compiled program serves it, the interrupted and the resumed run.
-  whole = dj.simulate(loss_fn, probe(0.5, 8), params, data, schedule, chunk_size=3, **kw)
-  multi = dj.simulate(loss_fn, probe(0.5, 8), params, data, schedule, mesh=jax.make_mesh((8,), ("workers",)), **kw)
+  whole = dj.simulate(loss_fn, probe(0.5, 8), params, data, schedule, execution=dj.Execution(chunk_size=3), **kw)
+  multi = dj.simulate(loss_fn, probe(0.5, 8), params, data, schedule,
+                      execution=dj.Execution(mesh=jax.make_mesh((8,), ("workers",))), **kw)
   assert_trees_close(multi.params, whole.params, rtol=1e-5, atol=1e-6)
 
   def stop(info):
@@ -117,10 +119,10 @@ def test_kept_local_state_on_eight_devices_and_across_resume(tmp_path):
       raise KeyboardInterrupt
 
   with pytest.raises(KeyboardInterrupt):
-    dj.simulate(loss_fn, probe(0.5, 8), params, data, schedule, chunk_size=3, checkpoint_dir=tmp_path,
-                callback=stop, **kw)
-  resumed = dj.simulate(loss_fn, probe(0.5, 8), params, data, schedule, chunk_size=3, checkpoint_dir=tmp_path,
-                        **kw)
+    dj.simulate(loss_fn, probe(0.5, 8), params, data, schedule, execution=dj.Execution(chunk_size=3),
+                checkpoint=dj.Checkpoint(tmp_path), record=dj.Record(callback=stop), **kw)
+  resumed = dj.simulate(loss_fn, probe(0.5, 8), params, data, schedule, execution=dj.Execution(chunk_size=3),
+                        checkpoint=dj.Checkpoint(tmp_path), **kw)
   for x, y in zip(jax.tree.leaves((whole.params, whole.opt_state)), jax.tree.leaves((resumed.params,
                                                                                      resumed.opt_state)), strict=True):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
@@ -139,21 +141,29 @@ def test_dylu_local_steps_formula():
     dj.dylu_local_steps([1.0, 0.0], 4)
 
 
-@pytest.mark.parametrize("kwargs, error, match", [
-    (dict(local_steps=0, local_optimizer=optax.sgd(0.1)), ValueError, r"local_steps must be an integer >= 1, got 0"),
-    (dict(local_steps=[1, 2, 0, 1], local_optimizer=optax.sgd(0.1)), ValueError,
-     r"local_steps\[2\] must be an integer >= 1, got 0"),
-    (dict(local_steps=[1, 2], local_optimizer=optax.sgd(0.1)), ValueError,
-     r"local_steps must be an int or hold one entry per worker \(4\), got 2 entries"),
-    (dict(local_steps=2.5, local_optimizer=optax.sgd(0.1)), TypeError, r"local_steps must be an integer"),
-    (dict(local_steps=2), ValueError, r"local_steps needs a local_optimizer"),
-    (dict(local_optimizer=optax.sgd(0.1)), ValueError, r"local_optimizer is only used with local_steps"),
-    (dict(local_steps=2, local_optimizer="sgd"), TypeError, r"local_optimizer must be an optax.GradientTransformation"),
-    (dict(keep_local_state=True), ValueError, r"keep_local_state=True needs local_steps"),
-    (dict(local_steps=2, local_optimizer=optax.sgd(0.1), keep_local_state=1), TypeError,
-     r"keep_local_state must be a bool, got int"),
-])
-def test_bad_local_arguments(kwargs, error, match):
+# The plug-in is checked when it is made, and against the schedule (4 workers here) when the run binds it.
+@pytest.mark.parametrize("make, error, match", [
+    (lambda: dj.workers.LocalSteps(0, optax.sgd(0.1)), ValueError, r"LocalSteps.steps must be an integer >= 1, got 0"),
+    (lambda: dj.workers.LocalSteps([1, 2, 0, 1], optax.sgd(0.1)), ValueError,
+     r"LocalSteps.steps\[2\] must be an integer >= 1, got 0"),
+    (lambda: dj.workers.LocalSteps([1, 2], optax.sgd(0.1)), ValueError,
+     r"LocalSteps.steps must be an int or hold one entry per worker \(4\), got 2 entries"),
+    (lambda: dj.workers.LocalSteps(2.5, optax.sgd(0.1)), TypeError, r"LocalSteps.steps must be an integer"),
+    # local_steps without a local_optimizer: the optimizer is a required argument of the plug-in.
+    (lambda: dj.workers.LocalSteps(2), TypeError, r"missing 1 required positional argument: 'optimizer'"),
+    # local_optimizer without local_steps: the steps are required too.
+    (lambda: dj.workers.LocalSteps(optimizer=optax.sgd(0.1)), TypeError,
+     r"missing 1 required positional argument: 'steps'"),
+    (lambda: dj.workers.LocalSteps(2, "sgd"), TypeError,
+     r"LocalSteps.optimizer must be an optax.GradientTransformation"),
+    # keep_local_state=True without local_steps: keep_state exists only on LocalSteps; the default worker has none.
+    (lambda: dj.workers.Gradient(keep_state=True), TypeError, r"unexpected keyword argument 'keep_state'"),
+    (lambda: dj.workers.LocalSteps(2, optax.sgd(0.1), keep_state=1), TypeError,
+     r"LocalSteps.keep_state must be a bool, got int"),
+    (lambda: "local_sgd", TypeError, r"worker must be a dj.workers plug-in"),
+], ids=["zero", "zero_entry", "wrong_length", "float", "no_optimizer", "no_steps", "bad_optimizer",
+        "keep_state_without_local_steps", "keep_state_int", "not_a_plugin"])
+def test_bad_local_arguments(make, error, match):
   data, loss_fn, params = regression_problem()
   with pytest.raises(error, match=match):
-    dj.simulate(loss_fn, optax.sgd(1.0), params, data, round_robin(4, 8), **kwargs)
+    dj.simulate(loss_fn, optax.sgd(1.0), params, data, round_robin(4, 8), worker=make())

@@ -31,9 +31,10 @@ def _draws():
   return np.array([int(minibatch_indices(SEED, t, 0, t, num_examples=N, batch_size=1)[0]) for t in range(UPDATES)])
 
 
-def _run(tx, data, **kw):
-  return dj.simulate(_loss, tx, jnp.zeros(2), data, dj.delays.constant(0), num_updates=UPDATES, batch_size=1,
-                     seed=SEED, chunk_size=8, **kw)
+def _run(tx, data, nonfinite="report"):
+  return dj.simulate(_loss, tx, jnp.zeros(2), data, dj.delays.constant(0), num_updates=UPDATES,
+                     sampling=dj.Sampling(batch_size=1), seed=SEED, execution=dj.Execution(chunk_size=8),
+                     record=dj.Record(nonfinite=nonfinite))
 
 
 def test_a_nan_gradient_is_reported_with_its_update_and_worker():
@@ -73,7 +74,7 @@ def test_adam_second_moment_overflow_is_reported_and_skipped():
   assert lo <= first <= hi
 
   with pytest.warns(RuntimeWarning, match=f"updates were skipped .* the first at update {first}"):
-    skipping = _run(optax.adam(0.1), data, skip_nonfinite=True)
+    skipping = _run(optax.adam(0.1), data, nonfinite="skip")
   params, skipped = _adam_skipping_reference(data, 0.1)
   assert skipping.history.skipped[:, 0].tolist() == skipped
   assert skipping.history.nonfinite_state is None
@@ -84,5 +85,5 @@ def test_adam_second_moment_overflow_is_reported_and_skipped():
 def test_a_finite_run_stays_quiet():
   with warnings.catch_warnings():
     warnings.simplefilter("error", RuntimeWarning)
-    result = _run(optax.adam(0.1), _data(2.0), skip_nonfinite=True)
+    result = _run(optax.adam(0.1), _data(2.0), nonfinite="skip")
   assert result.history.nonfinite_state is None and len(result.history.skipped) == 0

@@ -50,7 +50,8 @@ def _tx():
 def test_per_leaf_stale_reads_match_the_sequential_reference(models):
   data, loss_fn, params = regression_problem()
   source = dj.delays.per_leaf(models)
-  result = dj.simulate(loss_fn, _tx(), params, data, source, num_updates=40, batch_size=BATCH, seed=3)
+  result = dj.simulate(loss_fn, _tx(), params, data, source, num_updates=40, sampling=dj.Sampling(batch_size=BATCH),
+                       seed=3)
   schedule, versions, leaf_groups = _stale_reads(source, params, 40, seed=3)
   ref_params, ref_state, ref_loss, _, _ = reference(loss_fn, _tx(), params, data, schedule, batch_size=BATCH,
                                                     seed=3, group_versions=versions, leaf_groups=leaf_groups)
@@ -65,10 +66,11 @@ def test_per_leaf_stale_reads_match_the_sequential_reference(models):
 
 def test_equal_per_leaf_delays_are_the_shared_delay_model():
   data, loss_fn, params = regression_problem()
-  shared = dj.simulate(loss_fn, _tx(), params, data, dj.delays.constant(3), num_updates=30, batch_size=BATCH)
+  shared = dj.simulate(loss_fn, _tx(), params, data, dj.delays.constant(3), num_updates=30,
+                       sampling=dj.Sampling(batch_size=BATCH))
   per_leaf = dj.simulate(loss_fn, _tx(), params, data,
                          dj.delays.per_leaf({"w": dj.delays.constant(3), "b": dj.delays.constant(3)}),
-                         num_updates=30, batch_size=BATCH)
+                         num_updates=30, sampling=dj.Sampling(batch_size=BATCH))
   for a, b in zip(jax.tree.leaves(shared.params), jax.tree.leaves(per_leaf.params), strict=True):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
@@ -76,10 +78,11 @@ def test_equal_per_leaf_delays_are_the_shared_delay_model():
 def test_per_leaf_reads_on_eight_devices_and_across_resume(tmp_path):
   data, loss_fn, params = regression_problem()
   source = dj.delays.per_leaf({"w": dj.delays.uniform(6), "b": dj.delays.uniform(2)})
-  kw = dict(num_updates=36, batch_size=BATCH, seed=1)
+  kw = dict(num_updates=36, sampling=dj.Sampling(batch_size=BATCH), seed=1)
   # The one-device run is in chunks of 4 (one compiled program serves it, the interrupted and the resumed run).
-  whole = dj.simulate(loss_fn, _tx(), params, data, source, chunk_size=4, **kw)
-  multi = dj.simulate(loss_fn, _tx(), params, data, source, mesh=jax.make_mesh((8,), ("workers",)), **kw)
+  whole = dj.simulate(loss_fn, _tx(), params, data, source, execution=dj.Execution(chunk_size=4), **kw)
+  multi = dj.simulate(loss_fn, _tx(), params, data, source,
+                      execution=dj.Execution(mesh=jax.make_mesh((8,), ("workers",))), **kw)
   for a, b in zip(jax.tree.leaves(whole.params), jax.tree.leaves(multi.params), strict=True):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
@@ -88,8 +91,10 @@ def test_per_leaf_reads_on_eight_devices_and_across_resume(tmp_path):
       raise KeyboardInterrupt
 
   with pytest.raises(KeyboardInterrupt):
-    dj.simulate(loss_fn, _tx(), params, data, source, chunk_size=4, checkpoint_dir=tmp_path, callback=stop, **kw)
-  resumed = dj.simulate(loss_fn, _tx(), params, data, source, chunk_size=4, checkpoint_dir=tmp_path, **kw)
+    dj.simulate(loss_fn, _tx(), params, data, source, execution=dj.Execution(chunk_size=4),
+                checkpoint=dj.Checkpoint(tmp_path), record=dj.Record(callback=stop), **kw)
+  resumed = dj.simulate(loss_fn, _tx(), params, data, source, execution=dj.Execution(chunk_size=4),
+                        checkpoint=dj.Checkpoint(tmp_path), **kw)
   for a, b in zip(jax.tree.leaves((whole.params, whole.opt_state)),
                   jax.tree.leaves((resumed.params, resumed.opt_state)), strict=True):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

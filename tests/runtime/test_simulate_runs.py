@@ -26,12 +26,13 @@ def loss_fn(params, batch):
   return jnp.mean((batch["x"] @ params["w"] - batch["y"]) ** 2)
 
 
-def _run(problem, tx, **kw):
+def _run(problem, tx, seed=0):
   data, schedule, params = problem
   with warnings.catch_warnings():
     warnings.simplefilter("ignore", RuntimeWarning)  # the diverging run's non-finite report
-    return dj.simulate(loss_fn, tx, params, data, schedule, batch_size=BATCH, chunk_size=4,
-                       eval_fn=lambda p: {"norm": jnp.sum(p["w"] ** 2)}, eval_every=10, **kw)
+    return dj.simulate(loss_fn, tx, params, data, schedule, sampling=dj.Sampling(batch_size=BATCH),
+                       execution=dj.Execution(chunk_size=4),
+                       record=dj.Record(eval_fn=lambda p: {"norm": jnp.sum(p["w"] ** 2)}, every=10), seed=seed)
 
 
 def _assert_same(batched, single):
@@ -49,7 +50,7 @@ def _assert_same(batched, single):
 
 def test_seeds_in_one_program_equal_the_separate_calls(problem):
   seeds = [0, 3, 5]
-  runs = _run(problem, optax.sgd(0.05), seed=seeds)
+  runs = _run(problem, optax.sgd(0.05), seed=dj.Runs(seeds=seeds))
   assert len(runs) == 3
   for seed, batched in zip(seeds, runs):
     _assert_same(batched, _run(problem, optax.sgd(0.05), seed=seed))
@@ -60,26 +61,32 @@ def test_hyper_parameters_in_one_program_equal_the_separate_calls(problem):
   sgd = optax.inject_hyperparams(optax.sgd)
   # A NaN rate makes every later gradient of its run NaN: they are reported for that run only.
   rates, seeds = [0.01, 0.05, np.nan], [1, 1, 2]
-  runs = _run(problem, sgd(learning_rate=0.1), seed=seeds, hyperparams={"learning_rate": rates})
+  runs = _run(problem, sgd(learning_rate=0.1), seed=dj.Runs(seeds=seeds, hyperparams={"learning_rate": rates}))
   for rate, seed, batched in zip(rates, seeds, runs):
     _assert_same(batched, _run(problem, sgd(learning_rate=rate), seed=seed))
   assert runs[2].history.nonfinite.shape[0] > 0 and runs[0].history.nonfinite.shape[0] == 0
 
 
-@pytest.mark.parametrize("kw, error, match", [
-    (dict(hyperparams={"momentum": [0.1, 0.2]}), ValueError, r"hyperparams names \['momentum'\].*learning_rate"),
-    (dict(seed=[0, 1], hyperparams={"learning_rate": [0.1, 0.2, 0.3]}), ValueError, r"lengths"),
-    (dict(hyperparams={"learning_rate": 0.1}), ValueError, r"one value per run"),
-    (dict(seed=[0, 2**32]), ValueError, r"seed\[1\] must be an integer below 2\*\*32"),
-    (dict(hyperparams=[0.1]), TypeError, r"hyperparams must be a dict"),
+# Runs are checked when they are made: each case builds its seed inside pytest.raises.
+@pytest.mark.parametrize("make, error, match", [
+    (lambda: dj.Runs(hyperparams={"momentum": [0.1, 0.2]}), ValueError,
+     r"hyperparams names \['momentum'\].*learning_rate"),
+    (lambda: dj.Runs(seeds=[0, 1], hyperparams={"learning_rate": [0.1, 0.2, 0.3]}), ValueError, r"lengths"),
+    (lambda: dj.Runs(hyperparams={"learning_rate": 0.1}), ValueError, r"one value per run"),
+    (lambda: dj.Runs(seeds=[0, 2**32]), ValueError, r"Runs.seeds\[1\] must be an integer below 2\*\*32"),
+    (lambda: dj.Runs(hyperparams=[0.1]), TypeError, r"Runs.hyperparams must be a dict"),
+    # A list of seeds is no longer taken as several runs: it names dj.Runs.
+    (lambda: [0, 1], TypeError, r"seed must be an int; for several runs in one program pass seed=dj.Runs"),
 ])
-def test_bad_runs_are_refused(problem, kw, error, match):
+def test_bad_runs_are_refused(problem, make, error, match):
   data, schedule, params = problem
   with pytest.raises(error, match=match):
-    dj.simulate(loss_fn, optax.inject_hyperparams(optax.sgd)(learning_rate=0.1), params, data, schedule, **kw)
+    dj.simulate(loss_fn, optax.inject_hyperparams(optax.sgd)(learning_rate=0.1), params, data, schedule,
+                seed=make())
 
 
 def test_runs_with_a_delay_model_need_one_schedule(problem):
   data, _, params = problem
   with pytest.raises(ValueError, match="pass a Schedule"):
-    dj.simulate(loss_fn, optax.sgd(0.1), params, data, dj.delays.uniform(3), num_updates=10, seed=[0, 1])
+    dj.simulate(loss_fn, optax.sgd(0.1), params, data, dj.delays.uniform(3), num_updates=10,
+                seed=dj.Runs(seeds=[0, 1]))

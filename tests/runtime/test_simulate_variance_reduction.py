@@ -58,7 +58,8 @@ def test_svrg_matches_the_sequential_reference(name):
   data, loss_fn, params = regression_problem()
   schedule = _schedule(name)
   tx = _svrg()
-  result = dj.simulate(loss_fn, tx, params, data, schedule, batch_size=BATCH, seed=2, snapshot_every=7)
+  result = dj.simulate(loss_fn, tx, params, data, schedule, sampling=dj.Sampling(batch_size=BATCH), seed=2,
+                       worker=dj.workers.Gradient(snapshot_every=7))
   ref_params, ref_state, ref_loss, _, _ = reference(loss_fn, tx, params, data, schedule, batch_size=BATCH,
                                                     seed=2, snapshot_every=7)
   assert result.stats["snapshot_every"] == 7
@@ -76,7 +77,7 @@ def test_saga_matches_the_sequential_reference(name):
   data, loss_fn, params = regression_problem()
   schedule = _schedule(name)
   tx = _saga(48)
-  result = dj.simulate(loss_fn, tx, params, data, schedule, batch_size=BATCH, seed=4)
+  result = dj.simulate(loss_fn, tx, params, data, schedule, sampling=dj.Sampling(batch_size=BATCH), seed=4)
   ref_params, ref_state, ref_loss, _, _ = reference(loss_fn, tx, params, data, schedule, batch_size=BATCH, seed=4)
   # Many table rows were written, so the test sees the table.
   assert np.count_nonzero(np.asarray(ref_state[0].table["w"]).any(axis=1)) > 30
@@ -90,7 +91,8 @@ def test_variance_reduction_passes_the_other_extra_arguments_through():
   data, loss_fn, params = regression_problem()
   schedule = hand_schedule(4, 30, group=2, seed=34)
   for tx in (optax.chain(dj.svrg(), probe(0.02, 4)), optax.chain(dj.saga(48), probe(0.02, 4))):
-    result = dj.simulate(loss_fn, tx, params, data, schedule, batch_size=BATCH, snapshot_every=None)
+    result = dj.simulate(loss_fn, tx, params, data, schedule, sampling=dj.Sampling(batch_size=BATCH),
+                         worker=dj.workers.Gradient(snapshot_every=None))
     ref_params, ref_state, _, _, _ = reference(loss_fn, tx, params, data, schedule, batch_size=BATCH)
     assert int(ref_state[1].staleness_sum) > 0
     np.testing.assert_array_equal(result.opt_state[1].per_worker, ref_state[1].per_worker)
@@ -102,9 +104,10 @@ def test_full_gradient_by_chunks_is_the_full_gradient(full_batch_size):
   """Chunks of 7 (6 of them and a rest of 6), 16 (3, no rest) or all 48 examples give the same run."""
   data, loss_fn, params = regression_problem()
   schedule = hand_schedule(4, 30, spread=1.0, seed=37)
-  kw = dict(batch_size=BATCH, seed=2, snapshot_every=6)
-  whole = dj.simulate(loss_fn, _svrg(), params, data, schedule, **kw)
-  chunked = dj.simulate(loss_fn, _svrg(), params, data, schedule, full_batch_size=full_batch_size, **kw)
+  kw = dict(sampling=dj.Sampling(batch_size=BATCH), seed=2)
+  whole = dj.simulate(loss_fn, _svrg(), params, data, schedule, worker=dj.workers.Gradient(snapshot_every=6), **kw)
+  chunked = dj.simulate(loss_fn, _svrg(), params, data, schedule,
+                        worker=dj.workers.Gradient(snapshot_every=6, full_batch_size=full_batch_size), **kw)
   assert_trees_close(chunked.opt_state[0].full_grad, whole.opt_state[0].full_grad, rtol=1e-5, atol=1e-6)
   assert_trees_close(chunked.params, whole.params, rtol=1e-5, atol=1e-6)
   assert np.abs(np.asarray(whole.opt_state[0].full_grad["w"])).max() > 1e-3
@@ -122,7 +125,8 @@ def test_a_snapshot_left_out_with_its_update_is_taken_by_the_next_applied_one():
   schedule = dj.cluster.Schedule(time=base.time, contributes=contributes, read_version=read_version,
                                  wait=base.wait)
   kw = dict(batch_size=BATCH, seed=7, snapshot_every=6)
-  result = dj.simulate(loss_fn, _svrg(), params, data, schedule, **kw)
+  result = dj.simulate(loss_fn, _svrg(), params, data, schedule, sampling=dj.Sampling(batch_size=BATCH), seed=7,
+                       worker=dj.workers.Gradient(snapshot_every=6))
   ref_params, ref_state, _, _, _ = reference(loss_fn, _svrg(), params, data, schedule, **kw)
   assert int(ref_state[0].num_snapshots) == len(range(0, 40, 6))
   np.testing.assert_array_equal(result.opt_state[0].num_snapshots, ref_state[0].num_snapshots)
@@ -134,10 +138,11 @@ def test_one_and_eight_devices_agree_and_resume_is_bit_identical(tmp_path):
   data, loss_fn, params = regression_problem()
   schedule = hand_schedule(6, 36, group=2, max_batches=2, seed=35)
   mesh = jax.make_mesh((8,), ("workers",))
-  for tx, kw in ((_svrg(), dict(snapshot_every=5)), (_saga(48), {})):
+  for tx, worker in ((_svrg(), dj.workers.Gradient(snapshot_every=5)), (_saga(48), None)):
+    kw = dict(sampling=dj.Sampling(batch_size=BATCH), worker=worker)
     # The one-device run is in chunks of 4: one compiled program serves it, the interrupted and the resumed run.
-    whole = dj.simulate(loss_fn, tx, params, data, schedule, batch_size=BATCH, chunk_size=4, **kw)
-    multi = dj.simulate(loss_fn, tx, params, data, schedule, batch_size=BATCH, mesh=mesh, **kw)
+    whole = dj.simulate(loss_fn, tx, params, data, schedule, execution=dj.Execution(chunk_size=4), **kw)
+    multi = dj.simulate(loss_fn, tx, params, data, schedule, execution=dj.Execution(mesh=mesh), **kw)
     assert_trees_close(multi.params, whole.params, rtol=1e-5, atol=1e-6)
     assert_trees_close(multi.opt_state, whole.opt_state, rtol=1e-5, atol=1e-6)
     directory = tmp_path / type(tx.init(params)[0]).__name__
@@ -149,10 +154,10 @@ def test_one_and_eight_devices_agree_and_resume_is_bit_identical(tmp_path):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-      dj.simulate(loss_fn, tx, params, data, schedule, batch_size=BATCH, chunk_size=4, checkpoint_dir=directory,
-                  callback=stop_after_three, **kw)
-    resumed = dj.simulate(loss_fn, tx, params, data, schedule, batch_size=BATCH, chunk_size=4,
-                          checkpoint_dir=directory, **kw)
+      dj.simulate(loss_fn, tx, params, data, schedule, execution=dj.Execution(chunk_size=4),
+                  checkpoint=dj.Checkpoint(directory), record=dj.Record(callback=stop_after_three), **kw)
+    resumed = dj.simulate(loss_fn, tx, params, data, schedule, execution=dj.Execution(chunk_size=4),
+                          checkpoint=dj.Checkpoint(directory), **kw)
     for a, b in zip(jax.tree.leaves((whole.params, whole.opt_state)),
                     jax.tree.leaves((resumed.params, resumed.opt_state)), strict=True):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -187,11 +192,12 @@ def test_asynchronous_variance_reduction_converges_where_sgd_stalls(tau):
   n, step, updates = 64, 0.02 if tau < 16 else 0.01, 3000
   source = dj.delays.constant(tau)
   w0 = jnp.zeros(5)
+  one = dj.Sampling(batch_size=1)
   runs = {
-      "sgd": dj.simulate(loss_fn, optax.sgd(step), w0, data, source, num_updates=updates, batch_size=1),
-      "svrg": dj.simulate(loss_fn, _svrg(optax.sgd(step)), w0, data, source, num_updates=updates, batch_size=1,
-                          snapshot_every=2 * n),
-      "saga": dj.simulate(loss_fn, _saga(n, optax.sgd(step)), w0, data, source, num_updates=updates, batch_size=1),
+      "sgd": dj.simulate(loss_fn, optax.sgd(step), w0, data, source, num_updates=updates, sampling=one),
+      "svrg": dj.simulate(loss_fn, _svrg(optax.sgd(step)), w0, data, source, num_updates=updates, sampling=one,
+                          worker=dj.workers.Gradient(snapshot_every=2 * n)),
+      "saga": dj.simulate(loss_fn, _saga(n, optax.sgd(step)), w0, data, source, num_updates=updates, sampling=one),
   }
   gap = {k: objective(r.params) - f_star for k, r in runs.items()}
   assert gap["sgd"] > 1e-4, gap
@@ -202,21 +208,24 @@ def test_bad_variance_reduction_arguments():
   data, loss_fn, params = regression_problem()
   source = dj.delays.constant(1)
   with pytest.raises(ValueError, match=r"snapshot_every=4 is only used when tx requests full_grad"):
-    dj.simulate(loss_fn, optax.sgd(0.1), params, data, source, num_updates=4, snapshot_every=4)
+    dj.simulate(loss_fn, optax.sgd(0.1), params, data, source, num_updates=4,
+                worker=dj.workers.Gradient(snapshot_every=4))
   with pytest.raises(ValueError, match=r"full_batch_size=8 is only used when tx requests full_grad"):
-    dj.simulate(loss_fn, optax.sgd(0.1), params, data, source, num_updates=4, full_batch_size=8)
-  with pytest.raises(ValueError, match=r"full_batch_size must be"):
-    dj.simulate(loss_fn, _svrg(), params, data, source, num_updates=4, full_batch_size=0)
-  with pytest.raises(ValueError, match=r"snapshot_every must be"):
-    dj.simulate(loss_fn, _svrg(), params, data, source, num_updates=4, snapshot_every=0)
+    dj.simulate(loss_fn, optax.sgd(0.1), params, data, source, num_updates=4,
+                worker=dj.workers.Gradient(full_batch_size=8))
+  with pytest.raises(ValueError, match=r"Gradient.full_batch_size must be"):
+    dj.simulate(loss_fn, _svrg(), params, data, source, num_updates=4, worker=dj.workers.Gradient(full_batch_size=0))
+  with pytest.raises(ValueError, match=r"Gradient.snapshot_every must be"):
+    dj.simulate(loss_fn, _svrg(), params, data, source, num_updates=4, worker=dj.workers.Gradient(snapshot_every=0))
   with pytest.raises(ValueError, match=r"local_steps: tx requests per-contribution inputs \['snapshot_grad'\]"):
-    dj.simulate(loss_fn, _svrg(), params, data, source, num_updates=4, local_steps=2,
-                local_optimizer=optax.sgd(0.1))
+    dj.simulate(loss_fn, _svrg(), params, data, source, num_updates=4,
+                worker=dj.workers.LocalSteps(2, optax.sgd(0.1)))
   with pytest.raises(ValueError, match=r"sample_terms is required when tx requests sample_scalars"):
     dj.simulate(loss_fn, optax.chain(dj.saga(48, table="scalars"), optax.sgd(0.1)), params, data, source,
                 num_updates=4)
   with pytest.raises(ValueError, match=r"and only then; tx requests no runtime inputs and sample_terms is given"):
-    dj.simulate(loss_fn, optax.sgd(0.1), params, data, source, num_updates=4, sample_terms=lambda w, b: None)
+    dj.simulate(loss_fn, optax.sgd(0.1), params, data, source, num_updates=4,
+                worker=dj.workers.Gradient(sample_terms=lambda w, b: None))
   unmasked = optax.GradientTransformationExtraArgs(lambda p: _Unmasked(), lambda u, s, p=None, **e: (u, s))
   with pytest.raises(ValueError, match=r"\['_Unmasked'\] request per-example inputs without sample_mask"):
     dj.simulate(loss_fn, unmasked, params, data, source, num_updates=4)
@@ -230,7 +239,7 @@ def test_bad_variance_reduction_arguments():
                         r"features must be a pytree of arrays with a leading \[batch\] = 4 axis")):
     with pytest.raises((TypeError, ValueError), match=match):
       dj.simulate(problem.loss_fn, scalar_saga, jnp.zeros(3), problem.data(), source, num_updates=4,
-                  batch_size=BATCH, sample_terms=terms)
+                  sampling=dj.Sampling(batch_size=BATCH), worker=dj.workers.Gradient(sample_terms=terms))
   with pytest.raises(ValueError, match=r"at most one transformation in a chain may request snapshot_grad"):
     dj.simulate(loss_fn, optax.chain(dj.svrg(), dj.svrg(), optax.sgd(0.1)), params, data, source, num_updates=4)
 
@@ -242,8 +251,10 @@ def test_sparse_and_dense_finite_sums_give_the_same_asynchronous_runs():
                                 features=dj.problems.to_dense(sparse.indices, sparse.values, 12))
   schedule = hand_schedule(3, 30, group=2, seed=36)
   w0 = jnp.zeros(12)
-  for tx, kw in ((_svrg(optax.sgd(0.5)), dict(snapshot_every=10)), (_saga(40, optax.sgd(0.5)), {})):
-    runs = [dj.simulate(p.loss_fn, tx, w0, p.data(), schedule, batch_size=2, seed=1, **kw) for p in (sparse, dense)]
+  svrg_worker = dj.workers.Gradient(snapshot_every=10)
+  for tx, worker in ((_svrg(optax.sgd(0.5)), svrg_worker), (_saga(40, optax.sgd(0.5)), None)):
+    runs = [dj.simulate(p.loss_fn, tx, w0, p.data(), schedule, sampling=dj.Sampling(batch_size=2), seed=1,
+                        worker=worker) for p in (sparse, dense)]
     assert_trees_close(runs[0].params, runs[1].params, rtol=1e-5, atol=1e-6)
     assert_trees_close(runs[0].opt_state, runs[1].opt_state, rtol=1e-5, atol=1e-6)
     assert np.abs(np.asarray(runs[0].params)).max() > 1e-2  # it moved
@@ -258,14 +269,16 @@ def test_saga_scalar_table_matches_the_reference_and_the_gradient_table(name):
   schedule = _schedule(name)
   w0 = jnp.zeros(4)
   kw = dict(batch_size=BATCH, seed=3)
+  sim_kw = dict(sampling=dj.Sampling(batch_size=BATCH), seed=3)
   scalar = optax.chain(dj.saga(40, table="scalars"), optax.sgd(0.05))
   table = optax.chain(dj.saga(40), optax.sgd(0.05))
-  result = dj.simulate(problem.loss_fn, scalar, w0, problem.data(), schedule, sample_terms=problem.per_sample, **kw)
+  result = dj.simulate(problem.loss_fn, scalar, w0, problem.data(), schedule,
+                       worker=dj.workers.Gradient(sample_terms=problem.per_sample), **sim_kw)
   ref_params, ref_state, _, _, _ = reference(problem.loss_fn, scalar, w0, problem.data(), schedule,
                                              sample_terms=problem.per_sample, **kw)
   assert_trees_close(result.params, ref_params, rtol=2e-5, atol=2e-6)
   assert_trees_close(result.opt_state, ref_state, rtol=2e-5, atol=2e-6)
-  full = dj.simulate(problem.loss_fn, table, w0, problem.data(), schedule, **kw)
+  full = dj.simulate(problem.loss_fn, table, w0, problem.data(), schedule, **sim_kw)
   assert_trees_close(result.params, full.params, rtol=2e-5, atol=2e-6)
   assert np.abs(np.asarray(full.params)).max() > 0.1
 
@@ -282,7 +295,8 @@ def test_sparse_prox_asaga_matches_the_reference(source):
   schedule = _schedule(source)
   w0 = jnp.zeros(12)
   kw = dict(batch_size=1, seed=5, sample_terms=terms)
-  result = dj.simulate(problem.loss_fn, tx, w0, problem.data(), schedule, **kw)
+  result = dj.simulate(problem.loss_fn, tx, w0, problem.data(), schedule, sampling=dj.Sampling(batch_size=1), seed=5,
+                       worker=dj.workers.Gradient(sample_terms=terms))
   ref_params, ref_state, _, _, _ = reference(problem.loss_fn, tx, w0, problem.data(), schedule, **kw)
   assert int(np.max(schedule.staleness)) > 0 and np.count_nonzero(np.asarray(ref_params)) > 3
   assert_trees_close(result.params, ref_params, rtol=2e-5, atol=2e-6)
