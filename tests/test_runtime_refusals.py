@@ -86,3 +86,13 @@ def test_parameters_with_nothing_to_train_are_refused(params):
 def test_delayed_under_a_runtime_says_to_give_the_runtime_the_inner_transformation():
   with pytest.raises(TypeError, match="give the runtime the inner transformation"):
     dj.simulate(_loss, dj.delayed(optax.sgd(0.1), dj.delays.constant(2)), jnp.zeros(3), DATA, _schedule())
+
+
+def test_a_method_without_push_sum_on_a_push_sum_schedule_is_refused_and_sgp_conserves_the_mass():
+  sched = dj.cluster.simulate_gossip(dj.cluster.sgp(), dj.cluster.workers(4, seed=0), num_steps=6, seed=0)
+  for method in (dj.gossip.d_psgd(), dj.gossip.ad_psgd()):
+    with pytest.raises(ValueError, match=f"method '{method.name}' has no push-sum weight.*column-stochastic"):
+      dj.simulate_gossip(_loss, optax.sgd(0.0), method, jnp.ones(3), DATA, sched)
+  # At learning rate 0 identical replicas must stay where they are: push-sum divides the mass out.
+  result = dj.simulate_gossip(_loss, optax.sgd(0.0), dj.gossip.sgp(), jnp.ones(3), DATA, sched)
+  np.testing.assert_allclose(np.asarray(result.average), np.ones(3), rtol=1e-6)

@@ -14,7 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 from delayjax.cluster._gossip import GossipSchedule
 from delayjax.gossip._method import GRADS as METHOD_GRADS
-from delayjax.gossip._method import GossipMethod
+from delayjax.gossip._method import GossipMethod, check_method_schedule
 from delayjax.runtime import _checkpoint, _engine
 from delayjax.runtime._arguments import batch_like, check_params, check_sampling, loss_has_aux
 from delayjax.runtime._options import Checkpoint, Execution, Record, Sampling, check_option, check_seed_or_runs
@@ -251,6 +251,9 @@ def simulate_gossip(
                      f"'{AXIS}' devices.")
   if schedule.num_events == 0:
     raise ValueError("schedule has no events.")
+  # A method whose rule does not conserve what the schedule's mixes move (no push-sum weight on
+  # column-stochastic mixes) would silently change the model's mass: refused, naming both.
+  check_method_schedule(method, schedule)
   if method.mixes == METHOD_GRADS and np.any(schedule.mixes == 0):
     raise ValueError(f"method {method.name!r} mixes gradients, but the schedule has PARAMS mixes; use a "
                      f"schedule whose mixes are GRADS (e.g. a GossipGraD paradigm).")
