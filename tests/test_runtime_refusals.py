@@ -96,3 +96,9 @@ def test_a_method_without_push_sum_on_a_push_sum_schedule_is_refused_and_sgp_con
   # At learning rate 0 identical replicas must stay where they are: push-sum divides the mass out.
   result = dj.simulate_gossip(_loss, optax.sgd(0.0), dj.gossip.sgp(), jnp.ones(3), DATA, sched)
   np.testing.assert_allclose(np.asarray(result.average), np.ones(3), rtol=1e-6)
+
+
+def test_a_runtime_under_vmap_points_to_batched_runs():
+  import jax
+  with pytest.raises(TypeError, match=r"dj.simulate got a traced params .*seed=dj.Runs"):
+    jax.vmap(lambda w: dj.simulate(_loss, optax.sgd(0.1), w, DATA, _schedule()).params)(jnp.zeros((2, 3)))

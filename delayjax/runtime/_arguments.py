@@ -44,6 +44,17 @@ def check_sampling(data: Any, batch_size: Any, sampling: Any, shards: Any) -> tu
   return batch_size, num_examples
 
 
+def check_not_traced(runtime: str, **trees: Any) -> None:
+  """Refuses traced arguments (``jax.vmap`` or ``jax.jit`` around a runtime), which a runtime cannot take: it
+  plans its run on the host from concrete values and compiles its own programs."""
+  for name, tree in trees.items():
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree)):
+      raise TypeError(
+          f"{runtime} got a traced {name} (is it called inside jax.vmap, jax.jit or jax.grad?). A runtime plans on "
+          f"the host and compiles its own program: call it outside transformations; for many runs in one "
+          f"program pass seed=dj.Runs(seeds=[...], hyperparams={{...}}).")
+
+
 def check_params(params: Any, name: str = "params") -> None:
   """Refuses parameters with no array leaf (nothing to train), naming ``name``."""
   leaves = jax.tree.leaves(params)

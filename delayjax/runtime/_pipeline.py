@@ -78,7 +78,7 @@ from delayjax.cluster._pipeline import PipelineSchedule
 from delayjax.runtime import _checkpoint
 from delayjax.runtime import _engine as engine
 from delayjax.runtime import _history as history_lib
-from delayjax.runtime._arguments import batch_like
+from delayjax.runtime._arguments import batch_like, check_not_traced
 from delayjax.runtime._options import Checkpoint, Execution, Record, Sampling, check_option, check_seed_or_runs
 from delayjax.runtime._sampling import minibatch_indices
 from delayjax.runtime._simulate import _all_finite, _inexact
@@ -572,6 +572,7 @@ def simulate_pipeline(
     A :class:`PipelineResult` (on the host's default device, also with a mesh).
   """
   runtime = "dj.simulate_pipeline"
+  check_not_traced(runtime, params=params, data=data)
   seed, _ = check_seed_or_runs(seed, runtime, runs_allowed=False)
   sampling = check_option("sampling", sampling, Sampling, runtime)
   record = check_option("record", record, Record, runtime)

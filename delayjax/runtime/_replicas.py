@@ -16,7 +16,7 @@ from delayjax.cluster._gossip import GossipSchedule
 from delayjax.gossip._method import GRADS as METHOD_GRADS
 from delayjax.gossip._method import GossipMethod, check_method_schedule
 from delayjax.runtime import _checkpoint, _engine
-from delayjax.runtime._arguments import batch_like, check_params, check_sampling, loss_has_aux
+from delayjax.runtime._arguments import batch_like, check_not_traced, check_params, check_sampling, loss_has_aux
 from delayjax.runtime._options import Checkpoint, Execution, Record, Sampling, check_option, check_seed_or_runs
 from delayjax.runtime._checkpoint import gathered
 from delayjax.runtime._engine import AXIS
@@ -219,6 +219,7 @@ def simulate_gossip(
     ((4, 4), 'shift', True)
   """
   runtime = "dj.simulate_gossip"
+  check_not_traced(runtime, params=params, data=data)
   seed, _ = check_seed_or_runs(seed, runtime, runs_allowed=False)
   sampling = check_option("sampling", sampling, Sampling, runtime)
   record = check_option("record", record, Record, runtime)

@@ -20,7 +20,7 @@ from delayjax.runtime import _checkpoint
 from delayjax.runtime import _engine as engine
 from delayjax.runtime import _history as history_lib
 from delayjax.runtime._engine import AXIS, check_worker_capacity, program_key
-from delayjax.runtime._arguments import batch_like, check_params, check_sampling, loss_has_aux
+from delayjax.runtime._arguments import batch_like, check_not_traced, check_params, check_sampling, loss_has_aux
 from delayjax.runtime._options import Checkpoint, Execution, Record, Runs, Sampling, check_option, check_seed_or_runs
 from delayjax.runtime._workers import Gradient, Worker, WorkerContext, check_worker
 from delayjax.runtime._sampling import minibatch_indices, server_minibatch_indices, shard_table
@@ -626,8 +626,7 @@ def simulate(
       ``data`` indexed on its leading axis by the minibatch's indices.
     tx: an Optax transformation; it receives ``staleness``, ``stale_params``,
       ``worker`` and the runtime inputs it requests (``dj.runtime_inputs``:
-      see ``dj.workers.Gradient``). Transformations that take ``value`` (e.g.
-      ``optax.contrib.reduce_on_plateau``) get the update's mean loss.
+      see ``dj.workers.Gradient``).
     params: the initial parameters (version 0).
     data: a pytree of arrays sharing a leading dimension (the examples), kept
       on every device.
@@ -665,6 +664,7 @@ def simulate(
     anything is allocated or compiled.
   """
   runtime = "dj.simulate"
+  check_not_traced(runtime, params=params, data=data)
   seed, runs_option = check_seed_or_runs(seed, runtime)
   sampling = check_option("sampling", sampling, Sampling, runtime)
   record = check_option("record", record, Record, runtime)
