@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import math
+import types
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -663,6 +664,43 @@ def simulate(
     ValueError, TypeError: on bad arguments, naming the argument, before
     anything is allocated or compiled.
   """
+  run = _prepare(loss_fn, tx, params, data, source, num_updates=num_updates, seed=seed, sampling=sampling,
+                 worker=worker, record=record, checkpoint=checkpoint, execution=execution)
+  carry, records = engine.run(_program(run), mesh=run.mesh, checkpoint_dir=run.checkpoint_dir,
+                              checkpoint_name=_CHECKPOINT_FILE, resume=run.resume, resume_changes=run.resume_changes,
+                              callback=run.callback)
+  return _results(run, carry, records)
+
+
+# Documented under its public name: help() shows where users find it, not where it lives.
+simulate.__module__ = "delayjax"
+
+
+def _batched_runs(runs: Runs | None, mesh: Any, checkpoint_dir: str | None,
+                  source: Any) -> tuple[list[int] | None, dict[str, list[Any]], int | None]:
+  """``(seeds, hyper-parameter values, number of runs)`` of ``seed=dj.Runs(...)`` (``(None, {}, None)`` for one
+  run), refused where batched runs are not defined."""
+  if runs is None:
+    return None, {}, None
+  if mesh is not None or checkpoint_dir is not None:
+    raise ValueError(
+        f"several runs (seed={runs!r}) are computed on one device and without checkpoints; got "
+        f"{'Execution.mesh' if mesh is not None else f'checkpoint=dj.Checkpoint({checkpoint_dir!r})'}.")
+  seeds = list(runs.seeds)
+  if isinstance(source, delays_lib.DelayModel) and len(set(seeds)) > 1:
+    raise ValueError(
+        "several seeds with a delay model as source would draw different delays for every run; pass a "
+        "Schedule (e.g. dj.runtime.schedule_from_delays(model, num_updates, seed)) to share one.")
+  return seeds, runs.hyperparams, runs.num_runs
+
+
+class _ServerRun(types.SimpleNamespace):
+  """What one ``dj.simulate`` call has checked, planned and traced (its locals), handed from phase to phase."""
+
+
+def _prepare(loss_fn, tx, params, data, source, *, num_updates, seed, sampling, worker, record, checkpoint,
+             execution) -> _ServerRun:
+  """``dj.simulate``'s arguments checked, its schedule planned, its step traced and its carry made."""
   runtime = "dj.simulate"
   check_not_traced(runtime, params=params, data=data)
   seed, runs_option = check_seed_or_runs(seed, runtime)
@@ -688,20 +726,7 @@ def simulate(
   if num_updates is not None:
     num_updates = check_int("num_updates", num_updates, minimum=1)
   num_devices = engine.check_mesh(mesh)
-  runs = seeds = None
-  hyper_values: dict[str, list[Any]] = {}
-  if runs_option is not None:
-    seeds, hyper_values, runs = list(runs_option.seeds), runs_option.hyperparams, runs_option.num_runs
-    if mesh is not None or checkpoint_dir is not None:
-      raise ValueError(
-          f"several runs (seed={runs_option!r}) are computed on one device and without checkpoints; got "
-          f"{'Execution.mesh' if mesh is not None else f'checkpoint=dj.Checkpoint({checkpoint_dir!r})'}.")
-    if isinstance(source, delays_lib.DelayModel) and len(set(seeds)) > 1:
-      raise ValueError(
-          "several seeds with a delay model as source would draw different delays for every run; pass a "
-          "Schedule (e.g. dj.runtime.schedule_from_delays(model, num_updates, seed)) to share one.")
-
-
+  seeds, hyper_values, runs = _batched_runs(runs_option, mesh, checkpoint_dir, source)
   schedule, model_versions = _source_schedule(source, num_updates, seed)
   group_versions, leaf_groups = _leaf_reads(source, model_versions, params)
   num_updates = schedule.num_updates
@@ -784,6 +809,21 @@ def simulate(
       distributed=mesh is not None, inputs=inputs, sizes=sizes, worker=worker, max_batches=_max_batches(plan),
       sample_terms=sample_terms, terms=terms, full_batch_size=full_batch_size, leaf_groups=leaf_groups)
   carry = initial(sizes.buffer_size)
+  run = _ServerRun(**{name: value for name, value in locals().items() if name != "initial"})
+  run.compile_key, run.fingerprint = _keys(run)
+  return run
+
+
+def _keys(run: _ServerRun) -> tuple[Any, Any]:
+  """A prepared run's compile-cache key and, with a checkpoint, its identity (both trace its functions)."""
+  (loss_fn, has_aux, tx, params, opt_state, data, batch_size, eval_fn, sample_terms, local_optimizer, inputs, terms,
+   plan, sizes, keep_stale, num_examples, sampling, skip_nonfinite, schedule, worker_steps, full_batch_size,
+   leaf_groups, keep_local_state, checkpoint_dir, seed, chunk_size, num_workers, eval_every, shards, epoch,
+   group_versions) = (getattr(run, name) for name in (
+       "loss_fn", "has_aux", "tx", "params", "opt_state", "data", "batch_size", "eval_fn", "sample_terms",
+       "local_optimizer", "inputs", "terms", "plan", "sizes", "keep_stale", "num_examples", "sampling",
+       "skip_nonfinite", "schedule", "worker_steps", "full_batch_size", "leaf_groups", "keep_local_state",
+       "checkpoint_dir", "seed", "chunk_size", "num_workers", "eval_every", "shards", "epoch", "group_versions"))
   # Traced only now, after every check that can refuse the run. The compiled chunk is shared by every run whose program is the same: a sweep over seeds, initial
   # parameters, data values or hyper-parameters held in the optimizer state compiles once.
   compile_key = _compile_key(
@@ -809,6 +849,18 @@ def simulate(
       **({} if group_versions is None else {
           "group_versions": hashlib.sha256(np.ascontiguousarray(group_versions).tobytes()).hexdigest(),
           "leaf_groups": leaf_groups}))
+
+  return compile_key, fingerprint
+
+
+def _program(run: _ServerRun) -> engine.Program:
+  """The engine's program of a prepared run: its chunk tables, how its outputs become history rows, its step."""
+  (plan, sizes, num_workers, eval_flag, epoch, chunk_size, keep_updates, runs, skip_nonfinite, eval_fn, params,
+   num_updates, num_chunks, compile_key, carry, data, shard_rows, shard_sizes, seed, seeds, step,
+   fingerprint) = (getattr(run, name) for name in (
+       "plan", "sizes", "num_workers", "eval_flag", "epoch", "chunk_size", "keep_updates", "runs",
+       "skip_nonfinite", "eval_fn", "params", "num_updates", "num_chunks", "compile_key", "carry", "data",
+       "shard_rows", "shard_sizes", "seed", "seeds", "step", "fingerprint"))
 
   def tables(chunk: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     rows = _padded_tables(plan.tables(chunk * chunk_size, chunk_size), sizes, num_workers)
@@ -860,7 +912,7 @@ def simulate(
   jitted_eval = None if eval_fn is None else engine.cached(
       None if compile_key is None else ("eval", compile_key["eval_fn"], runs),
       lambda: jax.jit(eval_fn if runs is None else jax.vmap(eval_fn)))
-  program = engine.Program(
+  return engine.Program(
       carry=carry, carry_specs=CARRY_SPECS,
       constants=(data, (shard_rows, shard_sizes), np.uint32(seed) if runs is None else np.asarray(seeds, np.uint32)),
       constant_specs=(P(), (P(AXIS), P(AXIS)), P()), runs=runs, constant_run_axes=(None, (None, None), 0), step=step, table_specs=(P(None, AXIS), P()),
@@ -871,8 +923,14 @@ def simulate(
       initial=None if eval_fn is None else (
           lambda carry: {"metrics": jax.tree.map(lambda x: engine.host(x)[None] if runs else engine.host(x)[None, None],
                                                  jitted_eval(carry[0]))}))
-  carry, records = engine.run(program, mesh=mesh, checkpoint_dir=checkpoint_dir, checkpoint_name=_CHECKPOINT_FILE,
-                              resume=resume, resume_changes=resume_changes, callback=callback)
+
+
+def _results(run: _ServerRun, carry: Any, records: dict[str, Any]) -> SimulationResult | list[SimulationResult]:
+  """A finished run's result (or one per run of ``dj.Runs``): its final state, history and statistics."""
+  (schedule, plan, chunk_size, num_updates, keep_updates, eval_points, eval_fn, skip_nonfinite, runs, seeds,
+   num_workers, num_devices, num_chunks, memory, epoch) = (getattr(run, name) for name in (
+       "schedule", "plan", "chunk_size", "num_updates", "keep_updates", "eval_points", "eval_fn",
+       "skip_nonfinite", "runs", "seeds", "num_workers", "num_devices", "num_chunks", "memory", "epoch"))
 
   times = np.asarray(schedule.time)
   updates_per_chunk = np.add.reduceat(plan.upd_count, np.arange(0, plan.num_steps, chunk_size))
@@ -918,11 +976,6 @@ def simulate(
     return SimulationResult(carry[0], carry[1], run_history(0), stats)
   return [SimulationResult(*jax.tree.map(lambda x: x[r], (carry[0], carry[1])), run_history(r), dict(stats))
           for r in range(runs)]
-
-
-# Documented under its public name: help() shows where users find it, not where it lives.
-simulate.__module__ = "delayjax"
-
 
 # What each term of the run's memory is, in the carry's order (see CARRY_SPECS), and what shrinks it.
 _MEMORY_TERMS = (
