@@ -222,13 +222,15 @@ def run_replica_runtime(task: GossipTask, schedule: C.GossipSchedule, paradigm: 
               "sgp": dj.gossip.sgp, "gossipgrad": dj.gossip.gossip_grad}[paradigm]()
   tx = optax.sgd(lr, momentum=momentum or None)
   data = {"x": np.asarray(task.x, np.float32), "y": task.y.astype(np.int32)}
-  sampling = dict(sampling="shard", shards=task.shards) if shards == "label" else dict(sampling="iid")
+  sampling = (dj.Sampling(batch, scheme="shard", shards=task.shards) if shards == "label"
+              else dj.Sampling(batch, scheme="iid"))
   params = ({"b": jnp.zeros(10, jnp.float32), "w": jnp.zeros((64, 10), jnp.float32)} if layers
             else jnp.zeros(650, jnp.float32))
   # Chunks of a fixed 256 steps (the runtime's longest default): the seeds of a run, whose schedules differ by a
   # few steps, then share one compiled program; the padding steps change nothing.
-  result = dj.simulate_gossip(loss_fn, tx, method, params, data, schedule, batch_size=batch,
-                              eval_fn=eval_fn, eval_every=eval_every, seed=seed, chunk_size=256, **sampling)
+  result = dj.simulate_gossip(loss_fn, tx, method, params, data, schedule, seed=seed, sampling=sampling,
+                              record=dj.Record(eval_fn=eval_fn, every=eval_every),
+                              execution=dj.Execution(chunk_size=256))
   h = result.history
   grads = np.asarray(h.eval_gradients)
   # The consensus distance after the step at which each evaluation was taken (0 at the start: equal replicas).

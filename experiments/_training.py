@@ -60,8 +60,7 @@ def classification_task(split: Any, apply: Callable[[Any, jax.Array], jax.Array]
 
 def simulate_record(task: Task, tx: optax.GradientTransformation, source: Any, *, seed: int,
                     batch_size: int, eval_every: int, progress: Progress, num_updates: int | None = None,
-                    sampling: str = "iid", shards: Any = None, local_steps: Any = None,
-                    local_optimizer: optax.GradientTransformation | None = None,
+                    scheme: str = "iid", shards: Any = None, worker: dj.workers.Worker | None = None,
                     final_state: Callable[[Any], None] | None = None, chunk_size: int | None = None
                     ) -> dict[str, Any]:
   """Trains ``task`` with ``tx`` under ``source`` (a Schedule or delay model) and returns the run record.
@@ -71,9 +70,10 @@ def simulate_record(task: Task, tx: optax.GradientTransformation, source: Any, *
   ``curves`` (``update``, ``time`` and each metric at every evaluation) and
   ``staleness_hist``. A run whose parameters stopped being
   finite keeps its NaN metrics (the table counts it as diverged).
-  With ``local_steps`` and ``local_optimizer`` the workers run local SGD and
-  push pseudo-gradients (``dj.simulate``'s local-SGD mode; ``batch_size`` is
-  then the batch of one local step).
+  ``batch_size``, ``scheme`` and ``shards`` are the run's ``dj.Sampling``.
+  ``worker`` is ``dj.simulate``'s worker plug-in: with
+  ``dj.workers.LocalSteps(H, optimizer)`` the workers run local SGD and push
+  pseudo-gradients (``batch_size`` is then the batch of one local step).
   ``final_state``, if given, receives the optimizer state after the last
   update (for statistics a transformation accumulates in its state).
   ``chunk_size`` is ``dj.simulate``'s (steps per compiled chunk; the results
@@ -84,11 +84,13 @@ def simulate_record(task: Task, tx: optax.GradientTransformation, source: Any, *
     progress(info["updates_done"], info["num_updates"])
 
   # The framework's RunProgress names a per-run folder: an interrupted run resumes from its last chunk.
-  result = dj.simulate(task.loss_fn, tx, task.init(seed), task.data, source, num_updates=num_updates,
-                       batch_size=batch_size, eval_fn=task.eval_fn, eval_every=eval_every, seed=seed,
-                       sampling=sampling, shards=shards, skip_nonfinite=False, callback=callback,
-                       local_steps=local_steps, local_optimizer=local_optimizer, chunk_size=chunk_size,
-                       checkpoint_dir=getattr(progress, "checkpoint_dir", None))
+  checkpoint_dir = getattr(progress, "checkpoint_dir", None)
+  result = dj.simulate(task.loss_fn, tx, task.init(seed), task.data, source, num_updates=num_updates, seed=seed,
+                       sampling=dj.Sampling(batch_size, scheme=scheme, shards=shards), worker=worker,
+                       record=dj.Record(eval_fn=task.eval_fn, every=eval_every, callback=callback,
+                                        nonfinite="report"),
+                       checkpoint=None if checkpoint_dir is None else dj.Checkpoint(checkpoint_dir),
+                       execution=dj.Execution(chunk_size=chunk_size))
   if final_state is not None:
     final_state(result.opt_state)
   h = result.history

@@ -74,7 +74,7 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> di
   sched = within_time(dj.cluster.simulate(paradigm, workers, longest, seed=seed), budget)
   record = simulate_record(task_for(config), outer(config, method), sched, seed=seed, batch_size=config["batch"],
                            eval_every=max(1, sched.num_updates // config["eval_points"]), progress=progress,
-                           local_steps=steps, local_optimizer=optax.sgd(config["inner_lr"]))
+                           worker=dj.workers.LocalSteps(steps, optax.sgd(config["inner_lr"])))
   return with_time_to_target(record, config["target_accuracy"])
 
 

@@ -8,8 +8,8 @@ SGD steps on its own data and pushes the delta ``x_new - x_read``:
   fedasync  ASP: each delta is mixed in at once, x <- x + a s(tau) (x_new - x)   (Xie et al. 2019)
   fedbuff   ASP: staleness-weighted deltas are buffered, one server step per K  (Nguyen et al. 2022)
 
-Local training runs in ``dj.simulate``'s local-SGD mode (``local_steps``,
-``local_optimizer``): each contribution takes its local steps on minibatches
+Local training runs in ``dj.simulate``'s local-SGD worker
+(``dj.workers.LocalSteps``): each contribution takes its local steps on minibatches
 of its client's shard and pushes the pseudo-gradient ``x_read - x_new``, the
 negative delta; the server transformations receive the delta through
 ``optax.scale(-1)``. Every method runs for the same simulated time.
@@ -81,8 +81,8 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> di
   sched = within_time(dj.cluster.simulate(paradigm, workers, longest, seed=seed), budget)
   record = simulate_record(task, server(config, spec["method"]), sched, seed=seed, batch_size=config["batch"],
                            eval_every=max(1, sched.num_updates // config["eval_points"]), progress=progress,
-                           sampling="shard", shards=shards, local_steps=config["local_steps"],
-                           local_optimizer=optax.sgd(config["client_lr"]))
+                           scheme="shard", shards=shards,
+                           worker=dj.workers.LocalSteps(config["local_steps"], optax.sgd(config["client_lr"])))
   return with_time_to_target(record, config["target_accuracy"])
 
 

@@ -89,8 +89,8 @@ def _run_adasync(config, task, workers, tx, seed, budget, progress) -> dict[str,
     chunk = sim.run(config["adasync_chunk"])
     source = within_time(chunk, budget)
     # Each chunk draws its own minibatches (dj.simulate's sampling restarts with every call).
-    result = dj.simulate(task.loss_fn, tx, params, task.data, source, batch_size=config["batch"],
-                         eval_fn=task.eval_fn, seed=seed + 7919 * len(parts))
+    result = dj.simulate(task.loss_fn, tx, params, task.data, source, seed=seed + 7919 * len(parts),
+                         sampling=dj.Sampling(config["batch"]), record=dj.Record(eval_fn=task.eval_fn))
     params = result.params
     h = result.history
     parts.append((offset + h.eval_update[-1], h.time[-1], {k: float(v[-1]) for k, v in h.eval_metrics.items()},

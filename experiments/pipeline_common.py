@@ -98,8 +98,9 @@ def pipeline_record(config: dict[str, Any], schedule: dj.cluster.PipelineSchedul
   train, test = digits_data()
   progress(0, schedule.num_updates)
   result = dj.simulate_pipeline(stages(K), loss_fn, tx, init(K, config["layers"], config["width"], seed), train, schedule,
-                                batch_size=config["batch"], seed=seed, eval_fn=evaluator(test),
-                                eval_every=config["eval_every"], backward=backward)
+                                seed=seed, sampling=dj.Sampling(config["batch"]),
+                                record=dj.Record(eval_fn=evaluator(test), every=config["eval_every"]),
+                                backward=backward)
   progress(schedule.num_updates, schedule.num_updates)
   h = result.history
   metrics = {k: np.asarray(v, np.float64) for k, v in h.eval_metrics.items()}

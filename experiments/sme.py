@@ -87,8 +87,9 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> di
 
   steps = int(config["steps"])
   result = dj.simulate(loss_fn, optax.sgd(lr), jnp.zeros(per * len(hs), jnp.float32),
-                       {"z": jnp.asarray(z, jnp.float32)}, dj.delays.constant(tau), num_updates=steps, batch_size=1,
-                       eval_fn=lambda x: x, eval_every=1, seed=seed, callback=callback)
+                       {"z": jnp.asarray(z, jnp.float32)}, dj.delays.constant(tau), num_updates=steps, seed=seed,
+                       sampling=dj.Sampling(batch_size=1),
+                       record=dj.Record(eval_fn=lambda x: x, every=1, callback=callback))
   xs = np.asarray(result.history.eval_metrics, np.float64)[int(config["burn_in"]):]
   metrics: dict[str, Any] = {}
   for g, (f, curvature) in enumerate(zip(config["fractions"], hs)):
