@@ -28,7 +28,7 @@ resident memory, its resident memory before the call, and the bytes of the
 ``staleness``: part of its documented fields, so they grow with the updates)
 and of all its arrays.
 With ``--history evaluations`` (or ``both``) this tree also runs with
-``dj.simulate(..., history="evaluations")``, which keeps none of them
+``dj.simulate(..., record=dj.Record(history="evaluations"))``, which keeps none of them
 (``experiments/results/bench_planning_rss_history.txt``).
 
 ``--steady-state-against TREE`` instead compares ``dj.simulate``'s steady state
@@ -261,15 +261,20 @@ def memory():
     fields = dict(line.split(":", 1) for line in f)
   return [int(fields[k].split()[0]) / 1024 for k in ("VmRSS", "VmHWM")]
 m, n = int(sys.argv[1]), int(sys.argv[2])
-# An older tree has no history argument: only a run that keeps less passes it.
-option = {} if sys.argv[3] == "updates" else {"history": sys.argv[3]}
+evaluate = lambda p: loss(p, data)
+if hasattr(dj, "Record"):
+  option = dict(sampling=dj.Sampling(batch_size=1), record=dj.Record(eval_fn=evaluate, every=n // 10,
+                                                                      history=sys.argv[3]))
+else:
+  # An older tree takes keywords, and the oldest has no history argument: only a run that keeps less passes it.
+  option = dict(batch_size=1, eval_every=n // 10, eval_fn=evaluate,
+                **({} if sys.argv[3] == "updates" else {"history": sys.argv[3]}))
 x = np.random.default_rng(0).normal(size=(256, 4)).astype(np.float32)
 data = {"x": x, "y": x.sum(axis=1)}
 loss = lambda p, b: jnp.mean((b["x"] @ p - b["y"]) ** 2)
 schedule = dj.cluster.simulate(dj.cluster.asp(), dj.cluster.workers(m, compute="exponential"), num_updates=n, seed=0)
 before = memory()[0]
-h = dj.simulate(loss, optax.sgd(0.01), jnp.zeros(4), data, schedule, batch_size=1, eval_every=n // 10,
-                eval_fn=lambda p: loss(p, data), **option).history
+h = dj.simulate(loss, optax.sgd(0.01), jnp.zeros(4), data, schedule, **option).history
 per_update = sum(a.nbytes for a in (h.update, h.time, h.loss, h.staleness))
 whole = sum(np.asarray(a).nbytes for a in jax.tree.leaves(tuple(h)))
 print("RESULT", before, memory()[1], per_update / 2**20, h.eval_update.size, whole / 2**10)

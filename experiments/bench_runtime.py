@@ -138,9 +138,11 @@ def time_simulate(model: str, paradigm: str, num_workers: int, num_updates: int,
     memory["peak"] = peak_bytes(fn.lower(*args).compile())
 
   start = time.perf_counter()
-  result = dj.simulate(loss_fn, tx(), init(jax.random.key(0)), data, schedule, batch_size=BATCH, mesh=mesh,
-                       chunk_size=chunk_size, callback=lambda info: marks.append(
-                           (time.perf_counter(), info["updates_done"])), _inspect=inspect)
+  with dj.runtime._engine.inspecting(inspect):
+    result = dj.simulate(loss_fn, tx(), init(jax.random.key(0)), data, schedule, sampling=dj.Sampling(BATCH),
+                         record=dj.Record(callback=lambda info: marks.append(
+                             (time.perf_counter(), info["updates_done"]))),
+                         execution=dj.Execution(mesh=mesh, chunk_size=chunk_size))
   total = time.perf_counter() - start
   # The median over chunks (the first, which compiles, left out): robust to
   # other processes sharing the CPUs for a while.
@@ -238,8 +240,9 @@ def time_replicas(model: str, num_workers: int, rounds: int, python_rounds: int,
   def inspect(fn, args):
     captured["fn"], captured["args"] = fn, jax.tree.map(jnp.copy, args)
 
-  result = dj.simulate_gossip(loss_fn, tx(), dj.gossip.d_psgd(), init(jax.random.key(0)), data, schedule,
-                              batch_size=BATCH, chunk_size=rounds, _inspect=inspect)
+  with dj.runtime._engine.inspecting(inspect):
+    result = dj.simulate_gossip(loss_fn, tx(), dj.gossip.d_psgd(), init(jax.random.key(0)), data, schedule,
+                                sampling=dj.Sampling(BATCH), execution=dj.Execution(chunk_size=rounds))
   fn, (carry, constants, tables) = captured["fn"], captured["args"]
   grads = int(np.asarray(tables["lane_active"]).sum())  # the gradients one chunk computes
   loop, start = sync_loop(model, grads)
@@ -324,8 +327,10 @@ def second_call_lines(model: str = "mlp", paradigm: str = "asp", num_workers: in
   for _ in range(3):
     marks = []
     start = time.perf_counter()
-    result = dj.simulate(loss_fn, tx(), params, data, schedule, batch_size=BATCH, chunk_size=256,
-                         callback=lambda info: marks.append((time.perf_counter(), info["updates_done"])))
+    result = dj.simulate(loss_fn, tx(), params, data, schedule, sampling=dj.Sampling(BATCH),
+                         record=dj.Record(callback=lambda info: marks.append((time.perf_counter(),
+                                                                              info["updates_done"]))),
+                         execution=dj.Execution(chunk_size=256))
     jax.block_until_ready(result.params)
     total = time.perf_counter() - start
     rates = [int(schedule.num_batches[u0:u1].sum()) / (t1 - t0) for (t0, u0), (t1, u1) in zip(marks[:-1], marks[1:])]
@@ -369,7 +374,8 @@ def sweep_lines(model: str = "mlp", paradigm: str = "asp", num_workers: int = 16
         # The first call also compiles what every later one reuses whatever the sizes (module-level programs).
         before = len(_COMPILES)
       start = time.perf_counter()
-      jax.block_until_ready(dj.simulate(loss_fn, tx(), params, data, schedule, batch_size=BATCH, seed=seed).params)
+      jax.block_until_ready(dj.simulate(loss_fn, tx(), params, data, schedule, seed=seed,
+                                        sampling=dj.Sampling(BATCH)).params)
       seconds.append(time.perf_counter() - start)
     return len(_COMPILES) - before, seconds
 
@@ -391,8 +397,8 @@ def sweep_lines(model: str = "mlp", paradigm: str = "asp", num_workers: int = 16
 
 def batched_lines(model: str = "mlp", paradigm: str = "asp", num_workers: int = 16, num_updates: int = 4096,
                   runs: int = 8, rounds: int = 2) -> list[str]:
-  """Throughput of ``runs`` seeds computed as one program (``seed=[...]``) against as many calls in sequence,
-  both compiled beforehand (best of ``rounds`` alternating rounds)."""
+  """Throughput of ``runs`` seeds computed as one program (``seed=dj.Runs(seeds=[...])``) against as many calls in
+  sequence, both compiled beforehand (best of ``rounds`` alternating rounds)."""
   init, loss_fn = MODELS[model]()
   data = digits_data()
   schedule = schedule_for(paradigm, num_workers, num_updates)
@@ -400,15 +406,16 @@ def batched_lines(model: str = "mlp", paradigm: str = "asp", num_workers: int = 
   seeds = list(range(runs))
 
   def call(seed):
-    out = dj.simulate(loss_fn, tx(), params, data, schedule, batch_size=BATCH, seed=seed)
+    seed = dj.Runs(seeds=seed) if isinstance(seed, list) else seed
+    out = dj.simulate(loss_fn, tx(), params, data, schedule, seed=seed, sampling=dj.Sampling(BATCH))
     return [r.params for r in out] if isinstance(out, list) else out.params
 
   best = best_times({"batched": lambda: call(seeds), "sequence": lambda: [call(s) for s in seeds]}, rounds)
   grads = runs * int(schedule.num_batches.sum())
   lines = ["", f"{runs} runs (seeds) of one schedule ({model}, {paradigm}, M = {num_workers}, {num_updates} updates "
            f"each), compiled beforehand, best of {rounds}: gradient evaluations per second",
-           f"batched (one program, seed=[0..{runs - 1}]) {grads / best['batched']:.0f}/s, {runs} calls in sequence "
-           f"{grads / best['sequence']:.0f}/s: ratio {best['sequence'] / best['batched']:.2f}"]
+           f"batched (one program, seed=dj.Runs(seeds=[0..{runs - 1}])) {grads / best['batched']:.0f}/s, {runs} calls "
+           f"in sequence {grads / best['sequence']:.0f}/s: ratio {best['sequence'] / best['batched']:.2f}"]
   print("\n".join(lines[1:]), flush=True)
   return lines
 
@@ -424,8 +431,9 @@ def chunk_and_loop(model: str, paradigm: str, num_workers: int, num_updates: int
   def inspect(fn, args):
     captured["fn"], captured["args"] = fn, jax.tree.map(jnp.copy, args)
 
-  dj.simulate(loss_fn, tx(), init(jax.random.key(0)), data, schedule, batch_size=BATCH, chunk_size=256,
-              _inspect=inspect)
+  with dj.runtime._engine.inspecting(inspect):
+    dj.simulate(loss_fn, tx(), init(jax.random.key(0)), data, schedule, sampling=dj.Sampling(BATCH),
+                execution=dj.Execution(chunk_size=256))
   fn, (carry, constants, tables) = captured["fn"], captured["args"]
   grads = int(np.asarray(tables[0]["lane_active"]).sum())
   loop, start = sync_loop(model, grads)
