@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import types
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -218,6 +219,35 @@ def simulate_gossip(
     >>> result.params.shape, result.stats["mixing"], bool(result.history.consensus[-1] < 1e-2)
     ((4, 4), 'shift', True)
   """
+  run = _prepare(loss_fn, tx, method, params, data, schedule, seed=seed, sampling=sampling, record=record,
+                 checkpoint=checkpoint, execution=execution)
+  final, records = _engine.run(_program(run), mesh=run.mesh, checkpoint_dir=run.checkpoint_dir,
+                               checkpoint_name=_CHECKPOINT_FILE, resume=run.resume, resume_changes=run.resume_changes,
+                               callback=run.callback)
+  return _results(run, final, records)
+
+
+def _replica_memory(runtime: str, params: Any, init_state: Any, method: GossipMethod, plan: ReplicaPlan, m: int,
+                    data: Any, num_devices: int, execution: Execution) -> dict[str, int]:
+  """The ``m`` replicas' state per device, by term, sized from shapes before anything is allocated (a run too
+  large for the device is refused, not killed)."""
+  message_like = jax.eval_shape(method.message, params, init_state[2]) if plan.history > 1 else ()
+  memory = _engine.memory_terms({
+      name: (_engine.shapes(tree, lead), True)
+      for name, tree, lead in (("replica parameters", params, (3 * m,)), ("optimizer states", init_state[1], (m,)),
+                               ("method states", init_state[2], (m,)),
+                               ("message history", message_like, (m, plan.history)))}, data, num_devices)
+  _engine.check_memory(runtime, memory, _engine.memory_limit(execution.max_memory, execution.mesh), _MEMORY_HINTS)
+  return memory
+
+
+class _ReplicaRun(types.SimpleNamespace):
+  """What one ``dj.simulate_gossip`` call has checked, planned and made (its locals), handed from phase to phase."""
+
+
+def _prepare(loss_fn, tx, method, params, data, schedule, *, seed, sampling, record, checkpoint,
+             execution) -> _ReplicaRun:
+  """``dj.simulate_gossip``'s arguments checked against the schedule, its events planned, its carry made."""
   runtime = "dj.simulate_gossip"
   check_not_traced(runtime, params=params, data=data)
   seed, _ = check_seed_or_runs(seed, runtime, runs_allowed=False)
@@ -302,14 +332,7 @@ def simulate_gossip(
 
   init_state = (params, tx.init(params), method.init(params))
   _engine.check_extra_args(tx, params, init_state[1], runtime, {})
-  # Sized from shapes, before anything is allocated: a run too large for the device is refused, not killed.
-  message_like = jax.eval_shape(method.message, params, init_state[2]) if plan.history > 1 else ()
-  memory = _engine.memory_terms({
-      name: (_engine.shapes(tree, lead), True)
-      for name, tree, lead in (("replica parameters", params, (3 * m,)), ("optimizer states", init_state[1], (m,)),
-                               ("method states", init_state[2], (m,)),
-                               ("message history", message_like, (m, plan.history)))}, data, num_devices)
-  _engine.check_memory(runtime, memory, _engine.memory_limit(execution.max_memory, mesh), _MEMORY_HINTS)
+  memory = _replica_memory(runtime, params, init_state, method, plan, m, data, num_devices, execution)
   # The loss is traced only now, after every check that can refuse the run.
   has_aux = loss_has_aux(loss_fn, params, data, batch_size)
   stacked = jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (m,) + np.shape(x)).copy(), init_state)
@@ -342,6 +365,19 @@ def simulate_gossip(
   output_specs = {"loss": P(), "loss_min": P(), "loss_max": P(), "count": P(), "consensus": P(),
                   "finite": P(), "metrics": P(), "replica_metrics": P()}
 
+  return _ReplicaRun(**locals())
+
+
+def _program(run: _ReplicaRun) -> _engine.Program:
+  """The engine's program of a prepared replica run: its chunk tables, how outputs become rows, its step."""
+  (batch_size, carry, carry_specs, checkpoint_dir, chunk_size, constant_specs, constants, data, device_tables,
+   eval_every, eval_fn, host_tables, keep_steps, loss_fn, m, mesh, method, metric_like, num_chunks, num_devices,
+   num_examples, output_specs, params, plan, sampling, schedule, seed, shard_rows, shard_sizes, shards, step,
+   table_specs, tx) = (getattr(run, name) for name in (
+       "batch_size", "carry", "carry_specs", "checkpoint_dir", "chunk_size", "constant_specs", "constants",
+       "data", "device_tables", "eval_every", "eval_fn", "host_tables", "keep_steps", "loss_fn", "m", "mesh",
+       "method", "metric_like", "num_chunks", "num_devices", "num_examples", "output_specs", "params", "plan",
+       "sampling", "schedule", "seed", "shard_rows", "shard_sizes", "shards", "step", "table_specs", "tx"))
   def chunk_tables(chunk):
     steps = slice(chunk * chunk_size, (chunk + 1) * chunk_size)
     out = {k: v[steps] for k, v in device_tables.items()}
@@ -415,17 +451,21 @@ def simulate_gossip(
   cache_key = None if mesh is not None else _engine.program_cache_key(("simulate_gossip", "chunk"), step, carry, row, constants)
   jitted_eval = None if eval_fn is None else _engine.cached(
       None if mesh is not None else _engine.program_cache_key(("simulate_gossip", "eval"), eval_fn, params), lambda: jax.jit(eval_fn))
-  program = _engine.Program(
+  return _engine.Program(
       carry=carry, carry_specs=carry_specs, constants=constants, constant_specs=constant_specs, step=step,
       table_specs=table_specs, output_specs=output_specs, num_chunks=num_chunks, tables=chunk_tables,
       collect=collect, records_like=records_like, progress=progress, fingerprint=fingerprint,
       initial=initial if eval_fn is not None else None,
       # Every replica's parameters, optimizer state and method state finite, after each chunk.
       check=lambda carry: _replicas_finite(carry[:3], mesh is not None), cache_key=cache_key)
-  final, records = _engine.run(program, mesh=mesh, checkpoint_dir=checkpoint_dir,
-                               checkpoint_name=_CHECKPOINT_FILE, resume=resume, resume_changes=resume_changes,
-                               callback=callback)
 
+
+def _results(run: _ReplicaRun, final: Any, records: dict[str, Any]) -> GossipResult:
+  """A finished replica run's result: the replicas' final states, their average, the history, statistics."""
+  (chunk_size, eval_flag, eval_fn, grads_done, host_tables, keep_steps, memory, method, num_chunks, num_devices,
+   plan) = (getattr(run, name) for name in (
+       "chunk_size", "eval_flag", "eval_fn", "grads_done", "host_tables", "keep_steps", "memory", "method",
+       "num_chunks", "num_devices", "plan"))
   params_out, opt_out, extra_out = (jax.tree.map(gathered, x) for x in final[:3])
   z = jax.vmap(method.grad_params)(params_out, extra_out)
   average = jax.tree.map(lambda x: jnp.mean(x, axis=0), z)
