@@ -66,6 +66,7 @@ Optax transformation per stage.
 from __future__ import annotations
 
 import functools
+import types
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -571,6 +572,22 @@ def simulate_pipeline(
   Returns:
     A :class:`PipelineResult` (on the host's default device, also with a mesh).
   """
+  run = _prepare(stage_fns, loss_fn, tx, params, data, schedule, seed=seed, sampling=sampling, record=record,
+                 checkpoint=checkpoint, execution=execution, backward=backward)
+  run.step, run.carry, run.carry_specs, run.params_at, run.current_params, run.state_packing = _stage_program(run)
+  carry, records = engine.run(_program(run), mesh=run.mesh, checkpoint_dir=run.checkpoint_dir,
+                              checkpoint_name=_CHECKPOINT_FILE, resume=run.resume, resume_changes=run.resume_changes,
+                              callback=run.callback)
+  return _results(run, carry, records)
+
+
+class _PipelineRun(types.SimpleNamespace):
+  """What one ``dj.simulate_pipeline`` call has checked and made (its locals), handed from phase to phase."""
+
+
+def _prepare(stage_fns, loss_fn, tx, params, data, schedule, *, seed, sampling, record, checkpoint, execution,
+             backward) -> _PipelineRun:
+  """``dj.simulate_pipeline``'s arguments checked against the schedule, its weight rings sized and made."""
   runtime = "dj.simulate_pipeline"
   check_not_traced(runtime, params=params, data=data)
   seed, _ = check_seed_or_runs(seed, runtime, runs_allowed=False)
@@ -638,7 +655,17 @@ def simulate_pipeline(
   eval_flag = np.zeros(U, bool)
   eval_flag[eval_points[eval_points > 0] - 1] = True
   metric_shapes = jax.eval_shape(eval_fn, params) if eval_fn is not None else None
+  num_chunks = -(-U // chunk_size)
+  return _PipelineRun(**locals())
 
+
+def _stage_program(run: _PipelineRun) -> tuple[Any, ...]:
+  """The step of a prepared pipeline run, on one device or one stage per device, with its carry and how
+  to read the parameters of a version back from it."""
+  (K, backward, batch_size, data, depth, directions, eval_fn, history, loss_fn, m, mesh, metric_shapes,
+   opt_states, params, readers, stage_fns, tx, value_and_grad) = (getattr(run, name) for name in (
+       "K", "backward", "batch_size", "data", "depth", "directions", "eval_fn", "history", "loss_fn", "m",
+       "mesh", "metric_shapes", "opt_states", "params", "readers", "stage_fns", "tx", "value_and_grad"))
   def read(hist, direction, reader, version, steps):
     w = jax.tree.map(lambda h: h[version % depth], hist)
     if reader is None:
@@ -721,8 +748,18 @@ def simulate_pipeline(
                    for k in range(K))
   else:
     carry, carry_specs, params_at = (history, directions, opt_states), (P(), P(), P()), current_params
+  return step, carry, carry_specs, params_at, current_params, state_packing if mesh is not None else None
 
-  num_chunks = -(-U // chunk_size)
+
+def _program(run: _PipelineRun) -> engine.Program:
+  """The engine's program of a prepared pipeline run: its chunk tables, how outputs become rows, its step."""
+  (U, backward, batch_size, carry, carry_specs, checkpoint_dir, chunk_size, data, depth, eval_flag, eval_fn,
+   eval_points, forward_version, backward_version, keep_updates, loss_fn, m, mesh, metric_shapes, num_chunks,
+   num_examples, opt_states, params, params_at, schedule, seed, stage_fns, step, tx, runtime) = (getattr(run, name) for name in (
+       "U", "backward", "batch_size", "carry", "carry_specs", "checkpoint_dir", "chunk_size", "data", "depth",
+       "eval_flag", "eval_fn", "eval_points", "forward_version", "backward_version", "keep_updates",
+       "loss_fn", "m", "mesh", "metric_shapes", "num_chunks", "num_examples", "opt_states", "params",
+       "params_at", "schedule", "seed", "stage_fns", "step", "tx", "runtime"))
 
   def tables(chunk: int) -> dict[str, np.ndarray]:
     lo, hi = chunk * chunk_size, min(U, (chunk + 1) * chunk_size)
@@ -757,7 +794,7 @@ def simulate_pipeline(
   cache_key = None if mesh is not None else engine.program_cache_key(("simulate_pipeline", "chunk"), step, carry, row, data)
   jitted_eval = None if eval_fn is None else engine.cached(
       None if mesh is not None else engine.program_cache_key(("simulate_pipeline", "eval"), eval_fn, params), lambda: jax.jit(eval_fn))
-  program = engine.Program(
+  return engine.Program(
       carry=carry, carry_specs=carry_specs, constants=data, constant_specs=P(),
       step=step, table_specs=P(), output_specs=P(), num_chunks=num_chunks, tables=tables, collect=collect,
       records_like=records_like,
@@ -777,8 +814,14 @@ def simulate_pipeline(
       check=(lambda carry: _all_finite(_inexact(carry))) if mesh is None else (
           lambda carry: jax.lax.pmin(_all_finite(_inexact(carry)).astype(jnp.int32), STAGES) > 0),
       cache_key=cache_key)
-  carry, records = engine.run(program, mesh=mesh, checkpoint_dir=checkpoint_dir, checkpoint_name=_CHECKPOINT_FILE,
-                              resume=resume, resume_changes=resume_changes, callback=callback)
+
+
+def _results(run: _PipelineRun, carry: Any, records: dict[str, Any]) -> PipelineResult:
+  """A finished pipeline run's result: the stages' final weights and optimizer states, and the history."""
+  (K, U, backward_version, chunk_size, current_params, eval_points, forward_version, keep_updates, mesh,
+   num_chunks, params_at, runtime, schedule, state_packing, updates) = (getattr(run, name) for name in (
+       "K", "U", "backward_version", "chunk_size", "current_params", "eval_points", "forward_version",
+       "keep_updates", "mesh", "num_chunks", "params_at", "runtime", "schedule", "state_packing", "updates"))
   time = schedule.update_time.max(axis=1)
   if keep_updates:
     rows = dict(update=updates.astype(np.int64), time=time, loss=np.asarray(records["loss"]),
