@@ -1,4 +1,28 @@
-"""The replica runtime: exact decentralized (gossip) training of M replicas on a gossip schedule."""
+"""The replica runtime: exact decentralized (gossip) training of M replicas on a gossip schedule.
+
+How it runs: the host packs the events into *steps* (see
+``_replica_plan.py``): each computes one gradient per replica with a read
+from the previous step (``vmap`` over the replicas, like the server
+runtime's lanes), then runs a few *phases* of three slots (mixes of
+disjoint groups; gradient events of distinct replicas, ``vmap`` over the
+replicas with each replica's optimizer state; reads), in an order that
+keeps every replica's events in the schedule's order, so the result is
+the sequential one. Steps run in chunks of one compiled ``lax.scan`` on
+the shared engine (checkpoints after every chunk, bit-identical resume,
+the non-finite report). With ``mesh`` the replicas are split over its
+``workers`` axis (``M`` must be a multiple of its size). How messages
+move depends on the schedule alone, so one device and a mesh add the same
+mixing terms in the same order (each product rounded on its own): a
+linear model is the same bit for bit; a nonlinear one agrees to a relative
+error of a few 1e-7, from the gradients, which XLA compiles differently
+for a device's share of the replicas (``tests/runtime/test_device_count.py``).
+When every mix's sources sit at no more than four fixed offsets :math:`(b - a) \bmod M` and none is late (a ring, a
+torus row, a fixed permutation round), each offset is a roll of the
+replica axis, ``lax.ppermute`` of whole blocks between devices;
+otherwise (random partners, late messages) every device all-gathers the
+messages and picks its rows, the documented fallback, and groups wider
+than 8 are applied as a dense ``[M, M]`` matrix.
+"""
 
 from __future__ import annotations
 
@@ -150,28 +174,8 @@ def simulate_gossip(
     is not defined for late messages (``late_messages=False``: LayUp,
     A2CiD2) refuses a schedule with ``lag > 0``.
 
-  How it runs: the host packs the events into *steps* (see
-  ``_replica_plan.py``): each computes one gradient per replica with a read
-  from the previous step (``vmap`` over the replicas, like the server
-  runtime's lanes), then runs a few *phases* of three slots (mixes of
-  disjoint groups; gradient events of distinct replicas, ``vmap`` over the
-  replicas with each replica's optimizer state; reads), in an order that
-  keeps every replica's events in the schedule's order, so the result is
-  the sequential one. Steps run in chunks of one compiled ``lax.scan`` on
-  the shared engine (checkpoints after every chunk, bit-identical resume,
-  the non-finite report). With ``mesh`` the replicas are split over its
-  ``workers`` axis (``M`` must be a multiple of its size). How messages
-  move depends on the schedule alone, so one device and a mesh add the same
-  mixing terms in the same order (each product rounded on its own): a
-  linear model is the same bit for bit; a nonlinear one agrees to a relative
-  error of a few 1e-7, from the gradients, which XLA compiles differently
-  for a device's share of the replicas (``tests/runtime/test_device_count.py``). When every mix's sources sit at no more than
-  four fixed offsets :math:`(b - a) \bmod M` and none is late (a ring, a
-  torus row, a fixed permutation round), each offset is a roll of the
-  replica axis, ``lax.ppermute`` of whole blocks between devices;
-  otherwise (random partners, late messages) every device all-gathers the
-  messages and picks its rows, the documented fallback, and groups wider
-  than 8 are applied as a dense ``[M, M]`` matrix.
+  How it runs, and what a mesh gives against one device: see the module
+  docstring (``delayjax.runtime._replicas``).
 
   Args:
     loss_fn: ``loss_fn(params, batch) -> scalar``, or ``(scalar, aux)`` (told

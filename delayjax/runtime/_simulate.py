@@ -600,12 +600,10 @@ def simulate(
   bit for bit, nonlinear ones to a relative error of a few 1e-7 (4e-7 after
   200 updates of a tanh MLP; ``tests/runtime/test_device_count.py``).
 
-  With a delay model as ``source`` (the stale-read model), update :math:`t`
-  has one contribution, read at version :math:`\max(0, t - d_t)`, from worker
-  :math:`t \bmod (\text{max\_delay} + 1)`. With ``dj.delays.per_leaf``
-  (layer-wise staleness) the leaves are read at their own versions and
-  ``staleness`` is a pytree like ``params``; ``history.staleness`` holds the
-  largest.
+  With a delay model as ``source``, update :math:`t` has one contribution,
+  read at version :math:`\max(0, t - d_t)`, from worker :math:`t \bmod
+  (\text{max\_delay} + 1)`; with ``dj.delays.per_leaf`` each leaf is read at
+  its own version and ``staleness`` is a pytree like ``params``.
 
   Example::
 
@@ -646,15 +644,11 @@ def simulate(
       padded to a multiple of its size with idle ones), chunk size, lanes,
       memory limit.
 
-  How it runs: the schedule splits into *waves* of updates whose gradients
-  are independent; the host plans *steps*, each computing ``lanes``
-  gradients per device (``vmap``; ``shard_map`` over the mesh) of
-  contributions already read, earliest update first; then the updates whose
-  gradients are all in are applied in order. Steps run ``chunk_size`` at a
-  time in one compiled ``lax.scan``, kept in a cache of compiled programs
-  (the last 8): a later call with the same program (functions, shapes,
-  options, plan sizes) neither traces nor compiles, whatever its seed,
-  initial values, data values and ``optax.inject_hyperparams`` values.
+  How it runs (the module docstring says more): the host plans *steps* of
+  ``lanes`` independent gradients per device, then applies the updates whose
+  gradients are in, in order; steps run ``chunk_size`` at a time in one
+  compiled ``lax.scan``, cached: a later call with the same program neither
+  traces nor compiles, whatever its seed and initial and data values.
 
   Returns:
     A :class:`SimulationResult` (``params``, ``opt_state``, ``history``,
