@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from delayjax.transforms._extra_args import like_updates, require_extra
+from delayjax.transforms._extra_args import check_updates_like, like_updates, require_extra
 from delayjax.transforms._hyperparams import check_number, coefficient, descend
 from delayjax.transforms._staleness import Rule, broadcast_staleness, rule_parameters, scale_by_staleness, staleness_weight
 
@@ -132,6 +132,9 @@ def _concrete_int(value: Any) -> int | None:
 def _accumulate_sum(inner: optax.GradientTransformation, k: Any, transformation: str,
                     argument: str) -> optax.GradientTransformationExtraArgs:
   """:func:`accumulate_sum`, its ``k`` checked and recorded under the name the caller gave it."""
+  if not isinstance(inner, optax.GradientTransformation):
+    raise TypeError(f"inner must be an optax.GradientTransformation (e.g. optax.adam(1e-3)), got "
+                    f"{type(inner).__name__} {inner!r}.")
   k = check_number(argument, k, minimum=1, integer=True)
   inner = optax.with_extra_args_support(inner)
   every = StepEvery(transformation, argument, _concrete_int(k))
@@ -144,6 +147,7 @@ def _accumulate_sum(inner: optax.GradientTransformation, k: Any, transformation:
         every=every)
 
   def update_fn(updates, state, params=None, **extra_args):
+    check_updates_like(f"dj.{transformation}", updates, state.summed, "sum")
     summed = jax.tree.map(lambda s, g: s + g, state.summed, updates)
     step = state.count + 1 >= k
     # The inner step is computed on every call and selected, so the function has one trace.

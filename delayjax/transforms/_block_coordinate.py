@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from delayjax._checks import check_choice
+from delayjax.transforms._extra_args import check_updates_like
 from delayjax.transforms._hyperparams import check_number
 from delayjax.transforms._proximal import ProxFn
 from delayjax.transforms._variance_reduction import svrg
@@ -106,6 +107,7 @@ def block_coordinate(learning_rate: float, prox: ProxFn | None = None, *, select
     del extra_args
     if params is None:
       raise ValueError("block_coordinate needs params: the prox step is taken from the current block.")
+    check_updates_like("dj.block_coordinate", updates, params, "blocks (the leaves of params)")
     leaves, treedef = jax.tree.flatten(params)
     grads = treedef.flatten_up_to(updates)
     j = block_index(state.count, len(leaves), selection, seed)

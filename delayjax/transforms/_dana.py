@@ -112,10 +112,14 @@ def _checked_arguments(learning_rate: LearningRate, momentum: Any, num_workers: 
 
 def _with_delay_compensation(core, num_workers: int, dc_lambda: Any, dc_adaptive: bool):
   """``core``, or DC-ASGD's correction chained before it when ``dc_lambda`` is given."""
+  if not isinstance(dc_adaptive, bool):
+    raise TypeError(f"dc_adaptive must be a bool, got {dc_adaptive!r}.")
   if dc_lambda is None:
     if dc_adaptive:
       raise ValueError("dc_adaptive=True needs dc_lambda (the DC-ASGD coefficient), got None.")
     return core
+  # Checked here under its own name (delay_compensation would call it lam).
+  dc_lambda = check_number("dc_lambda", dc_lambda, minimum=0.0)
   dc = delay_compensation(dc_lambda, adaptive=dc_adaptive, num_workers=num_workers if dc_adaptive else None)
   return optax.chain(dc, core)
 

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from delayjax.transforms._extra_args import check_updates_like
 from delayjax.transforms._hyperparams import LearningRate, check_number, check_positive_rate, coefficient, descend, rate_at
 
 
@@ -98,6 +99,7 @@ def delayed_nesterov(
 
   def update_fn(updates, state, params=None, **extra_args):
     del params, extra_args
+    check_updates_like("dj.delayed_nesterov", updates, state.buffer, "buffer")
     buffer = jax.tree.map(lambda b, g: b + g, state.buffer, updates)
     cycle_end = state.pending + 1 >= n
     # Written in optax.trace's order (g + beta * m) so that N = 1 matches optax.sgd bit for bit.

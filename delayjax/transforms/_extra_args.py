@@ -7,6 +7,7 @@ from typing import Any
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 
@@ -34,6 +35,9 @@ def check_worker(transform: str, worker: Any, num_workers: int) -> tuple[jax.Arr
   :func:`nan_unless` with a coefficient of its update (see ``delayjax.transforms._hooks``).
   """
   worker = require_extra(transform, "worker", worker, "int32 scalar, the pushing worker")
+  if isinstance(worker, (str, bytes)) or not isinstance(worker, (int, np.integer, np.ndarray, jax.Array)):
+    raise TypeError(f"worker must be an integer scalar (the pushing worker's index), got {type(worker).__name__} "
+                    f"{worker!r}.")
   if jnp.ndim(worker) != 0 or not jnp.issubdtype(jnp.result_type(worker), jnp.integer):
     raise TypeError(
         f"worker must be an integer scalar, got dtype {jnp.result_type(worker)} and shape {jnp.shape(worker)}.")
@@ -44,6 +48,27 @@ def check_worker(transform: str, worker: Any, num_workers: int) -> tuple[jax.Arr
   index = jnp.asarray(worker, jnp.int32)
   in_range = (index >= 0) & (index < num_workers)
   return jnp.where(in_range, index, jnp.int32(num_workers)), in_range
+
+
+def check_updates_like(transform: str, updates: Any, like: Any, what: str) -> None:
+  """Raises a ValueError naming ``updates`` when its tree or a leaf's shape differs from ``like``.
+
+  ``like`` is what the state keeps per parameter (a sum, a momentum), built
+  by ``init`` from the parameters. Without this check, a gradient of another
+  tree fails inside ``jax.tree.map`` with a message that names neither, and
+  one whose shape broadcasts (``[1]`` for ``[3]``) is silently spread over
+  the parameter.
+  """
+  expected, given = jax.tree.structure(like, is_leaf=_is_masked), jax.tree.structure(updates, is_leaf=_is_masked)
+  if expected != given:
+    raise ValueError(f"{transform}: updates (the gradients) must have the tree structure of the parameters its "
+                     f"{what} was initialized with, {expected}; got {given}.")
+  for (path, u), x in zip(jax.tree_util.tree_leaves_with_path(updates, is_leaf=_is_masked),
+                          jax.tree.leaves(like, is_leaf=_is_masked)):
+    if not _is_masked(u) and jnp.shape(u) != jnp.shape(x):
+      raise ValueError(f"{transform}: updates (the gradients) must have the shapes of the parameters its {what} "
+                       f"was initialized with: at {jax.tree_util.keystr(path) or 'the root'} got shape "
+                       f"{jnp.shape(u)}, expected {jnp.shape(x)}.")
 
 
 def nan_unless(in_range: jax.Array | None, scalar: Any, dtype: Any) -> Any:

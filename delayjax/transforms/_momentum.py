@@ -39,11 +39,21 @@ def implicit_momentum(num_workers: int | None = None, *, staleness_probs: Sequen
   if num_workers is not None:
     m = check_static_int("num_workers", num_workers, minimum=1)
     return 1.0 - 1.0 / m
-  p = np.asarray(staleness_probs, np.float64)
+  try:
+    p = None if isinstance(staleness_probs, (str, bytes)) else np.asarray(staleness_probs)
+  except (TypeError, ValueError):
+    p = None
+  if p is None or p.dtype.kind not in "iuf":
+    raise TypeError(f"staleness_probs must be a sequence of probabilities (numbers), got {staleness_probs!r}.")
+  p = p.astype(np.float64)
   if p.ndim != 1 or p.size == 0:
     raise ValueError(f"staleness_probs must be a non-empty 1-D sequence, got shape {p.shape}.")
-  if not np.all(np.isfinite(p)) or np.any(p < 0) or abs(p.sum() - 1.0) > 1e-6:
-    raise ValueError(f"staleness_probs must be non-negative and sum to 1, got sum {p.sum()!r}.")
+  bad = ~np.isfinite(p) | (p < 0)
+  if np.any(bad):
+    raise ValueError(f"staleness_probs must be finite and non-negative, got {p[bad][0].item()} at staleness "
+                     f"{int(np.flatnonzero(bad)[0])}.")
+  if abs(p.sum() - 1.0) > 1e-6:
+    raise ValueError(f"staleness_probs must sum to 1, got sum {p.sum().item()}.")
   mean = float(np.arange(p.size) @ p)
   return mean / (1.0 + mean)
 

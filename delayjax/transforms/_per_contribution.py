@@ -67,6 +67,10 @@ def per_contribution(tx: optax.GradientTransformation) -> optax.GradientTransfor
   Returns:
     An ``optax.GradientTransformationExtraArgs``.
 
+  Raises:
+    TypeError: if ``tx`` is not an ``optax.GradientTransformation`` (found
+      here, not at the first update inside a compiled run).
+
   Examples:
     >>> import jax.numpy as jnp, optax
     >>> import delayjax as dj
@@ -90,6 +94,9 @@ def per_contribution(tx: optax.GradientTransformation) -> optax.GradientTransfor
     Compensation <https://arxiv.org/abs/1609.08326>`_, ICML 2017 (each
     gradient corrected with its worker's backup weights).
   """
+  if not isinstance(tx, optax.GradientTransformation):
+    raise TypeError(f"tx must be an optax transformation (an optax.GradientTransformation such as "
+                    f"dj.scale_by_staleness('inverse')), got {type(tx).__name__} {tx!r}.")
   tx = optax.with_extra_args_support(tx)
 
   def init_fn(params):
@@ -98,9 +105,17 @@ def per_contribution(tx: optax.GradientTransformation) -> optax.GradientTransfor
   def update_fn(updates, state, params=None, *, contribution_grads=None, contribution_staleness=None,
                 contribution_stale_params=None, contribution_workers=None, contribution_weights=None,
                 **extra_args):
-    if contribution_grads is None:
+    given = dict(contribution_grads=contribution_grads, contribution_staleness=contribution_staleness,
+                 contribution_stale_params=contribution_stale_params, contribution_workers=contribution_workers,
+                 contribution_weights=contribution_weights)
+    if all(v is None for v in given.values()):
       out, inner = tx.update(updates, state.inner, params, **extra_args)
       return out, PerContributionState(inner=inner)
+    missing = [k for k, v in given.items() if v is None]
+    if missing:
+      # A part of the contributions would be taken as absent (or fail inside the trace): all or none.
+      raise ValueError(f"per_contribution got {sorted(set(given) - set(missing))} without {missing}; pass all five "
+                       f"contribution inputs ({', '.join(CONTRIBUTION_INPUTS)}) or none.")
     for name in ("staleness", "stale_params", "worker"):
       extra_args.pop(name, None)
     num = jnp.shape(contribution_weights)[0]

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from delayjax.transforms._extra_args import require_extra
+from delayjax.transforms._extra_args import check_updates_like, require_extra
 from delayjax.transforms._hyperparams import (LearningRate, check_number, check_positive_rate, coefficient, descend,
                                               rate_at)
 from delayjax.transforms._staleness import check_staleness
@@ -143,6 +143,7 @@ def spectrain(learning_rate: LearningRate, smoothing: float = 0.9) -> optax.Grad
 
   def update_fn(updates, state, params=None, **extra_args):
     del params, extra_args
+    check_updates_like("dj.spectrain", updates, state.smoothed, "smoothed gradient")
     # optax.ema's arithmetic (debias=False): (1 - decay) * g + decay * v.
     smoothed = jax.tree.map(
         lambda g, v: coefficient(1 - smoothing, g.dtype) * g + coefficient(smoothing, v.dtype) * v, updates,
@@ -277,6 +278,7 @@ def pipemare(
 
   def update_fn(updates, state, params=None, *, staleness=None, backward_staleness=None, **extra_args):
     del params, extra_args
+    check_updates_like("dj.pipemare", updates, state.momentum, "momentum")
     tau_f = _stage_staleness("staleness", staleness, "the stage's forward delay")
     if discrepancy_decay is None:
       # Without correction the backward delay is not used; one given is still checked.

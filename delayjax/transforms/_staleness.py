@@ -81,7 +81,7 @@ def staleness_weight(rule: Rule = "inverse", **kwargs: Any) -> StalenessFn:
   if callable(rule):
     if kwargs:
       raise TypeError(f"a callable staleness rule takes no keyword arguments, got {sorted(kwargs)}.")
-    return _checked(lambda tau: jnp.asarray(rule(jnp.asarray(tau, jnp.int32)), jnp.float32))
+    return _checked(lambda tau: _callable_weight(rule, tau))
   if not isinstance(rule, str) or rule not in _RULE_ARGS:
     raise ValueError(f"rule must be one of {', '.join(map(repr, RULES))} or a callable; got {rule!r}.")
   kw = _rule_kwargs(rule, kwargs)
@@ -111,6 +111,16 @@ def staleness_weight(rule: Rule = "inverse", **kwargs: Any) -> StalenessFn:
   threshold = check_number("threshold", kw["threshold"], minimum=0, integer=True)
   return _checked(lambda tau: jnp.where(jnp.asarray(tau, jnp.int32) <= jnp.asarray(threshold, jnp.int32), 1.0,
                                         0.0).astype(jnp.float32))
+
+
+def _callable_weight(rule: StalenessFn, tau: Any) -> jax.Array:
+  """A callable rule's weights as float32, refused by name when it returns something that is not numeric."""
+  out = rule(jnp.asarray(tau, jnp.int32))
+  try:
+    return jnp.asarray(out, jnp.float32)
+  except (TypeError, ValueError):
+    raise TypeError(f"rule, a callable, must return a number or a numeric array (the weight of each staleness), "
+                    f"got {out!r} of type {type(out).__name__}.") from None
 
 
 def _checked(weight: StalenessFn) -> StalenessFn:

@@ -151,6 +151,9 @@ def svrg() -> optax.GradientTransformationExtraArgs:
       if params is None:
         raise ValueError("svrg needs params when full_grad= is given: they become the new snapshot.")
       full_grad = like_updates("full_grad", full_grad, updates)
+      if not isinstance(refresh, (type(None), bool, np.bool_, jax.Array, np.ndarray)):
+        raise TypeError(f"refresh must be a bool scalar (whether this update starts an epoch), got "
+                        f"{type(refresh).__name__} {refresh!r}.")
       take = jnp.asarray(True if refresh is None else refresh)
       if take.shape != () or take.dtype != jnp.bool_:
         raise ValueError(f"refresh must be a bool scalar, got dtype {take.dtype} and shape {take.shape}.")

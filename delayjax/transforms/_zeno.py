@@ -113,6 +113,9 @@ def zeno_plus_plus(
   eps = check_number("eps", eps, minimum=0.0)
   if not isinstance(normalize, bool):
     raise TypeError(f"normalize must be a bool, got {normalize!r}.")
+  if inner is not None and not isinstance(inner, optax.GradientTransformation):
+    raise TypeError(f"inner must be None or an optax.GradientTransformation (the server optimizer), got "
+                    f"{type(inner).__name__} {inner!r}.")
   inner = optax.with_extra_args_support(optax.sgd(gamma) if inner is None else inner)
 
   def init_fn(params):

@@ -125,7 +125,7 @@ def test_missing_or_bad_worker():
     ({"momentum": -0.1}, ValueError, "momentum must be >= 0.0"),
     ({"num_workers": 0}, ValueError, "num_workers must be an integer >= 1"),
     ({"dc_adaptive": True}, ValueError, "dc_adaptive=True needs dc_lambda"),
-    ({"dc_lambda": -1.0}, ValueError, "lam must be >= 0.0"),
+    ({"dc_lambda": -1.0}, ValueError, "dc_lambda must be >= 0.0"),
 ])
 def test_bad_arguments(kwargs, err, match):
   args = {"learning_rate": 0.1, **kwargs}
