@@ -6,10 +6,12 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from delayjax import delays as delays_lib
 from delayjax._checks import check_bool, check_seed
+from delayjax.cluster._memory import available_memory, check_fits, format_bytes
 from delayjax.cluster._schedule import Schedule
 from delayjax.runtime._buffers import check_update_call, rings
 from delayjax.runtime._replay import replay
@@ -46,6 +48,80 @@ def _release_order(issued: jax.Array, delay: jax.Array, t: jax.Array, num_steps:
 
 def _masked(active: jax.Array, new: Any, old: Any) -> Any:
   return jax.tree.map(lambda n, o: jnp.where(active, n, o), new, old)
+
+
+def _check_grads(grads: Any, params: Any) -> None:
+  """Raises a ValueError naming ``grads`` when its tree or a leaf's shape differs from ``params``'s.
+
+  The gradients are written into rings shaped like the parameters; without
+  this check a mismatch surfaces as a JAX broadcasting error, or, where the
+  shapes broadcast (a ``[1]`` gradient for a ``[3]`` parameter), is silently
+  spread over the ring slot. ``params=None`` is left to the call's own check.
+  """
+  if params is None:
+    return
+  grads_tree, params_tree = jax.tree.structure(grads), jax.tree.structure(params)
+  if grads_tree != params_tree:
+    raise ValueError(f"grads (the first argument of update) must have the tree structure of params "
+                     f"{params_tree}; got {grads_tree}.")
+  for (path, g), p in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(params)):
+    if jnp.shape(g) != jnp.shape(p):
+      raise ValueError(f"grads (the first argument of update) must have the shapes of params: at "
+                       f"{jax.tree_util.keystr(path) or 'the root'} grads has shape {jnp.shape(g)} and params "
+                       f"{jnp.shape(p)}.")
+
+
+def _nbytes(tree: Any) -> int:
+  """Bytes of the arrays of ``tree`` (concrete, traced or ``jax.ShapeDtypeStruct``), from their shapes."""
+  return sum(int(np.prod(jnp.shape(x), dtype=np.int64)) * jnp.dtype(jnp.result_type(x)).itemsize
+             for x in jax.tree.leaves(tree))
+
+
+def _device_memory() -> tuple[int | None, str]:
+  """Bytes free on the default device for new arrays, and what that figure is.
+
+  An accelerator that reports ``memory_stats()['bytes_limit']`` gives that
+  limit less what is in use; otherwise (a CPU) the host's available memory.
+  """
+  device = jax.devices()[0]
+  try:
+    stats = device.memory_stats()
+  except (AttributeError, NotImplementedError, jax.errors.JaxRuntimeError):
+    stats = None
+  if stats and "bytes_limit" in stats:
+    free = int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+    return free, f"free memory of {device.device_kind} (bytes_limit less bytes_in_use)"
+  return available_memory(), "available host memory (MemAvailable)"
+
+
+def state_bytes(params: Any, inner: Any, num_slots: int, per_leaf: bool, synchronous: bool,
+                store_stale_params: bool) -> tuple[int, int]:
+  """The bytes of :func:`delayed`'s state from shapes alone (nothing allocated), and of one ring slot.
+
+  The state holds the call count (int32) and the PRNG key (2 x uint32),
+  ``num_slots`` int32 entries for the call that wrote each slot and as many
+  delays (per leaf with per-leaf delays), a ring of ``num_slots`` gradients
+  shaped like ``params`` (none without delay), the same ring of parameter
+  copies with ``store_stale_params``, and the inner optimizer's state
+  (``jax.eval_shape``).
+  """
+  param_bytes = _nbytes(params)
+  rings_kept = 0 if synchronous else 1 + int(store_stale_params)
+  tables = 4 * num_slots * (1 + (len(jax.tree.leaves(params)) if per_leaf else 1))
+  inner_bytes = _nbytes(jax.eval_shape(inner.init, params))
+  return 4 + 8 + tables + rings_kept * num_slots * param_bytes + inner_bytes, param_bytes
+
+
+def _check_init_memory(model: delays_lib.DelayModel, params: Any, inner: Any, num_slots: int, per_leaf: bool,
+                       synchronous: bool, store_stale_params: bool) -> None:
+  """Refuses, before anything is allocated, a state of :func:`delayed` that cannot fit in memory (see
+  :func:`state_bytes`), naming the delay, the bytes needed and the bytes available."""
+  needed, param_bytes = state_bytes(params, inner, num_slots, per_leaf, synchronous, store_stale_params)
+  available, where = _device_memory()
+  rings = ("no rings" if synchronous else "grads and stale_params rings" if store_stale_params else "a grads ring")
+  check_fits(f"dj.delayed with delays={model!r} (max_delay={model.max_delay}): its state ({rings} of "
+             f"{num_slots} slots x {format_bytes(param_bytes)} of params, with its tables and the inner state)",
+             needed, available, where)
 
 
 def delayed(
@@ -135,7 +211,11 @@ def delayed(
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; ``update`` needs
-    ``params``.
+    ``params``, and gradients with their tree and shapes (else a
+    ``ValueError`` naming ``grads`` and both). ``init`` sizes the state from
+    the shapes before allocating it and refuses one that would not fit in
+    the default device's free memory (the host's available memory on a CPU),
+    naming the delay, the bytes needed and the bytes available.
 
   Examples:
     >>> import jax.numpy as jnp, optax
@@ -157,7 +237,13 @@ def delayed(
   seed = check_seed("seed", seed)
   store_stale_params = check_bool("store_stale_params", store_stale_params)
   if isinstance(delays, Schedule):
-    return replay(optax.with_extra_args_support(inner), delays)
+    replayed = replay(optax.with_extra_args_support(inner), delays)
+
+    def replay_update(updates, state, params=None, **extra_args):
+      _check_grads(updates, params)
+      return replayed.update(updates, state, params, **extra_args)
+
+    return optax.GradientTransformationExtraArgs(replayed.init, replay_update)
   model = delays_lib.check_model("delays", delays)
   inner = optax.with_extra_args_support(inner)
   num_slots = model.max_delay + 1
@@ -168,6 +254,7 @@ def delayed(
 
   def init_fn(params):
     delays_lib.leaf_models(model, params)  # a per-leaf tree that does not fit params fails here
+    _check_init_memory(model, params, inner, num_slots, per_leaf, synchronous, store_stale_params)
     no_delay = jnp.zeros((num_slots,), jnp.int32)
     return DelayedState(
         count=jnp.zeros([], jnp.int32),
@@ -180,6 +267,7 @@ def delayed(
     )
 
   def update_fn(updates, state, params=None, **extra_args):
+    _check_grads(updates, params)
     check_update_call(updates, params, extra_args, _COMPUTED)
     t = state.count
     if synchronous:
