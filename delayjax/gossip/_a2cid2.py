@@ -172,7 +172,15 @@ def acid_constants(topology: Any, rate: float = 1.0) -> tuple[float, float]:
     <https://arxiv.org/abs/2306.08289>`_, NeurIPS 2023
   """
   rate = check_float("rate", rate, minimum=0.0, strict_minimum=True)
-  adjacency = np.asarray(getattr(topology, "adjacency", topology), np.float64)
+  adjacency = getattr(topology, "adjacency", topology)
+  try:
+    adjacency = None if isinstance(adjacency, (str, bytes)) else np.asarray(adjacency)
+  except (TypeError, ValueError):
+    adjacency = None
+  if adjacency is None or adjacency.dtype.kind not in "biuf":
+    raise TypeError(f"topology must be a dj.topology.Topology or a square adjacency matrix of numbers, got "
+                    f"{topology!r}.")
+  adjacency = adjacency.astype(np.float64)
   if adjacency.ndim != 2 or adjacency.shape[0] != adjacency.shape[1] or adjacency.shape[0] < 2:
     raise ValueError(f"topology must be a Topology or a square adjacency matrix of >= 2 nodes, got shape "
                      f"{adjacency.shape}.")
@@ -182,7 +190,10 @@ def acid_constants(topology: Any, rate: float = 1.0) -> tuple[float, float]:
   if np.any(degree == 0):
     raise ValueError(f"topology has isolated nodes {np.flatnonzero(degree == 0).tolist()}; it must be connected.")
   laplacian = rate * (np.eye(adjacency.shape[0]) - adjacency / degree[:, None])
-  eigenvalues = np.linalg.eigvalsh(laplacian)
+  # L is not symmetric on an irregular graph, so its eigenvalues are taken from the symmetric matrix it is similar
+  # to, rate (I - D^-1/2 A D^-1/2) (eigvalsh of L itself would read only one triangle); the same on regular graphs.
+  scale = 1.0 / np.sqrt(degree)
+  eigenvalues = np.linalg.eigvalsh(rate * (np.eye(adjacency.shape[0]) - scale[:, None] * adjacency * scale[None, :]))
   if eigenvalues[1] <= 1e-12 * rate:
     raise ValueError("topology must be connected (the Laplacian's second eigenvalue is 0).")
   chi_1 = 1.0 / eigenvalues[1]
