@@ -24,6 +24,7 @@ import numpy as np
 
 from delayjax._checks import check_float, check_int, check_seed
 from delayjax.cluster._distributions import Constant, TimeModel, Uniform, as_time_model
+from delayjax.cluster._memory import available_memory, check_fits
 
 __all__ = [
     "Workers", "Replay", "RandomStragglers", "StragglerWindow",
@@ -31,6 +32,7 @@ __all__ = [
 ]
 
 _SMALLEST_TIME = float(np.finfo(np.float64).smallest_subnormal)
+_MAX_WORKERS = 2**31 - 1
 
 
 def _check_positive_compute(name: str, model: TimeModel) -> TimeModel:
@@ -279,6 +281,11 @@ def workers(
     [1.0, 1.0, 1.0, 2.0]
   """
   num_workers = check_int("num_workers", num_workers, minimum=1)
+  if num_workers > _MAX_WORKERS:
+    raise ValueError(f"num_workers must be an integer in [1, 2**31 - 1 = {_MAX_WORKERS}] (worker indices are int32 "
+                     f"in the runtimes), got {num_workers}.")
+  # A time model reference and a speed per worker, at least (one more per straggler injection).
+  check_fits(f"num_workers={num_workers}: the per-worker tables", 16 * num_workers, available_memory())
   if isinstance(compute, Replay) or (not isinstance(compute, (str, TimeModel)) and _is_table(compute)):
     if isinstance(compute, Replay):
       compute_models: tuple[TimeModel, ...] | Replay = compute
@@ -299,6 +306,12 @@ def workers(
   if speed is None:
     speeds = np.ones(num_workers)
   else:
+    try:
+      kind = None if isinstance(speed, (str, bytes)) else np.asarray(speed).dtype.kind
+    except (TypeError, ValueError):
+      kind = None
+    if kind not in ("i", "u", "f"):
+      raise TypeError(f"speed must be None, a positive number or {num_workers} positive numbers, got {speed!r}.")
     speeds = np.array(np.broadcast_to(np.asarray(speed, dtype=np.float64), (num_workers,))
                       if np.ndim(speed) == 0 else np.asarray(speed, dtype=np.float64))
     if speeds.shape != (num_workers,):
