@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 import math
 import types
@@ -1194,166 +1195,198 @@ def _step_function(*, keep_stale: bool, loss_fn, has_aux, tx, params, eval_fn, n
   def store(buf, at, x):
     return jax.lax.dynamic_update_slice_in_dim(buf, x, at, axis=0)
 
-  def step(carry, tabs, constants):
-    data, (shard_rows, shard_sizes), seed = constants
-    params, opt_state, slots, stale, payload_buf, stale_buf, loss_buf, finite_buf, snapshot_due, local_states = carry
-    lane, tab = tabs
-    offset = jax.lax.axis_index(AXIS) * per_device if distributed else 0
+  c = types.SimpleNamespace(**{name: value for name, value in locals().items() if name in _STEP_CONFIG})
+  return functools.partial(_server_step, c)
 
-    def local_rows(workers):
-      # Padding (worker = num_workers) and other devices' workers fall outside
-      # this device's rows and are dropped.
-      rows = workers - offset
-      return jnp.where((rows >= 0) & (rows < per_device), rows, per_device)
 
-    # `stale`, the parameters each lane computes at, was assembled at the end
-    # of the previous step (the server state has not changed since).
-    workers = lane["lane_worker"]
-    if svrg:
-      # The step's lanes are all in the epoch of its version V; if V starts it (or the epoch's
-      # snapshot is still due: no update applied since it began), the snapshot is the current parameters.
-      snap = _tree_where(tab["snap_fresh"] | snapshot_due, params, _snapshot_params(opt_state))
-    else:
-      snap = ()
-    # Each worker's local optimizer state: the planner computes a worker's contributions in
-    # separate steps, so each starts from the state its previous one left.
-    lane_states = jax.tree.map(lambda x: x[local_rows(workers)], local_states)
-    loss, payload, lane_states = jax.vmap(lane_push, in_axes=(None, None, 0, None, 0, 0, 0, 0, 0, 0, 0))(
-        data, seed, stale, snap, lane["lane_update"], workers, lane["lane_draw"], lane["lane_batches"],
-        shard_rows[local_rows(workers)], shard_sizes[local_rows(workers)], lane_states)
-    if keep_local_state:
-      # Masked lanes (padding) write nothing.
-      kept_rows = jnp.where(lane["lane_active"], local_rows(workers), per_device)
-      local_states = jax.tree.map(lambda x, new: x.at[kept_rows].set(new, mode="drop"), local_states, lane_states)
-    finite = jax.vmap(_all_finite)({k: v for k, v in payload.items() if k in _MIXED + _PER_EXAMPLE})
-    finite_all, loss_all, payload_all, stale_all = gather((finite, loss, payload, stale if keep_stale else ()))
-    # The step's lanes fill a contiguous block of the buffers.
-    at = tab["buffer_offset"]
-    payload_buf = jax.tree.map(lambda b, g: store(b, at, g), payload_buf, payload_all)
-    if keep_stale:
-      stale_buf = jax.tree.map(lambda b, s: store(b, at, s), stale_buf, stale_all)
-    loss_buf = store(loss_buf, at, loss_all)
-    if skip_nonfinite:
-      # Only skipping reads the flags back (to leave such gradients out); the report takes them from the outputs.
-      finite_buf = store(finite_buf, at, finite_all)
+# What the server step reads of its configuration (set by _step_function; a step is traced once).
+_STEP_CONFIG = (
+    "keep_stale", "loss_fn", "has_aux", "tx", "eval_fn", "num_examples", "batch_size", "sampling",
+    "skip_nonfinite", "always_applies", "distributed", "inputs", "sample_terms", "terms", "full_batch_size",
+    "leaf_groups", "num_workers", "per_device", "samples", "num_contrib", "max_len", "metric_shapes", "svrg",
+    "per_example", "per_contribution", "keep_local_state", "reads_per_update", "server_inputs", "gather",
+    "store", "lane_push")
 
-    def store_read(slots, value, row, slot, group):
-      if leaf_groups is None:
-        return jax.tree.map(lambda s, v: s.at[row, slot].set(v, mode="drop"), slots, value)
-      # Per-leaf delays: only the read group's leaves are stored (the others' row is out of range).
-      return _map_groups(lambda g, s, v: s.at[jnp.where(group == g, row, per_device), slot].set(v, mode="drop"),
-                         leaf_groups, slots, value)
 
-    def read(i, state):
-      params, opt_state, slots = state
-      reader = tab["read_worker"][i]
+class _StepContext(NamedTuple):
+  """What one step gives each of its updates: its tables, the constants, the buffers, the read helpers."""
+
+  tab: Any
+  data: Any
+  seed: Any
+  payload_buf: Any
+  stale_buf: Any
+  loss_buf: Any
+  finite_buf: Any
+  local_rows: Callable[[Any], Any]
+  store_read: Callable[..., Any]
+  read: Callable[..., Any]
+
+
+def _server_step(c: types.SimpleNamespace, carry: Any, tabs: Any, constants: Any) -> tuple[Any, Any]:
+  """The server runtime's step (see ``_engine.Program.step``): compute a vector of gradients, then apply,
+  in order, the updates whose gradients are all computed (:func:`_apply_update`)."""
+  data, (shard_rows, shard_sizes), seed = constants
+  params, opt_state, slots, stale, payload_buf, stale_buf, loss_buf, finite_buf, snapshot_due, local_states = carry
+  lane, tab = tabs
+  offset = jax.lax.axis_index(AXIS) * c.per_device if c.distributed else 0
+
+  def local_rows(workers):
+    # Padding (worker = num_workers) and other devices' workers fall outside
+    # this device's rows and are dropped.
+    rows = workers - offset
+    return jnp.where((rows >= 0) & (rows < c.per_device), rows, c.per_device)
+
+  # `stale`, the parameters each lane computes at, was assembled at the end
+  # of the previous step (the server state has not changed since).
+  workers = lane["lane_worker"]
+  if c.svrg:
+    # The step's lanes are all in the epoch of its version V; if V starts it (or the epoch's
+    # snapshot is still due: no update applied since it began), the snapshot is the current parameters.
+    snap = _tree_where(tab["snap_fresh"] | snapshot_due, params, _snapshot_params(opt_state))
+  else:
+    snap = ()
+  # Each worker's local optimizer state: the planner computes a worker's contributions in
+  # separate steps, so each starts from the state its previous one left.
+  lane_states = jax.tree.map(lambda x: x[local_rows(workers)], local_states)
+  loss, payload, lane_states = jax.vmap(c.lane_push, in_axes=(None, None, 0, None, 0, 0, 0, 0, 0, 0, 0))(
+      data, seed, stale, snap, lane["lane_update"], workers, lane["lane_draw"], lane["lane_batches"],
+      shard_rows[local_rows(workers)], shard_sizes[local_rows(workers)], lane_states)
+  if c.keep_local_state:
+    # Masked lanes (padding) write nothing.
+    kept_rows = jnp.where(lane["lane_active"], local_rows(workers), c.per_device)
+    local_states = jax.tree.map(lambda x, new: x.at[kept_rows].set(new, mode="drop"), local_states, lane_states)
+  finite = jax.vmap(_all_finite)({k: v for k, v in payload.items() if k in _MIXED + _PER_EXAMPLE})
+  finite_all, loss_all, payload_all, stale_all = c.gather((finite, loss, payload, stale if c.keep_stale else ()))
+  # The step's lanes fill a contiguous block of the buffers.
+  at = tab["buffer_offset"]
+  payload_buf = jax.tree.map(lambda b, g: c.store(b, at, g), payload_buf, payload_all)
+  if c.keep_stale:
+    stale_buf = jax.tree.map(lambda b, s: c.store(b, at, s), stale_buf, stale_all)
+  loss_buf = c.store(loss_buf, at, loss_all)
+  if c.skip_nonfinite:
+    # Only skipping reads the flags back (to leave such gradients out); the report takes them from the outputs.
+    finite_buf = c.store(finite_buf, at, finite_all)
+
+  def store_read(slots, value, row, slot, group):
+    if c.leaf_groups is None:
+      return jax.tree.map(lambda s, v: s.at[row, slot].set(v, mode="drop"), slots, value)
+    # Per-leaf delays: only the read group's leaves are stored (the others' row is out of range).
+    return _map_groups(lambda g, s, v: s.at[jnp.where(group == g, row, c.per_device), slot].set(v, mode="drop"),
+                       c.leaf_groups, slots, value)
+
+  def read(i, state):
+    params, opt_state, slots = state
+    reader = tab["read_worker"][i]
+    value = read_params(opt_state, params, reader)
+    slots = store_read(slots, value, local_rows(reader), tab["read_slot"][i], tab["read_group"][i])
+    return params, opt_state, slots
+
+  # Reads of this version for later steps come first in the list; they are
+  # stored only now, after the gradients that may still have needed a slot.
+  _, _, slots = jax.lax.fori_loop(0, tab["read_first"], read, (params, opt_state, slots))
+
+  losses = jnp.zeros((c.max_len,), jnp.float32)
+  metrics = jax.tree.map(lambda s: jnp.zeros((c.max_len,) + s.shape, s.dtype), c.metric_shapes)
+  # With skip_nonfinite: the worker speaking for each update left out for a non-finite update or state.
+  rejected = jnp.full((c.max_len,), -1, jnp.int32) if c.skip_nonfinite else ()
+  params, opt_state, slots, losses, metrics, snapshot_due, rejected = jax.lax.fori_loop(
+      0, tab["upd_count"], functools.partial(_apply_update, c, _StepContext(
+          tab, data, seed, payload_buf, stale_buf, loss_buf, finite_buf, local_rows, store_read, read)),
+      (params, opt_state, slots, losses, metrics, snapshot_due, rejected))
+  # The next step's parameters are assembled last: gathering from the slots
+  # before writing them would make XLA copy the slots every step.
+  stale = _lanes_stale(opt_state, params, slots, local_rows(lane["lane_next_worker"]), lane["lane_next_worker"],
+                      lane["lane_next_slot"], lane["lane_next_fresh"], c.leaf_groups)
+  carry = (params, opt_state, slots, stale, payload_buf, stale_buf, loss_buf, finite_buf, snapshot_due,
+           local_states)
+  return carry, (losses, metrics, finite_all, rejected)
+
+
+def _apply_update(c: types.SimpleNamespace, ctx: _StepContext, i: Any, state: Any) -> Any:
+  """Update ``i`` of a step: its contributions combined, ``tx`` applied, the reads after it stored."""
+  params, opt_state, slots, losses, metrics, snapshot_due, rejected = state
+  positions, batches, staleness = ctx.tab["upd_pos"][i], ctx.tab["upd_batches"][i], ctx.tab["upd_staleness"][i]
+  present = batches > 0
+  kept = present & ctx.finite_buf[positions] if c.skip_nonfinite else present
+  kept_batches = jnp.where(kept, batches, 0)
+  total = jnp.maximum(jnp.sum(kept_batches), 1)
+
+  def mix(buf):
+    terms = [jnp.where(kept[k], (kept_batches[k].astype(buf.dtype) / total.astype(buf.dtype))
+                       * buf[positions[k]], jnp.zeros((), buf.dtype)) for k in range(c.num_contrib)]
+    return sum(terms[1:], terms[0])
+
+  mixed = {k: jax.tree.map(mix, ctx.payload_buf[k]) for k in _MIXED if k in ctx.payload_buf}
+  all_batches = jnp.maximum(jnp.sum(batches), 1).astype(jnp.float32)
+  loss = sum(jnp.where(present[k], batches[k].astype(jnp.float32) / all_batches * ctx.loss_buf[positions[k]],
+                       0.0) for k in range(c.num_contrib))
+  # Contributions are sorted stalest first: the first kept one speaks for the update.
+  first = jnp.argmax(kept)
+  # Transformations that ignore stale_params are given params (and the
+  # stale parameters are not even kept).
+  stale_params = jax.tree.map(lambda b: b[positions[first]], ctx.stale_buf) if c.keep_stale else params
+  # Without requests the update's index is not even read: the default program is unchanged.
+  refresh = (ctx.tab["upd_refresh"][i] | snapshot_due) if "full_grad" in c.inputs else None
+  extra = c.server_inputs(ctx.data, ctx.seed, params, ctx.tab["upd_index"][i], refresh) if c.inputs else {}
+  if c.svrg:
+    extra["snapshot_grad"] = mixed["snapshot_grad"]
+  if c.per_example:
+    # The examples of all contributions, stalest first; those of absent or skipped
+    # contributions and of draws beyond a contribution's own batches are masked.
+    def joined(buf):
+      return jnp.concatenate([buf[positions[k]] for k in range(c.num_contrib)])
+
+    extra["sample_indices"] = joined(ctx.payload_buf["sample_indices"])
+    extra.update({k: jax.tree.map(joined, ctx.payload_buf[k]) for k in _PER_EXAMPLE if k in ctx.payload_buf})
+    extra["sample_mask"] = jnp.concatenate(
+        [kept[k] & ctx.payload_buf["sample_valid"][positions[k]] for k in range(c.num_contrib)])
+  if c.leaf_groups is None:
+    tau = staleness[first, 0]
+  else:
+    tau = _map_groups(lambda g, p: staleness[first, g], c.leaf_groups, params)
+  if c.per_contribution:
+    # Each contribution's own inputs, in the update's order (stalest first); left-out ones weigh 0.
+    extra["contribution_grads"] = jax.tree.map(lambda b: b[positions], ctx.payload_buf["grad"])
+    extra["contribution_stale_params"] = (
+        jax.tree.map(lambda b: b[positions], ctx.stale_buf) if c.keep_stale
+        else jax.tree.map(lambda p: jnp.broadcast_to(p, (c.num_contrib,) + p.shape), params))
+    extra["contribution_staleness"] = (
+        staleness[:, 0] if c.leaf_groups is None else _map_groups(lambda g, p: staleness[:, g], c.leaf_groups, params))
+    extra["contribution_workers"] = ctx.tab["upd_worker"][i]
+    extra["contribution_weights"] = kept_batches.astype(jnp.float32) / total.astype(jnp.float32)
+  updates, new_state = c.tx.update(mixed["grad"], opt_state, params, staleness=tau,
+                                 stale_params=stale_params, worker=ctx.tab["upd_worker"][i][first], **extra)
+  new_params = optax.apply_updates(params, updates)
+  if c.skip_nonfinite or not c.always_applies:
+    applied = jnp.any(kept)
+    if c.skip_nonfinite:
+      # As optax.apply_if_finite, and for the state too (Adam's second moment can overflow while
+      # its update stays finite): such an update is left out whole.
+      finite = _all_finite(_inexact((updates, new_state)))
+      rejected = rejected.at[i].set(jnp.where(applied & ~finite, ctx.tab["upd_worker"][i][first], -1))
+      applied = applied & finite
+    new_params = _tree_where(applied, new_params, params)
+    new_state = _tree_where(applied, new_state, opt_state)
+    if refresh is not None:
+      # An update left out cannot take its epoch's snapshot: the next applied one takes it, at
+      # the same parameters.
+      snapshot_due = refresh & ~applied
+  params, opt_state = new_params, new_state
+  begin, end = ctx.tab["read_begin"][i], ctx.tab["read_end"][i]
+  if c.reads_per_update <= 2:
+    for r in range(c.reads_per_update):
+      index = begin + r
+      reader = jnp.where(index < end, ctx.tab["read_worker"][index], c.num_workers)
       value = read_params(opt_state, params, reader)
-      slots = store_read(slots, value, local_rows(reader), tab["read_slot"][i], tab["read_group"][i])
-      return params, opt_state, slots
-
-    # Reads of this version for later steps come first in the list; they are
-    # stored only now, after the gradients that may still have needed a slot.
-    _, _, slots = jax.lax.fori_loop(0, tab["read_first"], read, (params, opt_state, slots))
-
-    def apply(i, state):
-      params, opt_state, slots, losses, metrics, snapshot_due, rejected = state
-      positions, batches, staleness = tab["upd_pos"][i], tab["upd_batches"][i], tab["upd_staleness"][i]
-      present = batches > 0
-      kept = present & finite_buf[positions] if skip_nonfinite else present
-      kept_batches = jnp.where(kept, batches, 0)
-      total = jnp.maximum(jnp.sum(kept_batches), 1)
-
-      def mix(buf):
-        terms = [jnp.where(kept[k], (kept_batches[k].astype(buf.dtype) / total.astype(buf.dtype))
-                           * buf[positions[k]], jnp.zeros((), buf.dtype)) for k in range(num_contrib)]
-        return sum(terms[1:], terms[0])
-
-      mixed = {k: jax.tree.map(mix, payload_buf[k]) for k in _MIXED if k in payload_buf}
-      all_batches = jnp.maximum(jnp.sum(batches), 1).astype(jnp.float32)
-      loss = sum(jnp.where(present[k], batches[k].astype(jnp.float32) / all_batches * loss_buf[positions[k]],
-                           0.0) for k in range(num_contrib))
-      # Contributions are sorted stalest first: the first kept one speaks for the update.
-      first = jnp.argmax(kept)
-      # Transformations that ignore stale_params are given params (and the
-      # stale parameters are not even kept).
-      stale_params = jax.tree.map(lambda b: b[positions[first]], stale_buf) if keep_stale else params
-      # Without requests the update's index is not even read: the default program is unchanged.
-      refresh = (tab["upd_refresh"][i] | snapshot_due) if "full_grad" in inputs else None
-      extra = server_inputs(data, seed, params, tab["upd_index"][i], refresh) if inputs else {}
-      if svrg:
-        extra["snapshot_grad"] = mixed["snapshot_grad"]
-      if per_example:
-        # The examples of all contributions, stalest first; those of absent or skipped
-        # contributions and of draws beyond a contribution's own batches are masked.
-        def joined(buf):
-          return jnp.concatenate([buf[positions[k]] for k in range(num_contrib)])
-
-        extra["sample_indices"] = joined(payload_buf["sample_indices"])
-        extra.update({k: jax.tree.map(joined, payload_buf[k]) for k in _PER_EXAMPLE if k in payload_buf})
-        extra["sample_mask"] = jnp.concatenate(
-            [kept[k] & payload_buf["sample_valid"][positions[k]] for k in range(num_contrib)])
-      if leaf_groups is None:
-        tau = staleness[first, 0]
-      else:
-        tau = _map_groups(lambda g, p: staleness[first, g], leaf_groups, params)
-      if per_contribution:
-        # Each contribution's own inputs, in the update's order (stalest first); left-out ones weigh 0.
-        extra["contribution_grads"] = jax.tree.map(lambda b: b[positions], payload_buf["grad"])
-        extra["contribution_stale_params"] = (
-            jax.tree.map(lambda b: b[positions], stale_buf) if keep_stale
-            else jax.tree.map(lambda p: jnp.broadcast_to(p, (num_contrib,) + p.shape), params))
-        extra["contribution_staleness"] = (
-            staleness[:, 0] if leaf_groups is None else _map_groups(lambda g, p: staleness[:, g], leaf_groups, params))
-        extra["contribution_workers"] = tab["upd_worker"][i]
-        extra["contribution_weights"] = kept_batches.astype(jnp.float32) / total.astype(jnp.float32)
-      updates, new_state = tx.update(mixed["grad"], opt_state, params, staleness=tau,
-                                     stale_params=stale_params, worker=tab["upd_worker"][i][first], **extra)
-      new_params = optax.apply_updates(params, updates)
-      if skip_nonfinite or not always_applies:
-        applied = jnp.any(kept)
-        if skip_nonfinite:
-          # As optax.apply_if_finite, and for the state too (Adam's second moment can overflow while
-          # its update stays finite): such an update is left out whole.
-          finite = _all_finite(_inexact((updates, new_state)))
-          rejected = rejected.at[i].set(jnp.where(applied & ~finite, tab["upd_worker"][i][first], -1))
-          applied = applied & finite
-        new_params = _tree_where(applied, new_params, params)
-        new_state = _tree_where(applied, new_state, opt_state)
-        if refresh is not None:
-          # An update left out cannot take its epoch's snapshot: the next applied one takes it, at
-          # the same parameters.
-          snapshot_due = refresh & ~applied
-      params, opt_state = new_params, new_state
-      begin, end = tab["read_begin"][i], tab["read_end"][i]
-      if reads_per_update <= 2:
-        for r in range(reads_per_update):
-          index = begin + r
-          reader = jnp.where(index < end, tab["read_worker"][index], num_workers)
-          value = read_params(opt_state, params, reader)
-          slots = store_read(slots, value, local_rows(reader), tab["read_slot"][index], tab["read_group"][index])
-      else:
-        _, _, slots = jax.lax.fori_loop(begin, end, read, (params, opt_state, slots))
-      losses = losses.at[i].set(loss)
-      if eval_fn is not None:
-        # A cond, not a where: evaluation is costly and due only every eval_every updates, and its
-        # predicate comes from the host tables, the same on every device.
-        value = jax.lax.cond(tab["upd_eval"][i], eval_fn,
-                             lambda p: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes), params)
-        metrics = jax.tree.map(lambda m, v: m.at[i].set(v), metrics, value)
-      return params, opt_state, slots, losses, metrics, snapshot_due, rejected
-
-    losses = jnp.zeros((max_len,), jnp.float32)
-    metrics = jax.tree.map(lambda s: jnp.zeros((max_len,) + s.shape, s.dtype), metric_shapes)
-    # With skip_nonfinite: the worker speaking for each update left out for a non-finite update or state.
-    rejected = jnp.full((max_len,), -1, jnp.int32) if skip_nonfinite else ()
-    params, opt_state, slots, losses, metrics, snapshot_due, rejected = jax.lax.fori_loop(
-        0, tab["upd_count"], apply, (params, opt_state, slots, losses, metrics, snapshot_due, rejected))
-    # The next step's parameters are assembled last: gathering from the slots
-    # before writing them would make XLA copy the slots every step.
-    stale = _lanes_stale(opt_state, params, slots, local_rows(lane["lane_next_worker"]), lane["lane_next_worker"],
-                        lane["lane_next_slot"], lane["lane_next_fresh"], leaf_groups)
-    carry = (params, opt_state, slots, stale, payload_buf, stale_buf, loss_buf, finite_buf, snapshot_due,
-             local_states)
-    return carry, (losses, metrics, finite_all, rejected)
-
-  return step
+      slots = ctx.store_read(slots, value, ctx.local_rows(reader), ctx.tab["read_slot"][index], ctx.tab["read_group"][index])
+  else:
+    _, _, slots = jax.lax.fori_loop(begin, end, ctx.read, (params, opt_state, slots))
+  losses = losses.at[i].set(loss)
+  if c.eval_fn is not None:
+    # A cond, not a where: evaluation is costly and due only every eval_every updates, and its
+    # predicate comes from the host tables, the same on every device.
+    value = jax.lax.cond(ctx.tab["upd_eval"][i], c.eval_fn,
+                         lambda p: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), c.metric_shapes), params)
+    metrics = jax.tree.map(lambda m, v: m.at[i].set(v), metrics, value)
+  return params, opt_state, slots, losses, metrics, snapshot_due, rejected
