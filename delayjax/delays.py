@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from delayjax._checks import check_float, check_int
-from delayjax.cluster._memory import available_memory, check_fits
+from delayjax._memory import available_memory, check_fits
 
 __all__ = [
     "DelayModel", "Constant", "Uniform", "Geometric", "Categorical", "Trace", "PerLeaf",

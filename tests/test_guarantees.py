@@ -260,7 +260,7 @@ def test_a_run_too_large_is_refused_before_its_state_is_allocated(runtime, monke
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_the_default_limit_on_a_cpu_is_the_available_memory(runtime, monkeypatch):
-  monkeypatch.setattr(_engine, "available_host_bytes", lambda: 2 ** 21)
+  monkeypatch.setattr(_engine, "available_memory", lambda: 2 ** 21)
   with pytest.raises(ValueError, match="the memory this machine has available, 2.0 MiB"):
     _big_run(runtime, 2 ** 20)(dj.Execution())
 

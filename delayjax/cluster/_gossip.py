@@ -77,7 +77,7 @@ import numpy as np
 
 from delayjax import topology as topo
 from delayjax._checks import check_choice, check_float, check_int, check_seed
-from delayjax.cluster._memory import available_memory, check_fits
+from delayjax._memory import available_memory, check_fits
 from delayjax.cluster._schedule_io import load_npz, save_npz
 from delayjax.cluster._simulate import _seed_sequences, _Times, _window_factors
 from delayjax.cluster._workers import Workers

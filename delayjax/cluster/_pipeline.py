@@ -62,7 +62,7 @@ import numpy as np
 
 from delayjax._checks import check_choice, check_int, check_seed
 from delayjax.cluster._distributions import TimeModel, as_time_model
-from delayjax.cluster._memory import available_memory, check_fits
+from delayjax._memory import available_memory, check_fits
 
 __all__ = ["PipelineSchedule", "pipeline", "PIPELINE_SCHEDULES", "PIPELINE_WEIGHTS"]
 

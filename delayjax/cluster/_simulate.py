@@ -38,7 +38,7 @@ import numpy as np
 
 from delayjax._checks import check_float, check_int, check_seed
 from delayjax.cluster import _paradigms as P
-from delayjax.cluster._memory import available_memory, check_fits
+from delayjax._memory import available_memory, check_fits
 from delayjax.cluster._schedule import Schedule
 from delayjax.cluster._workers import Workers
 

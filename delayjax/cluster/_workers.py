@@ -24,7 +24,7 @@ import numpy as np
 
 from delayjax._checks import check_float, check_int, check_seed
 from delayjax.cluster._distributions import Constant, TimeModel, Uniform, as_time_model
-from delayjax.cluster._memory import available_memory, check_fits
+from delayjax._memory import available_memory, check_fits
 
 __all__ = [
     "Workers", "Replay", "RandomStragglers", "StragglerWindow",

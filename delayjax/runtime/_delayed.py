@@ -11,7 +11,7 @@ import optax
 
 from delayjax import delays as delays_lib
 from delayjax._checks import check_bool, check_seed
-from delayjax.cluster._memory import available_memory, check_fits, format_bytes
+from delayjax._memory import available_memory, check_fits, format_bytes
 from delayjax.cluster._schedule import Schedule
 from delayjax.runtime._buffers import check_update_call, rings
 from delayjax.runtime._replay import replay

@@ -115,7 +115,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from delayjax._memory import available_host_bytes
+from delayjax._memory import available_memory
 from delayjax.runtime import _checkpoint
 from delayjax.runtime._lock import locked
 from delayjax.runtime._options import Checkpoint
@@ -322,7 +322,7 @@ def memory_limit(max_memory: int | None, mesh: Any) -> tuple[int, str] | None:
     stats = None
   if stats and "bytes_limit" in stats:
     return int(stats["bytes_limit"]), f"the memory of {device.device_kind}"
-  available = available_host_bytes() if device.platform == "cpu" else None
+  available = available_memory() if device.platform == "cpu" else None
   if available is None:
     return None
   # CPU devices share the host's memory.
