@@ -288,6 +288,26 @@ class Runs:
     return len(self.seeds)
 
 
+def runtime_options(runtime: str, *, seed: Any, sampling: Any, record: Any, execution: Any,
+                    no_effect: tuple[str, ...] = (), server: bool = False) -> tuple[int, Runs | None, Sampling,
+                                                                                    Record, Execution]:
+  """A runtime's shared options checked: ``(seed of the first run, Runs or None, sampling, record, execution)``.
+
+  ``no_effect``: the ``Execution`` fields the runtime has no use for (refused when set); ``server``: whether it
+  is ``dj.simulate``, the one runtime that batches runs (``dj.Runs``) and skips non-finite contributions.
+  """
+  seed, runs = check_seed_or_runs(seed, runtime, runs_allowed=server)
+  sampling = check_option("sampling", sampling, Sampling, runtime)
+  record = check_option("record", record, Record, runtime)
+  execution = check_option("execution", execution, Execution, runtime)
+  execution.refuse(runtime, *no_effect)
+  if record.skip_nonfinite and not server:
+    raise ValueError(
+        "Record.nonfinite='skip' is defined for dj.simulate only (an update there can leave out a contribution); "
+        f"{runtime} reports non-finite values (nonfinite='report').")
+  return seed, runs, sampling, record, execution
+
+
 def check_seed_or_runs(seed: Any, runtime: str, runs_allowed: bool = True) -> tuple[int, Runs | None]:
   """``(seed of the first run, Runs or None)`` from a runtime's ``seed`` argument."""
   if isinstance(seed, Runs):

@@ -80,7 +80,7 @@ from delayjax.runtime import _checkpoint
 from delayjax.runtime import _engine as engine
 from delayjax.runtime import _history as history_lib
 from delayjax.runtime._arguments import batch_like, check_not_traced
-from delayjax.runtime._options import Checkpoint, Execution, Record, Sampling, check_option, check_seed_or_runs
+from delayjax.runtime._options import Checkpoint, Execution, Record, Sampling, runtime_options
 from delayjax.runtime._sampling import minibatch_indices
 from delayjax.runtime._simulate import _all_finite, _inexact
 from delayjax.transforms._pipeline_remedies import stage_read
@@ -590,17 +590,10 @@ def _prepare(stage_fns, loss_fn, tx, params, data, schedule, *, seed, sampling, 
   """``dj.simulate_pipeline``'s arguments checked against the schedule, its weight rings sized and made."""
   runtime = "dj.simulate_pipeline"
   check_not_traced(runtime, params=params, data=data)
-  seed, _ = check_seed_or_runs(seed, runtime, runs_allowed=False)
-  sampling = check_option("sampling", sampling, Sampling, runtime)
-  record = check_option("record", record, Record, runtime)
-  execution = check_option("execution", execution, Execution, runtime)
-  execution.refuse(runtime, "lanes", "phases")
+  seed, _, sampling, record, execution = runtime_options(runtime, seed=seed, sampling=sampling, record=record,
+                                                        execution=execution, no_effect=("lanes", "phases"))
   if sampling.scheme != "iid":
     raise ValueError(f"{runtime} draws its micro-batches i.i.d.; got Sampling.scheme={sampling.scheme!r}.")
-  if record.skip_nonfinite:
-    raise ValueError(
-        "Record.nonfinite='skip' is defined for dj.simulate only (an update there can leave out a contribution); "
-        f"{runtime} reports non-finite values (nonfinite='report').")
   mesh, chunk_size = execution.mesh, execution.chunk_size
   stage_fns = _check_stages(stage_fns)
   if not isinstance(schedule, PipelineSchedule):

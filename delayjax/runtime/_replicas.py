@@ -42,7 +42,7 @@ from delayjax.gossip._method import GRADS as METHOD_GRADS
 from delayjax.gossip._method import GossipMethod, check_method_schedule
 from delayjax.runtime import _checkpoint, _engine
 from delayjax.runtime._arguments import batch_like, check_not_traced, check_params, check_sampling, loss_has_aux
-from delayjax.runtime._options import Checkpoint, Execution, Record, Sampling, check_option, check_seed_or_runs
+from delayjax.runtime._options import Checkpoint, Execution, Record, Sampling, runtime_options
 from delayjax.runtime._checkpoint import gathered
 from delayjax.runtime._engine import AXIS
 from delayjax.runtime._history import chunk_span, nonfinite_report, sorted_pairs
@@ -254,15 +254,8 @@ def _prepare(loss_fn, tx, method, params, data, schedule, *, seed, sampling, rec
   """``dj.simulate_gossip``'s arguments checked against the schedule, its events planned, its carry made."""
   runtime = "dj.simulate_gossip"
   check_not_traced(runtime, params=params, data=data)
-  seed, _ = check_seed_or_runs(seed, runtime, runs_allowed=False)
-  sampling = check_option("sampling", sampling, Sampling, runtime)
-  record = check_option("record", record, Record, runtime)
-  execution = check_option("execution", execution, Execution, runtime)
-  execution.refuse(runtime, "lanes")
-  if record.skip_nonfinite:
-    raise ValueError(
-        "Record.nonfinite='skip' is defined for dj.simulate only (an update there can leave out a contribution); "
-        "dj.simulate_gossip reports non-finite values (nonfinite='report').")
+  seed, _, sampling, record, execution = runtime_options(runtime, seed=seed, sampling=sampling, record=record,
+                                                        execution=execution, no_effect=("lanes",))
   if not callable(loss_fn):
     raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}.")
   if not isinstance(tx, optax.GradientTransformation):

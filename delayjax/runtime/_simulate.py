@@ -23,7 +23,7 @@ from delayjax.runtime import _engine as engine
 from delayjax.runtime import _history as history_lib
 from delayjax.runtime._engine import AXIS, check_worker_capacity, program_key
 from delayjax.runtime._arguments import batch_like, check_not_traced, check_params, check_sampling, loss_has_aux
-from delayjax.runtime._options import Checkpoint, Execution, Record, Runs, Sampling, check_option, check_seed_or_runs
+from delayjax.runtime._options import Checkpoint, Execution, Record, Runs, Sampling, runtime_options
 from delayjax.runtime._workers import Gradient, Worker, WorkerContext, check_worker
 from delayjax.runtime._sampling import minibatch_indices, server_minibatch_indices, shard_table
 from delayjax.runtime._waves import StepPlan, plan_steps
@@ -698,11 +698,8 @@ def _prepare(loss_fn, tx, params, data, source, *, num_updates, seed, sampling, 
   """``dj.simulate``'s arguments checked, its schedule planned, its step traced and its carry made."""
   runtime = "dj.simulate"
   check_not_traced(runtime, params=params, data=data)
-  seed, runs_option = check_seed_or_runs(seed, runtime)
-  sampling = check_option("sampling", sampling, Sampling, runtime)
-  record = check_option("record", record, Record, runtime)
-  execution = check_option("execution", execution, Execution, runtime)
-  execution.refuse(runtime, "phases")
+  seed, runs_option, sampling, record, execution = runtime_options(
+      runtime, seed=seed, sampling=sampling, record=record, execution=execution, no_effect=("phases",), server=True)
   worker = check_worker(worker)
   if not callable(loss_fn):
     raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}.")
