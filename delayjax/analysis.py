@@ -86,7 +86,19 @@ import math
 
 import numpy as np
 
+from delayjax import _memory
 from delayjax._checks import check_float, check_int
+
+
+def _check_path_fits(what: str, num_floats: int) -> None:
+  """Refuses (naming ``what``) a float64 array of ``num_floats`` entries that cannot fit in host memory."""
+  _memory.check_fits(what, 8 * num_floats, _memory.available_memory())
+
+
+def _check_companion_fits(tau: int, function: str) -> None:
+  """Refuses a ``tau`` whose ``[tau + 1, tau + 1]`` float64 matrix (and LAPACK's working copy) cannot fit."""
+  _check_path_fits(f"{function} with tau={tau} (a float64 [tau + 1, tau + 1] matrix and LAPACK's working copy)",
+                   2 * (tau + 1) ** 2)
 
 
 def _check(curvature: float, learning_rate: float, tau: int) -> tuple[float, float, int]:
@@ -113,6 +125,7 @@ def contraction(curvature: float, learning_rate: float, tau: int) -> float:
     0.5
   """
   h, eta, tau = _check(curvature, learning_rate, tau)
+  _check_companion_fits(tau, "contraction")
   return float(np.max(np.abs(np.linalg.eigvals(_companion(eta * h, tau)))))
 
 
@@ -139,6 +152,7 @@ def mean_path(curvature: float, learning_rate: float, tau: int, x0: float, num_u
   h, eta, tau = _check(curvature, learning_rate, tau)
   x0 = check_float("x0", x0)
   steps = check_int("num_updates", num_updates, minimum=0)
+  _check_path_fits(f"mean_path with num_updates={steps} (a float64 [num_updates + 1] path)", steps + 1)
   m = np.empty(steps + 1)
   m[0] = x0
   for k in range(steps):
@@ -168,6 +182,7 @@ def stationary_variance(curvature: float, noise_var: float, learning_rate: float
   """
   h, eta, tau = _check(curvature, learning_rate, tau)
   s2 = check_float("noise_var", noise_var, minimum=0.0)
+  _check_companion_fits(tau, "stationary_variance")
   if contraction(h, eta, tau) >= 1.0:
     return math.inf
   a = eta * h
@@ -255,6 +270,8 @@ def sde_mean_path(curvature: float, learning_rate: float, tau: int, x0: float, n
   x0 = check_float("x0", x0)
   steps = check_int("num_updates", num_updates, minimum=0)
   n = check_int("substeps", substeps, minimum=1)
+  _check_path_fits(f"sde_mean_path with num_updates={steps} x substeps={n} (a float64 [num_updates * substeps + 1] "
+                   "path and its [num_updates + 1] samples)", steps * n + steps + 2)
   dt, lag = eta / n, tau * n
   m = np.empty(steps * n + 1)
   m[0] = x0

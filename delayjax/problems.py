@@ -25,6 +25,7 @@ table) and ``dj.prox_asaga``.
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import hashlib
 import os
@@ -35,7 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from delayjax._checks import check_choice, check_float, check_int, check_seed
+from delayjax import _memory
+from delayjax._checks import check_bool, check_choice, check_float, check_int, check_seed
 
 KINDS = ("logistic", "least_squares")
 # Newton stops at this gradient norm, or earlier where float64 rounding stops it from decreasing.
@@ -67,9 +69,23 @@ class Optimum(NamedTuple):
   grad_norm: float  # |grad F(w*)|, what Newton's method reached
 
 
+def _numbers(name: str, value: Any, shape: str) -> np.ndarray:
+  """``value`` as a float64 array, or a TypeError naming ``name`` when it does not hold (real) numbers."""
+  expected = f"{name} must be an array of numbers of shape {shape}"
+  if value is None or isinstance(value, (str, bytes, dict, set)):
+    raise TypeError(f"{expected}, got {type(value).__name__} {value!r}.")
+  try:
+    array = np.asarray(value)
+  except (TypeError, ValueError) as e:  # ragged nested sequences
+    raise TypeError(f"{expected}, got {type(value).__name__} that is not an array ({e}).") from None
+  if array.dtype.kind not in "biuf":
+    raise TypeError(f"{expected}, got {type(value).__name__} with entries of dtype {array.dtype}.")
+  return array.astype(np.float64)
+
+
 def _check_sparse(indices: Any, values: Any, num_features: int) -> tuple[np.ndarray, np.ndarray]:
   """The padded CSR arrays as (int32 [n, k], float64 [n, k]), or raises naming what is wrong."""
-  indices, values = np.asarray(indices), np.asarray(values)
+  indices, values = np.asarray(indices), _numbers("values", values, "[n, k]")
   if not np.issubdtype(indices.dtype, np.integer):
     raise TypeError(f"indices must be integers, got dtype {indices.dtype}.")
   if indices.ndim != 2 or indices.shape != values.shape:
@@ -190,7 +206,7 @@ class FiniteSum:
   def __post_init__(self):
     check_choice("kind", self.kind, KINDS)
     lam = check_float("lam", self.lam, minimum=0.0)
-    y = np.asarray(self.targets, np.float64)
+    y = _numbers("targets", self.targets, "[n]")
     if y.ndim != 1 or y.size == 0:
       raise ValueError(f"targets must have shape [n] with n >= 1, got {y.shape}.")
     if not np.all(np.isfinite(y)):
@@ -208,7 +224,7 @@ class FiniteSum:
       rows = indices.shape[0]
       arrays = {"indices": indices, "values": values}
     else:
-      x = np.asarray(self.features, np.float64)
+      x = _numbers("features", self.features, "[n, d]")
       if x.ndim != 2 or x.shape[1] == 0:
         raise ValueError(f"features must have shape [n, d] with d >= 1, got {x.shape}.")
       if not np.all(np.isfinite(x)):
@@ -264,7 +280,18 @@ class FiniteSum:
       out["x"] = jnp.asarray(self.features, dtype)
     return out
 
+  @staticmethod
+  def _check_batch(batch: Any) -> None:
+    """Raises naming ``batch`` unless it holds ``"y"`` and the features of :meth:`data` (dense or sparse)."""
+    if not isinstance(batch, collections.abc.Mapping):
+      raise TypeError(f"batch must be a dict like data()'s ({{'x', 'y'}} or {{'indices', 'values', 'y'}}), "
+                      f"got {type(batch).__name__}.")
+    if "y" not in batch or not ("x" in batch or ("indices" in batch and "values" in batch)):
+      raise ValueError("batch must hold 'y' and either 'x' (dense) or 'indices' and 'values' (sparse), as data() "
+                       f"does; got keys {sorted(map(str, batch))}.")
+
   def _margins(self, w: jax.Array, batch: dict[str, Any]) -> jax.Array:
+    self._check_batch(batch)
     if "x" in batch:
       return jnp.asarray(batch["x"]).astype(w.dtype) @ w
     values = jnp.asarray(batch["values"]).astype(w.dtype)
@@ -329,10 +356,10 @@ class FiniteSum:
     weights = (self.values[:, :, None] * self.values[:, None, :] * h[:, None, None]).ravel()
     return np.bincount(pairs, weights=weights, minlength=d * d).reshape(d, d) / self.num_samples
 
-  def _w64(self, w: Any) -> np.ndarray:
-    w = np.asarray(w, np.float64)
+  def _w64(self, w: Any, name: str = "w") -> np.ndarray:
+    w = _numbers(name, w, f"[num_features] = ({self.num_features},)")
     if w.shape != (self.num_features,):
-      raise ValueError(f"w must have shape [num_features] = ({self.num_features},), got {w.shape}.")
+      raise ValueError(f"{name} must have shape [num_features] = ({self.num_features},), got {w.shape}.")
     return w
 
   def value(self, w: Any) -> float:
@@ -495,8 +522,11 @@ def optimum(problem: FiniteSum, *, cache_dir: str | os.PathLike[str] | None = No
   """
   if not isinstance(problem, FiniteSum):
     raise TypeError(f"problem must be a FiniteSum, got {type(problem).__name__}.")
-  if not cache:
+  if not check_bool("cache", cache):
     return _newton(problem)
+  if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
+    raise TypeError(f"cache_dir must be None or a path (str or os.PathLike), got {type(cache_dir).__name__} "
+                    f"{cache_dir!r}.")
   key = cache_key(problem)
   path = os.path.join(os.fspath(default_cache_dir() if cache_dir is None else cache_dir), f"optimum-{key}.npz")
   found = _load(path, key, problem.num_features)
@@ -525,8 +555,15 @@ def suboptimality(problem: FiniteSum, w: Any, *, solution: Optimum | None = None
   Returns:
     A Python float.
   """
-  opt = optimum(problem, cache_dir=cache_dir) if solution is None else solution
+  if not isinstance(problem, FiniteSum):
+    raise TypeError(f"problem must be a FiniteSum, got {type(problem).__name__}.")
+  if solution is not None and not isinstance(solution, Optimum):
+    raise TypeError(f"solution must be None or an Optimum (from dj.problems.optimum(problem)), got "
+                    f"{type(solution).__name__} {solution!r}.")
   w = problem._w64(w)
+  if solution is not None:
+    solution = solution._replace(w=problem._w64(solution.w, "solution.w"))
+  opt = optimum(problem, cache_dir=cache_dir) if solution is None else solution
   if problem.kind == "least_squares":
     e = w - opt.w
     gap = 0.5 * e @ problem.hessian(opt.w) @ e
@@ -565,7 +602,11 @@ def make_dense(kind: str, n: int, d: int, *, lam: float, seed: int, noise: float
   check_choice("kind", kind, KINDS)
   n, d = check_int("n", n, minimum=1), check_int("d", d, minimum=1)
   noise = check_float("noise", noise, minimum=0.0)
-  rng = np.random.default_rng(check_seed("seed", seed))
+  check_seed("seed", seed)
+  # The features, their scaled copy and FiniteSum's frozen copy: three float64 [n, d] arrays at once.
+  _memory.check_fits(f"make_dense with n={n} x d={d} (three float64 [n, d] feature arrays at once)",
+                     3 * 8 * n * d, _memory.available_memory())
+  rng = np.random.default_rng(seed)
   x = rng.standard_normal((n, d)) / np.sqrt(d)
   return FiniteSum(kind, targets=_targets(kind, x @ rng.standard_normal(d), noise, rng), lam=lam, features=x)
 
@@ -602,7 +643,11 @@ def make_sparse(kind: str, n: int, d: int, nnz_per_row: int, *, lam: float, seed
   if k > d:
     raise ValueError(f"nnz_per_row must be <= d = {d}, got {k}.")
   noise = check_float("noise", noise, minimum=0.0)
-  rng = np.random.default_rng(check_seed("seed", seed))
+  check_seed("seed", seed)
+  # The random keys float64 [n, d] and argpartition's int64 [n, d] pick the columns; the rest is [n, k].
+  _memory.check_fits(f"make_sparse with n={n} x d={d} (a float64 and an int64 [n, d] array to draw the columns)",
+                     2 * 8 * n * d + 6 * 8 * n * k, _memory.available_memory())
+  rng = np.random.default_rng(seed)
   indices = np.sort(np.argpartition(rng.random((n, d)), k - 1, axis=1)[:, :k], axis=1)
   values = rng.standard_normal((n, k)) / np.sqrt(k)
   z = np.sum(values * rng.standard_normal(d)[indices], axis=1)

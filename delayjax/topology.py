@@ -74,7 +74,7 @@ from typing import Any
 
 import numpy as np
 
-from delayjax._checks import check_choice, check_int, check_seed
+from delayjax._checks import check_bool, check_choice, check_int, check_seed
 
 __all__ = [
     "Topology", "ring", "torus", "complete", "hypercube", "exponential", "random_regular", "from_adjacency",
@@ -239,6 +239,7 @@ def exponential(num_nodes: int, directed: bool = False) -> Topology:
   version is SGP's static exponential graph (Assran et al. 2019).
   """
   num = check_int("num_nodes", num_nodes, minimum=2)
+  directed = check_bool("directed", directed)
   kind = "directed " if directed else ""
   return _from_offsets(num, _exponential_offsets(num), f"{kind}exponential({num})", symmetric=not directed)
 
@@ -310,13 +311,28 @@ def mixing_matrix(topology: Topology, rule: str = "metropolis") -> np.ndarray:
   return w
 
 
+def _weights_array(name: str, weights: Any, alternative: str) -> np.ndarray:
+  """``weights`` as a float64 array, or a TypeError naming ``name`` when it does not hold numbers."""
+  expected = f"{name} must be a mixing matrix (a square array of numbers){alternative}"
+  if weights is None or isinstance(weights, (str, bytes, dict, set)):
+    raise TypeError(f"{expected}, got {type(weights).__name__} {weights!r}.")
+  try:
+    w = np.asarray(weights)
+  except (TypeError, ValueError) as e:  # ragged nested sequences
+    raise TypeError(f"{expected}, got {type(weights).__name__} that is not an array ({e}).") from None
+  if w.dtype.kind not in "iuf":
+    raise TypeError(f"{expected}, got {type(weights).__name__} with entries of dtype {w.dtype}.")
+  return w.astype(np.float64)
+
+
 def check_mixing(weights: Any, *, doubly: bool = True, name: str = "weights", atol: float = 1e-12) -> np.ndarray:
   """Returns ``weights`` as float64 ``[M, M]`` if it is a valid gossip matrix, else raises naming ``name``.
 
   Valid: square, finite, non-negative, rows summing to 1 (row stochastic);
   with ``doubly`` columns summing to 1 too.
   """
-  w = np.asarray(weights, dtype=np.float64)
+  doubly = check_bool("doubly", doubly)
+  w = _weights_array(name, weights, "")
   if w.ndim != 2 or w.shape[0] != w.shape[1] or w.shape[0] < 1:
     raise ValueError(f"{name} must be a square [M, M] matrix, got shape {w.shape}.")
   if not np.all(np.isfinite(w)) or np.any(w < 0):
@@ -336,9 +352,12 @@ def spectral_gap(weights: Any) -> float:
   """``1 - |lambda_2(W)|``: one minus the second largest eigenvalue modulus of a stochastic ``W``.
 
   ``W`` must be row or column stochastic (it then has eigenvalue 1). For
-  ``M = 1`` the gap is 1.
+  ``M = 1`` the gap is 1. A :class:`Topology` gives the gap of its Metropolis
+  weights (``topology.spectral_gap()``).
   """
-  w = np.asarray(weights, dtype=np.float64)
+  if isinstance(weights, Topology):
+    return weights.spectral_gap()
+  w = _weights_array("weights", weights, " or a Topology")
   if w.ndim != 2 or w.shape[0] != w.shape[1] or w.shape[0] < 1 or not np.all(np.isfinite(w)) or np.any(w < 0):
     raise ValueError(f"weights must be a finite non-negative square matrix, got shape {w.shape}.")
   if not (np.allclose(w.sum(axis=1), 1.0, atol=1e-12) or np.allclose(w.sum(axis=0), 1.0, atol=1e-12)):
@@ -388,6 +407,7 @@ def one_peer_exponential(num_nodes: int, num_steps: int, forward_only: bool = Fa
   """
   num = check_int("num_nodes", num_nodes, minimum=2)
   steps = check_int("num_steps", num_steps, minimum=0)
+  forward_only = check_bool("forward_only", forward_only)
   distances = [1 << i for i in range(_log2_floor(num - 1) + 1)]
   offsets = np.asarray(distances if forward_only else _phone_book_offsets(num, distances), np.int64)
   shift = offsets[np.arange(steps) % offsets.shape[0]]

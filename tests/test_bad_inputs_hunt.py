@@ -16,7 +16,10 @@ rows that probe existing functions 169 were clear (165 passed as they are,
 4 in other words), 41 raised an obscure error and 49 were accepted (or ran
 until stopped); the other 10 rows
 exercise the two hooks added by the same issue (``check_schedule``,
-``check_method_schedule``). Nothing here compiles a training loop.
+``check_method_schedule``). The 25 rows of round four (``dj.topology``,
+``dj.problems``, ``dj.analysis``) were all unclear before their fixes: 21
+obscure (a NumPy conversion error, a ``MemoryError``, a ``KeyError``) and
+4 silent (a string taken as a bool). Nothing here compiles a training loop.
 
 The functions after the table pin the cases of the issue that need more than
 a message: that ``dj.delayed`` sizes its state exactly before allocating it,
@@ -541,6 +544,67 @@ CASES = [
      ValueError, "curvature must be > 0.0"),
     ("sde_mean_path num_updates float", lambda: dj.analysis.sde_mean_path(1.0, 0.1, 1, 1.0, 2.5), TypeError,
      "num_updates must be an integer"),
+    # ---- dj.topology, dj.problems and dj.analysis (round four: obscure or silent before) ------------------------
+    ("exponential directed string", lambda: T.exponential(4, directed="yes"), TypeError,
+     "directed must be a bool, got str 'yes'"),
+    ("one_peer_exponential forward_only string", lambda: T.one_peer_exponential(4, 3, forward_only="no"), TypeError,
+     "forward_only must be a bool, got str 'no'"),
+    ("check_mixing doubly string", lambda: T.check_mixing(np.eye(2), doubly="False"), TypeError,
+     "doubly must be a bool, got str 'False'"),
+    ("check_mixing string", lambda: T.check_mixing("w"), TypeError,
+     "weights must be a mixing matrix (a square array of numbers), got str 'w'"),
+    ("spectral_gap string", lambda: T.spectral_gap("w"), TypeError,
+     "weights must be a mixing matrix (a square array of numbers) or a Topology, got str 'w'"),
+    ("spectral_gap None", lambda: T.spectral_gap(None), TypeError,
+     "weights must be a mixing matrix (a square array of numbers) or a Topology, got NoneType None"),
+    ("make_dense too large", lambda: dj.problems.make_dense("least_squares", 10**6, 10**6, lam=0.1, seed=0),
+     ValueError, "n=1000000 x d=1000000"),
+    ("make_sparse too large", lambda: dj.problems.make_sparse("least_squares", 10**6, 10**6, 3, lam=0.1, seed=0),
+     ValueError, "n=1000000 x d=1000000"),
+    ("FiniteSum features string", lambda: dj.problems.FiniteSum("least_squares", targets=np.zeros(2), lam=0.0,
+                                                                features="abc"), TypeError,
+     "features must be an array of numbers of shape [n, d], got str 'abc'"),
+    ("FiniteSum targets string", lambda: dj.problems.FiniteSum("least_squares", targets="ab", lam=0.0,
+                                                               features=np.ones((2, 2))), TypeError,
+     "targets must be an array of numbers of shape [n], got str 'ab'"),
+    ("FiniteSum values string", lambda: dj.problems.FiniteSum("least_squares", targets=np.zeros(1), lam=0.0,
+                                                              indices=np.array([[0]]), values=[["a"]],
+                                                              num_features=2), TypeError,
+     "values must be an array of numbers of shape [n, k]"),
+    ("FiniteSum gradient string", lambda: dj.problems.make_dense("least_squares", 10, 3, lam=0.1,
+                                                                 seed=0).gradient("w"), TypeError,
+     "w must be an array of numbers of shape [num_features] = (3,), got str 'w'"),
+    ("suboptimality solution int", lambda: dj.problems.suboptimality(
+        dj.problems.make_dense("least_squares", 10, 3, lam=0.1, seed=0), np.zeros(3), solution=3), TypeError,
+     "solution must be None or an Optimum (from dj.problems.optimum(problem)), got int 3"),
+    ("suboptimality solution of another size", lambda: dj.problems.suboptimality(
+        dj.problems.make_dense("least_squares", 10, 3, lam=0.1, seed=0), np.zeros(3),
+        solution=dj.problems.Optimum(np.zeros(2), 0.0, 0.0)), ValueError,
+     "solution.w must have shape [num_features] = (3,), got (2,)"),
+    ("suboptimality problem string with a solution", lambda: dj.problems.suboptimality(
+        "p", np.zeros(3), solution=dj.problems.Optimum(np.zeros(3), 0.0, 0.0)), TypeError,
+     "problem must be a FiniteSum, got str"),
+    ("optimum cache_dir int", lambda: dj.problems.optimum(dj.problems.make_dense("least_squares", 10, 3, lam=0.1,
+                                                                                 seed=0), cache_dir=3), TypeError,
+     "cache_dir must be None or a path (str or os.PathLike), got int 3"),
+    ("optimum cache string", lambda: dj.problems.optimum(dj.problems.make_dense("least_squares", 10, 3, lam=0.1,
+                                                                                seed=0), cache="no"), TypeError,
+     "cache must be a bool, got str 'no'"),
+    ("loss_fn batch without y", lambda: dj.problems.make_dense("least_squares", 10, 3, lam=0.1, seed=0).loss_fn(
+        jnp.zeros(3), {"x": jnp.ones((2, 3))}), ValueError,
+     "batch must hold 'y' and either 'x' (dense) or 'indices' and 'values' (sparse), as data() does; got keys ['x']"),
+    ("per_sample batch without features", lambda: dj.problems.make_dense("least_squares", 10, 3, lam=0.1,
+                                                                         seed=0).per_sample(
+        jnp.zeros(3), {"y": jnp.ones(2)}), ValueError, "got keys ['y']"),
+    ("loss_fn batch not a dict", lambda: dj.problems.make_dense("least_squares", 10, 3, lam=0.1, seed=0).loss_fn(
+        jnp.zeros(3), jnp.ones((2, 3))), TypeError, "batch must be a dict like data()'s"),
+    ("contraction tau too large", lambda: dj.analysis.contraction(1, 0.1, 10**6), ValueError, "tau=1000000"),
+    ("stationary_variance tau too large", lambda: dj.analysis.stationary_variance(1.0, 1.0, 1e-9, 10**6),
+     ValueError, "tau=1000000"),
+    ("mean_path num_updates too large", lambda: dj.analysis.mean_path(1.0, 0.1, 1, 1.0, 10**12), ValueError,
+     "num_updates=1000000000000"),
+    ("sde_mean_path num_updates too large", lambda: dj.analysis.sde_mean_path(1.0, 0.1, 1, 1.0, 10**10),
+     ValueError, "num_updates=10000000000 x substeps=64"),
 ]
 
 
