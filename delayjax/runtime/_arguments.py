@@ -70,7 +70,8 @@ def batch_like(data: Any, batch_size: int) -> Any:
   """The shapes and dtypes of one minibatch of ``data`` (``jax.ShapeDtypeStruct`` leaves)."""
   # As the runtimes place them: a float64 NumPy array becomes float32 unless x64 is enabled.
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(
-      (batch_size,) + np.shape(x)[1:], jax.dtypes.canonicalize_dtype(np.result_type(x))), data)
+      (batch_size,) + np.shape(x)[1:],
+      jax.dtypes.canonicalize_dtype(x.dtype if hasattr(x, "dtype") else np.result_type(x))), data)
 
 
 def loss_has_aux(loss_fn: Callable[..., Any], params: Any, data: Any, batch_size: int,

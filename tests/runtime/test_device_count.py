@@ -39,8 +39,9 @@ def _loss(p, batch):
 
 
 def _relative_error(one, many):
-  """Per leaf, the largest difference over the leaf's largest magnitude; the worst leaf."""
-  return max(float(np.abs(np.asarray(a) - np.asarray(b)).max() / np.abs(np.asarray(a)).max())
+  """Per leaf, the largest difference over the leaf's largest magnitude (in either tree); the worst leaf."""
+  return max(float(np.abs(np.asarray(a) - np.asarray(b)).max()
+                   / max(np.abs(np.asarray(a)).max(), np.abs(np.asarray(b)).max()))
              for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(many), strict=True))
 
 
