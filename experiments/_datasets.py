@@ -6,11 +6,19 @@ gzipped or not), or through ``tensorflow_datasets`` when it is installed (as
 in Colab). The directory is ``data_dir`` or the ``DELAYJAX_DATA`` environment
 variable (a ``cifar-10-batches-py`` or ``mnist`` folder inside it is found too).
 Nothing here downloads anything by itself.
+
+A data directory is read as data, never run: CIFAR-10's pickled batches are
+unpickled by :class:`_DataUnpickler`, which builds only dicts, lists, tuples,
+strings, bytes, numbers and NumPy arrays, and refuses a file that asks for
+anything else (a crafted pickle names a function to call, such as
+``os.system``) with a :class:`DataFileError` naming the file, without calling it.
 """
 
 from __future__ import annotations
 
 import gzip
+import importlib
+import io
 import os
 import pickle
 import struct
@@ -30,6 +38,11 @@ MNIST_FILES = {
 
 class DataUnavailable(RuntimeError):
   """A paper-scale data set is neither in a local directory nor loadable with tensorflow_datasets."""
+
+
+class DataFileError(ValueError):
+  """A data file that is not what its name says: a malformed idx file, a CIFAR-10 batch that is not one
+  (or that would run code); the message names the file."""
 
 
 def _roots(data_dir: str | os.PathLike[str] | None, subdirs: tuple[str, ...]) -> list[str]:
@@ -88,12 +101,82 @@ def _where(data_dir: Any) -> str:
   return " or ".join(places) if places else f"any directory (none given: pass --data-dir or set {ENV})"
 
 
+class _Refused(pickle.UnpicklingError):
+  """A pickle asks for something a data file has no use for; the message says what."""
+
+
+def _latin1(text: Any, encoding: Any = "latin1") -> bytes:
+  """``_codecs.encode`` as pickles of protocol 2 call it to rebuild bytes (``encode(str, "latin1")``), only."""
+  if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+    raise _Refused(f"it calls _codecs.encode with {type(text).__name__} and {encoding!r}, not (str, 'latin1')")
+  return text.encode("latin1")
+
+
+def _array_globals() -> dict[tuple[str, str], Any]:
+  """The globals a pickle of NumPy arrays and scalars names, by (module, name), under NumPy 1's and 2's names."""
+  try:
+    multiarray, numeric = (importlib.import_module(f"numpy._core.{m}") for m in ("multiarray", "numeric"))
+  except ImportError:  # NumPy 1
+    multiarray, numeric = (importlib.import_module(f"numpy.core.{m}") for m in ("multiarray", "numeric"))
+  allowed: dict[tuple[str, str], Any] = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype,
+                                         ("_codecs", "encode"): _latin1}
+  for core in ("numpy.core", "numpy._core"):
+    allowed[(f"{core}.multiarray", "_reconstruct")] = multiarray._reconstruct
+    allowed[(f"{core}.multiarray", "scalar")] = multiarray.scalar
+    allowed[(f"{core}.numeric", "_frombuffer")] = numeric._frombuffer
+  return allowed
+
+
+class _DataUnpickler(pickle.Unpickler):
+  """Unpickles data only: containers, strings, numbers and NumPy arrays; any other global is refused.
+
+  A pickle builds objects by calling the globals it names; this one resolves exactly those that pickles
+  of NumPy arrays and scalars name (``_reconstruct``, ``ndarray``, ``dtype``, ``scalar``,
+  ``_frombuffer``, and ``_codecs.encode`` restricted to the latin-1 bytes of protocol 2), and refuses
+  every other name before anything is called.
+  """
+
+  _allowed = _array_globals()
+
+  def find_class(self, module: str, name: str) -> Any:
+    found = self._allowed.get((module, name))
+    if found is None:
+      raise _Refused(f"it asks for the global {module}.{name}")
+    return found
+
+
+def load_pickled_data(path: str) -> Any:
+  """The data pickled in ``path`` (dicts, lists, tuples, strings, bytes, numbers, NumPy arrays), read as
+  Python 2's pickles are (byte strings stay bytes); a :class:`DataFileError` naming it for anything else."""
+  with open(path, "rb") as f:
+    raw = f.read()
+  try:
+    return _DataUnpickler(io.BytesIO(raw), encoding="bytes").load()
+  except _Refused as e:
+    raise DataFileError(
+        f"{path} was refused: {e}, which a data file has no use for (a CIFAR-10 batch holds only dicts, lists, "
+        "strings, numbers and NumPy arrays); nothing in it was run. A --data-dir is read as data, never run: "
+        f"replace the file with the one from {CIFAR_URL}.") from None
+  except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError,
+          MemoryError) as e:
+    raise DataFileError(f"{path} is not a readable pickle ({type(e).__name__}: {e}); replace it with the one "
+                        f"from {CIFAR_URL}.") from None
+
+
 def _cifar_from_pickles(root: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
   def load(name: str) -> tuple[np.ndarray, np.ndarray]:
-    with open(os.path.join(root, name), "rb") as f:
-      batch = pickle.load(f, encoding="bytes")
-    images = np.asarray(batch[b"data"], np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
-    return images, np.asarray(batch[b"labels"], np.int32)
+    path = os.path.join(root, name)
+    batch = load_pickled_data(path)
+    if not isinstance(batch, dict) or b"data" not in batch or b"labels" not in batch:
+      keys = sorted(map(repr, batch)) if isinstance(batch, dict) else type(batch).__name__
+      raise DataFileError(f"{path} is not a CIFAR-10 batch: it holds {keys}, where a batch is a dict with "
+                          "b'data' (uint8 rows of 3072 values) and b'labels'.")
+    data, labels = np.asarray(batch[b"data"]), np.asarray(batch[b"labels"])
+    if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072 or labels.shape != (data.shape[0],):
+      raise DataFileError(f"{path} is not a CIFAR-10 batch: b'data' is {data.dtype} {data.shape} and b'labels' has "
+                          f"shape {labels.shape}, where a batch is uint8 (N, 3072) and N labels.")
+    images = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+    return images, labels.astype(np.int32)
 
   names = sorted(n for n in os.listdir(root) if n.startswith("data_batch_"))
   train = [load(n) for n in names]
@@ -125,11 +208,11 @@ def read_idx(path: str) -> np.ndarray:
   zero, code, ndim = struct.unpack(">HBB", raw[:4])
   dtypes = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
   if zero != 0 or code not in dtypes:
-    raise ValueError(f"{path} is not an idx file (magic bytes {raw[:4].hex()}).")
+    raise DataFileError(f"{path} is not an idx file (magic bytes {raw[:4].hex()}).")
   shape = struct.unpack(">" + "I" * ndim, raw[4:4 + 4 * ndim])
   data = np.frombuffer(raw, dtype=dtypes[code], offset=4 + 4 * ndim)
   if data.size != int(np.prod(shape)):
-    raise ValueError(f"{path}: header says shape {shape} but holds {data.size} values.")
+    raise DataFileError(f"{path}: header says shape {shape} but holds {data.size} values.")
   return data.reshape(shape)
 
 

@@ -51,6 +51,75 @@ def test_cifar10_from_local_pickles(tmp_path, no_tfds):
   np.testing.assert_allclose(split.x_train.mean(axis=(0, 1, 2)), 0.0, atol=1e-4)
 
 
+class _RunsCode:
+  """Pickles as a call of ``function(argument)``: what a crafted data file does when it is unpickled."""
+
+  def __init__(self, function, argument):
+    self.function, self.argument = function, argument
+
+  def __reduce__(self):
+    return self.function, (self.argument,)
+
+
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+@pytest.mark.parametrize("how", ["exec", "os.system", "inside a batch"])
+def test_a_crafted_cifar10_batch_is_refused_and_its_code_never_runs(tmp_path, no_tfds, protocol, how):
+  import os
+
+  root = tmp_path / "cifar-10-batches-py"
+  _write_cifar(root, np.random.default_rng(5), per_batch=2)
+  marker = tmp_path / "ran"
+  code = {"exec": _RunsCode(exec, f"open({str(marker)!r}, 'w').write('ran')"),
+          "os.system": _RunsCode(os.system, f"touch '{marker}'"),
+          "inside a batch": {b"data": np.zeros((2, 3072), np.uint8), b"labels": [0, 1],
+                             b"batch_label": _RunsCode(exec, f"open({str(marker)!r}, 'w').write('ran')")}}[how]
+  crafted = pickle.dumps(code, protocol=protocol)
+  # The file is what the test says it is: plain pickle would run its code.
+  pickle.loads(crafted)
+  assert marker.exists()
+  marker.unlink()
+  (root / "data_batch_1").write_bytes(crafted)
+  # Named as the pickle names it: builtins.exec (__builtin__.exec at protocol 2), os.system as posix.system.
+  function = "system" if how == "os.system" else "exec"
+  with pytest.raises(_datasets.DataFileError, match=f"{root / 'data_batch_1'} was refused: it asks for the global "
+                     rf"\w+\.{function},.*nothing in it was run"):
+    _datasets.cifar10(tmp_path)
+  assert not marker.exists()
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+def test_a_cifar10_batch_written_with_pickle_still_loads(tmp_path, no_tfds, protocol):
+  root = tmp_path / "cifar-10-batches-py"
+  rng = np.random.default_rng(6)
+  _write_cifar(root, rng, per_batch=3)
+  # One batch as other tools write one: NumPy integer labels, an array of file names, a nested tuple.
+  data = rng.integers(0, 256, (3, 3072), dtype=np.uint8)
+  labels = [np.int64(v) for v in (4, 0, 9)]
+  with open(root / "data_batch_2", "wb") as f:
+    pickle.dump({b"data": data, b"labels": labels, b"filenames": np.array([b"a.png", b"b.png", b"c.png"]),
+                 b"batch_label": "training batch 2 of 5", b"meta": (1, 2.5, None, True)}, f, protocol=protocol)
+  split = _datasets.cifar10(tmp_path)
+  assert split.y_train[3:6].tolist() == [4, 0, 9]
+  raw = np.concatenate([pickle.loads((root / f"data_batch_{i}").read_bytes())[b"data"] for i in range(1, 6)])
+  images = raw.astype(np.float32).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1) / 255
+  mean, std = images.mean(axis=(0, 1, 2)), images.std(axis=(0, 1, 2)) + 1e-6
+  np.testing.assert_allclose(split.x_train, (images - mean) / std, rtol=1e-5, atol=1e-5)
+
+
+def test_a_file_that_is_not_a_cifar10_batch_is_named(tmp_path, no_tfds):
+  root = tmp_path / "cifar-10-batches-py"
+  _write_cifar(root, np.random.default_rng(7), per_batch=2)
+  (root / "test_batch").write_bytes(pickle.dumps([1, 2, 3]))
+  with pytest.raises(_datasets.DataFileError, match=f"{root / 'test_batch'} is not a CIFAR-10 batch: it holds list"):
+    _datasets.cifar10(tmp_path)
+  (root / "test_batch").write_bytes(pickle.dumps({b"data": np.zeros((2, 10), np.uint8), b"labels": [0, 1]}))
+  with pytest.raises(_datasets.DataFileError, match=r"b'data' is uint8 \(2, 10\)"):
+    _datasets.cifar10(tmp_path)
+  (root / "test_batch").write_bytes(b"\x80\x04not a pickle")
+  with pytest.raises(_datasets.DataFileError, match=f"{root / 'test_batch'} is not a readable pickle"):
+    _datasets.cifar10(tmp_path)
+
+
 def test_cifar10_from_the_environment_variable(tmp_path, no_tfds, monkeypatch):
   _write_cifar(tmp_path / "cifar-10-batches-py", np.random.default_rng(1), per_batch=2)
   monkeypatch.setenv(_datasets.ENV, str(tmp_path))
