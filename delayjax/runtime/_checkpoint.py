@@ -30,19 +30,40 @@ components as knowingly changed (``resume_changes``); one whose history lacks
 a record the run keeps (it was written by a run that kept less, e.g.
 ``history="evaluations"``) is a ``ValueError`` too, whatever the changes
 allowed (the rows were never written); a damaged or truncated
-checkpoint is a ``ValueError`` naming the file or folder. A checkpoint in the
-earlier single-file format (``<name>.msgpack``) is a ``ValueError`` saying
-the format changed.
+checkpoint is a ``ValueError`` naming the file or folder; one written in
+another format version (the earlier single-file ``<name>.msgpack``, or a
+``meta`` of another ``format``) is a ``ValueError`` naming the version it is
+and the one this version reads. Each of these is a :class:`CheckpointError`.
+A save that fails in the file system (a full disk) is a
+:class:`CheckpointWriteError` (an ``OSError``) naming ``checkpoint_dir`` and
+saying whether the previous checkpoint is intact (it is, once one was
+written: a save replaces it only once the new one is committed).
+
+Orbax reads and writes in background threads that the caller waits for. A
+Ctrl-C during a save or restore takes effect once it is done (see
+:func:`_uninterrupted`): raised in the middle, it left those threads running
+into the interpreter's shutdown, which crashed it. What Orbax logs and prints
+about a failure it raises is not repeated to the user: the error raised here
+says it once.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import glob
 import hashlib
 import json
+import logging
 import os
+import re
+import shutil
+import signal
 import struct
+import sys
 import tempfile
-from typing import Any
+import threading
+from typing import Any, Iterator
 
 import jax
 import numpy as np
@@ -51,6 +72,154 @@ from jax.experimental import multihost_utils
 
 _FORMAT = 3
 _FRAME = struct.Struct("<Q32s")  # length of the payload, its SHA-256
+_LEGACY_MAGIC = re.compile(rb"delayjax checkpoint (\d+)\n")  # the first line of a single-file checkpoint
+
+
+class CheckpointError(ValueError):
+  """A checkpoint that cannot be resumed: damaged or truncated, of another format version, or of another run.
+
+  The message names the file or folder, what is wrong, and what to do.
+  """
+
+
+class CheckpointWriteError(OSError):
+  """A checkpoint the file system would not take (a full disk, a read-only or lost mount).
+
+  ``errno`` is the file system's; the message names ``checkpoint_dir`` and says whether the previous
+  checkpoint is intact.
+  """
+
+  def __str__(self) -> str:
+    return str(self.strerror)  # the message alone, without OSError's "[Errno N]" prefix
+
+
+@contextlib.contextmanager
+def _uninterrupted() -> Iterator[None]:
+  """Ctrl-C (SIGINT) inside the block takes effect when the block ends, as it would have at that moment.
+
+  Orbax writes and reads in background threads that the calling thread waits for. A KeyboardInterrupt
+  raised in that wait abandons them: they keep writing while the interpreter shuts down, and the shutdown
+  crashes (a segmentation fault or abort as a thread calls into JAX) or prints their asyncio tracebacks
+  ("Event loop is closed", "cannot schedule new futures after interpreter shutdown"). Waiting for them
+  instead costs the length of one save, and leaves the checkpoint written whole. A second Ctrl-C within
+  the block takes effect at once (a write that hangs, on a lost network mount, can still be stopped).
+  Python runs signal handlers in the main thread only, so in any other thread this does nothing; an
+  ignored SIGINT stays ignored.
+  """
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  previous = signal.getsignal(signal.SIGINT)
+  if previous is None or previous is signal.SIG_IGN:
+    yield
+    return
+  received: list[Any] = []
+
+  def deliver(frame: Any) -> None:
+    signal.signal(signal.SIGINT, previous)
+    if callable(previous):
+      previous(signal.SIGINT, frame)
+    else:
+      signal.raise_signal(signal.SIGINT)  # SIG_DFL: what the signal does by default
+
+  def defer(signum: int, frame: Any) -> None:
+    received.append(frame)
+    if len(received) > 1:
+      deliver(frame)
+
+  signal.signal(signal.SIGINT, defer)
+  try:
+    yield
+  finally:
+    if len(received) == 1:
+      deliver(received[0])
+    elif not received:
+      signal.signal(signal.SIGINT, previous)
+
+
+class _OrbaxFailureLogs(logging.Filter):
+  """Drops Orbax's own error logs (each with a traceback) of a failure that :class:`Checkpoint` raises."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not (record.levelno >= logging.ERROR and f"{os.sep}orbax{os.sep}" in record.pathname)
+
+
+@contextlib.contextmanager
+def _quiet_orbax() -> Iterator[None]:
+  """Orbax's failure logs silenced during the block, and a closed event loop's late callbacks once one failed.
+
+  When one of Orbax's reads or writes fails, Orbax logs it (with a traceback) from its background thread
+  and raises it to the caller, which :class:`Checkpoint` turns into an error naming the file; the log
+  would only say the same thing again, less clearly. The tensorstore operations still in flight finish
+  after Orbax has closed their event loop, during the call or after it returned, and each one's callback
+  raises "Event loop is closed", which Python prints as a traceback through ``sys.unraisablehook``: those
+  are dropped during the block, and for the rest of the process once a call failed (see
+  :func:`_closed_loop_hook`).
+  """
+  logger = logging.getLogger("absl")
+  quiet = _OrbaxFailureLogs()
+  logger.addFilter(quiet)
+  previous = sys.unraisablehook
+  installed = not getattr(previous, "drops_closed_loop_callbacks", False)
+  if installed:
+    sys.unraisablehook = _closed_loop_hook(previous)
+  failed = True
+  try:
+    yield
+    failed = False
+  finally:
+    logger.removeFilter(quiet)
+    if installed and not failed and getattr(sys.unraisablehook, "drops_closed_loop_callbacks", False):
+      sys.unraisablehook = previous
+
+
+def _closed_loop_hook(previous: Any) -> Any:
+  """An ``unraisablehook`` that drops the RuntimeError("Event loop is closed") of a late callback.
+
+  Only an exception raised by asyncio's ``call_soon_threadsafe`` on a closed loop, reported without an
+  object (as tensorstore's future callbacks report it), is dropped; everything else goes to ``previous``.
+  """
+
+  def hook(unraisable: Any) -> None:
+    if unraisable.object is None and _closed_loop(unraisable.exc_value, unraisable.exc_traceback):
+      return
+    previous(unraisable)
+
+  hook.drops_closed_loop_callbacks = True  # type: ignore[attr-defined]
+  return hook
+
+
+def _closed_loop(error: BaseException | None, traceback: Any) -> bool:
+  if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed") or traceback is None:
+    return False
+  while traceback.tb_next is not None:
+    traceback = traceback.tb_next
+  return traceback.tb_frame.f_code.co_name == "_check_closed"
+
+
+def _short(error: BaseException) -> str:
+  """An Orbax / tensorstore error's message without the tensorstore specs (kilobytes of JSON) it appends."""
+  return re.sub(r"\s*\[tensorstore_spec(?:\[\d+\])?='[^']*'\]", "", str(error)).strip()
+
+
+def _file_system_error(error: BaseException) -> tuple[int, str, str] | None:
+  """``(errno, strerror, detail)`` of the file-system failure behind ``error``, if one is (``None`` otherwise).
+
+  An ``OSError`` anywhere in its chain (Python's own writes), or tensorstore's ``os_error_code`` in a
+  message (Orbax's array writes raise a ValueError ``RESOURCE_EXHAUSTED: ... [os_error_code='28']``).
+  """
+  seen, current = set(), error
+  while current is not None and id(current) not in seen:
+    seen.add(id(current))
+    if isinstance(current, OSError) and current.errno is not None:
+      detail = f"{current.strerror or os.strerror(current.errno)}"
+      return current.errno, detail, f"{detail}: {current.filename}" if current.filename else detail
+    code = re.search(r"os_error_code='(\d+)'", str(current))
+    if code:
+      number = int(code.group(1))
+      return number, os.strerror(number), _short(current)
+    current = current.__cause__ or current.__context__
+  return None
 
 
 def check_directory(name: str, directory: Any) -> str | None:
@@ -110,10 +279,17 @@ def _rows_payload(rows: dict[str, Any]) -> bytes:
        for name, value in rows.items()})
 
 
-def _damaged(path: str, why: str) -> ValueError:
-  return ValueError(
+def _damaged(path: str, why: str) -> CheckpointError:
+  return CheckpointError(
       f"checkpoint {path} is damaged or truncated ({why}); delete it, use another checkpoint_dir or "
       f"resume=False.")
+
+
+def _other_format(path: str, version: Any, how: str) -> CheckpointError:
+  return CheckpointError(
+      f"checkpoint {path} is in checkpoint format {version!r} ({how}); this version of delayjax reads format "
+      f"{_FORMAT} (Orbax folders) only: resume it with the delayjax version that wrote it, or start over with "
+      f"resume=False or another checkpoint_dir.")
 
 
 def check_changes(changes: Any, checkpoint_dir: Any) -> tuple[str, ...]:
@@ -170,7 +346,8 @@ class Checkpoint:
   def __init__(self, directory: str | os.PathLike[str], name: str, fingerprint: str | dict[str, str],
                changes: tuple[str, ...] = (), records: tuple[str, ...] = ()):
     # Orbax takes absolute paths only; a relative directory is taken against the working directory of now.
-    self.path = os.path.join(os.path.abspath(os.fspath(directory)), name)
+    self.directory = os.path.abspath(os.fspath(directory))
+    self.path = os.path.join(self.directory, name)
     self.records_path = self.path + ".records"
     self.legacy_path = self.path + ".msgpack"
     self.fingerprint = dict(fingerprint) if isinstance(fingerprint, dict) else {"run": fingerprint}
@@ -183,6 +360,7 @@ class Checkpoint:
     self.records = tuple(sorted(records))
     self._records_bytes = 0  # bytes of the history file that the last checkpoint owns
     self._fresh = True  # nothing saved or restored yet: the first save replaces what an earlier run left
+    self._chunks_saved = 0  # the chunks done of the checkpoint on disk that is this run's (0: none yet)
     self._manager_: Any = None
 
   def _manager(self) -> Any:
@@ -198,14 +376,57 @@ class Checkpoint:
     return self._manager_
 
   def exists(self) -> bool:
-    return (os.path.isdir(self.path) and self._manager().latest_step() is not None) or os.path.exists(
-        self.legacy_path)
+    with _uninterrupted(), _quiet_orbax():
+      return (os.path.isdir(self.path) and self._manager().latest_step() is not None) or os.path.exists(
+          self.legacy_path)
 
   def save(self, carry: tuple[Any, ...], new_rows: list[dict[str, Any]], chunks_done: int) -> None:
     """Appends ``new_rows`` (one dict of records per chunk not yet saved) to the history, then writes the state.
 
     A collective when the carry spans processes: every process calls it and writes its own shards.
+
+    Raises:
+      CheckpointWriteError: if the file system refuses the write (e.g. the disk is full); the previous
+        checkpoint, if this run wrote or resumed one, is left intact, and what the failed save had written
+        is removed.
     """
+    with _uninterrupted():
+      records_bytes = self._records_bytes
+      try:
+        with _quiet_orbax():
+          self._save(carry, new_rows, chunks_done)
+      except Exception as e:
+        self._records_bytes = records_bytes
+        failure = _file_system_error(e)
+        if failure is None:
+          raise
+        self._remove_partial(chunks_done, records_bytes)
+        number, reason, detail = failure
+        rerun = "free some space, then rerun" if number in (errno.ENOSPC, errno.EDQUOT) else "rerun"
+        if self._chunks_saved:
+          kept = (f"the previous checkpoint (after chunk {self._chunks_saved}) is intact: {rerun} to resume from "
+                  f"it")
+        else:
+          kept = f"no checkpoint of this run had been written yet: {rerun} to start it over"
+        raise CheckpointWriteError(
+            number, f"checkpoint_dir={self.directory!r}: the checkpoint after chunk {chunks_done} could not be "
+            f"written ({reason}); {kept}. The file system said: {detail}") from None
+      self._chunks_saved = chunks_done
+
+  def _remove_partial(self, chunks_done: int, records_bytes: int) -> None:
+    """Removes what a failed save wrote: Orbax's temporary step folder and history bytes past the checkpoint's.
+
+    Neither would be read on resume (Orbax skips temporary folders, the history is read up to the length
+    the checkpoint names); removing them gives the space back now. Best effort: a failure here changes
+    nothing a resume reads.
+    """
+    for folder in glob.glob(os.path.join(glob.escape(self.path), f"{chunks_done}.orbax-checkpoint-tmp*")):
+      shutil.rmtree(folder, ignore_errors=True)
+    if jax.process_index() == 0 and os.path.exists(self.records_path):
+      with contextlib.suppress(OSError):
+        os.truncate(self.records_path, records_bytes)
+
+  def _save(self, carry: tuple[Any, ...], new_rows: list[dict[str, Any]], chunks_done: int) -> None:
     import orbax.checkpoint as ocp
 
     manager = self._manager()
@@ -251,45 +472,58 @@ class Checkpoint:
       records_like: the records' structure (see :meth:`_read_records`).
 
     Raises:
-      ValueError: if the checkpoint belongs to another run (naming what differs), or a file is damaged
-        or truncated (naming it), or it is in the earlier single-file format.
+      CheckpointError: (a ``ValueError``) if the checkpoint belongs to another run (naming what differs),
+        or a file is damaged or truncated (naming it), or it is in another format version (naming both).
     """
+    with _uninterrupted(), _quiet_orbax():
+      return self._restore(carry, shardings, records_like)
+
+  def _restore(self, carry: tuple[Any, ...], shardings: Any,
+               records_like: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any], int]:
     import orbax.checkpoint as ocp
 
     manager = self._manager()
     step = manager.latest_step() if os.path.isdir(self.path) else None
     if step is None:
-      raise ValueError(
-          f"checkpoint_dir holds a checkpoint in an earlier format ({self.legacy_path}), which this version no "
-          f"longer reads (checkpoints are Orbax folders now); use another checkpoint_dir or resume=False.")
+      raise CheckpointError(
+          f"checkpoint_dir holds a checkpoint in an earlier format ({self.legacy_path}: checkpoint format "
+          f"{self._legacy_version()!r}, a single msgpack file), which this version no longer reads: it reads format "
+          f"{_FORMAT} (Orbax folders) only; resume it with the delayjax version that wrote it, or use another "
+          f"checkpoint_dir or resume=False.")
     folder = os.path.join(self.path, str(step))
     try:
       meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
     except Exception as e:  # noqa: BLE001 - any failure to read it means the same: the file is damaged
-      raise _damaged(os.path.join(folder, "meta"), f"cannot be read: {e}") from e
-    if not isinstance(meta, dict) or meta.get("sha256") != _json_digest(
-        {k: v for k, v in meta.items() if k != "sha256"}):
-      raise _damaged(os.path.join(folder, "meta"), "its content does not match its checksum")
+      raise _damaged(os.path.join(folder, "meta"), f"cannot be read: {_short(e)}") from None
+    if not isinstance(meta, dict):
+      raise _damaged(os.path.join(folder, "meta"), f"it holds a {type(meta).__name__}, not a record")
+    intact = meta.get("sha256") == _json_digest({k: v for k, v in meta.items() if k != "sha256"})
     if meta.get("format") != _FORMAT:
-      raise _damaged(os.path.join(folder, "meta"), f"format {meta.get('format')!r}, expected {_FORMAT}")
+      if intact:
+        raise _other_format(os.path.join(folder, "meta"), meta.get("format"), "written by another version of "
+                            "delayjax")
+      raise _damaged(os.path.join(folder, "meta"), f"its content does not match its checksum, and it names "
+                     f"format {meta.get('format')!r} where this version reads {_FORMAT}")
+    if not intact:
+      raise _damaged(os.path.join(folder, "meta"), "its content does not match its checksum")
     saved = meta["fingerprint"]
     differ = sorted(k for k in set(saved) | set(self.fingerprint) if saved.get(k) != self.fingerprint.get(k))
     refused = [k for k in differ if k not in self.changes]
     if refused:
-      raise ValueError(
+      raise CheckpointError(
           f"checkpoint_dir holds a checkpoint ({self.path}) of a different run: {', '.join(refused)} "
           f"differ; use another directory, resume=False to start over, or resume_changes="
           f"{tuple(refused)!r} to continue from it knowingly with these changes.")
     # A checkpoint of an earlier version names no records: its runs kept every record they had.
     missing = [name for name in self.records if "records" in meta and name not in meta["records"]]
     if missing:
-      raise ValueError(
+      raise CheckpointError(
           f"checkpoint_dir holds a checkpoint ({self.path}) whose history does not keep {missing}, which this "
           f"run's does: it was written by a run that recorded less (history='evaluations' keeps no "
           f"per-update rows), and rows never written cannot be restored, whatever resume_changes allows; resume "
           f"with the setting it was written with, or start over with resume=False or another directory.")
     if meta.get("carry") != _structure(carry):
-      raise ValueError(
+      raise CheckpointError(
           f"checkpoint_dir holds a checkpoint ({self.path}) whose state has another structure, shapes or dtypes "
           f"than this run's; it cannot be resumed, even with resume_changes.")
     leaves, treedef = jax.tree.flatten(carry)
@@ -299,7 +533,7 @@ class Checkpoint:
     try:
       state = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
     except Exception as e:  # noqa: BLE001 - as above
-      raise _damaged(os.path.join(folder, "state"), f"cannot be read: {e}") from e
+      raise _damaged(os.path.join(folder, "state"), f"cannot be read: {_short(e)}") from None
     restored = [state[str(i)] if np.size(x) else jax.device_put(np.zeros(np.shape(x), _dtype(x)), s)
                 for i, (x, s) in enumerate(zip(leaves, targets))]
     checksums = meta.get("checksums")
@@ -312,8 +546,19 @@ class Checkpoint:
       raise _damaged(os.path.join(folder, "state"), "its content does not match its checksum")
     self._records_bytes = int(meta["records_bytes"])
     self._fresh = False
+    self._chunks_saved = int(meta["chunks_done"])
     return (tuple(jax.tree.unflatten(treedef, restored)), self._read_records(records_like),
             int(meta["chunks_done"]))
+
+  def _legacy_version(self) -> Any:
+    """The format version a single-file checkpoint names in its first line (``"unknown"`` if it names none)."""
+    try:
+      with open(self.legacy_path, "rb") as f:
+        match = _LEGACY_MAGIC.match(f.read(64))
+    except OSError:
+      match = None
+    return int(match.group(1)) if match else "unknown"
+
   def _read_records(self, records_like: dict[str, Any]) -> dict[str, Any]:
     try:
       with open(self.records_path, "rb") as f:
