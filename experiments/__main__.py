@@ -11,19 +11,27 @@ back, not redone; more seeds added later join the earlier ones. Every claim
 is decided over the seeds (see ``experiments._framework.compare``): held,
 not held, inconclusive or not evaluated. Bad options, settings and files are
 refused with a message naming them, before anything is computed.
+
+Exit status: 0 done; 2 the command cannot be carried out as given (a bad
+option, setting or file, a data set that is not where it was said to be: the
+message says what to change, as argparse's errors do); 1 a run failed (e.g. the
+disk filled while writing a checkpoint); 130 interrupted (Ctrl-C), resumable.
 """
 
 from __future__ import annotations
 
+import _thread
 import argparse
 import contextlib
 import json
 import os
+import signal
 import sys
 import tempfile
+import threading
 from typing import Any
 
-from experiments import _framework, _registry
+from experiments import _datasets, _framework, _registry
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -58,17 +66,70 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
   args = _parser().parse_args(argv)
   try:
-    if args.command == "list":
-      return _list()
-    if args.command == "run":
-      return _run(args)
-    return _report(args.dir, plots=not args.no_plot)
-  except (_framework.UsageError, FileNotFoundError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
+    with _interrupts_are_not_lost():
+      if args.command == "list":
+        return _list()
+      if args.command == "run":
+        return _run(args)
+      return _report(args.dir, plots=not args.no_plot)
   except KeyboardInterrupt:
     print("\ninterrupted; nothing was lost that a rerun of the same command would not redo.", file=sys.stderr)
     return 130
+  except Exception as e:
+    status = _exit_status(e)
+    if status is None:
+      raise
+    print(f"error: {e}", file=sys.stderr)
+    return status
+
+
+def _exit_status(error: Exception) -> int | None:
+  """The exit status of an error whose message says all (printed alone, no traceback); ``None`` for a bug."""
+  if isinstance(error, (_framework.UsageError, FileNotFoundError, _datasets.DataUnavailable,
+                        _datasets.DataFileError)):
+    return 2  # what was given cannot be used: the message says what to change
+  checkpoints = sys.modules.get("delayjax.runtime._checkpoint")  # loaded by any run that could raise one
+  if checkpoints is not None and isinstance(error, checkpoints.CheckpointWriteError):
+    return 1  # a run failed on the file system; its message says what is kept
+  return None
+
+
+@contextlib.contextmanager
+def _interrupts_are_not_lost():
+  """A Ctrl-C that Python would drop is delivered again, so that it interrupts the command.
+
+  Python raises KeyboardInterrupt in whatever the main thread is running. Inside a callback whose
+  exceptions cannot propagate (JAX's garbage-collection callback, a ``__del__``) it is printed as
+  "Exception ignored in ..." with a traceback, and the command carried on as if Ctrl-C had not been
+  pressed (a run then finished with exit status 0). This hook sends the main thread SIGINT again instead,
+  from another thread a moment later: sent from the hook itself, the KeyboardInterrupt would be raised in
+  the hook, which Python drops the same way. Should it land in such a callback again, it comes back here.
+  """
+  previous = sys.unraisablehook
+  main_thread = threading.main_thread().ident
+
+  def again() -> None:
+    if hasattr(signal, "pthread_kill"):
+      signal.pthread_kill(main_thread, signal.SIGINT)  # a real signal: it also ends a sleep or a wait
+    else:
+      _thread.interrupt_main()
+
+  def hook(unraisable: Any) -> None:
+    if isinstance(unraisable.exc_value, KeyboardInterrupt):
+      timer = threading.Timer(0.01, again)
+      timer.daemon = True
+      timer.start()
+      return
+    previous(unraisable)
+
+  sys.unraisablehook = hook
+  try:
+    yield
+  finally:
+    # A hook installed on top of this one stays, with this one under it (a failed checkpoint read leaves one
+    # that drops the late callbacks of Orbax's closed event loop, which may still come while Python exits).
+    if sys.unraisablehook is hook:
+      sys.unraisablehook = previous
 
 
 def run_one(name: str, argv: list[str] | None = None) -> int:
@@ -97,6 +158,8 @@ def _run(args: argparse.Namespace) -> int:
     raise _framework.UsageError(f"--jobs must be a whole number >= 1, got {args.jobs}.")
   if not 0 <= args.seed < 2 ** 32:
     raise _framework.UsageError(f"--seed must be an integer in [0, 2**32), got {args.seed}.")
+  if args.seeds is not None and args.seed + args.seeds > 2 ** 32:
+    raise _framework.UsageError(_seeds_past_the_last(args.seed, args.seeds, "--seeds"))
   overrides = _overrides(args.set)
   # Everything is checked before anything is computed: configs, --only, and that --out can be written.
   plan = []
@@ -108,6 +171,12 @@ def _run(args: argparse.Namespace) -> int:
       own = overrides
     config = _framework.config_for(repro, args.scale, steps=args.steps, seeds=args.seeds,
                                    overrides={**(repro.smoke if args.smoke else {}), **own})
+    seeds = int(config.get("seeds", 1))
+    if args.seed + seeds > 2 ** 32:
+      # The number of seeds is the scale's (or its smoke settings'): say where it came from.
+      raise _framework.UsageError(_seeds_past_the_last(
+          args.seed, seeds, f"the {'smoke' if args.smoke else args.scale} settings' seeds of {repro.name}, "
+          "which --seeds overrides"))
     if args.data_dir is not None:
       config["data_dir"] = os.path.abspath(os.path.expanduser(args.data_dir))
     if args.out is None:
@@ -133,14 +202,34 @@ def _run(args: argparse.Namespace) -> int:
     with _shared_compilation_cache(args.jobs):
       _framework.execute_many(plan, first_seed=args.seed, only=args.only, plots=not args.no_plot, jobs=args.jobs)
   except KeyboardInterrupt:
-    saved = "; ".join(f"{len(_framework.finished_records(repro, config, out, damaged='skip'))} finished runs of "
-                      f"{repro.name} are saved in {os.path.join(out, 'runs')}" for repro, config, out in plan)
-    print(f"\ninterrupted: {saved} (and the interrupted runs' last checkpoints, where they had one); rerun the same "
-          "command to resume.", file=sys.stderr)
+    print(f"\n{_interrupted(plan, args.seed, args.only)}", file=sys.stderr)
     return 130
   if len(repros) > 1:
-    _report(args.out or "results", plots=False, tables=False)
+    _report(args.out or "results", plots=False, tables=False, strict=False)
   return 0
+
+
+def _seeds_past_the_last(seed: int, seeds: int, count: str) -> str:
+  return (f"--seed {seed} with {seeds} seeds ({count}): the seeds would run from {seed} to {seed + seeds - 1}, "
+          f"past the last seed 2**32 - 1 = {2 ** 32 - 1}; give --seed at most {2 ** 32 - seeds} for {seeds} seeds, "
+          "or fewer --seeds.")
+
+
+def _interrupted(plan: list[tuple[Any, dict[str, Any], str]], first_seed: int, only: list[str] | None) -> str:
+  """What Ctrl-C leaves: the finished runs, and the checkpoints the interrupted runs resume from."""
+  parts, resumable = [], []
+  for index, (repro, config, out) in enumerate(plan):
+    finished = len(_framework.finished_records(repro, config, out, damaged="skip"))
+    parts.append(f"{finished} finished runs of {repro.name} are saved in {os.path.join(out, 'runs')}")
+    pending, _ = _framework.pending_runs(repro, config, out, index, first_seed, only)
+    resumable += [job.checkpoints for job in pending if os.path.isdir(job.checkpoints) and os.listdir(job.checkpoints)]
+  if len(resumable) == 1:
+    kept = f"the interrupted run resumes from its last checkpoint in {resumable[0]}"
+  elif resumable:
+    kept = f"the {len(resumable)} interrupted runs resume from their last checkpoints in {', '.join(resumable)}"
+  else:
+    kept = "no interrupted run had written a checkpoint yet, so those start over"
+  return f"interrupted: {'; '.join(parts)}; {kept}; rerun the same command to resume."
 
 
 @contextlib.contextmanager
@@ -197,21 +286,48 @@ def _result_dirs(root: str) -> list[str]:
   return found
 
 
-def _report(root: str, plots: bool = True, tables: bool = True) -> int:
+def _report(root: str, plots: bool = True, tables: bool = True, strict: bool = True) -> int:
+  """Rebuilds the outputs of every results.json under ``root`` from its run records.
+
+  Every folder is checked before anything is written: its results.json must be readable, its config one
+  of the reproduction's (its settings, their types and ranges) and matched by at least one finished run
+  record, or nothing is rewritten (``strict``: the command fails, naming the file; otherwise the folder is
+  skipped with a warning, for the summary after ``run all``). An edited config would otherwise match no
+  record and the outputs be rewritten empty.
+  """
   if not os.path.isdir(root):
     raise FileNotFoundError(f"report {root}: no such folder.")
   dirs = _result_dirs(root)
   if not dirs:
     print(f"no results.json under {root}; run a reproduction with --out {root} first.", file=sys.stderr)
     return 1
-  lines = ["| reproduction | claim | verdict | mean [95% interval], seeds | figures |", "|---|---|---|---|---|"]
+  checked = []
   for directory in dirs:
-    saved = _framework.load_results(directory)
-    if saved.get("reproduction") not in _registry.NAMES:
-      continue  # another tool's results.json (e.g. experiments.delayed_digits)
-    repro = _registry.get(saved["reproduction"])
-    config: dict[str, Any] = saved["config"]
-    records = _framework.finished_records(repro, config, directory)
+    try:
+      saved = _framework.load_results(directory)
+      if saved.get("reproduction") not in _registry.NAMES:
+        continue  # another tool's results.json (e.g. experiments.delayed_digits)
+      repro = _registry.get(saved["reproduction"])
+      path = os.path.join(directory, "results.json")
+      config = _framework.saved_config(repro, saved["config"], path)
+      records = _framework.finished_records(repro, config, directory)
+      if not records:
+        count = len(_framework.load_records(directory))
+        runs = os.path.join(directory, "runs")
+        if count:
+          raise _framework.UsageError(
+              f"{path}: its config matches none of the {count} run records in {runs} (a record counts for the "
+              "config it was run with, and this one differs: was it edited?); nothing was rewritten. Restore "
+              f"the config, or rerun the reproduction with --out {directory} to rebuild the outputs.")
+        raise _framework.UsageError(f"{path}: {runs} holds no run records to report on; nothing was rewritten.")
+    except _framework.UsageError as e:
+      if strict:
+        raise
+      print(f"warning: {e} (left out of the summary)", file=sys.stderr)
+      continue
+    checked.append((directory, repro, config, records))
+  lines = ["| reproduction | claim | verdict | mean [95% interval], seeds | figures |", "|---|---|---|---|---|"]
+  for directory, repro, config, records in checked:
     result = _framework.finish(repro, config, records, directory, reused=len(records), plots=plots,
                                verbose=tables)
     for c in result["claims"]:

@@ -462,9 +462,14 @@ def config_for(repro: Reproduction, scale: str, steps: int | None = None, seeds:
   return config
 
 
-def checked_setting(name: str, value: Any, default: Any, limit: Range | tuple[str, ...] | None) -> Any:
-  """``value`` if it has the type of ``default`` and lies in ``limit``; a ``ValueError`` naming ``name`` otherwise."""
-  where = name if name.startswith("--") else f"--set {name}"
+def checked_setting(name: str, value: Any, default: Any, limit: Range | tuple[str, ...] | None, *,
+                    where: str | None = None) -> Any:
+  """``value`` if it has the type of ``default`` and lies in ``limit``; a ``ValueError`` naming ``name`` otherwise.
+
+  The message starts with ``where`` followed by ``name`` (default: the option that gave it, ``--set NAME``).
+  """
+  prefix = where
+  where = f"{prefix}{name}" if prefix is not None else name if name.startswith("--") else f"--set {name}"
   shown = json.dumps(value) if _jsonable(value) else repr(value)
 
   def fail(allowed: str) -> UsageError:
@@ -491,7 +496,7 @@ def checked_setting(name: str, value: Any, default: Any, limit: Range | tuple[st
     if not isinstance(value, list) or (default and not value):
       raise fail(f"a non-empty list like {json.dumps(default)}")
     if default:
-      return [checked_setting(f"{name}[{i}]", v, default[0], limit) for i, v in enumerate(value)]
+      return [checked_setting(f"{name}[{i}]", v, default[0], limit, where=prefix) for i, v in enumerate(value)]
     return value
   if isinstance(default, Mapping):
     if not isinstance(value, Mapping) or not value:
@@ -499,8 +504,46 @@ def checked_setting(name: str, value: Any, default: Any, limit: Range | tuple[st
     unknown = sorted(set(value) - set(default))
     if unknown:
       raise fail(f"a mapping with keys among {sorted(default)} (unknown: {unknown})")
-    return {k: checked_setting(f"{name}.{k}", v, default[k], limit) for k, v in value.items()}
+    return {k: checked_setting(f"{name}.{k}", v, default[k], limit, where=prefix) for k, v in value.items()}
   return value
+
+
+# Settings a config has beyond its scale's: the scale's name, and those the CLI adds (--steps and --seeds where
+# the scale names none, --data-dir).
+_ADDED_SETTINGS: Mapping[str, Any] = {"scale": "quick", "steps": 1, "seeds": 1, "data_dir": ""}
+
+
+def saved_config(repro: Reproduction, config: Any, path: str) -> dict[str, Any]:
+  """``config`` as read back from ``path`` (a results.json), if it is one that ``config_for`` could have made.
+
+  Its scale must be one of the reproduction's, its settings those of the scale (each present, nothing
+  else but ``steps``, ``seeds`` and ``data_dir``), each of the scale's type and within its range, as a
+  ``--set`` would be checked; otherwise a :class:`UsageError` names the file, the setting, the value and
+  what is allowed.
+  """
+  if not isinstance(config, Mapping):
+    raise UsageError(f"{path}: config must be a mapping of settings, got {type(config).__name__}.")
+  scale = config.get("scale")
+  if not isinstance(scale, str) or scale not in repro.scales:
+    raise UsageError(f"{path}: config scale={json.dumps(scale) if _jsonable(scale) else repr(scale)}: scale must "
+                     f"be one of {sorted(repro.scales)} ({repro.name}'s scales).")
+  own = repro.scales[scale]
+  allowed = sorted(set(own) | set(_ADDED_SETTINGS))
+  missing = sorted(set(own) - set(config))
+  if missing:
+    raise UsageError(f"{path}: config has no {', '.join(map(repr, missing))}, which every {repro.name} ({scale}) "
+                     f"config has; its settings are {', '.join(allowed)}.")
+  unknown = sorted(set(config) - set(allowed), key=str)
+  if unknown:
+    raise UsageError(f"{path}: config has {', '.join(map(repr, unknown))}, which no {repro.name} ({scale}) config "
+                     f"has; its settings are {', '.join(allowed)}.")
+  limits = {**COMMON_LIMITS, **repro.limits}
+  checked = {}
+  for key, value in config.items():
+    default = own.get(key, _ADDED_SETTINGS.get(key))
+    limit = limits.get(key, COUNT if key in ("steps", "seeds") else None)
+    checked[key] = checked_setting(key, value, default, limit, where=f"{path}: config ")
+  return checked
 
 
 def _jsonable(value: Any) -> bool:
@@ -611,9 +654,10 @@ class _Job(NamedTuple):
   checkpoints: str
 
 
-def _pending(repro: Reproduction, config: Mapping[str, Any], out: str, index: int, first_seed: int,
-             only: Sequence[str] | None) -> tuple[list[_Job], int]:
-  """The runs of one reproduction still to perform, and how many are finished already."""
+def pending_runs(repro: Reproduction, config: Mapping[str, Any], out: str, index: int, first_seed: int,
+                 only: Sequence[str] | None) -> tuple[list[_Job], int]:
+  """The runs of one reproduction still to perform (each with its checkpoint folder), and how many are
+  finished already."""
   specs = repro.specs(config)
   keys = [s["key"] for s in specs]
   if len(set(keys)) != len(keys):
@@ -640,8 +684,15 @@ def _pending(repro: Reproduction, config: Mapping[str, Any], out: str, index: in
 
 def _perform(run: Callable[..., dict[str, Any]], config: Mapping[str, Any], job: _Job, bar: Any) -> dict[str, Any]:
   """Performs one run and returns its record (with its key, seed, fingerprint and seconds)."""
+  from delayjax.runtime._checkpoint import CheckpointError
+
   t0 = time.perf_counter()
-  record = dict(run(config, job.spec, job.seed, RunProgress(bar, job.checkpoints)))
+  try:
+    record = dict(run(config, job.spec, job.seed, RunProgress(bar, job.checkpoints)))
+  except CheckpointError as e:
+    # Its advice names dj.simulate's arguments; here the checkpoint is the framework's, one folder per run.
+    raise UsageError(f"{e} (It is the checkpoint of run {job.spec['key']}, seed {job.seed}: delete "
+                     f"{job.checkpoints} to start that run over.)") from None
   record.update(key=job.spec["key"], spec=job.spec, seed=job.seed, fingerprint=job.stamp,
                 seconds=time.perf_counter() - t0)
   return record
@@ -689,7 +740,7 @@ def execute_many(plan: Sequence[tuple[Reproduction, Mapping[str, Any], str]], *,
     raise UsageError(f"--jobs must be a whole number >= 1, got {jobs}.")
   pending, reused = [], []
   for index, (repro, config, out) in enumerate(plan):
-    todo, done = _pending(repro, config, out, index, first_seed, only)
+    todo, done = pending_runs(repro, config, out, index, first_seed, only)
     pending += todo
     reused.append(done)
   remaining = [0] * len(plan)
@@ -767,9 +818,9 @@ def _finished(path: str, stamp: str) -> bool:
   if not os.path.exists(path):
     return False
   try:
-    with open(path) as f:
+    with open(path, encoding="utf-8") as f:
       record = json.load(f)
-  except (OSError, json.JSONDecodeError):
+  except (OSError, ValueError):  # ValueError: not JSON, or not text (UnicodeDecodeError)
     return False
   return isinstance(record, dict) and record.get("fingerprint") == stamp
 
@@ -948,8 +999,11 @@ def load_results(out: str) -> dict[str, Any]:
   if not os.path.exists(path):
     raise FileNotFoundError(f"{out} holds no results.json; run a reproduction with --out {out} first.")
   try:
-    with open(path) as f:
+    with open(path, encoding="utf-8") as f:
       saved = json.load(f)
+  except UnicodeDecodeError as e:
+    raise UsageError(f"{path} is damaged (not text: byte {e.start} is not UTF-8); rerun the reproduction with --out "
+                     f"{out} to rewrite it (its finished runs are reused).") from None
   except json.JSONDecodeError as e:
     raise UsageError(f"{path} is damaged (not valid JSON: {e}); rerun the reproduction with --out {out} to "
                      "rewrite it (its finished runs are reused).") from None
@@ -972,8 +1026,8 @@ def load_records(out: str, *, damaged: str = "raise") -> list[dict[str, Any]]:
     if name.endswith(".json") and not name.startswith("."):
       path = os.path.join(directory, name)
       try:
-        with open(path) as f:
-          record = json.load(f)
+        with open(path, encoding="utf-8") as f:
+          record = json.load(f)  # a ValueError if it is not JSON, or not text (UnicodeDecodeError)
         if not isinstance(record, dict) or not {"key", "spec", "seed", "fingerprint", "metrics"} <= set(record):
           raise ValueError("not a run record")
       except ValueError as e:

@@ -386,6 +386,88 @@ def test_damaged_results_are_errors_naming_the_file(toy_cli, tmp_path, capsys):
   assert main(["report", str(tmp_path / "missing")]) == 2
 
 
+def test_results_of_random_bytes_are_errors_naming_the_file(toy_cli, tmp_path, capsys):
+  main, calls, _ = toy_cli
+  out = tmp_path / "out"
+  assert main(["run", "toy", "--out", str(out), "--no-plot"]) == 0
+  noise = bytes(np.random.default_rng(0).integers(128, 256, 300, dtype=np.uint8))  # never valid UTF-8
+  results = out / "results.json"
+  results.write_bytes(noise)
+  assert main(["report", str(out), "--no-plot"]) == 2
+  err = capsys.readouterr().err
+  assert f"{results} is damaged (not text" in err and "Traceback" not in err
+  assert results.read_bytes() == noise  # nothing rewritten
+  # A run record of random bytes: report names it; run redoes that run (a damaged record is not a result).
+  assert main(["run", "toy", "--out", str(out), "--no-plot"]) == 0
+  record = sorted((out / "runs").iterdir())[0]
+  record.write_bytes(noise)
+  assert main(["report", str(out), "--no-plot"]) == 2
+  assert f"{record} is damaged" in capsys.readouterr().err
+  calls.clear()
+  assert main(["run", "toy", "--out", str(out), "--no-plot"]) == 0
+  assert len(calls) == 1 and json.loads(record.read_text())["fingerprint"]
+
+
+def _outputs(out, root):
+  return {name: (path.read_bytes() if path.exists() else None)
+          for name, path in [(n, out / n) for n in ("results.json", "results.csv", "claims.csv")]
+          + [("claims.md", root / "claims.md")]}
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda c: c.update(lrs=[0.1, 2.0]), "its config matches none of the 6 run records in"),
+    (lambda c: c.update(steps=10), "its config matches none of the 6 run records in"),
+    (lambda c: c.pop("lrs"), "config has no 'lrs', which every toy (quick) config has"),
+    (lambda c: c.update(lrs="0.1"), "config lrs=\"0.1\": lrs must be a non-empty list like [0.1, 1.0]"),
+    (lambda c: c.update(steps=2.5), "config steps=2.5: steps must be an integer >= 0"),
+    (lambda c: c.update(lrs=[0.1, -1.0]), "config lrs[1]=-1.0: lrs[1] must be a number > 0"),
+    (lambda c: c.update(nope=1), "config has 'nope', which no toy (quick) config has"),
+    (lambda c: c.update(scale="huge"), "config scale=\"huge\": scale must be one of ['quick']"),
+], ids=["value", "steps", "removed", "type", "integer", "range", "unknown", "scale"])
+def test_report_refuses_an_edited_config_and_overwrites_nothing(toy_cli, tmp_path, capsys, edit, says):
+  main, _, _ = toy_cli
+  out = tmp_path / "out"
+  assert main(["run", "toy", "--out", str(out), "--no-plot"]) == 0
+  assert main(["report", str(tmp_path), "--no-plot"]) == 0
+  results = out / "results.json"
+  saved = json.loads(results.read_text())
+  edit(saved["config"])
+  results.write_text(json.dumps(saved))
+  before = _outputs(out, tmp_path)
+  capsys.readouterr()
+  assert main(["report", str(tmp_path), "--no-plot"]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith(f"error: {results}: ") and says in err and "Traceback" not in err
+  assert len(err.strip().splitlines()) == 1
+  assert _outputs(out, tmp_path) == before  # results.json, results.csv, claims.csv and claims.md untouched
+
+
+def test_report_refuses_a_folder_without_run_records(toy_cli, tmp_path, capsys):
+  main, _, _ = toy_cli
+  out = tmp_path / "out"
+  assert main(["run", "toy", "--out", str(out), "--no-plot"]) == 0
+  for record in (out / "runs").iterdir():
+    record.unlink()
+  before = _outputs(out, tmp_path)
+  assert main(["report", str(out), "--no-plot"]) == 2
+  assert "holds no run records to report on; nothing was rewritten" in capsys.readouterr().err
+  assert _outputs(out, tmp_path) == before
+
+
+@pytest.mark.parametrize("args, seeds", [(["--seed", str(2 ** 32 - 1), "--seeds", "2"], "2 seeds (--seeds)"),
+                                         (["--seed", str(2 ** 32 - 2)], "3 seeds (the quick settings' seeds")])
+def test_seeds_past_the_last_are_refused_naming_both_options(toy_cli, tmp_path, capsys, args, seeds):
+  main, calls, _ = toy_cli
+  assert main(["run", "toy", "--out", str(tmp_path / "out"), "--no-plot", *args]) == 2
+  err = capsys.readouterr().err
+  assert f"error: --seed {args[1]} with {seeds}" in err and "--seeds" in err and "2**32 - 1" in err
+  assert calls == []  # refused before the first seed ran
+  # The last seeds that fit run.
+  assert main(["run", "toy", "--out", str(tmp_path / "out"), "--no-plot", "--seed", str(2 ** 32 - 2), "--seeds",
+               "2"]) == 0
+  assert sorted({seed for _, seed in calls}) == [2 ** 32 - 2, 2 ** 32 - 1]
+
+
 def test_every_run_diverged_leaves_the_claims_not_evaluated(tmp_path):
   repro = _toy([], seeds=3)
   diverging = dataclasses.replace(repro, run=lambda config, spec, seed, progress: {
