@@ -281,15 +281,15 @@ def _rows_payload(rows: dict[str, Any]) -> bytes:
 
 def _damaged(path: str, why: str) -> CheckpointError:
   return CheckpointError(
-      f"checkpoint {path} is damaged or truncated ({why}); delete it, use another checkpoint_dir or "
-      f"resume=False.")
+      f"checkpoint {path} is damaged or truncated ({why}); delete it, use another dj.Checkpoint directory or "
+      f"dj.Checkpoint(..., resume=False).")
 
 
 def _other_format(path: str, version: Any, how: str) -> CheckpointError:
   return CheckpointError(
       f"checkpoint {path} is in checkpoint format {version!r} ({how}); this version of delayjax reads format "
       f"{_FORMAT} (Orbax folders) only: resume it with the delayjax version that wrote it, or start over with "
-      f"resume=False or another checkpoint_dir.")
+      f"dj.Checkpoint(..., resume=False) or another directory.")
 
 
 def check_changes(changes: Any, checkpoint_dir: Any) -> tuple[str, ...]:
@@ -354,7 +354,7 @@ class Checkpoint:
     unknown = [c for c in changes if c not in self.fingerprint]
     if unknown:
       raise ValueError(
-          f"resume_changes names {', '.join(map(repr, unknown))}, not a component of this run's identity; "
+          f"Checkpoint.changes names {', '.join(map(repr, unknown))}, not a component of this run's identity; "
           f"the components are: {', '.join(map(repr, self.fingerprint))}.")
     self.changes = changes
     self.records = tuple(sorted(records))
@@ -486,10 +486,10 @@ class Checkpoint:
     step = manager.latest_step() if os.path.isdir(self.path) else None
     if step is None:
       raise CheckpointError(
-          f"checkpoint_dir holds a checkpoint in an earlier format ({self.legacy_path}: checkpoint format "
+          f"the checkpoint directory holds a checkpoint in an earlier format ({self.legacy_path}: checkpoint format "
           f"{self._legacy_version()!r}, a single msgpack file), which this version no longer reads: it reads format "
           f"{_FORMAT} (Orbax folders) only; resume it with the delayjax version that wrote it, or use another "
-          f"checkpoint_dir or resume=False.")
+          f"directory or dj.Checkpoint(..., resume=False).")
     folder = os.path.join(self.path, str(step))
     try:
       meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
@@ -511,20 +511,20 @@ class Checkpoint:
     refused = [k for k in differ if k not in self.changes]
     if refused:
       raise CheckpointError(
-          f"checkpoint_dir holds a checkpoint ({self.path}) of a different run: {', '.join(refused)} "
-          f"differ; use another directory, resume=False to start over, or resume_changes="
-          f"{tuple(refused)!r} to continue from it knowingly with these changes.")
+          f"the checkpoint directory holds a checkpoint ({self.path}) of a different run: {', '.join(refused)} "
+          f"differ; use another directory, dj.Checkpoint(..., resume=False) to start over, or "
+          f"dj.Checkpoint(..., changes={tuple(refused)!r}) to continue from it knowingly with these changes.")
     # A checkpoint of an earlier version names no records: its runs kept every record they had.
     missing = [name for name in self.records if "records" in meta and name not in meta["records"]]
     if missing:
       raise CheckpointError(
-          f"checkpoint_dir holds a checkpoint ({self.path}) whose history does not keep {missing}, which this "
+          f"the checkpoint directory holds a checkpoint ({self.path}) whose history does not keep {missing}, which this "
           f"run's does: it was written by a run that recorded less (history='evaluations' keeps no "
-          f"per-update rows), and rows never written cannot be restored, whatever resume_changes allows; resume "
-          f"with the setting it was written with, or start over with resume=False or another directory.")
+          f"per-update rows), and rows never written cannot be restored, whatever Checkpoint.changes allows; resume "
+          f"with the setting it was written with, or start over with dj.Checkpoint(..., resume=False) or another directory.")
     if meta.get("carry") != _structure(carry):
       raise CheckpointError(
-          f"checkpoint_dir holds a checkpoint ({self.path}) whose state has another structure, shapes or dtypes "
+          f"the checkpoint directory holds a checkpoint ({self.path}) whose state has another structure, shapes or dtypes "
           f"than this run's; it cannot be resumed, even with resume_changes.")
     leaves, treedef = jax.tree.flatten(carry)
     targets = jax.tree.leaves(shardings)

@@ -156,7 +156,7 @@ def test_resume_changes_continues_knowingly_with_a_new_learning_rate(interrupted
   directory, (loss_fn, params, data, schedule), kw, full = interrupted
   k = full.stats["updates_checkpointed"]
   copy = _copy(directory, tmp_path)
-  with pytest.raises(ValueError, match=r"of a different run: tx differ.*resume_changes=\('tx',\)"):
+  with pytest.raises(ValueError, match=r"of a different run: tx differ.*dj.Checkpoint\(\.\.\., changes=\('tx',\)\)"):
     dj.simulate(loss_fn, optax.sgd(0.5), params, data, schedule, checkpoint=dj.Checkpoint(copy), **kw)
   with pytest.raises(ValueError, match="of a different run: loss_fn differ"):
     dj.simulate(_wrong_loss, optax.sgd(0.5), params, data, schedule,
@@ -176,6 +176,6 @@ def test_resume_changes_continues_knowingly_with_a_new_learning_rate(interrupted
 
 def test_resume_changes_names_only_components_of_the_run(interrupted, tmp_path):
   _, (loss_fn, params, data, schedule), kw, _ = interrupted
-  with pytest.raises(ValueError, match="resume_changes names 'lr', not a component.*'tx'"):
+  with pytest.raises(ValueError, match="Checkpoint.changes names 'lr', not a component.*'tx'"):
     dj.simulate(loss_fn, optax.sgd(0.5), params, data, schedule,
                 checkpoint=dj.Checkpoint(tmp_path, changes=("lr",)), **kw)

@@ -192,7 +192,7 @@ def test_resume_is_bit_identical(tmp_path):
   _assert_trees_equal(resumed.opt_state, whole.opt_state)
   _assert_trees_equal(resumed.history, whole.history)
   # A checkpoint of another run is refused rather than silently mixed in.
-  with pytest.raises(ValueError, match="checkpoint_dir holds a checkpoint"):
+  with pytest.raises(ValueError, match="checkpoint directory holds a checkpoint"):
     dj.simulate(loss_fn, tx, params, data, schedule, checkpoint=dj.Checkpoint(tmp_path),
                 record=dj.Record(eval_fn=eval_fn, every=7), **{**kwargs, "seed": 5})
 
