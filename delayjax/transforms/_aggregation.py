@@ -58,7 +58,7 @@ class AccumulateSumState(NamedTuple):
 
 
 def _tree_select(cond: jax.Array, on_true: Any, on_false: Any) -> Any:
-  # jnp.where leaf by leaf rather than lax.cond over whole trees (see DESIGN.md).
+  # jnp.where leaf by leaf rather than lax.cond over whole trees: a cond breaks under shard_map.
   return jax.tree.map(lambda a, b: jnp.where(cond, a, b), on_true, on_false)
 
 

@@ -104,8 +104,8 @@ def spectrain(learning_rate: LearningRate, smoothing: float = 0.9) -> optax.Grad
 
   Source and status: the rule :math:`\\hat w = w - s\\, \\eta\\, v` with ``s`` the
   versions ahead and ``v`` the smoothed gradient follows the paper's
-  description as summarized in its abstract and in the project's notes
-  (PAPERS.md); the paper's full text was not reachable with the search tools
+  description as summarized in its abstract and in the project's notes;
+  the paper's full text was not reachable with the search tools
   available, so the smoothing :math:`v_t = \\gamma v_{t-1} + (1-\\gamma) g_t`
   (an exponential moving average, as in the paper's momentum-SGD setting)
   and its default ``gamma = 0.9`` are unverified against it.
