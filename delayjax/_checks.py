@@ -71,3 +71,17 @@ def check_seed(name: str, value: Any) -> int:
   if value >= 2**32:
     raise ValueError(f"{name} must be an integer below 2**32 = {2**32}, got {value}.")
   return value
+
+
+def check_number_array(expected: str, value: Any, kinds: str = "biuf") -> np.ndarray:
+  """``value`` as a float64 array, or a TypeError saying ``expected`` (e.g. "w must be an array of numbers of
+  shape [d]") and what was given, when it does not hold numbers of the dtype kinds ``kinds``."""
+  if value is None or isinstance(value, (str, bytes, dict, set)):
+    raise TypeError(f"{expected}, got {type(value).__name__} {value!r}.")
+  try:
+    array = np.asarray(value)
+  except (TypeError, ValueError) as e:  # ragged nested sequences
+    raise TypeError(f"{expected}, got {type(value).__name__} that is not an array ({e}).") from None
+  if array.dtype.kind not in kinds:
+    raise TypeError(f"{expected}, got {type(value).__name__} with entries of dtype {array.dtype}.")
+  return array.astype(np.float64)

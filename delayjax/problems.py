@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from delayjax import _memory
-from delayjax._checks import check_bool, check_choice, check_float, check_int, check_seed
+from delayjax._checks import check_bool, check_choice, check_float, check_int, check_number_array, check_seed
 
 KINDS = ("logistic", "least_squares")
 # Newton stops at this gradient norm, or earlier where float64 rounding stops it from decreasing.
@@ -71,16 +71,7 @@ class Optimum(NamedTuple):
 
 def _numbers(name: str, value: Any, shape: str) -> np.ndarray:
   """``value`` as a float64 array, or a TypeError naming ``name`` when it does not hold (real) numbers."""
-  expected = f"{name} must be an array of numbers of shape {shape}"
-  if value is None or isinstance(value, (str, bytes, dict, set)):
-    raise TypeError(f"{expected}, got {type(value).__name__} {value!r}.")
-  try:
-    array = np.asarray(value)
-  except (TypeError, ValueError) as e:  # ragged nested sequences
-    raise TypeError(f"{expected}, got {type(value).__name__} that is not an array ({e}).") from None
-  if array.dtype.kind not in "biuf":
-    raise TypeError(f"{expected}, got {type(value).__name__} with entries of dtype {array.dtype}.")
-  return array.astype(np.float64)
+  return check_number_array(f"{name} must be an array of numbers of shape {shape}", value)
 
 
 def _check_sparse(indices: Any, values: Any, num_features: int) -> tuple[np.ndarray, np.ndarray]:

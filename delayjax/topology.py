@@ -74,7 +74,7 @@ from typing import Any
 
 import numpy as np
 
-from delayjax._checks import check_bool, check_choice, check_int, check_seed
+from delayjax._checks import check_bool, check_choice, check_int, check_number_array, check_seed
 
 __all__ = [
     "Topology", "ring", "torus", "complete", "hypercube", "exponential", "random_regular", "from_adjacency",
@@ -313,16 +313,8 @@ def mixing_matrix(topology: Topology, rule: str = "metropolis") -> np.ndarray:
 
 def _weights_array(name: str, weights: Any, alternative: str) -> np.ndarray:
   """``weights`` as a float64 array, or a TypeError naming ``name`` when it does not hold numbers."""
-  expected = f"{name} must be a mixing matrix (a square array of numbers){alternative}"
-  if weights is None or isinstance(weights, (str, bytes, dict, set)):
-    raise TypeError(f"{expected}, got {type(weights).__name__} {weights!r}.")
-  try:
-    w = np.asarray(weights)
-  except (TypeError, ValueError) as e:  # ragged nested sequences
-    raise TypeError(f"{expected}, got {type(weights).__name__} that is not an array ({e}).") from None
-  if w.dtype.kind not in "iuf":
-    raise TypeError(f"{expected}, got {type(weights).__name__} with entries of dtype {w.dtype}.")
-  return w.astype(np.float64)
+  return check_number_array(f"{name} must be a mixing matrix (a square array of numbers){alternative}", weights,
+                            kinds="iuf")
 
 
 def check_mixing(weights: Any, *, doubly: bool = True, name: str = "weights", atol: float = 1e-12) -> np.ndarray:
