@@ -24,6 +24,7 @@ import _thread
 import argparse
 import contextlib
 import json
+import logging
 import os
 import signal
 import sys
@@ -64,6 +65,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+  status = _main(argv)
+  if status == 130 and _is_the_program():
+    _leave_now(status)
+  return status
+
+
+def _main(argv: list[str] | None) -> int:
   args = _parser().parse_args(argv)
   try:
     with _interrupts_are_not_lost():
@@ -81,6 +89,30 @@ def main(argv: list[str] | None = None) -> int:
       raise
     print(f"error: {e}", file=sys.stderr)
     return status
+
+
+def _is_the_program() -> bool:
+  """Whether this process is ``python -m experiments`` or ``python -m experiments.NAME`` (not a caller of
+  :func:`main`, such as a test or a notebook)."""
+  spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+  return spec is not None and (spec.name or "").startswith("experiments.")
+
+
+def _leave_now(status: int) -> None:
+  """Ends the process with ``status`` without Python's shutdown, once its output is flushed.
+
+  A Ctrl-C can land while XLA compiles or runs a program in threads of its own (the main thread waits for
+  them, and the KeyboardInterrupt leaves them going). Python's shutdown then destroys XLA's client under
+  them, which crashed it (a segmentation fault in XLA's ``SingleDeviceSharding::Create`` as a compile
+  finished: 3 of 10 Ctrl-Cs while dc_asgd's chunk program compiled). Nothing is left to write by then:
+  checkpoints are written whole before a Ctrl-C takes effect (``delayjax.runtime._checkpoint``), run records
+  and outputs are renamed into place whole, and a ``--jobs`` pool is terminated and joined.
+  """
+  logging.shutdown()
+  for stream in (sys.stdout, sys.stderr):
+    with contextlib.suppress(Exception):
+      stream.flush()
+  os._exit(status)
 
 
 def _exit_status(error: Exception) -> int | None:

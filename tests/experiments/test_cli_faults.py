@@ -16,21 +16,22 @@ from experiments.__main__ import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# `python -m experiments` with markers on stdout that the test times its Ctrl-C by, each with the time:
+# `python -m experiments`, with markers on stdout that the test times its Ctrl-C by, each with the time:
 # "writing K" as the checkpoint of chunk K starts being written, "done N" once a chunk's checkpoint is written
-# and its progress reported (N updates done). With SLOW_FIRST_SAVE=S each thread that the process's first
+# and its progress reported (N updates done), "lowered F" as XLA starts compiling the program F and "compiled F
+# SECONDS" once it has (JAX's compile events). With SLOW_FIRST_SAVE=S each thread that the process's first
 # checkpoint write starts begins S seconds late, as on slow storage: Orbax writes in threads of its own, and a
 # checkpoint this small is otherwise written in milliseconds, so that a Ctrl-C would rarely find them at work.
 RUNNER = textwrap.dedent("""
     import os
-    import sys
+    import runpy
     import threading
     import time
 
+    import jax
     import orbax.checkpoint as ocp
 
     from experiments import _framework
-    from experiments.__main__ import main
 
     report = _framework.RunProgress.__call__
     save = ocp.CheckpointManager.save
@@ -57,10 +58,18 @@ RUNNER = textwrap.dedent("""
         self.run = lambda: (time.sleep(delay), run())
       start(self)
 
+    def compiling(event, seconds, fun_name="?", **kwargs):
+      name = fun_name.replace(" ", "_")
+      if event == "/jax/core/compile/jaxpr_to_mlir_module_duration":
+        print(f"lowered {name} {time.monotonic()}", flush=True)
+      elif event == "/jax/core/compile/backend_compile_duration":
+        print(f"compiled {name} {time.monotonic()} {seconds}", flush=True)
+
     _framework.RunProgress.__call__ = reported
     ocp.CheckpointManager.save = writing
     threading.Thread.start = started
-    sys.exit(main(sys.argv[1:]))
+    jax.monitoring.register_event_duration_secs_listener(compiling)
+    runpy.run_module("experiments", run_name="__main__", alter_sys=True)  # as `python -m experiments` runs
 """)
 SLOW = 0.1  # seconds each thread of a process's first checkpoint write starts late
 
@@ -83,10 +92,11 @@ def _start(runner, out, slow_first_save=0.0):
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _markers(lines):
-  """The ``(kind, number, time)`` of each marker line (the others are the CLI's own output)."""
+def _markers(lines, kinds=("writing", "done")):
+  """The ``(kind, number, time)`` of each chunk's marker line (the others are compile markers and the CLI's
+  own output)."""
   marks = [line.split() for line in lines]
-  return [(m[0], int(m[1]), float(m[2])) for m in marks if len(m) == 3 and m[0] in ("writing", "done")]
+  return [(m[0], int(m[1]), float(m[2])) for m in marks if len(m) == 3 and m[0] in kinds]
 
 
 def _record(out):
@@ -104,46 +114,54 @@ def test_ctrl_c_at_any_moment_exits_130_cleanly_and_the_run_resumes_bit_identica
   stdout, stderr = straight.communicate(timeout=600)
   assert straight.returncode == 0, stderr[-3000:]
   at = {(kind, n): t for kind, n, t in _markers(stdout.splitlines())}
-  # How long the first (slowed) checkpoint write takes, and a chunk's compute (from one chunk's progress report
-  # to the start of the next one's checkpoint write): the test's Ctrl-C lands within one or the other.
+  # How long the first (slowed) checkpoint write takes, a chunk's compute (from one chunk's progress report to
+  # the start of the next one's checkpoint write), and which program takes longest to compile (the chunk's):
+  # each trial's Ctrl-C lands within one of the three.
   first_write = at["done", CHUNK] - at["writing", 1]
   computes = sorted(at["writing", k] - at["done", (k - 1) * CHUNK] for k in range(2, 17))
   compute = computes[len(computes) // 2]
+  compiles = [line.split() for line in stdout.splitlines() if line.startswith("compiled ")]
+  _, longest, _, compile_seconds = max(compiles, key=lambda c: float(c[3]))
+  compile_seconds = float(compile_seconds)
 
   out = tmp_path / "interrupted"
   rng = random.Random(0)
   resumes_at = 0  # the chunk the next process starts from: the last one whose checkpoint write began
   for trial in range(10):
-    during_write = trial % 2 == 0
-    proc = _start(runner, out, slow_first_save=SLOW if during_write else 0.0)
+    moment = ("write", "compute", "compile")[trial % 3]
+    proc = _start(runner, out, slow_first_save=SLOW if moment == "write" else 0.0)
     lines = []
     try:
       for line in proc.stdout:
         lines.append(line)
-        kind = line.split(" ", 1)[0]
-        if during_write and kind == "writing":
-          # Ctrl-C in the first half of the write, where Orbax's threads write the arrays and metadata.
+        kind, _, fields = line.partition(" ")
+        if moment == "write" and kind == "writing":
+          # In the first half of the write, where Orbax's threads write the arrays and metadata.
           time.sleep(rng.uniform(0.15, 0.45) * first_write)
           break
-        if not during_write and kind == "done":
-          time.sleep(rng.uniform(0.1, 0.9) * compute)  # Ctrl-C within the next chunk's compute
+        if moment == "compute" and kind == "done":
+          time.sleep(rng.uniform(0.1, 0.9) * compute)  # within the next chunk's compute
+          break
+        if moment == "compile" and kind == "lowered" and fields.split()[0] == longest:
+          time.sleep(rng.uniform(0.1, 0.9) * compile_seconds)  # while XLA compiles it, in threads of its own
           break
       proc.send_signal(signal.SIGINT)
       rest, stderr = proc.communicate(timeout=120)
     finally:
       proc.kill()
     lines += rest.splitlines()
-    marks = _markers(lines)
-    assert proc.returncode == 130, (trial, proc.returncode, stderr[-3000:])
-    for noise in ("Traceback", "Event loop is closed", "cannot schedule new futures", "Exception ignored"):
-      assert noise not in stderr, (trial, stderr[-3000:])
+    assert proc.returncode == 130, (trial, moment, proc.returncode, stderr[-3000:])
+    for noise in ("Traceback", "Event loop is closed", "cannot schedule new futures", "Exception ignored",
+                  "Fatal Python error"):
+      assert noise not in stderr, (trial, moment, stderr[-3000:])
     assert stderr.count("interrupted:") == 1 and "resumes from its last checkpoint in" in stderr, stderr[-3000:]
     # It continued from the last checkpoint the previous process began writing: that write was completed
     # (a Ctrl-C during a write waits for it), and none was lost or redone.
-    first = next(n for kind, n, _ in marks if kind == "writing")
-    assert first == resumes_at + 1, (trial, first, resumes_at)
-    resumes_at = max(n for kind, n, _ in marks if kind == "writing")
-  assert resumes_at < 16  # the interrupted processes left chunks for the last one
+    writes = [n for kind, n, _ in _markers(lines, ("writing",))]
+    if writes:
+      assert writes[0] == resumes_at + 1, (trial, moment, writes, resumes_at)
+      resumes_at = writes[-1]
+  assert 0 < resumes_at < 16  # the interrupted processes left chunks for the last one
 
   last = _start(runner, out)
   stdout, stderr = last.communicate(timeout=600)
