@@ -35,7 +35,7 @@ another format version (the earlier single-file ``<name>.msgpack``, or a
 ``meta`` of another ``format``) is a ``ValueError`` naming the version it is
 and the one this version reads. Each of these is a :class:`CheckpointError`.
 A save that fails in the file system (a full disk) is a
-:class:`CheckpointWriteError` (an ``OSError``) naming ``checkpoint_dir`` and
+:class:`CheckpointWriteError` (an ``OSError``) naming the checkpoint directory and
 saying whether the previous checkpoint is intact (it is, once one was
 written: a save replaces it only once the new one is committed).
 
@@ -85,7 +85,7 @@ class CheckpointError(ValueError):
 class CheckpointWriteError(OSError):
   """A checkpoint the file system would not take (a full disk, a read-only or lost mount).
 
-  ``errno`` is the file system's; the message names ``checkpoint_dir`` and says whether the previous
+  ``errno`` is the file system's; the message names the checkpoint directory and says whether the previous
   checkpoint is intact.
   """
 
@@ -409,7 +409,7 @@ class Checkpoint:
         else:
           kept = f"no checkpoint of this run had been written yet: {rerun} to start it over"
         raise CheckpointWriteError(
-            number, f"checkpoint_dir={self.directory!r}: the checkpoint after chunk {chunks_done} could not be "
+            number, f"checkpoint directory {self.directory}: the checkpoint after chunk {chunks_done} could not be "
             f"written ({reason}); {kept}. The file system said: {detail}") from None
       self._chunks_saved = chunks_done
 

@@ -106,7 +106,7 @@ def test_a_full_disk_names_checkpoint_dir_and_the_previous_checkpoint_resumes(tm
     assert main([*ARGV, "--out", str(out)]) == 1
   err = capsys.readouterr().err
   (folder,) = glob.glob(os.path.join(out, "checkpoints", "*"))
-  assert (f"error: checkpoint_dir={folder!r}: the checkpoint after chunk 2 could not be written (No space left on "
+  assert (f"error: checkpoint directory {folder}: the checkpoint after chunk 2 could not be written (No space left on "
           "device); the previous checkpoint (after chunk 1) is intact: free some space, then rerun to resume from "
           "it.") in err
   assert "Traceback" not in err and "RuntimeError" not in err
