@@ -21,3 +21,22 @@ from delayjax.gossip._layup import LayUpState as LayUpState
 from delayjax.gossip._layup import layup as layup
 from delayjax.gossip._method import GossipMethod as GossipMethod
 from delayjax.gossip._method import check_method_schedule as check_method_schedule
+
+__all__ = [
+    "a2cid2",
+    "A2CiD2State",
+    "accelerated_sgd",
+    "AcceleratedState",
+    "acid_constants",
+    "ad_psgd",
+    "check_method_schedule",
+    "d_psgd",
+    "dc_s3gd",
+    "DCS3GDState",
+    "gossip_grad",
+    "GossipMethod",
+    "layup",
+    "LayUpState",
+    "PushSumState",
+    "sgp",
+]

@@ -23,3 +23,29 @@ from delayjax.runtime._sampling import server_minibatch_indices as server_miniba
 from delayjax.runtime._simulate import History as History
 from delayjax.runtime._simulate import SimulationResult as SimulationResult
 from delayjax.runtime._simulate import simulate as simulate
+
+__all__ = [
+    "apply_gradients",
+    "batch_growth",
+    "Checkpoint",
+    "delayed",
+    "DelayedState",
+    "dylu_local_steps",
+    "Execution",
+    "GossipHistory",
+    "GossipResult",
+    "growing_batches",
+    "History",
+    "minibatch_indices",
+    "PipelineHistory",
+    "PipelineResult",
+    "Record",
+    "Runs",
+    "Sampling",
+    "server_minibatch_indices",
+    "simulate",
+    "simulate_gossip",
+    "simulate_pipeline",
+    "SimulationResult",
+    "staged_value_and_grad",
+]
