@@ -44,6 +44,14 @@ from delayjax.transforms import implicit_momentum as implicit_momentum
 from delayjax.transforms import mindthestep as mindthestep
 from delayjax.transforms import mindthestep_weight as mindthestep_weight
 from delayjax.transforms import pipemare as pipemare
+from delayjax.transforms import Correction as Correction
+from delayjax.transforms import discard_stale as discard_stale
+from delayjax.transforms import importance_weighting as importance_weighting
+from delayjax.transforms import m2po as m2po
+from delayjax.transforms import no_correction as no_correction
+from delayjax.transforms import policy_gradient_loss as policy_gradient_loss
+from delayjax.transforms import ppo_clip as ppo_clip
+from delayjax.transforms import truncated_is as truncated_is
 from delayjax.transforms import per_contribution as per_contribution
 from delayjax.transforms import prox_asaga as prox_asaga
 from delayjax.transforms import prox_box as prox_box
@@ -120,4 +128,12 @@ __all__ = [
     "worker_capacity",
     "workers",
     "zeno_plus_plus",
+    "Correction",
+    "discard_stale",
+    "importance_weighting",
+    "m2po",
+    "no_correction",
+    "policy_gradient_loss",
+    "ppo_clip",
+    "truncated_is",
 ]

@@ -45,6 +45,14 @@ from delayjax.transforms._pipeline_remedies import SpecTrainState as SpecTrainSt
 from delayjax.transforms._pipeline_remedies import pipemare as pipemare
 from delayjax.transforms._pipeline_remedies import spectrain as spectrain
 from delayjax.transforms._pipeline_remedies import stage_read as stage_read
+from delayjax.transforms._off_policy import Correction as Correction
+from delayjax.transforms._off_policy import discard_stale as discard_stale
+from delayjax.transforms._off_policy import importance_weighting as importance_weighting
+from delayjax.transforms._off_policy import m2po as m2po
+from delayjax.transforms._off_policy import no_correction as no_correction
+from delayjax.transforms._off_policy import policy_gradient_loss as policy_gradient_loss
+from delayjax.transforms._off_policy import ppo_clip as ppo_clip
+from delayjax.transforms._off_policy import truncated_is as truncated_is
 from delayjax.transforms._per_contribution import PerContributionState as PerContributionState
 from delayjax.transforms._per_contribution import per_contribution as per_contribution
 from delayjax.transforms._prox_asaga import ProxAsagaState as ProxAsagaState
@@ -128,4 +136,12 @@ __all__ = [
     "worker_capacity",
     "zeno_plus_plus",
     "ZenoState",
+    "Correction",
+    "discard_stale",
+    "importance_weighting",
+    "m2po",
+    "no_correction",
+    "policy_gradient_loss",
+    "ppo_clip",
+    "truncated_is",
 ]
