@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -12,8 +14,9 @@ import optax
 from delayjax import delays as delays_lib
 from delayjax._checks import check_bool, check_seed
 from delayjax._memory import available_memory, check_fits, format_bytes
+from delayjax._sharding import stacked_zeros
 from delayjax.cluster._schedule import Schedule
-from delayjax.runtime._buffers import check_update_call, rings
+from delayjax.runtime._buffers import check_update_call
 from delayjax.runtime._replay import replay
 
 _COMPUTED = ("staleness", "stale_params")
@@ -26,6 +29,7 @@ class DelayedState(NamedTuple):
   key: jax.Array  # shape=(2,), uint32: base PRNG key of the delay draws
   issued: jax.Array  # shape=(R,), int32: the call that wrote each slot, -1 if empty
   delay: Any  # int32 [R] (one delay per call), or a pytree of int32 [R] like params (per-leaf delays)
+  worker: jax.Array  # shape=(R,), int32: the worker the call that wrote each slot named, -1 if none
   grads: Any  # pytree like params, each leaf [R, *shape]: gradients waiting to be applied
   stale_params: Any  # pytree like params, each leaf [R, *shape]: params at each slot's call; () if not kept
   inner_state: Any  # the wrapped optimizer's state
@@ -99,15 +103,15 @@ def state_bytes(params: Any, inner: Any, num_slots: int, per_leaf: bool, synchro
   """The bytes of :func:`delayed`'s state from shapes alone (nothing allocated), and of one ring slot.
 
   The state holds the call count (int32) and the PRNG key (2 x uint32),
-  ``num_slots`` int32 entries for the call that wrote each slot and as many
-  delays (per leaf with per-leaf delays), a ring of ``num_slots`` gradients
+  ``num_slots`` int32 entries for the call that wrote each slot, as many
+  delays (per leaf with per-leaf delays) and as many workers, a ring of ``num_slots`` gradients
   shaped like ``params`` (none without delay), the same ring of parameter
   copies with ``store_stale_params``, and the inner optimizer's state
   (``jax.eval_shape``).
   """
   param_bytes = _nbytes(params)
   rings_kept = 0 if synchronous else 1 + int(store_stale_params)
-  tables = 4 * num_slots * (1 + (len(jax.tree.leaves(params)) if per_leaf else 1))
+  tables = 4 * num_slots * (2 + (len(jax.tree.leaves(params)) if per_leaf else 1))
   inner_bytes = _nbytes(jax.eval_shape(inner.init, params))
   return 4 + 8 + tables + rings_kept * num_slots * param_bytes + inner_bytes, param_bytes
 
@@ -187,8 +191,20 @@ def delayed(
   reported in the first ``tau`` updates differs (``u`` there, ``tau``
   here).
 
+  **Workers.** A ``worker`` given to ``update`` is kept with the gradient, as
+  its staleness and parameters are, and ``inner`` gets the worker of the call
+  that *computed* the gradient it applies (per-worker state such as
+  ``dj.delay_compensation(adaptive=True, num_workers=M)`` then updates the
+  right row). Give it at every call; a gradient given without one is applied
+  with the applying call's. Per-leaf delays refuse ``worker`` (a step's
+  leaves come from different calls).
+
   Buffers are fixed-size rings of ``max_delay + 1`` gradients and parameter
-  copies (none when ``max_delay`` is 0: then ``inner`` is called directly); everything is traced arithmetic without Python control flow on
+  copies (none when ``max_delay`` is 0: then ``inner`` is called directly),
+  each sharded as its parameter on the parameter's axes (a ``NamedSharding``
+  of a concrete array, or of a traced one on ``Explicit`` mesh axes), so a
+  sharded model's rings hold each device's own shards and nothing is
+  gathered. Everything is traced arithmetic without Python control flow on
   values, so it runs under ``jit``, ``lax.scan`` and ``vmap``. With a
   constant delay one inner update is traced per call; otherwise a
   ``lax.fori_loop`` runs one inner update per gradient released (at least
@@ -237,98 +253,185 @@ def delayed(
   seed = check_seed("seed", seed)
   store_stale_params = check_bool("store_stale_params", store_stale_params)
   if isinstance(delays, Schedule):
-    replayed = replay(optax.with_extra_args_support(inner), delays)
-
-    def replay_update(updates, state, params=None, **extra_args):
-      _check_grads(updates, params)
-      return replayed.update(updates, state, params, **extra_args)
-
-    return optax.GradientTransformationExtraArgs(replayed.init, replay_update)
+    return _replayed(inner, delays)
   model = delays_lib.check_model("delays", delays)
-  inner = optax.with_extra_args_support(inner)
-  num_slots = model.max_delay + 1
-  num_steps = 1 if model.is_constant else num_slots
-  per_leaf = isinstance(model, delays_lib.PerLeaf)
-  # Zero delay buffers nothing: call inner directly, so the result is inner's own arithmetic.
-  synchronous = model.max_delay == 0
+  setup = _Setup(inner=optax.with_extra_args_support(inner), model=model, seed=seed,
+                 store_stale_params=store_stale_params)
+  return optax.GradientTransformationExtraArgs(functools.partial(_init, setup), functools.partial(_update, setup))
 
-  def init_fn(params):
-    delays_lib.leaf_models(model, params)  # a per-leaf tree that does not fit params fails here
-    _check_init_memory(model, params, inner, num_slots, per_leaf, synchronous, store_stale_params)
-    no_delay = jnp.zeros((num_slots,), jnp.int32)
-    return DelayedState(
-        count=jnp.zeros([], jnp.int32),
-        key=jax.random.PRNGKey(seed),
-        issued=jnp.full((num_slots,), -1, jnp.int32),
-        delay=jax.tree.map(lambda _: no_delay, params) if per_leaf else no_delay,
-        grads=() if synchronous else rings(params, num_slots),
-        stale_params=rings(params, num_slots) if store_stale_params and not synchronous else (),
-        inner_state=inner.init(params),
-    )
 
-  def update_fn(updates, state, params=None, **extra_args):
+def _replayed(inner: optax.GradientTransformation, schedule: Schedule) -> optax.GradientTransformationExtraArgs:
+  """:func:`delayed` replaying a cluster ``Schedule`` (see ``delayjax.runtime._replay``)."""
+  replayed = replay(optax.with_extra_args_support(inner), schedule)
+
+  def replay_update(updates, state, params=None, **extra_args):
     _check_grads(updates, params)
-    check_update_call(updates, params, extra_args, _COMPUTED)
-    t = state.count
-    if synchronous:
-      zero = jnp.zeros([], jnp.int32)
-      kwargs = dict(extra_args, staleness=jax.tree.map(lambda _: zero, params) if per_leaf else zero)
-      if store_stale_params:
-        kwargs["stale_params"] = params
-      u, inner_state = inner.update(updates, state.inner_state, params, **kwargs)
-      return u, state._replace(count=t + 1, inner_state=inner_state)
-    slot = t % num_slots
-    write = lambda ring, x: ring.at[slot].set(jnp.asarray(x, ring.dtype))
-    d = delays_lib.sample_for(model, jax.random.fold_in(state.key, t), t, params)
-    issued = state.issued.at[slot].set(t)
-    delay = jax.tree.map(write, state.delay, d)
-    grads = jax.tree.map(write, state.grads, updates)
-    stale = jax.tree.map(write, state.stale_params, params) if store_stale_params else ()
+    return replayed.update(updates, state, params, **extra_args)
 
-    if per_leaf:
-      plans = [_release_order(issued, dl, t, num_steps) for dl in jax.tree.leaves(delay)]
-      treedef = jax.tree.structure(delay)
-      orders = jax.tree.unflatten(treedef, [p[0] for p in plans])
-      actives = jax.tree.unflatten(treedef, [p[1] for p in plans])
-      any_active = jnp.any(jnp.stack([p[1] for p in plans]), axis=0)
+  return optax.GradientTransformationExtraArgs(replayed.init, replay_update)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Setup:
+  """What :func:`delayed` fixes when it is called: the inner optimizer, the delay model and the ring sizes."""
+
+  inner: optax.GradientTransformationExtraArgs
+  model: delays_lib.DelayModel
+  seed: int
+  store_stale_params: bool
+
+  @property
+  def num_slots(self) -> int:
+    return self.model.max_delay + 1
+
+  @property
+  def num_steps(self) -> int:
+    """Inner updates traced per call: one with a constant delay, else up to one per slot (a ``fori_loop``)."""
+    return 1 if self.model.is_constant else self.num_slots
+
+  @property
+  def per_leaf(self) -> bool:
+    return isinstance(self.model, delays_lib.PerLeaf)
+
+  @property
+  def synchronous(self) -> bool:
+    # Zero delay buffers nothing: call inner directly, so the result is inner's own arithmetic.
+    return self.model.max_delay == 0
+
+
+def _init(setup: _Setup, params: Any) -> DelayedState:
+  delays_lib.leaf_models(setup.model, params)  # a per-leaf tree that does not fit params fails here
+  _check_init_memory(setup.model, params, setup.inner, setup.num_slots, setup.per_leaf, setup.synchronous,
+                     setup.store_stale_params)
+  num_slots = setup.num_slots
+  no_delay = jnp.zeros((num_slots,), jnp.int32)
+  ring = lambda: jax.tree.map(lambda p: stacked_zeros(p, num_slots), params)
+  return DelayedState(
+      count=jnp.zeros([], jnp.int32),
+      key=jax.random.PRNGKey(setup.seed),
+      issued=jnp.full((num_slots,), -1, jnp.int32),
+      delay=jax.tree.map(lambda _: no_delay, params) if setup.per_leaf else no_delay,
+      worker=jnp.full((num_slots,), -1, jnp.int32),
+      grads=() if setup.synchronous else ring(),
+      stale_params=ring() if setup.store_stale_params and not setup.synchronous else (),
+      inner_state=setup.inner.init(params),
+  )
+
+
+def _check_worker(setup: _Setup, worker: Any) -> jax.Array | None:
+  """The ``worker`` given to ``update`` as an int32 scalar (``None`` if not given), or a TypeError / ValueError."""
+  if worker is None:
+    return None
+  if (isinstance(worker, (str, bytes, bool)) or jnp.ndim(worker) != 0
+      or not jnp.issubdtype(jnp.result_type(worker), jnp.integer)):
+    raise TypeError(f"worker (an extra argument of dj.delayed's update) must be an integer scalar, the index of the "
+                    f"worker that computed the gradient; got {worker!r}.")
+  if setup.per_leaf and not setup.synchronous:
+    raise ValueError(
+        f"dj.delayed with per-leaf delays ({setup.model!r}) cannot carry worker: at one inner step each leaf "
+        f"applies the gradient of another call, so no one worker computed the gradients inner is given. Use one "
+        f"delay model for every leaf, or do not pass worker.")
+  return jnp.asarray(worker, jnp.int32)
+
+
+def _update(setup: _Setup, updates: Any, state: DelayedState, params: Any = None, **extra_args):
+  _check_grads(updates, params)
+  check_update_call(updates, params, extra_args, _COMPUTED)
+  worker = _check_worker(setup, extra_args.pop("worker", None))
+  if setup.synchronous:
+    return _update_now(setup, updates, state, params, worker, extra_args)
+  t = state.count
+  slot = t % setup.num_slots
+  write = lambda ring, x: ring.at[slot].set(jnp.asarray(x, ring.dtype))
+  d = delays_lib.sample_for(setup.model, jax.random.fold_in(state.key, t), t, params)
+  written = state._replace(
+      count=t + 1,
+      issued=state.issued.at[slot].set(t),
+      delay=jax.tree.map(write, state.delay, d),
+      worker=state.worker.at[slot].set(jnp.int32(-1) if worker is None else worker),
+      grads=jax.tree.map(write, state.grads, updates),
+      stale_params=jax.tree.map(write, state.stale_params, params) if setup.store_stale_params else ())
+  plan = _release_plan(setup, written, t, params)
+  inner_state, total = _apply_released(setup, written, plan, params, worker, extra_args)
+  return total, written._replace(inner_state=inner_state)
+
+
+def _update_now(setup: _Setup, updates: Any, state: DelayedState, params: Any, worker: jax.Array | None,
+                extra_args: dict[str, Any]):
+  """A call with no delay: ``inner`` on this call's gradient, staleness 0 and the current parameters."""
+  zero = jnp.zeros([], jnp.int32)
+  kwargs = dict(extra_args, staleness=jax.tree.map(lambda _: zero, params) if setup.per_leaf else zero)
+  if setup.store_stale_params:
+    kwargs["stale_params"] = params
+  if worker is not None:
+    kwargs["worker"] = worker
+  u, inner_state = setup.inner.update(updates, state.inner_state, params, **kwargs)
+  return u, state._replace(count=state.count + 1, inner_state=inner_state)
+
+
+class _ReleasePlan(NamedTuple):
+  """Which slot each leaf takes at each inner step of a call, and which steps are live."""
+
+  orders: Any  # pytree like params of int32 [num_steps]: the slot of step k
+  actives: Any  # pytree like params of bool [num_steps]: whether the leaf has a release at step k
+  any_active: jax.Array  # bool [num_steps]: whether any leaf has one (the step updates inner's state)
+  order: jax.Array | None  # int32 [num_steps]: the shared slot order (one delay for all leaves), else None
+
+
+def _release_plan(setup: _Setup, state: DelayedState, t: jax.Array, params: Any) -> _ReleasePlan:
+  if setup.per_leaf:
+    plans = [_release_order(state.issued, dl, t, setup.num_steps) for dl in jax.tree.leaves(state.delay)]
+    treedef = jax.tree.structure(state.delay)
+    orders = jax.tree.unflatten(treedef, [p[0] for p in plans])
+    actives = jax.tree.unflatten(treedef, [p[1] for p in plans])
+    any_active = jnp.any(jnp.stack([p[1] for p in plans]), axis=0)
+    return _ReleasePlan(orders, actives, any_active, None)
+  order, any_active = _release_order(state.issued, state.delay, t, setup.num_steps)
+  return _ReleasePlan(jax.tree.map(lambda _: order, params), jax.tree.map(lambda _: any_active, params),
+                      any_active, order)
+
+
+def _pick(ring, o, a, k, otherwise):
+  """Row ``o[k]`` of ``ring`` where step ``k`` is live (``a[k]``), else ``otherwise``."""
+  return jnp.where(a[k], ring[o[k]], otherwise)
+
+
+def _apply_released(setup: _Setup, state: DelayedState, plan: _ReleasePlan, params: Any, worker: jax.Array | None,
+                    extra_args: dict[str, Any]):
+  """Applies the gradients released at this call through ``inner``, in issue order: (inner state, summed update)."""
+  inner = setup.inner
+
+  def step(inner_state, current, k):
+    g = jax.tree.map(lambda r, o, a: _pick(r, o, a, k, jnp.zeros_like(r[0])), state.grads, plan.orders,
+                     plan.actives)
+    if setup.per_leaf:
+      tau = jax.tree.map(lambda dl, o, a: _pick(dl, o, a, k, jnp.int32(0)), state.delay, plan.orders,
+                         plan.actives)
     else:
-      order, any_active = _release_order(issued, delay, t, num_steps)
-      orders = jax.tree.map(lambda _: order, params)
-      actives = jax.tree.map(lambda _: any_active, params)
+      tau = _pick(state.delay, plan.order, plan.any_active, k, jnp.int32(0))
+    kwargs = dict(extra_args, staleness=tau)
+    if setup.store_stale_params:
+      kwargs["stale_params"] = jax.tree.map(
+          lambda r, o, a, w: _pick(r, o, a, k, w), state.stale_params, plan.orders, plan.actives, current)
+    if worker is not None:
+      # The worker that computed the gradient; one given without a worker takes this call's.
+      computed_by = _pick(state.worker, plan.order, plan.any_active, k, worker)
+      kwargs["worker"] = jnp.where(computed_by < 0, worker, computed_by)
+    u, new_state = inner.update(g, inner_state, current, **kwargs)
+    new_state = _masked(plan.any_active[k], new_state, inner_state)
+    u = jax.tree.map(lambda x: jnp.where(plan.any_active[k], x, jnp.zeros_like(x)), u)
+    return new_state, u
 
-    def pick(ring, o, a, k, otherwise):
-      return jnp.where(a[k], ring[o[k]], otherwise)
+  inner_state, total = step(state.inner_state, params, 0)
+  if setup.num_steps > 1:
+    def body(k, carry):
+      inner_state, current, total = carry
+      inner_state, u = step(inner_state, current, k)
+      return inner_state, optax.apply_updates(current, u), jax.tree.map(jnp.add, total, u)
 
-    def step(inner_state, current, k):
-      g = jax.tree.map(lambda r, o, a: pick(r, o, a, k, jnp.zeros_like(r[0])), grads, orders, actives)
-      if per_leaf:
-        tau = jax.tree.map(lambda dl, o, a: pick(dl, o, a, k, jnp.int32(0)), delay, orders, actives)
-      else:
-        tau = pick(delay, order, any_active, k, jnp.int32(0))
-      kwargs = dict(extra_args, staleness=tau)
-      if store_stale_params:
-        kwargs["stale_params"] = jax.tree.map(
-            lambda r, o, a, w: pick(r, o, a, k, w), stale, orders, actives, current)
-      u, new_state = inner.update(g, inner_state, current, **kwargs)
-      new_state = _masked(any_active[k], new_state, inner_state)
-      u = jax.tree.map(lambda x: jnp.where(any_active[k], x, jnp.zeros_like(x)), u)
-      return new_state, u
-
-    inner_state, total = step(state.inner_state, params, 0)
-    if num_steps > 1:
-      def body(k, carry):
-        inner_state, current, total = carry
-        inner_state, u = step(inner_state, current, k)
-        return inner_state, optax.apply_updates(current, u), jax.tree.map(jnp.add, total, u)
-
-      # Loop only over the gradients actually released: about one per call on average, so the
-      # cost does not grow with max_delay (under vmap the loop runs to the batch's maximum, masked).
-      num_released = jnp.sum(any_active, dtype=jnp.int32)
-      carry = (inner_state, optax.apply_updates(params, total), total)
-      inner_state, _, total = jax.lax.fori_loop(1, num_released, body, carry)
-
-    new_state = DelayedState(count=t + 1, key=state.key, issued=issued, delay=delay, grads=grads,
-                             stale_params=stale, inner_state=inner_state)
-    return total, new_state
-
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+    # Loop only over the gradients actually released: about one per call on average, so the
+    # cost does not grow with max_delay (under vmap the loop runs to the batch's maximum, masked).
+    num_released = jnp.sum(plan.any_active, dtype=jnp.int32)
+    carry = (inner_state, optax.apply_updates(params, total), total)
+    inner_state, _, total = jax.lax.fori_loop(1, num_released, body, carry)
+  return inner_state, total
