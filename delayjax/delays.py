@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, Sequence
+import re
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -36,7 +37,7 @@ from delayjax._memory import available_memory, check_fits
 
 __all__ = [
     "DelayModel", "Constant", "Uniform", "Geometric", "Categorical", "Trace", "PerLeaf",
-    "constant", "uniform", "geometric", "categorical", "trace", "per_leaf", "leaf_models",
+    "constant", "uniform", "geometric", "categorical", "trace", "per_leaf", "by_path", "path_name", "leaf_models",
     "sample_for", "MAX_DELAY",
 ]
 
@@ -356,6 +357,90 @@ def trace(delays: Sequence[int]) -> Trace:
 def per_leaf(models: Any) -> PerLeaf:
   """Per-leaf delays: a pytree of models matching (a prefix of) the parameter tree."""
   return PerLeaf(models)
+
+
+def path_name(path: Sequence[Any]) -> str:
+  """A key path (``jax.tree_util.tree_leaves_with_path``) as ``"blocks/0/attn/w"``: keys, attributes and
+  indices joined by ``/``, the form :func:`by_path`'s patterns are matched against."""
+  parts = []
+  for key in path:
+    for field in ("key", "name", "idx"):
+      if hasattr(key, field):
+        parts.append(str(getattr(key, field)))
+        break
+    else:
+      parts.append(str(key))
+  return "/".join(parts)
+
+
+def _as_model(name: str, value: Any) -> DelayModel:
+  if _is_model(value):
+    if isinstance(value, PerLeaf):
+      raise TypeError(f"{name} must be one delay model or an integer delay, not a per_leaf tree, got {value!r}.")
+    return value
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    raise TypeError(f"{name} must be an integer delay >= 0 or a delay model from delayjax.delays, got {value!r}.")
+  return Constant(_check_delay(name, int(value)))
+
+
+def by_path(tree: Any, rules: Mapping[str, Any] | Sequence[tuple[str, Any]] | Callable[[str], Any],
+            default: Any = 0) -> Any:
+  r"""One delay model per leaf of ``tree``, chosen from the leaf's path: the tree :func:`per_leaf` takes.
+
+  A leaf's path is written as :func:`path_name` writes it (``"blocks/0/attn/w"``
+  for ``params["blocks"][0]["attn"]["w"]``). ``rules`` is either
+
+  - regular expressions and delays, ``{pattern: delay}`` or ``[(pattern, delay), ...]``:
+    the first pattern that ``re.search`` finds in the path gives the leaf's
+    delay, ``default`` when none does; or
+  - a function of the path string returning the delay (as marin's
+    ``grug_stage_tau`` computes a per-stage profile: the first pipeline stage
+    stalest, the last fresh).
+
+  A delay is an integer (``constant(d)``) or a delay model.
+
+  Args:
+    tree: the parameters (only their structure and paths are used).
+    rules: patterns and delays, or a function of the path.
+    default: the delay of a leaf no pattern matches.
+
+  Returns:
+    A pytree like ``tree`` of delay models; ``per_leaf(by_path(...))`` is the
+    model for ``dj.delayed``, ``dj.simulate`` and ``dj.weight_prediction``.
+
+  Raises:
+    TypeError, ValueError: a rule that is not a pattern and a delay, a pattern
+      that does not compile, or a delay that is not an integer >= 0 or a model.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> import delayjax as dj
+    >>> params = {"embed": jnp.zeros(4), "blocks": [{"w": jnp.zeros(2)}, {"w": jnp.zeros(2)}], "head": jnp.zeros(3)}
+    >>> tree = dj.delays.by_path(params, {r"^embed": 3, r"^blocks/0/": 2, r"^blocks/1/": 1})
+    >>> tree["embed"], tree["blocks"][1]["w"], tree["head"]
+    (Constant(tau=3), Constant(tau=1), Constant(tau=0))
+  """
+  default = _as_model("default", default)
+  if callable(rules) and not isinstance(rules, Mapping):
+    def choose(name: str) -> DelayModel:
+      return _as_model(f"the delay rules({name!r}) returned", rules(name))
+  else:
+    pairs = list(rules.items()) if isinstance(rules, Mapping) else list(rules)
+    compiled = []
+    for i, pair in enumerate(pairs):
+      if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)):
+        raise TypeError(f"rules must map regular expressions (str) to delays, or be a function of the path; "
+                        f"rule {i} is {pair!r}.")
+      try:
+        pattern = re.compile(pair[0])
+      except re.error as e:
+        raise ValueError(f"rules: pattern {pair[0]!r} is not a regular expression: {e}.") from None
+      compiled.append((pattern, _as_model(f"the delay of pattern {pair[0]!r}", pair[1])))
+
+    def choose(name: str) -> DelayModel:
+      return next((model for pattern, model in compiled if pattern.search(name)), default)
+
+  return jax.tree_util.tree_map_with_path(lambda path, _: choose(path_name(path)), tree)
 
 
 def leaf_models(model: DelayModel, tree: Any) -> Any:
