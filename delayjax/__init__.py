@@ -35,6 +35,7 @@ from delayjax.transforms import dana as dana
 from delayjax.transforms import dana_slim as dana_slim
 from delayjax.transforms import dap_sgd as dap_sgd
 from delayjax.transforms import delay_adaptive_sgd as delay_adaptive_sgd
+from delayjax.transforms import delay_compensated as delay_compensated
 from delayjax.transforms import delay_compensation as delay_compensation
 from delayjax.transforms import delayed_nesterov as delayed_nesterov
 from delayjax.transforms import explicit_momentum as explicit_momentum
@@ -67,6 +68,7 @@ from delayjax.transforms import staleness_weight as staleness_weight
 from delayjax.transforms import svrg as svrg
 from delayjax.transforms import tap_sgd as tap_sgd
 from delayjax.transforms import worker_capacity as worker_capacity
+from delayjax.transforms import weight_prediction as weight_prediction
 from delayjax.transforms import zeno_plus_plus as zeno_plus_plus
 
 __version__ = "0.1.0"
@@ -87,6 +89,7 @@ __all__ = [
     "dana_slim",
     "dap_sgd",
     "delay_adaptive_sgd",
+    "delay_compensated",
     "delay_compensation",
     "delayed",
     "delayed_nesterov",
@@ -127,6 +130,7 @@ __all__ = [
     "topology",
     "worker_capacity",
     "workers",
+    "weight_prediction",
     "zeno_plus_plus",
     "Correction",
     "discard_stale",

@@ -20,8 +20,10 @@ from delayjax.transforms._dana import DanaSlimState as DanaSlimState
 from delayjax.transforms._dana import DanaState as DanaState
 from delayjax.transforms._dana import dana as dana
 from delayjax.transforms._dana import dana_slim as dana_slim
+from delayjax.transforms._dc_asgd import DelayCompensatedState as DelayCompensatedState
 from delayjax.transforms._dc_asgd import DelayCompensationState as DelayCompensationState
 from delayjax.transforms._dc_asgd import PerWorkerDelayCompensationState as PerWorkerDelayCompensationState
+from delayjax.transforms._dc_asgd import delay_compensated as delay_compensated
 from delayjax.transforms._dc_asgd import delay_compensation as delay_compensation
 from delayjax.transforms._delayed_nesterov import DelayedNesterovState as DelayedNesterovState
 from delayjax.transforms._delayed_nesterov import delayed_nesterov as delayed_nesterov
@@ -69,6 +71,8 @@ from delayjax.transforms._variance_reduction import SagaState as SagaState
 from delayjax.transforms._variance_reduction import SvrgState as SvrgState
 from delayjax.transforms._variance_reduction import saga as saga
 from delayjax.transforms._variance_reduction import svrg as svrg
+from delayjax.transforms._weight_prediction import WeightPredictionState as WeightPredictionState
+from delayjax.transforms._weight_prediction import weight_prediction as weight_prediction
 from delayjax.transforms._zeno import ZenoState as ZenoState
 from delayjax.transforms._zeno import zeno_plus_plus as zeno_plus_plus
 
@@ -91,6 +95,8 @@ __all__ = [
     "dap_sgd",
     "DapSgd",
     "delay_adaptive_sgd",
+    "delay_compensated",
+    "DelayCompensatedState",
     "delay_compensation",
     "DelayAdaptiveState",
     "DelayCompensationState",
@@ -134,6 +140,8 @@ __all__ = [
     "SvrgState",
     "tap_sgd",
     "worker_capacity",
+    "weight_prediction",
+    "WeightPredictionState",
     "zeno_plus_plus",
     "ZenoState",
     "Correction",
