@@ -2,13 +2,16 @@
 
 ``Gradient`` (the default) pushes the minibatch gradient at the parameters it
 read, with the inputs a transformation requests; ``LocalSteps`` runs local
-optimizer steps and pushes the pseudo-gradient. A new kind is a subclass of
+optimizer steps and pushes the pseudo-gradient; ``Rollouts`` generates its
+batch (rollouts) at the parameters it read and lets the learner correct for
+their staleness (asynchronous RL). A new kind is a subclass of
 ``Worker`` (see ``delayjax.runtime._workers`` for the protocol).
 """
 
+from delayjax.runtime._rollouts import Rollouts as Rollouts
 from delayjax.runtime._workers import Gradient as Gradient
 from delayjax.runtime._workers import LocalSteps as LocalSteps
 from delayjax.runtime._workers import Worker as Worker
 from delayjax.runtime._workers import WorkerContext as WorkerContext
 
-__all__ = ["Gradient", "LocalSteps", "Worker", "WorkerContext"]
+__all__ = ["Gradient", "LocalSteps", "Rollouts", "Worker", "WorkerContext"]
