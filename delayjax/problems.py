@@ -21,6 +21,10 @@ Newton's method in float64 NumPy, and caches them on disk, so that
 The JAX side (:meth:`FiniteSum.data`, :meth:`FiniteSum.loss_fn`,
 :meth:`FiniteSum.per_sample`) feeds ``dj.simulate``, ``dj.saga`` (scalar
 table) and ``dj.prox_asaga``.
+
+:func:`contextual_bandit` is the reinforcement-learning counterpart: a
+bandit with a known optimum whose contexts take time to answer in proportion
+to their length, for stale data in asynchronous RL (``dj.workers.Rollouts``).
 """
 
 from __future__ import annotations
@@ -679,3 +683,125 @@ def digits(*, lam: float = 1e-4, threshold: int = 5) -> FiniteSum:
   x = np.concatenate([x, np.ones((len(x), 1))], axis=1)
   x /= np.linalg.norm(x, axis=1, keepdims=True)
   return FiniteSum("logistic", targets=np.where(digit < threshold, 1.0, -1.0), lam=lam, features=x)
+
+
+# ---------------------------------------------------------------- a contextual bandit whose rollouts take time
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ContextualBandit:
+  r"""A contextual bandit with a known optimum, whose contexts (prompts) take time to answer.
+
+  Context :math:`s` (of :math:`S`) has mean rewards :math:`\bar r(s, a)` for
+  its :math:`A` actions and a *length* :math:`L_s`, the tokens a rollout of it
+  generates, so a rollout's generation time grows with its context's length.
+  A reward is :math:`\bar r(s, a) + \sigma \xi`, :math:`\xi \sim N(0, 1)`.
+  The policy is tabular softmax, :math:`\pi_\theta(a \mid s) \propto
+  e^{\theta_{s a}}` (params ``{"logits": [S, A]}``), so the optimum
+  :math:`\max_a \bar r(s, a)` per context is known and the regret of a
+  policy is exact.
+
+  Build it with :func:`contextual_bandit`. Attributes:
+    means: float64 ``[S, A]``, :math:`\bar r`.
+    lengths: int64 ``[S]``, :math:`L_s \ge 1`.
+    noise: :math:`\sigma \ge 0`.
+  """
+
+  means: np.ndarray
+  lengths: np.ndarray
+  noise: float
+
+  @property
+  def num_contexts(self) -> int:
+    return int(self.means.shape[0])
+
+  @property
+  def num_actions(self) -> int:
+    return int(self.means.shape[1])
+
+  def init_params(self) -> dict[str, jax.Array]:
+    """The uniform policy: zero logits, float32 ``[S, A]``."""
+    return {"logits": jnp.zeros(self.means.shape, jnp.float32)}
+
+  def log_prob(self, params: Any, contexts: jax.Array, actions: jax.Array) -> jax.Array:
+    r""":math:`\log \pi_\theta(a_i \mid s_i)`, float32 ``[B]``."""
+    return jax.nn.log_softmax(params["logits"])[contexts, actions]
+
+  def sample(self, params: Any, key: jax.Array, contexts: jax.Array) -> dict[str, jax.Array]:
+    """Rollouts of the policy ``params`` on ``contexts`` (int ``[B]``): ``contexts``, ``actions``, ``rewards``
+    and ``behaviour_logp`` (the log-probs of the actions under ``params``), each ``[B]``."""
+    k_action, k_noise = jax.random.split(key)
+    logits = params["logits"][contexts]
+    actions = jax.random.categorical(k_action, logits).astype(jnp.int32)
+    means = jnp.asarray(self.means, jnp.float32)[contexts, actions]
+    rewards = means + jnp.float32(self.noise) * jax.random.normal(k_noise, means.shape, jnp.float32)
+    return {"contexts": contexts.astype(jnp.int32), "actions": actions, "rewards": rewards,
+            "behaviour_logp": jax.nn.log_softmax(logits)[jnp.arange(actions.shape[0]), actions]}
+
+  def expected_reward(self, params: Any) -> np.ndarray:
+    r"""float64 ``[S]``: :math:`\sum_a \pi_\theta(a \mid s) \bar r(s, a)` per context."""
+    logits = np.asarray(params["logits"], np.float64)
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    return (p * self.means).sum(axis=1)
+
+  def regret(self, params: Any) -> np.ndarray:
+    r"""float64 ``[S]``: :math:`\max_a \bar r(s, a) - \mathbb{E}_{\pi_\theta}[\bar r(s, a)]` per context (>= 0)."""
+    return self.means.max(axis=1) - self.expected_reward(params)
+
+  def generation_times(self, prompts: Any, *, per_token: float = 1.0, overhead: float = 0.0) -> np.ndarray:
+    r"""Seconds to generate each batch of ``prompts`` (int ``[..., B]``): ``overhead + per_token * max_b L``.
+
+    A batch is generated together and is done when its longest rollout is,
+    so its time is set by the longest context in it. Feed a table ``[M, n, B]``
+    of each worker's prompts to ``dj.cluster.workers(M, compute=...)`` (it
+    replays ``[M, n]`` times) and to ``dj.workers.Rollouts(prompts=...)``: the
+    schedule's delays are then exactly the ones these samples cause.
+    """
+    prompts = check_number_array("prompts must be an array of context indices [..., B]", prompts, "iu")
+    prompts = prompts.astype(np.int64)
+    if prompts.ndim < 1 or prompts.size == 0 or prompts.min() < 0 or prompts.max() >= self.num_contexts:
+      raise ValueError(f"prompts must be a non-empty array of context indices in [0, {self.num_contexts}), got "
+                       f"shape {prompts.shape}" + (f" and range [{prompts.min()}, {prompts.max()}]."
+                                                   if prompts.size else "."))
+    per_token = check_float("per_token", per_token, minimum=0.0, strict_minimum=True)
+    overhead = check_float("overhead", overhead, minimum=0.0)
+    return overhead + per_token * self.lengths[prompts].max(axis=-1).astype(np.float64)
+
+
+def contextual_bandit(num_contexts: int = 8, num_actions: int = 4, *, max_length: int = 8, noise: float = 0.5,
+                      seed: int = 0) -> ContextualBandit:
+  r"""A :class:`ContextualBandit`: uniform random mean rewards, lengths spread evenly from 1 to ``max_length``.
+
+  .. math::  \bar r(s, a) \sim U(0, 1), \qquad
+             L_s = 1 + \left\lfloor \frac{s\,(L_{\max} - 1)}{S - 1} \right\rceil
+
+  (context 0 the shortest, context :math:`S - 1` of length :math:`L_{\max}`).
+
+  Args:
+    num_contexts: :math:`S \ge 1`.
+    num_actions: :math:`A \ge 2`.
+    max_length: :math:`L_{\max} \ge 1`.
+    noise: :math:`\sigma \ge 0`, the reward noise.
+    seed: the mean rewards' seed.
+
+  Returns:
+    A :class:`ContextualBandit`.
+
+  Examples:
+    >>> import delayjax as dj
+    >>> task = dj.problems.contextual_bandit(4, 3, max_length=7)
+    >>> task.lengths.tolist(), bool((task.regret(task.init_params()) > 0).all())
+    ([1, 3, 5, 7], True)
+  """
+  num_contexts = check_int("num_contexts", num_contexts, minimum=1)
+  num_actions = check_int("num_actions", num_actions, minimum=2)
+  max_length = check_int("max_length", max_length, minimum=1)
+  noise = check_float("noise", noise, minimum=0.0)
+  rng = np.random.default_rng(check_seed("seed", seed))
+  means = rng.uniform(0.0, 1.0, (num_contexts, num_actions))
+  spread = np.arange(num_contexts) * (max_length - 1) / max(num_contexts - 1, 1)
+  lengths = 1 + np.rint(spread).astype(np.int64)
+  means.setflags(write=False)
+  lengths.setflags(write=False)
+  return ContextualBandit(means, lengths, noise)
