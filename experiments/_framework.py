@@ -63,58 +63,24 @@ VERDICTS = ("held", "not held", "inconclusive", "not evaluated")
 CONFIDENCE = 0.95  # two-sided level of every interval; a verdict needs the whole interval on one side
 
 
-def t_two_sided_probability(t: float, df: int) -> float:
-  r"""``P(|T| <= t)`` for Student's t with ``df`` (a positive integer) degrees of freedom, in closed form.
-
-  With :math:`\theta = \arctan(|t| / \sqrt{\nu})`, Abramowitz & Stegun 26.7.3 and 26.7.4:
-
-  .. math::
-
-    \nu \text{ odd: } A = \tfrac{2}{\pi}\Big(\theta + \sin\theta \big(\cos\theta
-      + \tfrac{2}{3}\cos^3\theta + \dots + \tfrac{2 \cdot 4 \cdots (\nu - 3)}{1 \cdot 3 \cdots (\nu - 2)}
-      \cos^{\nu - 2}\theta\big)\Big) \quad (\text{for } \nu = 1\text{: } 2\theta/\pi),
-
-    \nu \text{ even: } A = \sin\theta \Big(1 + \tfrac12 \cos^2\theta + \dots
-      + \tfrac{1 \cdot 3 \cdots (\nu - 3)}{2 \cdot 4 \cdots (\nu - 2)} \cos^{\nu - 2}\theta\Big).
-  """
-  if isinstance(df, bool) or not isinstance(df, int) or df < 1:
-    raise ValueError(f"df must be a positive integer, got {df!r}.")
-  theta = math.atan(abs(t) / math.sqrt(df))
-  sin, cos = math.sin(theta), math.cos(theta)
-  if df % 2 == 1:
-    term, total = cos, 0.0
-    for k in range(1, (df - 1) // 2 + 1):
-      total += term
-      term *= cos * cos * (2 * k) / (2 * k + 1)
-    return min(1.0, 2.0 / math.pi * (theta + sin * total))
-  term, total = 1.0, 0.0
-  for k in range(1, df // 2 + 1):
-    total += term
-    term *= cos * cos * (2 * k - 1) / (2 * k)
-  return min(1.0, sin * total)
-
-
 def t_quantile(confidence: float, df: int) -> float:
-  """The ``t`` with ``P(|T| <= t) = confidence`` (e.g. 2.776 for 0.95 and 4 degrees of freedom), by bisection."""
+  """The ``t`` with ``P(|T| <= t) = confidence`` for Student's t with ``df`` degrees of freedom (e.g. 2.776 for
+  0.95 and 4), from ``scipy.stats.t``."""
+  from scipy import stats
+
   if not 0.0 < confidence < 1.0:
     raise ValueError(f"confidence must be in (0, 1), got {confidence!r}.")
-  low, high = 0.0, 1.0
-  while t_two_sided_probability(high, df) < confidence:
-    low, high = high, 2.0 * high
-  for _ in range(200):
-    mid = 0.5 * (low + high)
-    if t_two_sided_probability(mid, df) < confidence:
-      low = mid
-    else:
-      high = mid
-    if high - low <= 1e-12 * high:
-      break
-  return 0.5 * (low + high)
+  if isinstance(df, bool) or not isinstance(df, int) or df < 1:
+    raise ValueError(f"df must be a positive integer, got {df!r}.")
+  return float(stats.t.ppf(0.5 + confidence / 2.0, df))
 
 
 def binomial_tail(k: int, n: int) -> float:
   """``P(X >= k)`` for ``X ~ Binomial(n, 1/2)``: the one-sided p-value of ``k`` of ``n`` signs (sign test)."""
-  return sum(math.comb(n, i) for i in range(max(k, 0), n + 1)) / 2.0 ** n
+  from scipy import stats
+
+  # sf(k - 1) = P(X > k - 1) = P(X >= k); 1 for k <= 0.
+  return float(stats.binom.sf(k - 1, n, 0.5))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -232,12 +232,11 @@ def test_t_quantile_matches_the_printed_table(confidence, df, expected):
   assert fw.t_quantile(confidence, df) == pytest.approx(expected, abs=6e-4)
 
 
-@pytest.mark.parametrize("t", [0.1, 1.0, 2.5, 30.0])
-def test_t_probability_matches_closed_forms(t):
-  # df = 1 is the Cauchy distribution, df = 2 has P(|T| <= t) = t / sqrt(2 + t^2).
-  assert fw.t_two_sided_probability(t, 1) == pytest.approx(2 / np.pi * np.arctan(t), rel=1e-12)
-  assert fw.t_two_sided_probability(t, 2) == pytest.approx(t / np.sqrt(2 + t * t), rel=1e-12)
-  assert fw.t_two_sided_probability(np.sqrt(3.0), 3) == pytest.approx(0.5 + 1 / np.pi, rel=1e-12)
+def test_t_quantile_refuses_what_has_no_quantile():
+  with pytest.raises(ValueError, match="confidence must be in"):
+    fw.t_quantile(1.0, 4)
+  with pytest.raises(ValueError, match="df must be a positive integer"):
+    fw.t_quantile(0.95, 0)
 
 
 def test_compare_gives_the_paired_t_interval_and_three_verdicts():
@@ -264,7 +263,8 @@ def test_compare_gives_the_paired_t_interval_and_three_verdicts():
 
 
 def test_infinite_values_take_the_sign_test_or_the_censor():
-  assert fw.binomial_tail(6, 6) == 1 / 64 and fw.binomial_tail(5, 6) == 7 / 64 and fw.binomial_tail(0, 3) == 1.0
+  assert fw.binomial_tail(6, 6) == pytest.approx(1 / 64, rel=1e-12)
+  assert fw.binomial_tail(5, 6) == pytest.approx(7 / 64, rel=1e-12) and fw.binomial_tail(0, 3) == 1.0
   never = [float("inf")] * 6
   reached = [50.0, 60.0, 55.0, 52.0, 58.0, 61.0]
   c = fw.compare(never, reached, claim="greater")
