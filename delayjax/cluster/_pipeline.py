@@ -360,11 +360,11 @@ def _device_ops(schedule: str, device: int, K: int, v: int, m: int, U: int) -> l
   return ops
 
 
-def _per_stage(name: str, value: Any, num_stages: int) -> tuple[TimeModel, ...]:
+def _per_stage(name: str, value: Any, num_stages: int, virtual: int) -> tuple[TimeModel, ...]:
   if isinstance(value, (list, tuple)):
     if len(value) != num_stages:
-      raise ValueError(f"{name} as a sequence must have one time model per model stage ({num_stages}), "
-                       f"got {len(value)}.")
+      count = f"{num_stages}: num_stages x virtual_stages" if virtual > 1 else f"{num_stages}"
+      raise ValueError(f"{name} as a sequence must have one time model per stage ({count}), got {len(value)}.")
     return tuple(as_time_model(f"{name}[{k}]", v) for k, v in enumerate(value))
   return (as_time_model(name, value),) * num_stages
 
@@ -465,12 +465,13 @@ def pipeline(
   v, split = _check_layout(schedule, K, m, weights, virtual_stages, weight_fraction)
   seed = check_seed("seed", seed)
   S = K * v
-  fwd_models = _per_stage("forward", forward, S)
-  bwd_models = _per_stage("backward", backward, S)
-  comm_models = _per_stage("comm", comm, S)
+  fwd_models = _per_stage("forward", forward, S, v)
+  bwd_models = _per_stage("backward", backward, S, v)
+  comm_models = _per_stage("comm", comm, S, v)
   N = U * m
   # Thirteen [micro-batches, model stages] tables of 8 bytes and the update times, allocated at once below.
-  check_fits(f"num_updates={U} x num_microbatches={m} on {S} model stages: the pipeline schedule's tables",
+  chunks = f" x virtual_stages={v}" if v > 1 else ""
+  check_fits(f"num_updates={U} x num_microbatches={m} on num_stages={K}{chunks}: the pipeline schedule's tables",
              8 * S * (13 * N + U), available_memory())
   fwd_time, bwd_time, comm_f, comm_b = (np.empty((N, S)) for _ in range(4))
   for j in range(S):

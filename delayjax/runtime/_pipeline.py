@@ -544,14 +544,18 @@ def simulate_pipeline(
   such a mesh.
 
   Args:
-    stage_fns: ``K`` stage functions; stage 0 receives ``batch["x"]``.
+    stage_fns: ``K`` stage functions, one per model stage of the schedule
+      (``num_stages * virtual_stages``); stage 0 receives ``batch["x"]``.
     loss_fn: ``loss_fn(h_K, batch) -> scalar``.
     tx: the per-stage optimizer. It receives ``staleness``,
       ``backward_staleness`` and ``stale_params``; one that needs another
       extra argument (``worker``) is refused.
     params: ``K`` parameter trees.
     data: a dict of arrays with a leading example axis, holding ``"x"``.
-    schedule: a ``dj.cluster.pipeline`` schedule with ``K`` stages.
+    schedule: a ``dj.cluster.pipeline`` schedule with ``K`` model stages.
+      A split backward pass (``"zb-h1"``) reads one version in both halves,
+      so its weight gradient is that of the backward pass at that version; a
+      schedule whose halves read different versions is refused.
     seed: seeds the minibatches, an int in ``[0, 2**32)``.
     sampling: ``dj.Sampling``: ``batch_size`` examples per micro-batch,
       drawn ``"iid"`` (the only scheme here).
@@ -598,15 +602,22 @@ def _prepare(stage_fns, loss_fn, tx, params, data, schedule, *, seed, sampling, 
   stage_fns = _check_stages(stage_fns)
   if not isinstance(schedule, PipelineSchedule):
     raise TypeError(f"schedule must be a dj.cluster.pipeline(...) schedule, got {type(schedule).__name__}.")
-  K, m, U = schedule.num_stages, schedule.num_microbatches, schedule.num_updates
+  K, m, U = schedule.num_model_stages, schedule.num_microbatches, schedule.num_updates
   if len(stage_fns) != K:
-    raise ValueError(f"stage_fns has {len(stage_fns)} stages but the schedule has num_stages={K}.")
+    raise ValueError(f"stage_fns has {len(stage_fns)} stages but the schedule has {K} model stages "
+                     f"(num_stages={schedule.num_stages} x virtual_stages={schedule.virtual_stages}).")
+  if not np.array_equal(schedule.weight_version, schedule.backward_version):
+    # A split backward pass whose two halves read different versions: not computed here, so not silently wrong.
+    raise ValueError(f"schedule's weight-gradient passes read other versions than its input-gradient passes "
+                     f"(weight_version != backward_version); {runtime} computes a stage's weight gradient at its "
+                     f"backward pass's version, as every dj.cluster.pipeline schedule does.")
   params = _check_stage_params("params", params, K)
   if mesh is not None:
     devices = engine.check_mesh(mesh, STAGES)
     if devices != K:
-      raise ValueError(f"mesh's {STAGES!r} axis has {devices} devices but the schedule has num_stages={K}; "
-                       f"the runtime places one stage per device.")
+      raise ValueError(f"mesh's {STAGES!r} axis has {devices} devices but the schedule has {K} model stages "
+                       f"(num_stages={schedule.num_stages} x virtual_stages={schedule.virtual_stages}); the runtime "
+                       f"places one model stage per device.")
   batch_size = sampling.batch_size
   keep_updates = record.keeps_updates
   checkpoint_dir, resume, resume_changes = engine.checkpoint_arguments(checkpoint)

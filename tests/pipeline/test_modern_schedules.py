@@ -183,7 +183,7 @@ def test_bad_arguments_name_themselves():
     C.pipeline("zb-h1", 4, 2, num_microbatches=4, weight_fraction=1.5)
   with pytest.raises(ValueError, match="weights='latest' applies only to schedule='1f1b'"):
     C.pipeline("2bw", 4, 2, num_microbatches=4, weights="latest")
-  with pytest.raises(ValueError, match=r"one time model per model stage \(8\)"):
+  with pytest.raises(ValueError, match=r"one time model per stage \(8: num_stages x virtual_stages\)"):
     C.pipeline("interleaved", 4, 2, num_microbatches=4, virtual_stages=2, forward=[1.0] * 4)
 
 
