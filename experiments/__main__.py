@@ -3,6 +3,7 @@
     python -m experiments list
     python -m experiments run NAME [--scale quick|paper|smoke] [--seed N] [--seeds N] [--set KEY=VALUE ...]
     python -m experiments run all --jobs 2        # every reproduction at quick scale, two runs at a time
+    python -m experiments run NAME NAME ...       # several reproductions in one process (outputs in --out/NAME)
     python -m experiments report DIR              # tables, claims and plots again from DIR's finished runs
 
 A run writes ``DIR/runs/<run>__seed<N>.json`` as each run finishes; run it
@@ -39,8 +40,8 @@ def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="python -m experiments", description=__doc__.split("\n")[0])
   sub = parser.add_subparsers(dest="command", required=True)
   sub.add_parser("list", help="list the reproductions")
-  run = sub.add_parser("run", help="run a reproduction (or 'all')")
-  run.add_argument("name", help="a name from 'list', or 'all'")
+  run = sub.add_parser("run", help="run a reproduction (several, or 'all')")
+  run.add_argument("name", nargs="+", help="names from 'list', or 'all'")
   run.add_argument("--scale", default="quick", choices=["quick", "paper", "smoke"],
                    help="quick: 2-core CPU, bundled data; paper: the paper's model and data (GPU); smoke: the "
                         "quick scale cut to seconds (as --smoke), for CI")
@@ -181,10 +182,7 @@ def _list() -> int:
 def _run(args: argparse.Namespace) -> int:
   if args.scale == "smoke":
     args.scale, args.smoke = "quick", True
-  names = list(_registry.NAMES) if args.name == "all" else [args.name]
-  if args.name != "all" and args.name not in _registry.NAMES:
-    raise _framework.UsageError(f"unknown reproduction {args.name!r}; known: {', '.join(_registry.NAMES)} "
-                                "(python -m experiments list).")
+  names = _names(args.name)
   repros = [_registry.get(n) for n in names]
   if args.jobs < 1:
     raise _framework.UsageError(f"--jobs must be a whole number >= 1, got {args.jobs}.")
@@ -239,6 +237,26 @@ def _run(args: argparse.Namespace) -> int:
   if len(repros) > 1:
     _report(args.out or "results", plots=False, tables=False, strict=False)
   return 0
+
+
+def _names(given: list[str]) -> list[str]:
+  """The reproductions ``run`` names: ``all`` alone, or names from ``list``, each once, in the order given.
+
+  Several run in one process, one after the other as ``all`` does, so that they import JAX and the
+  libraries once and share the programs they have in common.
+  """
+  if "all" in given:
+    if len(given) > 1:
+      raise _framework.UsageError(f"run all takes no other names, got {' '.join(given)}.")
+    return list(_registry.NAMES)
+  for name in given:
+    if name not in _registry.NAMES:
+      raise _framework.UsageError(f"unknown reproduction {name!r}; known: {', '.join(_registry.NAMES)} "
+                                  "(python -m experiments list).")
+  repeated = sorted({n for n in given if given.count(n) > 1})
+  if repeated:
+    raise _framework.UsageError(f"run: {', '.join(repeated)} named twice.")
+  return list(given)
 
 
 def _seeds_past_the_last(seed: int, seeds: int, count: str) -> str:

@@ -29,28 +29,42 @@ def test_unknown_reproduction_is_an_error(capsys):
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+# The reproductions run in groups, each group in one process (``run NAME NAME ...``): a smoke run is mostly
+# start-up (importing JAX, matplotlib and scikit-learn: about 5 s) and compilation, so a group pays the
+# start-up once, and the programs its reproductions have in common compile once. The default suite runs one
+# reproduction per runtime (dj.simulate with a cluster schedule, dj.simulate_gossip, dj.simulate_pipeline);
+# the others are marked slow, in groups of about equal length that the two CI workers share.
+FAST = ("delay_adaptive", "gossip_adpsgd", "pipeline_bubbles")
+SLOW_GROUPS = (
+    ("dc_asgd", "staleness_aware", "dssp", "momentum"),
+    ("dai_staleness", "ksync", "federated", "async_local_sgd"),
+    ("dana", "accumulation", "variance_reduction", "generalization", "async_sgdi"),
+    ("gossip_topology", "gossip_failures", "gossip_acid", "gossip_dcs3gd", "gossip_layup"),
+    ("sme", "pipeline_stashing", "pipeline_pipemare"),
+)
 
-def _smoke_run(name: str, out: str) -> str:
-  """``python -m experiments run NAME --smoke`` in a process of its own; returns what it printed.
+
+def test_groups_cover_every_reproduction_once():
+  grouped = list(FAST) + [name for group in SLOW_GROUPS for name in group]
+  assert sorted(grouped) == sorted(_registry.NAMES)
+
+
+def _smoke_run(names: tuple[str, ...], out: str) -> str:
+  """``python -m experiments run NAMES... --smoke --out OUT`` in a process of its own; returns what it printed.
 
   Its XLA compiles without backend optimization: a smoke run is almost all compilation, which this halves,
   and what is checked here (the pipeline runs, writes, resumes and reports) does not depend on it.
   """
   env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0",
              PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-  done = subprocess.run([sys.executable, "-m", "experiments", "run", name, "--smoke", "--out", out], env=env,
-                        capture_output=True, text=True, timeout=900)
+  done = subprocess.run([sys.executable, "-m", "experiments", "run", *names, "--smoke", "--out", out], env=env,
+                        capture_output=True, text=True, timeout=1800)
   assert done.returncode == 0, done.stderr[-4000:]
   return done.stdout
 
 
-@pytest.mark.standard_promotion
-@pytest.mark.parametrize("name", _registry.NAMES)
-def test_reproduction_runs_resumes_and_reports(name, tmp_path, capsys):
-  out = str(tmp_path / name)
-  printed = _smoke_run(name, out)
-  assert "claims (checked on this run's numbers" in printed
-
+def _check_outputs(name: str, out: str) -> dict:
+  """What one reproduction's smoke run wrote: every run's record, the table, the claims, PNG plots."""
   with open(os.path.join(out, "results.json")) as f:
     saved = json.load(f)
   repro = _registry.get(name)
@@ -72,19 +86,52 @@ def test_reproduction_runs_resumes_and_reports(name, tmp_path, capsys):
   for p in pngs:
     with open(os.path.join(out, p), "rb") as f:
       assert f.read(8) == PNG
+  return saved
+
+
+def _runs_resumes_and_reports(names: tuple[str, ...], tmp_path, capsys) -> None:
+  printed = _smoke_run(names, str(tmp_path))
+  assert printed.count("claims (checked on this run's numbers") == len(names)
+  saved = {name: _check_outputs(name, str(tmp_path / name)) for name in names}
 
   # A second run finds every run finished and performs none.
-  assert main(["run", name, "--smoke", "--out", out, "--no-plot"]) == 0
-  assert "0 runs performed" in capsys.readouterr().out
+  assert main(["run", *names, "--smoke", "--out", str(tmp_path), "--no-plot"]) == 0
+  assert capsys.readouterr().out.count("\n0 runs performed") == len(names)
 
-  # report rebuilds the same table from the run records and writes the claims as Markdown.
-  os.remove(os.path.join(out, "results.csv"))
+  # report rebuilds the same tables from the run records and writes the claims as Markdown.
+  for name in names:
+    os.remove(tmp_path / name / "results.csv")
   assert main(["report", str(tmp_path), "--no-plot"]) == 0
-  assert os.path.exists(os.path.join(out, "results.csv"))
-  with open(os.path.join(out, "results.json")) as f:
-    assert json.load(f)["rows"] == saved["rows"]
   with open(tmp_path / "claims.md") as f:
-    assert f.read().count(f"| {name} (quick) |") == len(repro.claims)
+    claims = f.read()
+  for name in names:
+    assert os.path.exists(tmp_path / name / "results.csv")
+    with open(tmp_path / name / "results.json") as f:
+      assert json.load(f)["rows"] == saved[name]["rows"]
+    assert claims.count(f"| {name} (quick) |") == len(_registry.get(name).claims)
+
+
+@pytest.mark.standard_promotion
+def test_one_reproduction_per_runtime_runs_resumes_and_reports(tmp_path, capsys):
+  _runs_resumes_and_reports(FAST, tmp_path, capsys)
+
+
+@pytest.mark.slow
+@pytest.mark.standard_promotion
+@pytest.mark.parametrize("names", SLOW_GROUPS, ids=lambda names: "+".join(names))
+def test_reproductions_run_resume_and_report(names, tmp_path, capsys):
+  _runs_resumes_and_reports(names, tmp_path, capsys)
+
+
+@pytest.mark.parametrize("names, message", [
+    (["all", "dc_asgd"], "run all takes no other names"),
+    (["dc_asgd", "nope"], "unknown reproduction 'nope'"),
+    (["dc_asgd", "dssp", "dc_asgd"], "dc_asgd named twice"),
+])
+def test_run_refuses_bad_names_before_anything_runs(names, message, tmp_path, capsys):
+  assert main(["run", *names, "--smoke", "--out", str(tmp_path)]) == 2
+  assert message in capsys.readouterr().err
+  assert not os.listdir(tmp_path)
 
 
 def test_report_without_results_fails(tmp_path, capsys):
