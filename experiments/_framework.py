@@ -870,12 +870,16 @@ def _cell(value: Any) -> Any:
 def mean_rows(records: list[dict[str, Any]], *, fields: Sequence[str] = ()) -> list[dict[str, Any]]:
   """One row per spec key (in first-seen order): the spec's ``fields`` and each metric's mean and std over seeds.
 
-  A metric ``m`` becomes ``m`` (the mean over seeds: NaN if any seed's value
-  is missing or NaN, e.g. a diverged run or a target never reached, so that
-  no claim is decided on the lucky seeds alone) and ``m_std`` (over the
-  finite values); ``seeds`` counts the records, ``nonfinite`` the most
-  seeds any one metric was not finite for, and ``per_seed[m]`` is
-  ``{seed: value}`` (``None`` where not finite), which the claims compare.
+  A run whose record says ``diverged`` is left out of every mean and std and
+  counted in ``diverged_seeds`` instead, which the table and the plots show
+  ("diverged on 1 of 5 seeds"): its numbers (a test error of 90%, say) are
+  not averaged with the others'. Over the other seeds, a metric ``m``
+  becomes ``m`` (their mean: NaN if any of their values is missing or NaN,
+  e.g. a target never reached, so that nothing is read off the lucky seeds
+  alone) and ``m_std`` (over the finite values); ``seeds`` counts the
+  records, ``nonfinite`` the most seeds any one metric was not finite for,
+  and ``per_seed[m]`` is ``{seed: value}`` of every seed, the diverged ones
+  included (``None`` where not finite), which the claims compare.
   """
   groups: dict[str, list[dict[str, Any]]] = {}
   for r in records:
@@ -888,16 +892,19 @@ def mean_rows(records: list[dict[str, Any]], *, fields: Sequence[str] = ()) -> l
     names = list(group[0]["metrics"])
     nonfinite = 0
     per_seed: dict[str, dict[Any, float | None]] = {}
+    kept = np.array([not g.get("diverged") for g in group])
     for name in names:
       raw = [g["metrics"].get(name) for g in group]
       values = np.array([_num(v) for v in raw], dtype=np.float64)
-      finite = values[np.isfinite(values)]
       nonfinite = max(nonfinite, int(np.sum(~np.isfinite(values))))
-      row[name] = float(values.mean()) if finite.size == values.size else float("nan")
+      own = values[kept]
+      finite = own[np.isfinite(own)]
+      row[name] = float(own.mean()) if own.size and finite.size == own.size else float("nan")
       row[f"{name}_std"] = float(finite.std()) if finite.size else float("nan")
       per_seed[name] = {g.get("seed", i): None if not math.isfinite(v) else float(v)
                         for i, (g, v) in enumerate(zip(group, values))}
     row["seeds"] = len(group)
+    row["diverged_seeds"] = int(np.sum(~kept))
     row["nonfinite"] = nonfinite
     row["per_seed"] = per_seed
     rows.append(row)
@@ -923,6 +930,11 @@ def render(repro: Reproduction, rows: list[dict[str, Any]], claims: list[dict[st
   header = columns + [f"paper {c}" for c in paper_cols]
   table = [[_fmt(r.get(c), r.get(f"{c}_std")) for c in columns]
            + [_fmt(repro.paper_numbers.get(r["key"], {}).get(c)) for c in paper_cols] for r in rows]
+  if any(r.get("diverged_seeds") for r in rows):
+    # The means leave the diverged runs out; this column says how many there were.
+    header.append("diverged on")
+    for r, t in zip(rows, table):
+      t.append(diverged_text(r) or "-")
   widths = [max([len(h)] + [len(t[i]) for t in table]) for i, h in enumerate(header)]
   lines.append("  ".join(h.rjust(w) for h, w in zip(header, widths)))
   lines.append("  ".join("-" * w for w in widths))
@@ -933,6 +945,12 @@ def render(repro: Reproduction, rows: list[dict[str, Any]], claims: list[dict[st
   for c in claims:
     lines.append(f"  [{c['verdict'].upper():>13}] {c['claim']}: {c['statement']}\n{'':18}{c['figures']}")
   return "\n".join(lines)
+
+
+def diverged_text(row: Mapping[str, Any]) -> str:
+  """``"1 of 5 seeds"`` for a row with diverged runs (left out of its means), ``""`` for none."""
+  count = int(row.get("diverged_seeds") or 0)
+  return f"{count} of {row.get('seeds', count)} seed{'s' if row.get('seeds', count) != 1 else ''}" if count else ""
 
 
 def claim_summary(claim: Mapping[str, Any]) -> str:

@@ -4,7 +4,11 @@ Conventions, so that a reader can trust a figure: one colour per method
 across all figures of a reproduction (:func:`palette`, passed as
 ``colors``); test errors in percent everywhere; every curve is the mean over
 seeds with a band from the lowest to the highest seed, and the figure says
-so; legends sit outside the axes, so they never cover a curve.
+so; a bar's whiskers are the 95% interval of its mean, cut to the range its
+quantity can take (no negative error rates); a diverged run is left out of
+every mean, band and whisker, and the legend or the bar says how many
+there were ("diverged on 1 of 5 seeds"); legends sit outside the axes, so
+they never cover a curve.
 """
 
 from __future__ import annotations
@@ -97,6 +101,31 @@ def save(fig: Any, out: str, name: str) -> str:
   return path
 
 
+def diverged(record: Mapping[str, Any], y: str | None = None) -> bool:
+  """Whether a run diverged: its record says so, or its curve ``y`` ends non-finite."""
+  curve = record.get("curves", {}).get(y) if y else None
+  return bool(record.get("diverged")) or bool(curve) and not np.isfinite(_num(curve[-1]))
+
+
+def mean_interval(mean: float, std: float, n: int, bounds: tuple[float | None, float | None],
+                  confidence: float = 0.95) -> tuple[float, float]:
+  """The ``confidence`` t interval of a mean of ``n`` values whose population std is ``std`` (as
+  ``mean_rows`` writes it), cut to ``bounds`` (``None``: unbounded on that side); ``(mean, mean)`` for
+  fewer than two values or a non-finite ``std``."""
+  if n < 2 or not np.isfinite(std) or not np.isfinite(mean):
+    low = high = mean
+  else:
+    from experiments._framework import t_quantile
+
+    half = t_quantile(confidence, n - 1) * std * np.sqrt(n / (n - 1)) / np.sqrt(n)
+    low, high = mean - half, mean + half
+  if bounds[0] is not None:
+    low = max(low, bounds[0])
+  if bounds[1] is not None:
+    high = min(high, bounds[1])
+  return float(low), float(high)
+
+
 def curves(records: Sequence[dict[str, Any]], out: str, name: str, *, y: str = "test_error",
            ylabel: str | None = None, panels: Callable[[dict[str, Any]], Any] | None = None,
            label: Callable[[dict[str, Any]], str] | None = None, log_y: bool = False,
@@ -135,14 +164,18 @@ def curves(records: Sequence[dict[str, Any]], out: str, name: str, *, y: str = "
     spec = recs[0]["spec"]
     text = label(spec) if label else key
     color = _color(colors, text, seen)
-    # A seed whose curve ends non-finite (diverged) drops out of the mean: the legend says so.
-    bad = sum(1 for r in recs if r["curves"].get(y) and not np.isfinite(_num(r["curves"][y][-1])))
-    if bad:
-      text = f"{text} ({bad} of {len(recs)} seeds diverged, left out)"
+    # A diverged seed (its record says so, or its curve ends non-finite) drops out of the mean and the band,
+    # its early finite points too: the legend says so.
+    kept = [r for r in recs if not diverged(r, y)]
+    if len(kept) < len(recs):
+      text = f"{text} (diverged on {len(recs) - len(kept)} of {len(recs)} seeds, left out)"
     for title in panel_titles(spec):
       for row, x in enumerate(xs):
-        gx, gy = seed_curves(recs, x, y)
         ax = axes[row, titles.index(title)]
+        if not kept:
+          ax.plot([], [], color=color, label=text, linewidth=1.4)  # in the legend, with nothing to draw
+          continue
+        gx, gy = seed_curves(kept, x, y)
         ax.plot(gx, scale * np.nanmean(gy, axis=0), color=color, label=text, linewidth=1.4)
         if gy.shape[0] > 1:
           ax.fill_between(gx, scale * np.nanmin(gy, axis=0), scale * np.nanmax(gy, axis=0), color=color,
@@ -185,31 +218,46 @@ def staleness_histograms(records: Sequence[dict[str, Any]], out: str, name: str 
 
 
 def bars(rows: Sequence[dict[str, Any]], out: str, name: str, *, x: str, y: str, series: str,
-         ylabel: str, xlabel: str, colors: Mapping[str, str] | None = None, log_y: bool = False) -> str:
-  """Writes ``name.png``: grouped bars of ``y`` (mean over seeds, with ``y_std`` whiskers) by ``x`` and ``series``."""
+         ylabel: str, xlabel: str, colors: Mapping[str, str] | None = None, log_y: bool = False,
+         bounds: tuple[float | None, float | None] = (0.0, None)) -> str:
+  """Writes ``name.png``: grouped bars of ``y`` by ``x`` and ``series``: the mean over the seeds that did not
+  diverge (``mean_rows``), whiskers its 95% interval cut to ``bounds`` (the values ``y`` can take; default
+  non-negative), and above a bar with diverged seeds how many ("1/5 diverged")."""
   plt = pyplot()
   xs = list(dict.fromkeys(r[x] for r in rows))
   ss = list(dict.fromkeys(r[series] for r in rows))
   width = 0.8 / max(len(ss), 1)
   fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(xs) * max(1, len(ss) / 3), 3.6))
   seen: dict[str, str] = {}
+  notes = []
   for i, s in enumerate(ss):
     pos, val, err = [], [], []
     for j, xv in enumerate(xs):
       match = [r for r in rows if r[x] == xv and r[series] == s]
       if match:
+        r = match[0]
+        mean, bad = _num(r[y]), int(r.get("diverged_seeds") or 0)
+        low, high = mean_interval(mean, _num(r.get(f"{y}_std")), int(r.get("seeds", 1)) - bad, bounds)
         pos.append(j + (i - (len(ss) - 1) / 2) * width)
-        val.append(match[0][y])
-        err.append(match[0].get(f"{y}_std") or 0.0)
-    ax.bar(pos, val, width, yerr=err, capsize=2, label=str(s), color=_color(colors, str(s), seen))
+        val.append(mean if np.isfinite(mean) else 0.0)
+        err.append((mean - low, high - mean) if np.isfinite(mean) else (0.0, 0.0))
+        if bad:
+          notes.append((pos[-1], high if np.isfinite(high) else 0.0, f"{bad}/{r.get('seeds', bad)} diverged"))
+    ax.bar(pos, val, width, yerr=np.asarray(err, np.float64).T.reshape(2, -1), capsize=2, label=str(s),
+           color=_color(colors, str(s), seen))
+  for where, top, text in notes:
+    ax.annotate(text, (where, top), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom",
+                fontsize=6, rotation=90)
   ax.set_xticks(range(len(xs)), [str(v) for v in xs])
   ax.set_xlabel(xlabel)
   ax.set_ylabel(ylabel)
   if log_y:
     ax.set_yscale("log")
   seeds = max((r.get("seeds", 1) for r in rows), default=1)
-  ax.set_title(f"mean of {seeds} seeds; whiskers: ± one standard deviation" if seeds > 1 else "one seed",
-               fontsize=9)
+  title = f"mean of {seeds} seeds; whiskers: 95% interval of the mean" if seeds > 1 else "one seed"
+  if notes:
+    title += "; diverged seeds left out"
+  ax.set_title(title, fontsize=9)
   ax.grid(axis="y", alpha=0.3)
   fig.tight_layout()
   legend_outside(fig, ax)

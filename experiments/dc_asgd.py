@@ -154,7 +154,7 @@ def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict
       _plots.bars(per_m, out, "loss_by_workers", x="workers", y="train_loss", series="method",
                   ylabel="final training loss", xlabel="workers M", colors=colors, log_y=True),
       _plots.bars(per_m, out, "error_by_workers", x="workers", y="error_pct", series="method",
-                  ylabel="final test error (%)", xlabel="workers M", colors=colors),
+                  ylabel="final test error (%)", xlabel="workers M", colors=colors, bounds=(0.0, 100.0)),
       _plots.staleness_histograms([r for r in records if r["spec"]["method"] == "asgd"], out,
                                   label=lambda spec: f"ASP, M = {spec['workers']}"),
   ]

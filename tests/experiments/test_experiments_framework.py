@@ -187,6 +187,35 @@ def test_mean_is_nan_when_any_seed_is_missing():
   assert fw.or_inf(None) == float("inf") and fw.or_inf(float("nan")) == float("inf") and fw.or_inf(2) == 2.0
 
 
+def test_a_diverged_seed_is_left_out_of_the_means_and_shown_as_diverged():
+  # Seed 2 diverged: its loss is NaN but its test error (0.9) is finite, which a plain mean would average in.
+  records = [{"key": "a", "spec": {}, "seed": s, "metrics": {"loss": loss, "err": err}, "diverged": s == 2}
+             for s, loss, err in ((0, 0.2, 0.10), (1, 0.4, 0.14), (2, float("nan"), 0.9))]
+  row = fw.mean_rows(records)[0]
+  assert row["loss"] == pytest.approx(0.3) and row["err"] == pytest.approx(0.12)
+  assert row["err_std"] == pytest.approx(np.std([0.10, 0.14])) and row["diverged_seeds"] == 1
+  # The claims still see every seed: the diverged one as missing (infinitely bad) or as its own value.
+  assert row["per_seed"]["loss"] == {0: 0.2, 1: 0.4, 2: None} and row["per_seed"]["err"][2] == 0.9
+  assert fw.diverged_text(row) == "1 of 3 seeds" and fw.diverged_text({"seeds": 3}) == ""
+  repro = fw.Reproduction(name="toy", paper="p", description="d", scales={"quick": {}}, specs=lambda c: [],
+                          run=None, summarize=None, claims=(), plots=None, columns=("key", "loss", "err"))
+  table = fw.render(repro, [row], [])
+  assert "diverged on" in table and "1 of 3 seeds" in table and "nan" not in table
+
+
+def test_bar_whiskers_are_the_t_interval_cut_to_the_range():
+  from scipy import stats
+
+  from experiments import _plots
+
+  values = np.array([0.5, 3.0, 0.2, 0.1])
+  low, high = _plots.mean_interval(values.mean(), values.std(), values.size, (0.0, 100.0))
+  half = stats.t.ppf(0.975, 3) * values.std(ddof=1) / np.sqrt(values.size)
+  assert values.mean() - half < 0.0 and low == 0.0 and high == pytest.approx(values.mean() + half)
+  assert _plots.mean_interval(99.0, 2.0, 5, (0.0, 100.0))[1] == 100.0
+  assert _plots.mean_interval(1.0, 5.0, 1, (0.0, None)) == (1.0, 1.0)
+
+
 def test_staleness_aware_claims_follow_fabricated_numbers_both_ways():
   from experiments import staleness_aware
 
