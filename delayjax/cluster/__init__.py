@@ -54,6 +54,8 @@ from delayjax.cluster._gossip import sgp as sgp
 from delayjax.cluster._gossip_plot import plot_gossip_lags as plot_gossip_lags
 from delayjax.cluster._gossip_plot import plot_gossip_timeline as plot_gossip_timeline
 from delayjax.cluster._gossip import simulate_gossip as simulate_gossip
+from delayjax.cluster._admission import VersionBudget as VersionBudget
+from delayjax.cluster._admission import version_budget as version_budget
 from delayjax.cluster._paradigms import Paradigm as Paradigm
 from delayjax.cluster._paradigms import adasync as adasync
 from delayjax.cluster._paradigms import asp as asp
@@ -139,4 +141,6 @@ __all__ = [
     "uniform",
     "Workers",
     "workers",
+    "version_budget",
+    "VersionBudget",
 ]
