@@ -38,6 +38,7 @@ import numpy as np
 
 from delayjax._checks import check_float, check_int, check_seed
 from delayjax.cluster import _paradigms as P
+from delayjax.cluster._admission import VersionBudget
 from delayjax._memory import available_memory, check_fits
 from delayjax.cluster._schedule import Schedule
 from delayjax.cluster._workers import Workers
@@ -275,6 +276,79 @@ def _run_asp(workers: Workers, times: _Times, num_updates: int) -> _Record:
   rec.single_pushes(heap, rt, rv)
   return rec
 
+
+def _budget_holds(readers: dict[int, int], applied: int, next_update: int, budget: int) -> bool:
+  """Whether the gradients not yet applied, less one read at ``applied``, can all be applied within
+  ``budget`` from update ``next_update`` on, oldest first: the ``i``-th oldest (from 0) at
+  ``next_update + i`` needs its version ``>= next_update + i - budget``."""
+  before = 0
+  for version in sorted(readers):
+    count = readers[version] - (version == applied)
+    if count and version < next_update + before + count - 1 - budget:
+      return False
+    before += count
+  return True
+
+
+def _run_version_budget(workers: Workers, times: _Times, num_updates: int, budget: int) -> _Record:
+  """Admission by version (``VersionBudget``): the oldest-read arrived push first, each within the budget.
+
+  A push may wait between its arrival and its update, so the record keeps
+  each gradient's event (its arrival, not its update, ends the worker's
+  computing) rather than ASP's one-push-per-update shortcut.
+  """
+  num = workers.num_workers
+  rec = _Record(num)
+  heap, rt, rv = _start(times, num)
+  pending: list[tuple[int, int]] = []  # arrived pushes waiting: (read version, worker)
+  pushed_at = [0.0] * num
+  # How many unapplied gradients (one per worker) read each version (at most M versions).
+  readers: dict[int, int] = {0: num}
+  lowest = 0  # no unapplied gradient read an older version
+  u = 0
+  while u < num_updates:
+    t, m = heapq.heappop(heap)
+    pushed_at[m] = t
+    heapq.heappush(pending, (rv[m], m))
+    while pending and u < num_updates:
+      v, c = pending[0]
+      if readers.get(0, 0) > 1:
+        # Only the first reads share a version; while they last, every pending version is tested.
+        fits = _budget_holds(readers, v, u + 1, budget)
+      else:
+        # Distinct versions: the i-th oldest is at least i newer than the oldest, so the oldest other decides.
+        while lowest not in readers:
+          lowest += 1
+        oldest = lowest
+        if oldest == v:
+          oldest += 1
+          while oldest not in readers and oldest <= u:
+            oldest += 1
+        fits = oldest >= u + 1 - budget
+      if not fits:
+        break  # another gradient would fall out of the budget: wait for it
+      heapq.heappop(pending)
+      rec.time.append(t)
+      rec.cu.append(u)
+      rec.cw.append(c)
+      rec.cv.append(v)
+      for field, value in ((rec.ew, c), (rec.ert, rt[c]), (rec.eet, pushed_at[c]), (rec.eu, u), (rec.ev, v)):
+        field.append(value)
+      rec.wait[c] += t - pushed_at[c]
+      readers[v] -= 1
+      if not readers[v]:
+        del readers[v]
+      u += 1
+      if u < num_updates:
+        rv[c], rt[c] = u, t
+        readers[u] = readers.get(u, 0) + 1
+        heapq.heappush(heap, (t + times.take(c, t), c))
+  # Arrived pushes still waiting at the end count as in flight, ending when they arrived; the rest of their
+  # wait lies past the end.
+  for _, w in pending:
+    rec.wait[w] += rec.time[-1] - pushed_at[w]
+  rec.in_flight(heap + [(pushed_at[w], w) for _, w in pending], rt, rv)
+  return rec
 
 def _run_psp(workers: Workers, times: _Times, num_updates: int, sample_size: int, staleness: int,
              rng: np.random.Generator) -> _Record:
@@ -964,6 +1038,8 @@ def simulate(paradigm: P.Paradigm, workers: Workers, num_updates: int, seed: int
     rec = _run_elastic(workers, times, num_updates, paradigm.lookahead)
   elif isinstance(paradigm, P.PredictiveCutoff):
     rec = _run_cutoff(workers, times, num_updates, paradigm.window)
+  elif isinstance(paradigm, VersionBudget):
+    rec = _run_version_budget(workers, times, num_updates, paradigm.max_staleness)
   else:
     raise TypeError(f"paradigm {paradigm!r} is not supported by simulate.")
   return rec.schedule(str(paradigm), record_events)
