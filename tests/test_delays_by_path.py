@@ -68,7 +68,7 @@ def test_delayed_with_by_path_is_delayed_with_the_same_tree_written_by_hand():
     ({"w": -1}, 0, ValueError, "the delay of pattern 'w' must be an integer >= 0"),
     ([("w", 1, 2)], 0, TypeError, "rule 0 is"),
     ({"w": 1}, delays.per_leaf({"a": delays.constant(1)}), TypeError, "default must be one delay model"),
-    (lambda name: "x", 0, TypeError, "the delay rules\\('embed'\\) returned must be"),
+    (lambda name: "x", 0, TypeError, "the delay rules\\('blocks/0/kernel'\\) returned must be"),
 ])
 def test_bad_rules_are_refused_by_name(rules, default, exc, match):
   with pytest.raises(exc, match=match):
