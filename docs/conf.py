@@ -31,6 +31,7 @@ extensions = [
     "sphinx_copybutton",
     "delayjax_apigen",
     "delayjax_gallery",
+    "delayjax_references",
 ]
 
 source_suffix = {".rst": "restructuredtext", ".md": "myst-nb", ".ipynb": "myst-nb"}

@@ -77,6 +77,26 @@ def _attributes_section(cls) -> list[str]:
   return [n for n in names if hasattr(cls, n)]
 
 
+def _classes_behind(module_name: str) -> list[str]:
+  """Classes of a package's private modules (in their ``__all__``) that the package does not export.
+
+  The synchronization paradigms are such classes: ``dj.cluster.ssp(3)`` returns an ``SSP``, whose docstring holds
+  the rule; the factory's says "see SSP".
+  """
+  package = importlib.import_module(module_name)
+  if not hasattr(package, "__path__"):
+    return []
+  found = []
+  for sub, module in sorted(sys.modules.items()):
+    if not sub.startswith(module_name + "._") or sub.count(".") != module_name.count(".") + 1:
+      continue
+    for name in getattr(module, "__all__", ()):
+      obj = getattr(module, name, None)
+      if inspect.isclass(obj) and obj.__module__ == sub and _home(obj) is None:
+        found.append(f"{sub}.{name}")
+  return found
+
+
 def entries(module_name: str) -> list[str]:
   """reStructuredText for a module's page."""
   module = importlib.import_module(module_name)
@@ -108,6 +128,12 @@ def entries(module_name: str) -> list[str]:
       lines += [f".. autofunction:: {name}", ""]
     else:
       lines += [f".. autodata:: {name}", "   :annotation:", ""]
+  behind = _classes_behind(module_name)
+  if behind:
+    lines += ["The classes behind the factories", "--------------------------------", "",
+              "What the factories above return; their docstrings state each rule in full.", ""]
+    for qualified in behind:
+      lines += [f".. autoclass:: {qualified}", ""]
   if elsewhere:
     links = ", ".join(f":obj:`{name} <{home}.{name}>`" for name, home in elsewhere)
     lines += [f"Also public here, described on their own pages: {links}.", ""]
@@ -149,26 +175,31 @@ def _resolve(app, env, node, contnode):
     candidates = [f"{context}.{target}", f"{context}.{name}", f"delayjax.{target}"]
     candidates += [f"{m}.{name}" for m in MODULES if name.split(".")[0] in public_names(m)]
   domain = env.get_domain("py")
-  candidates += _private_definitions(target)
+  candidates += _private_definitions(target.split(".")[-1])
+  fallback = None
   for candidate in candidates:
     obj = _lookup(candidate)
     if obj is None:
       continue
     top = _lookup_top(candidate)
     home = _home(top)
-    if home is None and inspect.isclass(top) and node["reftype"] in ("class", "obj"):
-      # A private class named in a signature (a paradigm's own class): link to its public base class.
-      base = next((b for b in top.__mro__[1:] if _home(b) is not None), None)
-      if base is not None:
-        return domain.resolve_xref(env, node["refdoc"], app.builder, "class", f"{_home(base)}.{base.__name__}",
-                                   node, contnode)
     if home is None:
+      # A class that no package exports: described under its defining module if a page shows it (the classes
+      # behind the paradigm factories), else the reference goes to its public base class.
+      found = domain.resolve_xref(env, node["refdoc"], app.builder, node["reftype"], candidate, node, contnode)
+      if found is not None:
+        return found
+      if fallback is None and inspect.isclass(top) and node["reftype"] in ("class", "obj"):
+        base = next((b for b in top.__mro__[1:] if _home(b) is not None), None)
+        fallback = base and f"{_home(base)}.{base.__name__}"
       continue
     owner = candidate.rsplit(".", 2 if _member_of_class(candidate) else 1)[0]
     qualified = home + candidate[len(owner):]
     found = domain.resolve_xref(env, node["refdoc"], app.builder, node["reftype"], qualified, node, contnode)
     if found is not None:
       return found
+  if fallback is not None:
+    return domain.resolve_xref(env, node["refdoc"], app.builder, "class", fallback, node, contnode)
   return None
 
 
