@@ -50,7 +50,7 @@ SCALES = {
                   dc_lambda0=2.0, dc_mu=0.95, seeds=1, eval_every=2500),
 }
 METHODS = ("ssgd", "asgd", "dc-asgd-c", "dc-asgd-a")
-# Test error (%) of ResNet-20 on CIFAR-10, M = 4, from the paper (as recorded in the project's notes); the
+# Test error (%) of ResNet-20 on CIFAR-10, M = 4, from the paper (see the References page of the documentation); the
 # other cells of the paper's table are not reproduced here because they were not checked against the paper.
 PAPER_ERROR = {"sequential": 8.65, "asgd-M4": 9.27, "dc-asgd-a-M4": 8.19}
 

@@ -159,7 +159,7 @@ def dana(
   :math:`v_j` (what the paper calls DANA-Zero); DANA-Slim, in which workers
   keep their own momentum and the master keeps no extra memory, is
   :func:`dana_slim`. The paper's body could not be read with the search tools
-  available; the look-ahead follows the authors' simulator code as summarized in the project's notes,
+  available; the look-ahead follows the authors' simulator code as the documentation's References page lists it,
   the abstract ("computing the gradient on an estimated future position of
   the model's parameters") and third-party notes on the paper found by the
   code search, which state DANA-Zero's look-ahead as

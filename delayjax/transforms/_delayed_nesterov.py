@@ -54,7 +54,7 @@ def delayed_nesterov(
   direction: the server update is then :math:`-\epsilon \cdot` that). Running
   the local steps is the runtime's job.
 
-  Source: the rule as stated in the project's notes (from third-party code; defaults
+  Source: third-party code, as the documentation's References page lists it (defaults
   seen there: :math:`\epsilon = 0.7`, :math:`\beta = 0.9`, :math:`N = 10`),
   the paper's abstract ("a delayed Nesterov momentum update") and a
   third-party PyTorch implementation found by the code search that cites

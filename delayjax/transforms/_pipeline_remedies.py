@@ -104,7 +104,7 @@ def spectrain(learning_rate: LearningRate, smoothing: float = 0.9) -> optax.Grad
 
   Source and status: the rule :math:`\\hat w = w - s\\, \\eta\\, v` with ``s`` the
   versions ahead and ``v`` the smoothed gradient follows the paper's
-  description as summarized in its abstract and in the project's notes;
+  description as its abstract summarizes it (the documentation's References page);
   the paper's full text was not reachable with the search tools
   available, so the smoothing :math:`v_t = \\gamma v_{t-1} + (1-\\gamma) g_t`
   (an exponential moving average, as in the paper's momentum-SGD setting)
