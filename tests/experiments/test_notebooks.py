@@ -1,9 +1,12 @@
-"""Every Colab notebook runs top to bottom (at smoke size) without an error, and is stored without outputs."""
+"""The Colab notebooks: stored without outputs, installed from one variable, opened from a badge built from the home.
+
+That each runs top to bottom from its first cell, installed from a built wheel in a fresh environment as in
+Colab, is tests/test_packaging.py.
+"""
 
 import glob
 import os
 import re
-import subprocess
 import sys
 import tomllib
 
@@ -29,27 +32,77 @@ def test_notebook_is_stripped(path):
       assert cell.outputs == [] and cell.execution_count is None, f"{path}: outputs not stripped"
 
 
-def _installed_root():
-  """The checkout that ``import experiments`` finds outside any checkout (None if it is not installed)."""
-  found = subprocess.run(
-      [sys.executable, "-c", "import experiments, os; print(os.path.dirname(os.path.dirname(experiments.__file__)))"],
-      cwd=os.path.expanduser("~"), env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
-      capture_output=True, text=True)
-  return os.path.realpath(found.stdout.strip()) if found.returncode == 0 else None
-
-
 def _code(path):
   return [c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
-def test_notebook_installs_from_the_project_home(path):
+def _home():
   with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
-    home = tomllib.load(f)["project"]["urls"]["Homepage"]
-  install = _code(path)[0]
-  assert f'HOME = "{home}"' in install, f"{path}: the first cell must install from pyproject's Homepage {home}"
-  assert 'f"delayjax[experiments] @ git+{HOME}"' in install
-  assert "git clone" not in install and "sys.path" not in install
+    return tomllib.load(f)["project"]["urls"]["Homepage"]
+
+
+def _run_install_cell(path, variables):
+  """Runs the install cell as on a fresh machine (nothing installed), with pip replaced by a recorder.
+
+  Returns the cell's variables and the pip commands it would have run.
+  """
+  calls = []
+
+  class Subprocess:
+    @staticmethod
+    def run(command, check):
+      assert check
+      calls.append(command)
+
+  class Util:
+    @staticmethod
+    def find_spec(name):
+      return None
+
+  class Importlib:
+    util = Util
+
+  class Os:
+    environ = dict(variables)
+    path = os.path
+    sep = os.sep
+
+  source = _code(path)[0]
+  imports = "import importlib.util, os, subprocess, sys"
+  assert imports in source, f"{path}: the install cell's imports changed; update this test"
+  namespace = {"importlib": Importlib, "os": Os, "subprocess": Subprocess, "sys": sys}
+  exec(compile(source.replace(imports, ""), path, "exec"), namespace)
+  return namespace, calls
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
+def test_notebook_installs_from_one_variable_built_from_the_project_home(path, tmp_path):
+  namespace, calls = _run_install_cell(path, {})
+  assert namespace["HOME"] == _home(), f"{path}: HOME must be pyproject's Homepage {_home()}"
+  # The documented default: the project's home as a git URL (not on the package index yet).
+  assert namespace["DELAYJAX_SOURCE"] == f"git+{_home()}"
+  assert calls and calls[0][-1] == f"delayjax[experiments] @ git+{_home()}", calls
+  # A wheel on this machine, as CI and a Colab upload give it, is installed by its file URL.
+  wheel = tmp_path / "delayjax-0.1.0-py3-none-any.whl"
+  wheel.write_bytes(b"")
+  _, calls = _run_install_cell(path, {"DELAYJAX_SOURCE": str(wheel)})
+  assert calls[0][-1] == f"delayjax[experiments] @ file://{wheel}"
+  # The package name, once published.
+  _, calls = _run_install_cell(path, {"DELAYJAX_SOURCE": "delayjax"})
+  assert calls[0][-1] == "delayjax[experiments]"
+  source = "\n".join(_code(path))
+  assert "git clone" not in source and "sys.path" not in source
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
+def test_notebook_has_an_open_in_colab_badge_built_from_the_project_home(path):
+  nb = nbformat.read(path, as_version=4)
+  first = nb.cells[0]
+  assert first.cell_type == "markdown"
+  github = _home().split("github.com/", 1)[1]
+  url = f"https://colab.research.google.com/github/{github}/blob/main/colab/{os.path.basename(path)}"
+  assert first.source.splitlines()[0] == (
+      f"[![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)]({url})")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
@@ -61,28 +114,3 @@ def test_notebook_imports_public_names_and_runs_the_paper_scale_only_when_asked(
   if "SCALE" in source:
     assert re.search(r'^SCALE = "quick"', source, re.MULTILINE), f"{path}: SCALE must default to 'quick'"
   assert "default_backend() in" not in source and "ACCELERATOR" not in source, f"{path}: scale chosen by device"
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
-def test_notebook_runs_top_to_bottom(path, tmp_path, monkeypatch):
-  monkeypatch.setenv("DELAYJAX_NOTEBOOK_SMOKE", "1")
-  # The kernel imports delayjax and experiments as installed (`pip install -e ".[test]"`), as a user's
-  # notebook does, so the install cell is skipped. Only a second checkout beside the installed one (a git
-  # worktree) is put on the path, so that it tests its own code.
-  if _installed_root() == os.path.realpath(ROOT):
-    monkeypatch.delenv("PYTHONPATH", raising=False)
-  else:
-    monkeypatch.setenv("PYTHONPATH", ROOT)
-  monkeypatch.setenv("MPLBACKEND", "Agg")
-  # The kernel's XLA compiles without backend optimization: a smoke-size notebook is almost all compilation,
-  # which this halves, and what is checked here (every cell runs, nothing warns) does not depend on it.
-  monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0")
-  monkeypatch.chdir(tmp_path)
-  nb = nbformat.read(path, as_version=4)
-  client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
-                                   resources={"metadata": {"path": str(tmp_path)}})
-  client.execute()  # raises CellExecutionError, with the cell and its traceback, on any error
-  outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
-  assert not [o for o in outputs if o.output_type == "error"]
-  assert not [o for o in outputs if o.get("name") == "stderr" and "TqdmWarning" in o.get("text", "")]
