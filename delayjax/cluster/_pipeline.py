@@ -110,16 +110,15 @@ Which version each pass reads, and which it writes (``j`` a model stage,
 ``W`` pass (or fused backward pass) of mini-batch ``u`` goes into update
 ``u``, which writes version ``u + 1``; the passes read
 
-============================  ===================  ===================  ===================
-schedule                      ``F(n, j)``          ``B(n, j)``          ``W(n, j)``
-============================  ===================  ===================  ===================
-gpipe, dapple, interleaved,   ``u``                ``u``                ``u``
-zb-h1
-1f1b / stash                  current at ``F``     as ``F``             as ``B``
-1f1b / latest                 current at ``F``     current at ``B``     as ``B``
-1f1b / vertical_sync          stage 0's at ``F``   as ``F``             as ``B``
-2bw                           ``max(u - 1, 0)``    ``max(u - 1, 0)``    ``max(u - 1, 0)``
-============================  ===================  ===================  ===================
+=================================  ===================  ===================  ===================
+schedule                           ``F(n, j)``          ``B(n, j)``          ``W(n, j)``
+=================================  ===================  ===================  ===================
+gpipe, dapple, interleaved, zb-h1  ``u``                ``u``                ``u``
+1f1b / stash                       current at ``F``     as ``F``             as ``B``
+1f1b / latest                      current at ``F``     current at ``B``     as ``B``
+1f1b / vertical_sync               stage 0's at ``F``   as ``F``             as ``B``
+2bw                                ``max(u - 1, 0)``    ``max(u - 1, 0)``    ``max(u - 1, 0)``
+=================================  ===================  ===================  ===================
 
 The result records, per micro-batch and model stage, the start and end time
 of the passes and their versions, and per update and model stage when it was

@@ -146,7 +146,8 @@ def test_2bw_with_random_times_keeps_its_versions():
   K, m, U = 4, 4, 10
   p = C.pipeline("2bw", K, U, num_microbatches=m, forward="exponential", backward=C.gamma(2.0, 1.0),
                  comm=C.uniform(0.0, 0.5), seed=11)
-  assert np.all(p.backward_start[:, :-1] >= p.backward_end[:, 1:]) and np.all(p.forward_start[:, 1:] >= p.forward_end[:, :-1])
+  assert np.all(p.backward_start[:, :-1] >= p.backward_end[:, 1:])
+  assert np.all(p.forward_start[:, 1:] >= p.forward_end[:, :-1])
   _one_pass_at_a_time(p)
   want = np.maximum(p.update_of - 1, 0)[:, None]
   current = _versions_at(p, p.forward_start)
