@@ -64,13 +64,17 @@ no communication time; each is pinned by a test against the simulation):
   bubble :math:`(K - 1)(T_F + T_B - T_W)`, a third of 1F1B's when the three
   times are equal), so the bubble fraction is
   :math:`(K - 1)(t_f + t_b - t_w) / (m (t_f + t_b + t_w) + (K - 1)(t_f + t_b - t_w))`,
-  for :math:`t_w \\le t_f + t_b`.
+  for :math:`m \\ge K` and :math:`t_w \\le \\min(t_f, t_b)` (the paper's analysis
+  takes the three times equal); with fewer micro-batches, or longer ``W``
+  passes, the held-back passes no longer fit the drain and the bubble is
+  larger.
 - ``"1f1b"`` (PipeDream, Narayanan et al. 2019): the same one-forward-one-
   backward order without flushes: micro-batches enter continuously and each
   stage updates as soon as its share of a mini-batch is done. With ``m = 1``
   and a steady pipeline, stage ``k``'s forward pass is ``K - 1 - k`` versions
-  stale, and the bubble is only the pipeline's fill and drain,
-  :math:`(K - 1) / (U m + K - 1)` of the run. Which version the backward pass
+  stale, and the bubble is only the pipeline's fill and drain once per run:
+  the ``N = U m`` micro-batches take :math:`(N + K - 1)(t_f + t_b)` seconds,
+  a bubble of :math:`(K - 1) / (N + K - 1)`. Which version the backward pass
   uses is ``weights``:
 
   - ``"stash"`` (PipeDream's weight stashing): the forward pass's version,

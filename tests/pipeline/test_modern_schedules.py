@@ -89,6 +89,15 @@ def test_zb_h1_bubble_is_the_closed_form(draw):
   np.testing.assert_allclose(dapple.total_time - p.total_time, U * 2 * (K - 1) * t_w, rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize("K,m,t_f,t_b,t_w", [(4, 3, 1.0, 1.0, 1.0), (4, 2, 1.0, 1.0, 1.0), (4, 8, 1.0, 1.0, 1.5),
+                                             (4, 8, 2.0, 0.5, 0.8)])
+def test_zb_h1_outside_the_closed_forms_conditions_has_a_larger_bubble(K, m, t_f, t_b, t_w):
+  p = C.pipeline("zb-h1", K, 2, num_microbatches=m, forward=t_f, backward=t_b + t_w,
+                 weight_fraction=t_w / (t_b + t_w))
+  bubble = (K - 1) * (t_f + t_b - t_w)
+  assert p.bubble_fraction() > bubble / (m * (t_f + t_b + t_w) + bubble) + 1e-6
+
+
 def test_zb_h1_with_equal_times_has_a_third_of_1f1bs_bubble_and_its_peak_memory():
   K, m = 4, 8
   zb = C.pipeline("zb-h1", K, 2, num_microbatches=m, forward=1.0, backward=2.0)  # T_F = T_B = T_W = 1
@@ -140,6 +149,15 @@ def test_2bw_one_uniform_staleness_in_two_buffers(K, m):
   np.testing.assert_array_equal(p.forward_start, pipedream.forward_start)
   np.testing.assert_array_equal(p.backward_end, pipedream.backward_end)
   assert pipedream.versions_kept().tolist() == [min(K - k, U * m) for k in range(K)]
+
+
+@pytest.mark.parametrize("schedule,K,U,m,t_f,t_b", [("2bw", 4, 5, 3, 0.7, 1.3), ("2bw", 3, 7, 2, 2.0, 0.5),
+                                                     ("1f1b", 4, 10, 1, 1.0, 2.0), ("1f1b", 3, 4, 2, 1.5, 0.5)])
+def test_no_flush_bubble_is_one_fill_and_drain(schedule, K, U, m, t_f, t_b):
+  p = C.pipeline(schedule, K, U, num_microbatches=m, forward=t_f, backward=t_b)
+  N = U * m
+  np.testing.assert_allclose(p.total_time, (N + K - 1) * (t_f + t_b), rtol=1e-12)
+  np.testing.assert_allclose(p.bubble_fraction(), (K - 1) / (N + K - 1), rtol=1e-12)
 
 
 def test_2bw_with_random_times_keeps_its_versions():
