@@ -299,13 +299,33 @@ def make_plan(schedule: Any, *, phases: int | None = None, num_devices: int = 1)
   group = max(1, members.shape[1])
   mixing, shifts = mixing_form(schedule)
   width = {"shift": len(shifts), "gather": group, "dense": m}[mixing]
-  shift_index = {s_: j for j, s_ in enumerate(shifts)}
   lags = np.asarray(schedule.lag)
   history = int(lags[mixes != GRADS].max()) + 1 if pmix.any() and lags.size else 1
   batches = np.asarray(schedule.num_batches)
   max_batches = int(batches[kind == READ].max()) if np.any(kind == READ) else 1
-  draws = np.asarray(schedule.batch_index())
 
+  t = _empty_tables(num_steps, phases, m, width, mixing, bool(pmix.any()), bool(gmix.any()))
+  _fill_reads(t, schedule, kind, worker, needed, lane_step, step_of, phase_of, m)
+  before = _fill_updates(t, schedule, kind, worker, mix, members, mixes, step_of, phase_of, history,
+                         gather=mixing == "gather")
+  for prefix, events in (("mix", np.flatnonzero(pmix)), ("gmix", np.flatnonzero(gmix))):
+    if events.size:
+      _fill_mix_rows(t, prefix, events, schedule, step_of, phase_of, mixing, shifts, history, before)
+
+  step_time = np.zeros(num_steps)
+  np.maximum.at(step_time, step_of, time)
+  step_time = np.maximum.accumulate(step_time)
+  step_events = np.cumsum(np.bincount(step_of, minlength=num_steps)).astype(np.int64)
+  step_grads = np.cumsum(np.bincount(step_of[kind == GRAD], minlength=num_steps)).astype(np.int64)
+  t["step_time"], t["step_events"], t["step_grads"] = step_time, step_events, step_grads
+  return ReplicaPlan(num_steps, phases, lanes, used, mixing, shifts, width, history, bool(pmix.any()),
+                     bool(gmix.any()), max_batches, t,
+                     float(t["lane_active"].sum()) / (num_steps * lanes * num_devices))
+
+
+def _empty_tables(num_steps: int, phases: int, m: int, width: int, mixing: str, has_pmix: bool,
+                  has_gmix: bool) -> dict[str, np.ndarray]:
+  """The plan's tables (see :class:`ReplicaPlan`), every slot empty; mixing tables only for the mixes present."""
   t = {
       "lane_active": np.zeros((num_steps, m), bool),
       "lane_index": np.zeros((num_steps, m), np.int32),
@@ -316,7 +336,7 @@ def make_plan(schedule: Any, *, phases: int | None = None, num_devices: int = 1)
       "grad_hist": np.zeros((num_steps, phases, m), np.int32),
       "read_mask": np.zeros((num_steps, phases, m), bool),
   }
-  for prefix, present in (("mix", pmix.any()), ("gmix", gmix.any())):
+  for prefix, present in (("mix", has_pmix), ("gmix", has_gmix)):
     if not present:
       continue
     if mixing == "gather":
@@ -328,10 +348,15 @@ def make_plan(schedule: Any, *, phases: int | None = None, num_devices: int = 1)
       t["mix_member"] = np.zeros((num_steps, phases, m), bool)
       t["mix_dt"] = np.zeros((num_steps, phases, m), np.float32)
       t["mix_hist"] = np.zeros((num_steps, phases, m), np.int32)
+  return t
 
-  weights = np.asarray(schedule.weights)
-  receives = np.asarray(schedule.receives)
-  # Reads: each needed one is computed by a lane of its lane step, as the replica's reads_done-th gradient.
+
+def _fill_reads(t: dict[str, np.ndarray], schedule: Any, kind: np.ndarray, worker: np.ndarray, needed: np.ndarray,
+                lane_step: np.ndarray, step_of: np.ndarray, phase_of: np.ndarray, m: int) -> None:
+  """The reads' slots, and each needed read's gradient in a lane of its lane step, as the replica's
+  ``reads_done``-th gradient."""
+  batches = np.asarray(schedule.num_batches)
+  draws = np.asarray(schedule.batch_index())
   reads = np.flatnonzero(kind == READ)
   t["read_mask"][step_of[reads], phase_of[reads], worker[reads]] = True
   read_replica = worker[reads]
@@ -347,8 +372,19 @@ def make_plan(schedule: Any, *, phases: int | None = None, num_devices: int = 1)
   t["lane_draw"][q, r] = draws[e]
   t["lane_batches"][q, r] = batches[e]
 
-  # GRAD events and the members of mixes of parameters, per replica in event order: the time since its
-  # previous one (or 0), and the replica's version (GRADs, and mixes it receives) before and after.
+
+def _fill_updates(t: dict[str, np.ndarray], schedule: Any, kind: np.ndarray, worker: np.ndarray, mix: np.ndarray,
+                  members: np.ndarray, mixes: np.ndarray, step_of: np.ndarray, phase_of: np.ndarray, history: int,
+                  *, gather: bool) -> dict[tuple[int, int], int]:
+  """The slots of the GRAD events and of the members of mixes of parameters: per replica in event order, the
+  time since its previous one (or 0), and the replica's version (GRADs, and mixes it receives) after it.
+
+  Returns, for ``gather`` mixing, the version of each (mix event, member position) before the mix, which
+  messages sent with a lag are read at.
+  """
+  time = np.asarray(schedule.time)
+  weights = np.asarray(schedule.weights)
+  receives = np.asarray(schedule.receives)
   touch_event, touch_replica, touch_pos = _touches(kind, worker, mix, members, mixes, (GRAD,),
                                                    tuple(k for k in np.unique(mixes).tolist() if k != GRADS))
   is_grad = kind[touch_event] == GRAD
@@ -381,59 +417,58 @@ def make_plan(schedule: Any, *, phases: int | None = None, num_devices: int = 1)
     t["mix_member"][tuple(x[pm] for x in cell)] = True
     t["mix_dt"][tuple(x[pm] for x in cell)] = dt[pm]
     t["mix_hist"][tuple(x[pm] for x in cell)] = version_after[pm] % history
-  # The version of each (mix event, member position) before the mix, for messages sent with a lag.
-  before = {}
-  if mixing == "gather" and np.any(pm):
-    before = {(a, b): v for a, b, v in zip(touch_event[pm].tolist(), touch_pos[pm].tolist(),
-                                           version_before[pm].tolist())}
+  if not (gather and np.any(pm)):
+    return {}
+  return {(a, b): v for a, b, v in zip(touch_event[pm].tolist(), touch_pos[pm].tolist(),
+                                       version_before[pm].tolist())}
 
-  # Mixing rows: for every receiving member a of a mix, its sources b.
-  for prefix, events in (("mix", np.flatnonzero(pmix)), ("gmix", np.flatnonzero(gmix))):
-    if not events.size:
-      continue
-    rows = members[mix[events]]
-    valid = rows >= 0
-    # Valid members in row order (their position a among the valid ones), and their columns in the row.
-    column = np.argsort(~valid, axis=1, kind="stable")
-    group = np.take_along_axis(rows, column, axis=1)
-    count = valid.sum(axis=1)
-    width_e = rows.shape[1]
-    in_group = np.arange(width_e)[None, :] < count[:, None]
-    recv = np.take_along_axis(receives[mix[events]], column, axis=1) & in_group
-    ev, a = np.nonzero(recv)
-    s_, p_, dst = step_of[events[ev]], phase_of[events[ev]], group[ev, a]
-    t[f"{prefix}_recv"][s_, p_, dst] = True
-    # Triples (receiver, source b): w[a, b] of the valid submatrix.
-    pair, b = np.nonzero(in_group[ev])
-    k = mix[events[ev[pair]]]
-    w = weights[k, column[ev[pair], a[pair]], column[ev[pair], b]]
-    src = group[ev[pair], b]
-    s3, p3, d3 = s_[pair], p_[pair], dst[pair]
-    if mixing == "dense":
-      t[f"{prefix}_weight"][s3, p3, d3, src] = w
-    elif mixing == "shift":
-      nonzero = w != 0
-      offset = np.asarray([shift_index[o] for o in ((src - d3) % m)[nonzero].tolist()], np.int64)
-      t[f"{prefix}_weight"][s3[nonzero], p3[nonzero], d3[nonzero], offset] = w[nonzero]
-    else:
-      value = src.astype(np.int64)
-      if prefix == "mix":
-        # The lag of the b-th valid member is read from the row's b-th column.
-        lag = lags[k, b]
-        late = np.flatnonzero(lag != 0)
-        if late.size:
-          event_of = events[ev[pair]][late]
-          source_version = np.asarray([before[(x, y)] for x, y in zip(event_of.tolist(), b[late].tolist())],
-                                      np.int64)
-          value[late] = m + src[late] * history + (source_version - lag[late]) % history
-      t[f"{prefix}_src"][s3, p3, d3, b] = value
-      t[f"{prefix}_weight"][s3, p3, d3, b] = w
 
-  step_time = np.zeros(num_steps)
-  np.maximum.at(step_time, step_of, time)
-  step_time = np.maximum.accumulate(step_time)
-  step_events = np.cumsum(np.bincount(step_of, minlength=num_steps)).astype(np.int64)
-  step_grads = np.cumsum(np.bincount(step_of[kind == GRAD], minlength=num_steps)).astype(np.int64)
-  t["step_time"], t["step_events"], t["step_grads"] = step_time, step_events, step_grads
-  return ReplicaPlan(num_steps, phases, lanes, used, mixing, shifts, width, history, bool(pmix.any()),
-                     bool(gmix.any()), max_batches, t, float(t["lane_active"].sum()) / (num_steps * lanes * num_devices))
+def _fill_mix_rows(t: dict[str, np.ndarray], prefix: str, events: np.ndarray, schedule: Any, step_of: np.ndarray,
+                   phase_of: np.ndarray, mixing: str, shifts: tuple[int, ...], history: int,
+                   before: dict[tuple[int, int], int]) -> None:
+  """The mixing rows of the mix ``events`` (``prefix`` ``"mix"`` or ``"gmix"``): for every receiving member
+  ``a`` of a mix, its sources ``b`` and their weights (per offset, source or replica as ``mixing`` says)."""
+  m = schedule.num_workers
+  mix = np.asarray(schedule.mix)
+  members = np.asarray(schedule.members)
+  weights = np.asarray(schedule.weights)
+  receives = np.asarray(schedule.receives)
+  lags = np.asarray(schedule.lag)
+  shift_index = {s_: j for j, s_ in enumerate(shifts)}
+  rows = members[mix[events]]
+  valid = rows >= 0
+  # Valid members in row order (their position a among the valid ones), and their columns in the row.
+  column = np.argsort(~valid, axis=1, kind="stable")
+  group = np.take_along_axis(rows, column, axis=1)
+  count = valid.sum(axis=1)
+  width_e = rows.shape[1]
+  in_group = np.arange(width_e)[None, :] < count[:, None]
+  recv = np.take_along_axis(receives[mix[events]], column, axis=1) & in_group
+  ev, a = np.nonzero(recv)
+  s_, p_, dst = step_of[events[ev]], phase_of[events[ev]], group[ev, a]
+  t[f"{prefix}_recv"][s_, p_, dst] = True
+  # Triples (receiver, source b): w[a, b] of the valid submatrix.
+  pair, b = np.nonzero(in_group[ev])
+  k = mix[events[ev[pair]]]
+  w = weights[k, column[ev[pair], a[pair]], column[ev[pair], b]]
+  src = group[ev[pair], b]
+  s3, p3, d3 = s_[pair], p_[pair], dst[pair]
+  if mixing == "dense":
+    t[f"{prefix}_weight"][s3, p3, d3, src] = w
+  elif mixing == "shift":
+    nonzero = w != 0
+    offset = np.asarray([shift_index[o] for o in ((src - d3) % m)[nonzero].tolist()], np.int64)
+    t[f"{prefix}_weight"][s3[nonzero], p3[nonzero], d3[nonzero], offset] = w[nonzero]
+  else:
+    value = src.astype(np.int64)
+    if prefix == "mix":
+      # The lag of the b-th valid member is read from the row's b-th column.
+      lag = lags[k, b]
+      late = np.flatnonzero(lag != 0)
+      if late.size:
+        event_of = events[ev[pair]][late]
+        source_version = np.asarray([before[(x, y)] for x, y in zip(event_of.tolist(), b[late].tolist())],
+                                    np.int64)
+        value[late] = m + src[late] * history + (source_version - lag[late]) % history
+    t[f"{prefix}_src"][s3, p3, d3, b] = value
+    t[f"{prefix}_weight"][s3, p3, d3, b] = w

@@ -337,8 +337,8 @@ def _prepare(loss_fn, tx, method, params, data, schedule, *, seed, sampling, rec
   snap = jax.tree.map(np.zeros_like, replica_params)
   gbuf = jax.tree.map(np.zeros_like, replica_params)
   if plan.history > 1:
-    first = _engine.cached(_engine.program_cache_key(("simulate_gossip", "message"), method.message, params, init_state[2]),
-                           lambda: jax.jit(method.message))(params, init_state[2])
+    message_key = _engine.program_cache_key(("simulate_gossip", "message"), method.message, params, init_state[2])
+    first = _engine.cached(message_key, lambda: jax.jit(method.message))(params, init_state[2])
     hist = jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (m, plan.history) + np.shape(x)).copy(), first)
   else:
     hist = ()
@@ -445,9 +445,11 @@ def _program(run: _ReplicaRun) -> _engine.Program:
   # when their plans have the same sizes. On a mesh the step holds collectives that trace only inside its
   # shard_map: compiled afresh.
   row = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), chunk_tables(0))
-  cache_key = None if mesh is not None else _engine.program_cache_key(("simulate_gossip", "chunk"), step, carry, row, constants)
+  cache_key = None if mesh is not None else _engine.program_cache_key(("simulate_gossip", "chunk"), step, carry, row,
+                                                                      constants)
   jitted_eval = None if eval_fn is None else _engine.cached(
-      None if mesh is not None else _engine.program_cache_key(("simulate_gossip", "eval"), eval_fn, params), lambda: jax.jit(eval_fn))
+      None if mesh is not None else _engine.program_cache_key(("simulate_gossip", "eval"), eval_fn, params),
+      lambda: jax.jit(eval_fn))
   return _engine.Program(
       carry=carry, carry_specs=carry_specs, constants=constants, constant_specs=constant_specs, step=step,
       table_specs=table_specs, output_specs=output_specs, num_chunks=num_chunks, tables=chunk_tables,
@@ -486,7 +488,8 @@ def _results(run: _ReplicaRun, final: Any, records: dict[str, Any]) -> GossipRes
   # The warning names the first bad gradient as (gradient index, replica).
   nonfinite_report("dj.simulate_gossip", sorted_pairs(history.nonfinite[:, ::-1]), None, history.nonfinite_state,
                    stacklevel=2, source="replica")
-  stats = {"num_steps": plan.num_steps, "phases": plan.phases, "lanes": plan.lanes, "slots": int(plan.used.any(axis=0).sum()),
+  stats = {"num_steps": plan.num_steps, "phases": plan.phases, "lanes": plan.lanes,
+           "slots": int(plan.used.any(axis=0).sum()),
            "lane_utilization": plan.lane_utilization, "mixing": plan.mixing, "history": plan.history,
            "num_devices": num_devices, "chunk_size": chunk_size, "num_chunks": num_chunks,
            "memory": {**memory, "total": sum(memory.values())}}
@@ -548,19 +551,19 @@ def _roll(x: jax.Array, shift: int, num_workers: int, num_devices: int, sharded:
   return jnp.concatenate([first[r:], from_device(q + 1)[:r]], axis=0)
 
 
-def _step_function(*, loss_fn, has_aux, tx, method, plan: ReplicaPlan, eval_fn, metric_like, num_workers, sharded,
-                   num_devices):
-  """One step of the replica runtime (per device under ``shard_map``)."""
-  mixing, shifts = plan.mixing, plan.shifts
-  max_batches = plan.max_batches
-  history = plan.history
+def _total(x: jax.Array, sharded: bool) -> jax.Array:
+  """The sum of ``x`` over the mesh's devices (``x`` itself on one device)."""
+  return jax.lax.psum(x, AXIS) if sharded else x
 
-  def total(x):
-    return jax.lax.psum(x, AXIS) if sharded else x
 
-  def gather_all(tree):
-    return jax.tree.map(lambda x: jax.lax.all_gather(x, AXIS, axis=0, tiled=True), tree) if sharded else tree
+def _gather_all(tree: Any, sharded: bool) -> Any:
+  """Every device's rows of ``tree``'s leaves, in device order (``tree`` itself on one device)."""
+  return jax.tree.map(lambda x: jax.lax.all_gather(x, AXIS, axis=0, tiled=True), tree) if sharded else tree
 
+
+def _lane_function(loss_fn: Callable[..., Any], has_aux: bool, max_batches: int) -> Callable[..., Any]:
+  """One lane's loss and gradient at its stale parameters, averaged over its (up to ``max_batches``)
+  minibatches."""
   def lane(data, stale, examples, batches):
     def one(b):
       batch = jax.tree.map(lambda x: x[examples[b]], data)
@@ -581,13 +584,22 @@ def _step_function(*, loss_fn, has_aux, tx, method, plan: ReplicaPlan, eval_fn, 
     n = jnp.maximum(batches, 1)
     return loss / n.astype(jnp.float32), jax.tree.map(lambda g: g / n.astype(g.dtype), grad)
 
+  return lane
+
+
+def _mixing_functions(*, method: GossipMethod, plan: ReplicaPlan, num_workers: int, num_devices: int,
+                      sharded: bool) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
+  """``(combine, params_mix, write_history)``: a mix's weighted sums of messages, a mix of parameters
+  (advance, message, combine, receive), and the kept past messages written after an update."""
+  mixing, shifts, history = plan.mixing, plan.shifts, plan.history
+
   def combine(values, weight, src):
     """Rows ``sum_k weight[a, k] * values[src[a, k]]`` for the local receivers ``a``."""
     if mixing == "shift":
       return _products_sum(
           weight, lambda k: jax.tree.map(lambda x: _roll(x, shifts[k], num_workers, num_devices, sharded), values),
           len(shifts))
-    full = gather_all(values)
+    full = _gather_all(values, sharded)
     if mixing == "dense":
       # Row k of the gathered messages, broadcast over the local receivers by the weights' column k.
       return _ordered_sum(weight, lambda k: jax.tree.map(lambda x: x[k][None], full), weight.shape[1])
@@ -595,7 +607,7 @@ def _step_function(*, loss_fn, has_aux, tx, method, plan: ReplicaPlan, eval_fn, 
 
   def gathered_with_history(current, hist):
     """All messages followed by every replica's kept past messages: ``M + M * H`` rows."""
-    full_c, full_h = gather_all(current), gather_all(hist)
+    full_c, full_h = _gather_all(current, sharded), _gather_all(hist, sharded)
     return jax.tree.map(lambda c, h: jnp.concatenate([c, h.reshape((-1,) + h.shape[2:])], axis=0), full_c, full_h)
 
   def write_history(hist, mask, slot, params, extra):
@@ -622,6 +634,34 @@ def _step_function(*, loss_fn, has_aux, tx, method, plan: ReplicaPlan, eval_fn, 
     hist = write_history(hist, recv, tab["mix_hist"], params, extra)
     return params, extra, hist
 
+  return combine, params_mix, write_history
+
+
+def _step_outputs(loss: jax.Array, active: jax.Array, finite: jax.Array, z: Any, mean: Any, num_workers: int,
+                  sharded: bool) -> dict[str, Any]:
+  """A step's rows: the lanes' summed, lowest and highest losses and count, the consensus distance of the
+  replicas' models ``z`` from their ``mean``, and which lanes' gradients were finite."""
+  consensus = sum(_total(jnp.sum(jnp.square(x - mu[None]).astype(jnp.float32)), sharded)
+                  for x, mu in zip(jax.tree.leaves(z), jax.tree.leaves(mean))) / num_workers
+  big = jnp.asarray(np.inf, jnp.float32)
+  return {
+      "loss": _total(jnp.sum(jnp.where(active, loss, 0.0)), sharded),
+      "loss_min": -jax.lax.pmax(-jnp.min(jnp.where(active, loss, big)), AXIS) if sharded
+      else jnp.min(jnp.where(active, loss, big)),
+      "loss_max": jax.lax.pmax(jnp.max(jnp.where(active, loss, -big)), AXIS) if sharded
+      else jnp.max(jnp.where(active, loss, -big)),
+      "count": _total(jnp.sum(active.astype(jnp.int32)), sharded),
+      "consensus": consensus,
+      "finite": _gather_all(finite, sharded) if sharded else finite,
+  }
+
+
+def _step_function(*, loss_fn, has_aux, tx, method, plan: ReplicaPlan, eval_fn, metric_like, num_workers, sharded,
+                   num_devices):
+  """One step of the replica runtime (per device under ``shard_map``)."""
+  lane = _lane_function(loss_fn, has_aux, plan.max_batches)
+  combine, params_mix, write_history = _mixing_functions(method=method, plan=plan, num_workers=num_workers,
+                                                         num_devices=num_devices, sharded=sharded)
   kinds = plan.used.any(axis=0)
 
   def phase(state, tab):
@@ -665,24 +705,12 @@ def _step_function(*, loss_fn, has_aux, tx, method, plan: ReplicaPlan, eval_fn, 
     params, opt_state, extra, snap, gbuf, hist = state
 
     z = jax.vmap(method.grad_params)(params, extra)
-    mean = jax.tree.map(lambda x: total(jnp.sum(x, axis=0)) / jnp.asarray(num_workers, x.dtype), z)
-    consensus = sum(total(jnp.sum(jnp.square(x - mu[None]).astype(jnp.float32)))
-                    for x, mu in zip(jax.tree.leaves(z), jax.tree.leaves(mean))) / num_workers
-    big = jnp.asarray(np.inf, jnp.float32)
-    out = {
-        "loss": total(jnp.sum(jnp.where(active, loss, 0.0))),
-        "loss_min": -jax.lax.pmax(-jnp.min(jnp.where(active, loss, big)), AXIS) if sharded
-        else jnp.min(jnp.where(active, loss, big)),
-        "loss_max": jax.lax.pmax(jnp.max(jnp.where(active, loss, -big)), AXIS) if sharded
-        else jnp.max(jnp.where(active, loss, -big)),
-        "count": total(jnp.sum(active.astype(jnp.int32))),
-        "consensus": consensus,
-        "finite": gather_all(finite) if sharded else finite,
-    }
+    mean = jax.tree.map(lambda x: _total(jnp.sum(x, axis=0), sharded) / jnp.asarray(num_workers, x.dtype), z)
+    out = _step_outputs(loss, active, finite, z, mean, num_workers, sharded)
     if eval_fn is not None:
       def evaluate(args):
         avg, zs = args
-        return eval_fn(avg), gather_all(jax.vmap(eval_fn)(zs))
+        return eval_fn(avg), _gather_all(jax.vmap(eval_fn)(zs), sharded)
 
       def skip(args):
         return (jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_like),
