@@ -248,6 +248,9 @@ def bars(rows: Sequence[dict[str, Any]], out: str, name: str, *, x: str, y: str,
   for where, top, text in notes:
     ax.annotate(text, (where, top), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom",
                 fontsize=6, rotation=90)
+  if notes and not log_y:
+    low, high = ax.get_ylim()
+    ax.set_ylim(low, high + 0.25 * (high - low))  # room for the notes above the highest whisker
   ax.set_xticks(range(len(xs)), [str(v) for v in xs])
   ax.set_xlabel(xlabel)
   ax.set_ylabel(ylabel)
