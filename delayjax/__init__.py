@@ -44,6 +44,8 @@ from delayjax.transforms import fed_buff as fed_buff
 from delayjax.transforms import implicit_momentum as implicit_momentum
 from delayjax.transforms import mindthestep as mindthestep
 from delayjax.transforms import mindthestep_weight as mindthestep_weight
+from delayjax.transforms import per_fragment as per_fragment
+from delayjax.transforms import fragment_of_leaves as fragment_of_leaves
 from delayjax.transforms import pipemare as pipemare
 from delayjax.transforms import Correction as Correction
 from delayjax.transforms import discard_stale as discard_stale
@@ -140,4 +142,6 @@ __all__ = [
     "policy_gradient_loss",
     "ppo_clip",
     "truncated_is",
+    "fragment_of_leaves",
+    "per_fragment",
 ]

@@ -27,6 +27,9 @@ from delayjax.transforms._dc_asgd import delay_compensated as delay_compensated
 from delayjax.transforms._dc_asgd import delay_compensation as delay_compensation
 from delayjax.transforms._delayed_nesterov import DelayedNesterovState as DelayedNesterovState
 from delayjax.transforms._delayed_nesterov import delayed_nesterov as delayed_nesterov
+from delayjax.transforms._fragments import PerFragmentState as PerFragmentState
+from delayjax.transforms._fragments import fragment_of_leaves as fragment_of_leaves
+from delayjax.transforms._fragments import per_fragment as per_fragment
 from delayjax.transforms._hooks import CountsContributions as CountsContributions
 from delayjax.transforms._hooks import HasWorkerRows as HasWorkerRows
 from delayjax.transforms._hooks import KeepsDelayWindow as KeepsDelayWindow
@@ -152,4 +155,7 @@ __all__ = [
     "policy_gradient_loss",
     "ppo_clip",
     "truncated_is",
+    "PerFragmentState",
+    "fragment_of_leaves",
+    "per_fragment",
 ]
