@@ -1,0 +1,162 @@
+r"""Streaming DiLoCo: local-SGD workers whose fragments sync in turn, the outer step overlapped with inner steps.
+
+DiLoCo (``dj.workers.LocalSteps`` under BSP with an outer optimizer) syncs
+all parameters every :math:`H` inner steps and waits for the outer step.
+Streaming DiLoCo splits the parameters into :math:`P` fragments that sync
+on staggered offsets, one every :math:`H / P` inner steps, and overlaps each
+fragment's exchange with :math:`\tau` further inner steps: the outer update
+arrives late and is merged into the worker's local progress,
+:math:`\theta^{L}_p \leftarrow \alpha\, \theta^{L}_p + (1 - \alpha)\, \theta^{G}_p`.
+
+In delayjax one update is one fragment's sync: under ``dj.cluster.bsp()``,
+every update's contributions are each worker's next :math:`H / P` inner
+steps, and ``dj.per_fragment(outer)`` applies the outer optimizer to
+fragment :math:`u \bmod P` only. The global fragment of update :math:`u - 1`
+is in the parameters a worker reads for update :math:`u`; the worker uses it
+only after :math:`\tau` of its steps, which is exactly the overlap's
+numerics (the exchange's latency, hidden by the overlap, is a matter for the
+cluster's time model, not for the numbers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from delayjax._checks import check_float, check_int
+from delayjax.runtime._workers import Worker
+from delayjax.transforms._fragments import _check_fragments
+
+__all__ = ["StreamingDiLoCo"]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class StreamingDiLoCo(Worker):
+  r"""Streaming DiLoCo's workers: fragment-staggered outer syncs, overlapped by :math:`\tau` steps, alpha-merged.
+
+  Worker :math:`m` keeps its local parameters :math:`\theta^L`, its inner
+  optimizer's state and, per leaf, :math:`a` (minus its outer gradient so
+  far). Its contribution to update :math:`u` (fragment :math:`p = u \bmod P`,
+  having read the global :math:`\theta^G`):
+
+  1. :math:`\tau` inner steps :math:`\theta^L \leftarrow \theta^L + d_h`,
+     :math:`a \leftarrow a + d_h` (for :math:`u \ge 1`);
+  2. merges fragment :math:`q = (u - 1) \bmod P`, synced by update
+     :math:`u - 1`: :math:`\theta^L_q \leftarrow \alpha \theta^L_q + (1 - \alpha) \theta^G_q`,
+     :math:`a_q \leftarrow \theta^L_q - \theta^G_q` (exactly 0 for :math:`\alpha = 0`);
+  3. the remaining :math:`H_f - \tau` inner steps;
+  4. pushes :math:`-a_p = \theta^G_p - \theta^L_p` on fragment :math:`p`, zero elsewhere.
+
+  With ``tx = dj.per_fragment(outer, fragments)``. With one fragment,
+  :math:`\tau = 0` and :math:`\alpha = 0` this is DiLoCo bit for bit:
+  ``dj.workers.LocalSteps(H, optimizer, keep_state=True)`` with ``tx = outer``.
+
+  Args:
+    steps: :math:`H_f \ge 1`, the inner steps per contribution (per
+      fragment sync; DiLoCo's :math:`H` is :math:`P H_f`).
+    optimizer: the inner optimizer (e.g. ``optax.adamw(...)``); its state
+      is kept across contributions.
+    fragments: one fragment index per leaf (``jax.tree`` order), as given to
+      ``dj.per_fragment``; default one fragment.
+    overlap: :math:`0 \le \tau \le H_f`, the inner steps the outer update is late.
+    alpha: :math:`0 \le \alpha \le 1`, the weight of local progress in the merge
+      (0: replace by the global fragment).
+
+  References:
+    Douillard, Donchev, Rush, Kale, Sinha, Ballé, Kuncoro, Ranzato, Szlam,
+    Lampinen, `Streaming DiLoCo with overlapping communication: Towards a
+    Distributed Free Lunch <https://arxiv.org/abs/2501.18512>`_, 2025;
+    Douillard et al., `DiLoCo: Distributed Low-Communication Training of
+    Language Models <https://arxiv.org/abs/2311.08105>`_, 2023.
+  """
+
+  steps: int
+  optimizer: optax.GradientTransformation
+  fragments: Sequence[int] | None = None
+  overlap: int = 0
+  alpha: float = 0.0
+
+  sequential = True
+
+  def __post_init__(self):
+    if not isinstance(self.optimizer, optax.GradientTransformation):
+      raise TypeError(f"StreamingDiLoCo.optimizer must be an optax.GradientTransformation (e.g. optax.sgd(0.1)), "
+                      f"got {type(self.optimizer).__name__}.")
+    steps = check_int("StreamingDiLoCo.steps", self.steps, minimum=1)
+    overlap = check_int("StreamingDiLoCo.overlap", self.overlap, minimum=0)
+    if overlap > steps:
+      raise ValueError(f"StreamingDiLoCo.overlap must be at most steps ({steps}): the outer update arrives "
+                       f"during the next contribution, got overlap={overlap}.")
+    alpha = check_float("StreamingDiLoCo.alpha", self.alpha, minimum=0.0, maximum=1.0)
+    if self.fragments is not None:
+      object.__setattr__(self, "fragments", _check_fragments(self.fragments)[0])
+    object.__setattr__(self, "alpha", alpha)
+    object.__setattr__(self, "optimizer", optax.with_extra_args_support(self.optimizer))
+
+  @property
+  def num_fragments(self) -> int:
+    return 1 if self.fragments is None else max(self.fragments) + 1
+
+  def bind(self, num_workers, padded_workers):
+    bound = dataclasses.replace(self)
+    object.__setattr__(bound, "local_steps", np.full(padded_workers, self.steps, np.int64))
+    return bound
+
+  def _leaf_fragments(self, params) -> tuple[int, ...]:
+    count = len(jax.tree.leaves(params))
+    if self.fragments is None:
+      return (0,) * count
+    return _check_fragments(self.fragments, count)[0]
+
+  def init_state(self, params):
+    self._leaf_fragments(params)
+    return (params, self.optimizer.init(params), jax.tree.map(jnp.zeros_like, params))
+
+  def _steps(self, ctx, w, opt_state, acc, first, count):
+    def body(carry, h):
+      w, opt_state, acc = carry
+      loss, payload = ctx.gradient(w, h)
+      delta, opt_state = self.optimizer.update(payload["grad"], opt_state, w)
+      return (optax.apply_updates(w, delta), opt_state, jax.tree.map(jnp.add, acc, delta)), loss
+
+    return jax.lax.scan(body, (w, opt_state, acc), first + jnp.arange(count, dtype=jnp.int32))
+
+  def contribute(self, ctx, read, state):
+    local, opt_state, acc = state
+    num = self.num_fragments
+    frag = self._leaf_fragments(read)
+    structure = jax.tree.structure(read)
+    update = jnp.asarray(ctx.update, jnp.int32)
+    tau = self.overlap
+    (local, opt_state, acc), early = self._steps(ctx, local, opt_state, acc, 0, tau)
+    merging = update >= 1  # update 0 reads the initial parameters: nothing synced yet
+    q = (update - 1) % num
+
+    def merge(loc, glob, a, f):
+      on = merging & (q == f)
+      mixed = glob if self.alpha == 0.0 else self.alpha * loc + (1.0 - self.alpha) * glob
+      # a = merged - global: exactly zero for alpha = 0, so the push is -(sum of the steps), as LocalSteps'.
+      fresh = jnp.zeros_like(a) if self.alpha == 0.0 else mixed - glob
+      return jnp.where(on, mixed, loc), jnp.where(on, fresh, a)
+
+    pairs = [merge(lo, g, a, f) for lo, g, a, f in zip(jax.tree.leaves(local), jax.tree.leaves(read),
+                                                         jax.tree.leaves(acc), frag)]
+    local = jax.tree.unflatten(structure, [x for x, _ in pairs])
+    acc = jax.tree.unflatten(structure, [a for _, a in pairs])
+    (local, opt_state, acc), late = self._steps(ctx, local, opt_state, acc, tau, self.steps - tau)
+    p = update % num
+    push = [jnp.where(p == f, jnp.negative(a), jnp.zeros_like(a)) for a, f in zip(jax.tree.leaves(acc), frag)]
+    loss = early[0] if tau else late[0]
+    return loss, {"grad": jax.tree.unflatten(structure, push)}, (local, opt_state, acc)
+
+  def identity(self):
+    return {"streaming": (self.steps, self.fragments, self.overlap, self.alpha),
+            "functions": {"local_optimizer": self.optimizer}}
+
+  def requests_allowed(self):
+    return False
