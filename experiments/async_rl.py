@@ -75,13 +75,27 @@ def log_prob_fn(task: dj.problems.ContextualBandit):
 
 
 def prompt_table(config: dict[str, Any], workers: int) -> np.ndarray:
-  """int ``[workers, steps, 1]``: worker m's j-th contribution answers one uniformly drawn prompt.
+  """int ``[workers, steps, 1]``: worker m's j-th contribution answers one prompt; each row walks through every
+  context once per block of ``contexts`` contributions, in a shuffled order, so no context is over-represented.
 
   The same table for every seed (the seeds vary the rollouts' samples), so the runs of one spec share one
   compiled program and one schedule.
   """
   rng = np.random.default_rng(26)
-  return rng.integers(0, config["contexts"], (workers, config["steps"], 1))
+  blocks = -(-config["steps"] // config["contexts"])
+  rows = [np.concatenate([rng.permutation(config["contexts"]) for _ in range(blocks)])[:config["steps"]]
+          for _ in range(workers)]
+  return np.stack(rows)[:, :, None]
+
+
+def _answered(sched: dj.cluster.Schedule, table: np.ndarray) -> np.ndarray:
+  """The prompts of ``sched``'s contributions in update order (worker m's j-th answers ``table[m, j]``)."""
+  rows = np.zeros(sched.num_workers, np.int64)
+  out = []
+  for m in sched.contributions.worker:
+    out.append(table[m, rows[m] % table.shape[1]])
+    rows[m] += 1
+  return np.stack(out)
 
 
 def _source(config: dict[str, Any], spec: dict[str, Any], task, seed: int):
@@ -89,17 +103,25 @@ def _source(config: dict[str, Any], spec: dict[str, Any], task, seed: int):
   generate, log_prob = generate_fn(task, config["group"]), log_prob_fn(task)
   if spec["study"] == "staleness":
     correction = dj.truncated_is(config["cap"]) if spec["correction"] == "tis" else dj.no_correction()
-    return dj.delays.constant(spec["tau"]), dj.workers.Rollouts(generate, log_prob, correction=correction), 1
+    return dj.delays.constant(spec["tau"]), dj.workers.Rollouts(generate, log_prob, correction=correction)
   kind = spec["budget_kind"]
-  workers = 1 if kind == "sync" else config["workers"]
-  table = prompt_table(config, workers)
+  table = prompt_table(config, config["workers"])
   # A contribution's time is that of its own prompt: the cluster replays the table's times.
   times = task.generation_times(table, per_token=config["per_token"], overhead=config["overhead"])
-  paradigm = dj.cluster.version_budget(config["budget"]) if kind == "admit" else dj.cluster.asp()
-  sched = dj.cluster.simulate(paradigm, dj.cluster.workers(workers, compute=times), config["steps"], seed=seed)
+  cluster = dj.cluster.workers(config["workers"], compute=times)
+  admitted = dj.cluster.simulate(dj.cluster.version_budget(config["budget"]), cluster, config["steps"], seed=seed)
+  if kind == "sync":
+    # The synchronous learner answers the very prompts admission by version answered, in the same order:
+    # the two differ only in staleness.
+    table = _answered(admitted, table)[None]
+    sched = dj.cluster.simulate(dj.cluster.asp(), dj.cluster.workers(1, compute=task.generation_times(
+        table, per_token=config["per_token"], overhead=config["overhead"])), config["steps"], seed=seed)
+  else:
+    sched = admitted if kind == "admit" else dj.cluster.simulate(dj.cluster.asp(), cluster, config["steps"],
+                                                                 seed=seed)
   worker = dj.workers.Rollouts(generate, log_prob, correction=dj.truncated_is(config["cap"]),
                                max_staleness=config["budget"] if kind == "discard" else None, prompts=table)
-  return sched, worker, 1
+  return sched, worker
 
 
 _LAST_SPEC: list[Any] = [None]
@@ -113,7 +135,7 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> di
   from delayjax.runtime import _engine
 
   task = task_of(config)
-  source, worker, _ = _source(config, spec, task, seed)
+  source, worker = _source(config, spec, task, seed)
   # The runtime's compile cache does not yet key on the worker plug-in (its correction, budget and prompt
   # table): a run of another spec compiles afresh, while the seeds of one spec share their program.
   if _LAST_SPEC[0] != (repr(sorted(config.items())), spec["key"]):
@@ -147,18 +169,12 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> di
   metrics["long_minus_short"] = metrics["regret_long"] - metrics["regret_short"]
   if isinstance(source, dj.cluster.Schedule):
     # The share of long-prompt rollouts the learner used (a discarded one is not used).
-    contrib = source.contributions
-    rows = np.zeros(source.num_workers, np.int64)
-    used_long = used = 0
-    table = worker.prompts
-    for u, m, v in zip(contrib.update, contrib.worker, contrib.read_version):
-      context = table[m, rows[m] % table.shape[1], 0]
-      rows[m] += 1
-      if worker.max_staleness is None or u - v <= worker.max_staleness:
-        used += 1
-        used_long += bool(_long(task)[context])
-    metrics["used_long_share"] = used_long / max(used, 1)
-    metrics["used_share"] = used / max(len(contrib.update), 1)
+    contexts = _answered(source, worker.prompts)[:, 0]
+    used = np.ones(contexts.shape, bool)
+    if worker.max_staleness is not None:
+      used = source.contributions.staleness <= worker.max_staleness
+    metrics["used_long_share"] = float(_long(task)[contexts[used]].mean()) if used.any() else 0.0
+    metrics["used_share"] = float(used.mean())
   return {"metrics": metrics,
           "curves": {"update": h.eval_update, "time": h.eval_time,
                      **{k: np.asarray(v, np.float64) for k, v in h.eval_metrics.items()}},
