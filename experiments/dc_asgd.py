@@ -38,7 +38,9 @@ from experiments._training import learning_rate, shared_chunk_size, simulate_rec
 # of 2.06 (sequential: 0.05) and 62% test error, DC-ASGD-a at 0.14 and 7.3%; at M = 16, 0.15 against 0.09.
 # Six seeds: a diverged run counts as infinitely bad, which a sign test decides, and 6 of 6 seeds is the
 # fewest that reaches one-sided p <= 0.025. The claims about optimization compare final training losses (the
-# test error is in the table).
+# test error is in the table). Measured on seeds 0-5 (experiments/results/dc_asgd_quick.md): DC-ASGD-a minus
+# ASGD is -1.83 [-2.25, -1.42] at M = 32 but -0.079 [-0.163, +0.004] at M = 16, so "at every M" stays
+# inconclusive, by the M = 16 interval's upper end.
 # DC-ASGD-c's lambda: MXNet's 0.04 (tried first) is about 20,000x weaker than DC-ASGD-a's effective
 # coefficient lambda0 / sqrt(MS) on this data (measured at M = 16: 10%, 50%, 90% quantiles about 180, 830,
 # 6300), so it changed nothing; 200 is of the order of that coefficient, kept below its median because a
