@@ -52,7 +52,7 @@ nitpick_ignore_regex = [
     (r"py:.*", r"(delayjax\..*\.)?[A-Z]$"),  # type variables
 ]
 # Private helpers that docstrings name as the place where a check lives: not on the site.
-nitpick_ignore = [("py:func", "check_staleness"), ("py:func", "check_record_fits"),
+nitpick_ignore = [("py:func", "check_staleness"), ("py:func", "check_record_fits"), ("py:func", "m2po_mask"),
                   # GossipSchedule.max_lag's first line reads as "type: description" to napoleon.
                   ("py:class", "The largest message lag")]
 
@@ -91,6 +91,9 @@ _vendor_mathjax()
 html_static_path = [_static_math]
 mathjax_path = "tex-svg.js"
 
+# Claims, settings and docstrings are quoted verbatim (straight quotes, as in the code).
+smartquotes = False
+
 html_theme = "sphinx_book_theme"
 html_title = "delayjax"
 html_theme_options = {
@@ -98,6 +101,8 @@ html_theme_options = {
     "use_repository_button": True,
     "show_toc_level": 2,
     "navigation_with_keys": False,
+    # The download button links the page's source, which the site does not copy (html_copy_source).
+    "use_download_button": False,
 }
 html_last_updated_fmt = None
 html_copy_source = False

@@ -38,6 +38,24 @@ def recorded_claims(path: str = CLAIMS) -> tuple[str, dict[str, list[list[str]]]
   return (paragraphs[0] if paragraphs else ""), rows
 
 
+def short_paper(paper: str) -> str:
+  """``Zheng, Meng, ...: Title, ICML 2017`` -> ``Zheng et al., ICML 2017``; several papers joined by "; "."""
+  out = []
+  for part in paper.split("; "):
+    authors, sep, rest = part.partition(": ")
+    if not sep:
+      out.append(re.sub(r"\s*\(.*?\)", "", part))
+      continue
+    names = [a.strip() for a in authors.split(" (")[0].split(",")]
+    if len(names) == 2:
+      who = f"{names[0]} & {names[1]}"
+    else:
+      who = names[0] + (" et al." if len(names) > 2 else "")
+    venue = re.sub(r"\s*\(.*?\)", "", rest).rsplit(", ", 1)[-1] if ", " in rest else ""
+    out.append(f"{who}, {venue}" if venue else who)
+  return "; ".join(out)
+
+
 def _cell(value) -> str:
   return str(value).replace("|", "\\|").replace("\n", " ")
 
@@ -52,7 +70,8 @@ def page(name: str, rows: list[list[str]], run_note: str) -> str:
   module = importlib.import_module(f"experiments.{name}")
   repro = module.REPRODUCTION
   quick = repro.scales.get("quick", {})
-  lines = [f"# `{name}`: {repro.description}", "", f"**Paper:** {repro.paper}", ""]
+  lines = [f"# `{name}`: {short_paper(repro.paper)}", "", f"**Paper:** {repro.paper}", "",
+           f"**Reproduced:** {repro.description}", ""]
   intro = _docstring_intro(module)
   if intro:
     lines += [intro, ""]

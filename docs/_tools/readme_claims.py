@@ -23,24 +23,8 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "docs", "_ext"))
 
 
-def short_paper(paper: str) -> str:
-  """``Zheng, Meng, ...: Title, ICML 2017`` -> ``Zheng et al., ICML 2017``; several papers joined by "; "."""
-  out = []
-  for part in paper.split("; "):
-    authors, sep, rest = part.partition(": ")
-    if not sep:
-      out.append(part)
-      continue
-    names = [a.strip() for a in authors.split(",")]
-    who = names[0] + (" et al." if len(names) > 1 or "et al" in authors else "")
-    who = who.replace(" et al. et al.", " et al.")
-    venue = rest.rsplit(", ", 1)[-1] if ", " in rest else ""
-    out.append(f"{who}, {venue}" if venue else who)
-  return "; ".join(out)
-
-
 def table() -> str:
-  from delayjax_gallery import recorded_claims
+  from delayjax_gallery import recorded_claims, short_paper
 
   from experiments import _registry
 
