@@ -264,11 +264,14 @@ def delay_compensated(
   Examples:
     >>> import jax.numpy as jnp, optax
     >>> import delayjax as dj
-    >>> tx = dj.delay_compensated(optax.adam(0.1), lam=1.0)
+    >>> tx = dj.delay_compensated(optax.rmsprop(0.1, decay=0.75), lam=1.0)
     >>> w = jnp.array([1.0])
     >>> u, state = tx.update(jnp.array([2.0]), tx.init(w), w, stale_params=w)
-    >>> state.inner_state[0].nu  # 0.001 * 2 ** 2: the curvature of the next correction
-    Array([0.004], dtype=float32)
+    >>> state.inner_state[0].nu  # 0.25 * 2 ** 2: the curvature of the next correction
+    Array([1.], dtype=float32)
+    >>> u, state = tx.update(jnp.array([2.0]), state, w, stale_params=w - 0.5)
+    >>> state.inner_state[0].nu  # the gradient entered corrected: 0.75 * 1 + 0.25 * (2 + 1 * 1 * 0.5) ** 2
+    Array([2.3125], dtype=float32)
 
   References:
     Zheng, Meng, Wang, Chen, Yu, Ma, Liu, `Asynchronous Stochastic Gradient
