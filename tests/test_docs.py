@@ -76,6 +76,20 @@ def site(tmp_path_factory):
       result["seconds"]
 
 
+def test_the_api_reference_has_a_page_for_every_public_module():
+  import delayjax
+  from delayjax_apigen import MODULES
+
+  public = {"delayjax"} | {getattr(delayjax, n).__name__ for n in delayjax.__all__
+                           if isinstance(getattr(delayjax, n), type(os))}
+  assert public <= set(MODULES), f"modules without an API page: {public - set(MODULES)} (docs/_ext/delayjax_apigen.py)"
+  for module_name in MODULES:
+    with open(os.path.join(DOCS, "api", f"{module_name}.rst"), encoding="utf-8") as f:
+      assert f".. delayjax-api:: {module_name}" in f.read()
+    with open(os.path.join(DOCS, "api", "index.md"), encoding="utf-8") as f:
+      assert f"\n{module_name}\n" in f.read(), f"{module_name} is not in docs/api/index.md's toctree"
+
+
 @pytest.mark.slow
 def test_the_site_builds_without_a_warning(site):
   _, build, _ = site

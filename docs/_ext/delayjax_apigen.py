@@ -38,7 +38,8 @@ def public_names(module_name: str) -> list[str]:
   module = importlib.import_module(module_name)
   names = getattr(module, "__all__", None)
   if names is None:
-    names = [n for n, v in vars(module).items() if not n.startswith("_") and getattr(v, "__module__", None) == module_name
+    names = [n for n, v in vars(module).items()
+             if not n.startswith("_") and getattr(v, "__module__", None) == module_name
              and (inspect.isfunction(v) or inspect.isclass(v))]
   return [n for n in names if not n.startswith("__")]
 

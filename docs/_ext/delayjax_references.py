@@ -37,7 +37,8 @@ SOURCES = {
 _ABSTRACT_WORDS = re.compile(
     r"only the abstract|abstract only|from (?:the|its|their) (?:paper's )?abstract|abstract-level|"
     r"the library's construction|delayjax's construction|could not be (?:confirmed|read|verified)", re.I)
-_CODE_WORDS = re.compile(r"authors' (?:reference |simulator )?code|the reference code|checked against the authors", re.I)
+_CODE_WORDS = re.compile(r"authors' (?:reference |simulator )?code|the reference code|checked against the authors",
+                         re.I)
 
 _CITATION = re.compile(r"`([^`<]+?)\s*<(https?://[^>\s]+)>`_+")
 
