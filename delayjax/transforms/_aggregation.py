@@ -251,6 +251,27 @@ def fed_async(
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
+STALENESS_COUNTS = ("updates", "versions")
+
+
+def server_versions_behind(staleness: jax.Array, buffered: jax.Array, buffer_size: Any) -> jax.Array:
+  r"""Server versions behind, from a staleness counted in calls: :math:`\lceil (\tau - c) / K \rceil^+`.
+
+  A delta that arrives as call :math:`n` (``n`` calls already made) was
+  computed at the model read after call :math:`n - \tau`. The server takes
+  a step on every :math:`K`-th call, so after :math:`m` calls it is at
+  version :math:`\lfloor m / K \rfloor`, and with :math:`c = n \bmod K`
+  deltas in the buffer the delta is
+  :math:`\lfloor n/K \rfloor - \lfloor (n - \tau)/K \rfloor = \max(0, \lceil (\tau - c)/K \rceil)`
+  versions behind. Exact while :math:`K` stays constant (a traced ``K``
+  that changes during a run is converted with its current value).
+  """
+  tau = jnp.asarray(staleness, jnp.int32)
+  k = jnp.asarray(buffer_size, jnp.int32)
+  # floor((tau - c + K - 1) / K) is the ceiling for tau > c; jnp's floor division rounds toward -inf.
+  return jnp.maximum((tau - buffered + k - 1) // k, 0)
+
+
 def fed_buff(
     server_optimizer: optax.GradientTransformation,
     buffer_size: int | jax.Array = 10,
@@ -260,6 +281,7 @@ def fed_buff(
     b: float | jax.Array | None = None,
     value: float | jax.Array | None = None,
     threshold: int | jax.Array | None = None,
+    staleness_counts: str = "updates",
 ) -> optax.GradientTransformationExtraArgs:
   r"""FedBuff: buffers ``K`` staleness-weighted client deltas, then one server step.
 
@@ -277,17 +299,31 @@ def fed_buff(
   server momentum. On the other calls the update is exactly zero and the
   server optimizer's state is untouched.
 
-  Built as ``optax.chain(scale_by_staleness(rule), optax.scale(-1/K),
-  accumulate_sum(server_optimizer, K))``; per-leaf staleness is accepted.
-  With ``buffer_size=1`` and ``staleness=0`` the result is
-  ``server_optimizer`` applied to :math:`-\Delta`, bit for bit.
+  **Staleness is counted in server versions.** In the paper and in the
+  authors' FLSim, :math:`\tau_i` is the number of *server steps* since
+  client :math:`i` read the model (FLSim's model sequence number grows by
+  one per server step, not per arrival). The delayjax runtimes pass the
+  number of *calls* (client arrivals) since the read. With
+  ``staleness_counts="updates"`` (the default) this transformation converts
+  it: with :math:`c` deltas already in the buffer, a delta :math:`\tau`
+  calls stale is :math:`\max(0, \lceil (\tau - c)/K \rceil)` versions stale
+  (:func:`server_versions_behind`; exact for a constant :math:`K`). Pass
+  ``staleness_counts="versions"`` when the caller already counts versions.
+
+  Built from ``scale_by_staleness(rule)``, ``optax.scale(-1/K)`` and
+  ``accumulate_sum(server_optimizer, K)``; the state is that chain's.
+  Per-leaf staleness is accepted. With ``buffer_size=1`` every call is a
+  server step, the two counts agree, and with ``staleness=0`` the result
+  is ``server_optimizer`` applied to :math:`-\Delta`, bit for bit.
 
   Per client update: FedBuff weights each client delta by its own
   staleness as it enters the buffer, which this transformation does when
-  each call brings one delta. When the runtime combines several deltas into
-  one call (n-softsync, K-async schedules),
-  ``dj.per_contribution(dj.fed_buff(...))`` weights each with its own
-  staleness.
+  each call brings one delta (ASP and the stale-read model). When the
+  runtime combines several deltas into one call (n-softsync, K-async
+  schedules), ``dj.per_contribution(dj.fed_buff(...))`` weights each with
+  its own staleness; the runtime's staleness then counts its updates, not
+  the calls this transformation sees, and the conversion above is not
+  exact: pass ``staleness_counts="versions"`` with a staleness you count.
 
   Args:
     server_optimizer: the server's optimizer (e.g. ``optax.sgd(0.7, 0.9)``).
@@ -295,6 +331,10 @@ def fed_buff(
       integer ``>= 1`` (or an integer scalar array).
     rule: the staleness weight :math:`s` (a :func:`staleness_weight` rule).
     a, b, value, threshold: its parameters; ``"polynomial"`` defaults to ``a=0.5``.
+    staleness_counts: what the ``staleness`` extra argument counts:
+      ``"updates"`` (calls since the read, as the delayjax runtimes pass it;
+      converted to server versions) or ``"versions"`` (server steps since the
+      read; used as given).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` that needs the ``staleness``
@@ -306,24 +346,38 @@ def fed_buff(
     >>> tx = dj.fed_buff(optax.sgd(1.0), buffer_size=2)
     >>> x = jnp.zeros(1)
     >>> state = tx.init(x)
+    >>> # A delta read 3 calls ago, the buffer now empty: the server stepped twice since (ceil(3 / 2)).
     >>> u1, state = tx.update(jnp.array([2.0]), state, x, staleness=3)
     >>> u2, state = tx.update(jnp.array([1.0]), state, x, staleness=0)
-    >>> u1, u2  # (2 / sqrt(4) + 1) / 2
-    (Array([0.], dtype=float32), Array([1.], dtype=float32))
+    >>> u1, u2  # 2 versions behind: (2 / sqrt(3) + 1) / 2
+    (Array([0.], dtype=float32), Array([1.0773503], dtype=float32))
 
   References:
     Nguyen, Malik, Zhan, Yousefpour, Rabbat, Malek, Huba, `Federated Learning
     with Buffered Asynchronous Aggregation <https://arxiv.org/abs/2106.06639>`_,
-    AISTATS 2022.
+    AISTATS 2022; the staleness unit follows the authors' code
+    (github.com/facebookresearch/FLSim, ``ModelSequenceNumberTracker``).
   """
   if not isinstance(server_optimizer, optax.GradientTransformation):
     raise TypeError(f"server_optimizer must be an optax.GradientTransformation (e.g. optax.sgd(0.7)), got "
                     f"{type(server_optimizer).__name__} {server_optimizer!r}.")
+  if staleness_counts not in STALENESS_COUNTS:
+    raise ValueError(f"staleness_counts must be one of {STALENESS_COUNTS}, got {staleness_counts!r}.")
   buffer_size = check_number("buffer_size", buffer_size, minimum=1, integer=True)
   # -1/K as optax.scale(-1.0 / K) computes it for a Python int, cast to each update's dtype for an array K.
   inverse = 1.0 / buffer_size if isinstance(buffer_size, int) else 1.0 / coefficient(buffer_size, jnp.float32)
-  return optax.chain(
+  chain = optax.chain(
       scale_by_staleness(rule, a=a, b=b, value=value, threshold=threshold),
       optax.stateless(lambda updates, params=None: jax.tree.map(lambda u: descend(inverse, u), updates)),
       _accumulate_sum(server_optimizer, buffer_size, "fed_buff", "buffer_size"),
   )
+  if staleness_counts == "versions":
+    return chain
+
+  def update_fn(updates, state, params=None, *, staleness=None, **extra_args):
+    taus = broadcast_staleness(staleness, updates)
+    buffered = state[2].count  # deltas in the buffer before this one: the call index modulo K
+    versions = jax.tree.map(lambda t: server_versions_behind(t, buffered, buffer_size), taus)
+    return chain.update(updates, state, params, staleness=versions, **extra_args)
+
+  return optax.GradientTransformationExtraArgs(chain.init, update_fn)

@@ -8,6 +8,7 @@ import optax
 import pytest
 
 import delayjax as dj
+from delayjax.transforms._aggregation import server_versions_behind
 from remedy_checks import (assert_chain_and_unknown_extra_args, assert_jit_traces_once, params_tree,
                            random_like)
 
@@ -192,9 +193,9 @@ def test_fed_buff_k1_zero_staleness_is_server_optimizer_on_minus_delta():
 
 
 def test_fed_buff_numpy_reference():
-  # K = 3 deltas with staleness weights 1/sqrt(1 + tau), then server SGD with momentum.
+  # K = 3 deltas with staleness weights 1/sqrt(1 + tau), tau given in server versions, then server SGD with momentum.
   params, k, lr, beta = params_tree(), 3, 0.7, 0.9
-  tx = dj.fed_buff(optax.sgd(lr, momentum=beta), buffer_size=k)
+  tx = dj.fed_buff(optax.sgd(lr, momentum=beta), buffer_size=k, staleness_counts="versions")
   state = tx.init(params)
   rng = np.random.default_rng(5)
   buf = {n: np.zeros(p.shape) for n, p in params.items()}
@@ -223,8 +224,85 @@ def test_fed_buff_per_leaf_staleness_and_untouched_server_state():
   jax.tree.map(lambda a: np.testing.assert_array_equal(a, 0.0), u1)
   chex.assert_trees_all_equal(s1[2].inner_state, s0[2].inner_state)
   u2, _ = tx.update(d2, s1, params, staleness=0)
-  np.testing.assert_allclose(u2["w"], (np.asarray(d1["w"]) / 2.0 + np.asarray(d2["w"])) / 2, rtol=1e-6)
+  # 3 calls stale with an empty buffer is ceil(3 / 2) = 2 server versions: weight 1 / sqrt(3).
+  np.testing.assert_allclose(u2["w"], (np.asarray(d1["w"]) / np.sqrt(3.0) + np.asarray(d2["w"])) / 2, rtol=1e-6)
   np.testing.assert_allclose(u2["b"], (np.asarray(d1["b"]) + np.asarray(d2["b"])) / 2, rtol=1e-6)
+
+
+def _numpy_fedbuff_by_seqnum(x0, target, num_clients, k, lr, beta, client_lr, calls, seed):
+  """FedBuff as FLSim runs it: a server sequence number that grows by one per server step.
+
+  Clients read (model, seqnum); one arrives at a time, at random; its delta is one local step on
+  0.5 |x - target|^2 from its read; its weight is 1 / sqrt(1 + seqnum_now - seqnum_read). Returns, per
+  arrival, the call staleness the delayjax runtimes pass (arrivals since the read), the delta and the
+  server model after it.
+  """
+  rng = np.random.default_rng(seed)
+  x, mom, buf, filled, seqnum = x0.copy(), np.zeros_like(x0), np.zeros_like(x0), 0, 0
+  reads = [(0, seqnum, x.copy()) for _ in range(num_clients)]  # (call index, seqnum, model) at the read
+  out = []
+  for n in range(calls):
+    c = int(rng.integers(num_clients))
+    read_call, read_seq, x_read = reads[c]
+    delta = -client_lr * (x_read - target)
+    buf += delta / np.sqrt(1.0 + (seqnum - read_seq))
+    filled += 1
+    if filled == k:
+      mom = -buf / k + beta * mom
+      x = x - lr * mom
+      buf, filled, seqnum = np.zeros_like(x0), 0, seqnum + 1
+    out.append((n - read_call, delta, x.copy()))
+    reads[c] = (n + 1, seqnum, x.copy())
+  return out
+
+
+@pytest.mark.parametrize("k", [1, 3, 4])
+def test_fed_buff_counts_server_versions_like_flsim(k):
+  """Fed the runtime's staleness (arrivals since the read), dj.fed_buff weights by server versions since it."""
+  rng = np.random.default_rng(11)
+  x0, target = rng.normal(size=5), rng.normal(size=5)
+  lr, beta = 0.8, 0.5
+  events = _numpy_fedbuff_by_seqnum(x0, target, 6, k, lr, beta, 0.3, 24, seed=k)
+  tx = dj.fed_buff(optax.sgd(lr, momentum=beta), buffer_size=k)
+  update = jax.jit(tx.update)
+  x = jnp.asarray(x0, jnp.float32)
+  state = tx.init(x)
+  staler = 0
+  for tau, delta, expected in events:
+    u, state = update(jnp.asarray(delta, jnp.float32), state, x, staleness=jnp.int32(tau))
+    x = optax.apply_updates(x, u)
+    np.testing.assert_allclose(x, expected, rtol=1e-5, atol=1e-5)
+    staler += tau > 0
+  assert staler > len(events) // 2  # the stream is asynchronous enough for the unit to matter
+
+
+def test_fed_buff_update_count_differs_from_version_count():
+  """The same stream with staleness_counts="versions" fed arrival counts diverges from FLSim's FedBuff."""
+  rng = np.random.default_rng(11)
+  x0, target = rng.normal(size=5), rng.normal(size=5)
+  events = _numpy_fedbuff_by_seqnum(x0, target, 6, 4, 0.8, 0.5, 0.3, 24, seed=4)
+  tx = dj.fed_buff(optax.sgd(0.8, momentum=0.5), buffer_size=4, staleness_counts="versions")
+  x = jnp.asarray(x0, jnp.float32)
+  state = tx.init(x)
+  for tau, delta, _ in events:
+    u, state = tx.update(jnp.asarray(delta, jnp.float32), state, x, staleness=tau)
+    x = optax.apply_updates(x, u)
+  assert np.max(np.abs(np.asarray(x) - events[-1][2])) > 1e-3
+
+
+def test_server_versions_behind_is_the_difference_of_floors():
+  # n calls made, n = K * v + c: the delta read after call n - tau is floor(n/K) - floor((n - tau)/K) versions old.
+  for k in (1, 2, 5):
+    for buffered in range(k):
+      taus = np.arange(16)
+      n = k * (taus.max() + 2) + buffered
+      got = np.asarray(server_versions_behind(jnp.asarray(taus, jnp.int32), jnp.int32(buffered), k))
+      np.testing.assert_array_equal(got, n // k - (n - taus) // k)
+
+
+def test_fed_buff_bad_staleness_counts():
+  with pytest.raises(ValueError, match=r"staleness_counts must be one of \('updates', 'versions'\), got 'arrivals'"):
+    dj.fed_buff(optax.sgd(0.1), staleness_counts="arrivals")
 
 
 @pytest.mark.standard_promotion  # optax.adam / MultiSteps mix int32 and floats
