@@ -41,6 +41,7 @@ from delayjax.transforms import delayed_nesterov as delayed_nesterov
 from delayjax.transforms import explicit_momentum as explicit_momentum
 from delayjax.transforms import fed_async as fed_async
 from delayjax.transforms import fed_buff as fed_buff
+from delayjax.transforms import gem as gem
 from delayjax.transforms import implicit_momentum as implicit_momentum
 from delayjax.transforms import mindthestep as mindthestep
 from delayjax.transforms import mindthestep_weight as mindthestep_weight
@@ -101,6 +102,7 @@ __all__ = [
     "explicit_momentum",
     "fed_async",
     "fed_buff",
+    "gem",
     "gossip",
     "growing_batches",
     "implicit_momentum",

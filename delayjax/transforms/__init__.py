@@ -30,6 +30,8 @@ from delayjax.transforms._delayed_nesterov import delayed_nesterov as delayed_ne
 from delayjax.transforms._fragments import PerFragmentState as PerFragmentState
 from delayjax.transforms._fragments import fragment_of_leaves as fragment_of_leaves
 from delayjax.transforms._fragments import per_fragment as per_fragment
+from delayjax.transforms._gem import GemState as GemState
+from delayjax.transforms._gem import gem as gem
 from delayjax.transforms._hooks import CountsContributions as CountsContributions
 from delayjax.transforms._hooks import HasWorkerRows as HasWorkerRows
 from delayjax.transforms._hooks import KeepsDelayWindow as KeepsDelayWindow
@@ -108,6 +110,8 @@ __all__ = [
     "explicit_momentum",
     "fed_async",
     "fed_buff",
+    "gem",
+    "GemState",
     "HasWorkerRows",
     "implicit_momentum",
     "KeepsDelayWindow",
