@@ -42,11 +42,14 @@ SLOW_GROUPS = (
     ("gossip_topology", "gossip_failures", "gossip_acid", "gossip_dcs3gd", "gossip_layup"),
     ("sme", "pipeline_stashing", "pipeline_pipemare"),
 )
+# A reproduction registered since, in no group yet, still runs: in a group of its own.
+_GROUPED = set(FAST).union(*SLOW_GROUPS)
+SLOW_GROUPS += tuple((name,) for name in _registry.NAMES if name not in _GROUPED)
 
 
-def test_groups_cover_every_reproduction_once():
+def test_groups_run_every_reproduction_once():
   grouped = list(FAST) + [name for group in SLOW_GROUPS for name in group]
-  assert sorted(grouped) == sorted(_registry.NAMES)
+  assert len(grouped) == len(set(grouped)) and set(grouped) == set(_registry.NAMES)
 
 
 def _smoke_run(names: tuple[str, ...], out: str) -> str:
