@@ -21,6 +21,7 @@ SAMPLINGS = ("iid", "epoch", "shard")
 # Key streams folded into the seed's key: 0 is a delay model's delays.
 _WORKER_STREAM = 1
 _SERVER_STREAM = 2
+_PLUGIN_STREAM = 3
 
 
 def shard_table(shards: Sequence[Any] | None, num_examples: int, num_workers: int,
@@ -123,3 +124,16 @@ def server_minibatch_indices(seed: int, update: Any, *, num_examples: int, batch
   key = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), _SERVER_STREAM),
                            jnp.asarray(update, jnp.int32))
   return jax.random.randint(key, (batch_size,), 0, num_examples, dtype=jnp.int32)
+
+
+def contribution_key(seed: Any, update: Any, worker: Any, draw: Any) -> jax.Array:
+  """The PRNG key a worker plug-in gets for one contribution (``WorkerContext.key``).
+
+  ``fold_in(fold_in(fold_in(fold_in(key(seed), 3), update), worker), draw)``:
+  a pure function of which contribution it is, like the minibatches, and
+  from a stream of its own, so a plug-in's own randomness (rollouts, noise)
+  never repeats a minibatch's key.
+  """
+  base = jax.random.fold_in(jax.random.key(seed), _PLUGIN_STREAM)
+  return jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(
+      base, jnp.asarray(update, jnp.int32)), jnp.asarray(worker, jnp.int32)), jnp.asarray(draw, jnp.int32))

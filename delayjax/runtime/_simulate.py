@@ -24,8 +24,9 @@ from delayjax.runtime import _history as history_lib
 from delayjax.runtime._engine import AXIS, check_worker_capacity, program_key
 from delayjax.runtime._arguments import batch_like, check_not_traced, check_params, check_sampling, loss_has_aux
 from delayjax.runtime._options import Checkpoint, Execution, Record, Runs, Sampling, runtime_options
-from delayjax.runtime._workers import Gradient, Worker, WorkerContext, check_worker
-from delayjax.runtime._sampling import minibatch_indices, server_minibatch_indices, shard_table
+from delayjax.runtime._lanes import Lanes
+from delayjax.runtime._workers import Gradient, Worker, check_worker
+from delayjax.runtime._sampling import shard_table
 from delayjax.runtime._waves import StepPlan, plan_steps
 from delayjax.transforms._hooks import check_schedule, read_params, requesting_states, runtime_inputs
 
@@ -411,7 +412,7 @@ def _source_schedule(source: Any, num_updates: int | None, seed: int) -> tuple[S
 
 def _fingerprint(schedule: Schedule, *, tx: Any, loss_fn: Callable[..., Any], params: Any, opt_state: Any,
                  data: Any, eval_fn: Any, local_optimizer: Any, inputs: tuple[str, ...], batch_size: int,
-                 terms: Any, plan: StepPlan, **options: Any) -> dict[str, str]:
+                 terms: Any, plan: StepPlan, plugin_programs: dict[str, Any], **options: Any) -> dict[str, str]:
   """The run's identity, by component: what a checkpoint must match to be resumed (``_engine.identity``)."""
   num_contrib = plan.upd_worker.shape[2]
   samples = num_contrib * _max_batches(plan) * batch_size
@@ -425,6 +426,7 @@ def _fingerprint(schedule: Schedule, *, tx: Any, loss_fn: Callable[..., Any], pa
     programs["eval_fn"] = (eval_fn, (params,))
   if local_optimizer is not None:
     programs["local_optimizer"] = (local_optimizer.update, (params, local_optimizer.init(params), params))
+  programs.update(plugin_programs)
   return engine.identity(schedule=_schedule_digest(schedule), options=options, params=params, data=data,
                          programs=programs, trees={"optimizer state": opt_state})
 
@@ -521,7 +523,8 @@ def _cached_plan(schedule: Schedule, *args: Any, **kwargs: Any) -> StepPlan:
 
 def _compile_key(*, loss_fn: Callable[..., Any], has_aux: bool, tx: Any, params: Any, opt_state: Any, data: Any,
                  batch_size: int, eval_fn: Any, sample_terms: Any, local_optimizer: Any, inputs: tuple[str, ...],
-                 terms: Any, plan: StepPlan, sizes: ProgramSizes, options: dict[str, Any]) -> dict[str, Any] | None:
+                 terms: Any, plan: StepPlan, sizes: ProgramSizes, options: dict[str, Any],
+                 plugin_programs: dict[str, Any]) -> dict[str, Any] | None:
   """What the compiled chunk depends on beyond its arguments' shapes: ``{"chunk": key, "eval_fn": key}``, or
   ``None`` when a function calls back into Python (such programs are compiled afresh every run).
 
@@ -545,6 +548,7 @@ def _compile_key(*, loss_fn: Callable[..., Any], has_aux: bool, tx: Any, params:
       "local_optimizer": None if local_optimizer is None else program_key(
           local_optimizer.update, params_spec, local_optimizer.init(params), params_spec),
       "snapshot": program_key(_snapshot_params, state_spec) if "snapshot_grad" in inputs else None,
+      **{name: program_key(fn, *args) for name, (fn, args) in plugin_programs.items()},
   }
   if any(key is False for key in programs.values()):
     return None
@@ -693,6 +697,21 @@ class _ServerRun(types.SimpleNamespace):
   """What one ``dj.simulate`` call has checked, planned and traced (its locals), handed from phase to phase."""
 
 
+def _svrg_epoch(inputs: tuple[str, ...], snapshot_every: int | None, full_batch_size: int | None,
+                num_examples: int, batch_size: int) -> int | None:
+  """SVRG's epoch length in updates when ``tx`` requests ``full_grad``; its options refused otherwise."""
+  if "full_grad" in inputs:
+    # Johnson & Zhang's m = 2n single-example updates per epoch, in minibatches.
+    return snapshot_every or -(-2 * num_examples // batch_size)
+  if snapshot_every is not None or full_batch_size is not None:
+    name, value = ("snapshot_every", snapshot_every) if snapshot_every is not None else (
+        "full_batch_size", full_batch_size)
+    raise ValueError(
+        f"Gradient.{name}={value} is only used when tx requests full_grad (dj.svrg); tx requests "
+        f"{list(inputs) or 'no runtime inputs'}.")
+  return None
+
+
 def _prepare(loss_fn, tx, params, data, source, *, num_updates, seed, sampling, worker, record, checkpoint,
              execution) -> _ServerRun:
   """``dj.simulate``'s arguments checked, its schedule planned, its step traced and its carry made."""
@@ -728,7 +747,9 @@ def _prepare(loss_fn, tx, params, data, source, *, num_updates, seed, sampling, 
   local_optimizer = getattr(worker, "optimizer", None)
 
   tx = optax.with_extra_args_support(tx)
-  opt_state = tx.init(params)
+  # The optimizer state's shapes are enough for every check and for the memory estimate: the state itself
+  # is made only once the run is known to fit.
+  opt_state = jax.eval_shape(tx.init, params)
   check_worker_capacity(opt_state, schedule.num_workers, "source")
   inputs = _check_runtime_inputs(opt_state, local=not worker.requests_allowed(), has_terms=sample_terms is not None)
   # A transformation that would do nothing on this schedule (a buffer it never fills, a delay window it never
@@ -738,17 +759,7 @@ def _prepare(loss_fn, tx, params, data, source, *, num_updates, seed, sampling, 
                  num_contributions=schedule.num_contributions if "contribution_grads" in inputs else int(
                      np.count_nonzero(np.diff(schedule.offsets))))
   terms = None if sample_terms is None else _terms_spec(sample_terms, params, data, batch_size)
-  if "full_grad" in inputs:
-    # Johnson & Zhang's m = 2n single-example updates per epoch, in minibatches.
-    epoch = snapshot_every or -(-2 * num_examples // batch_size)
-  elif snapshot_every is not None or full_batch_size is not None:
-    name, value = ("snapshot_every", snapshot_every) if snapshot_every is not None else (
-        "full_batch_size", full_batch_size)
-    raise ValueError(
-        f"{name}={value} is only used when tx requests full_grad (dj.svrg); tx requests "
-        f"{list(inputs) or 'no runtime inputs'}.")
-  else:
-    epoch = None
+  epoch = _svrg_epoch(inputs, snapshot_every, full_batch_size, num_examples, batch_size)
   # A contribution is computed once its update's epoch has begun, so every lane of a step computes
   # its snapshot gradient at the step's snapshot.
   plan = _cached_plan(schedule, num_workers, num_devices, lanes, local_steps=worker_steps,
@@ -773,12 +784,20 @@ def _prepare(loss_fn, tx, params, data, source, *, num_updates, seed, sampling, 
   keep_stale = _uses_stale_params(tx, params, inputs, plan.upd_worker.shape[2] * _max_batches(plan) * batch_size,
                                   terms, plan.upd_worker.shape[2])
 
+  has_aux, plugin_programs = None, {}
+  payload = worker.payload_like(params, inputs, _max_batches(plan) * batch_size, terms)
+  if payload is None:
+    # A plug-in of the user's: its push is traced (so is the loss) for its payload's shapes.
+    has_aux = loss_has_aux(loss_fn, params, data, batch_size)
+    payload, plugin_programs = _plugin_programs(worker, loss_fn, has_aux, params, data, inputs, num_examples,
+                                                batch_size, sampling, _max_batches(plan), full_batch_size, shard_rows)
+
   def initial(buffer_size: int, shapes: bool = False) -> Any:
     if shapes:
-      one = _initial_carry(params, opt_state, plan, buffer_size, inputs, batch_size, terms, leaf_groups,
+      one = _initial_carry(params, opt_state, plan, buffer_size, payload, leaf_groups,
                            worker.init_state(params) if keep_local_state else None, keep_stale, shapes=True)
       return one if runs is None else jax.tree.map(lambda x: jax.ShapeDtypeStruct((runs,) + x.shape, x.dtype), one)
-    carries = [_initial_carry(params, state, plan, buffer_size, inputs, batch_size, terms, leaf_groups,
+    carries = [_initial_carry(params, state, plan, buffer_size, payload, leaf_groups,
                               worker.init_state(params) if keep_local_state else None, keep_stale)
                for state in ([opt_state] if runs is None else _run_states(opt_state, hyper_values, runs))]
     # Several runs: every leaf of the carry gains a leading run axis.
@@ -792,14 +811,16 @@ def _prepare(loss_fn, tx, params, data, source, *, num_updates, seed, sampling, 
     sizes = sizes._replace(buffer_size=plan.buffer_size)
     memory = _memory_terms(initial(sizes.buffer_size, shapes=True), data, num_devices)
   engine.check_memory(runtime, memory, limit, dict(_MEMORY_TERMS))
-  # The loss is traced only now, after every check that can refuse the run.
-  has_aux = loss_has_aux(loss_fn, params, data, batch_size)
+  opt_state = tx.init(params)
+  # The loss is traced only now, after every check that can refuse the run (but a plug-in's own payload).
+  if has_aux is None:
+    has_aux = loss_has_aux(loss_fn, params, data, batch_size)
   step = _step_function(
       keep_stale=keep_stale, loss_fn=loss_fn, has_aux=has_aux, tx=tx, params=params, eval_fn=eval_fn,
       num_examples=num_examples, batch_size=batch_size, sampling=sampling, plan=plan,
       skip_nonfinite=skip_nonfinite, always_applies=bool(np.all(np.diff(schedule.offsets) > 0)),
       distributed=mesh is not None, inputs=inputs, sizes=sizes, worker=worker, max_batches=_max_batches(plan),
-      sample_terms=sample_terms, terms=terms, full_batch_size=full_batch_size, leaf_groups=leaf_groups)
+      full_batch_size=full_batch_size, leaf_groups=leaf_groups)
   carry = initial(sizes.buffer_size)
   run = _ServerRun(**{name: value for name, value in locals().items() if name != "initial"})
   run.compile_key, run.fingerprint = _keys(run)
@@ -826,12 +847,12 @@ def _keys(run: _ServerRun) -> tuple[Any, Any]:
           skip_nonfinite=skip_nonfinite, always_applies=bool(np.all(np.diff(schedule.offsets) > 0)),
           inputs=inputs, local_steps=None if worker_steps is None else tuple(worker_steps.tolist()),
           max_batches=_max_batches(plan), terms=str(terms), full_batch_size=full_batch_size,
-          leaf_groups=leaf_groups, keep_local_state=keep_local_state))
+          leaf_groups=leaf_groups, keep_local_state=keep_local_state), plugin_programs=run.plugin_programs)
   # Only a checkpoint needs the run's identity (it traces tx and loss_fn and hashes the data).
   fingerprint = "" if checkpoint_dir is None else _fingerprint(
       schedule, tx=tx, loss_fn=loss_fn, params=params, opt_state=opt_state, data=data, eval_fn=eval_fn,
       local_optimizer=local_optimizer, inputs=inputs, batch_size=batch_size, terms=terms, plan=plan,
-      seed=seed, sampling=sampling, chunk_size=chunk_size, num_workers=num_workers, lanes=plan.lanes,
+      plugin_programs=run.plugin_programs, seed=seed, sampling=sampling, chunk_size=chunk_size, num_workers=num_workers, lanes=plan.lanes,
       skip_nonfinite=skip_nonfinite, eval_every=eval_every, has_eval=eval_fn is not None,
       shards=None if shards is None else _fingerprint_shards(shards),
       # Only when used, so the options of runs without them stay as they were.
@@ -991,11 +1012,12 @@ def _memory_terms(carry: tuple[Any, ...], data: Any, num_devices: int) -> dict[s
       _MEMORY_TERMS, CARRY_SPECS, carry, strict=True)}, data, num_devices)
 
 
-def _initial_carry(params: Any, opt_state: Any, plan: StepPlan, size: int, inputs: tuple[str, ...], batch_size: int,
-                   terms: Any, leaf_groups: tuple[int, ...] | None, worker_state: Any,
+def _initial_carry(params: Any, opt_state: Any, plan: StepPlan, size: int, payload: Any,
+                   leaf_groups: tuple[int, ...] | None, worker_state: Any,
                    keep_stale: bool, shapes: bool = False) -> tuple[Any, ...]:
   """The server runtime's carry before the first step (host arrays; see ``CARRY_SPECS``).
 
+  ``payload``: the shapes of one contribution's payload (``_payload_shapes``).
   ``worker_state``: one worker's own initial state (a sequential worker
   plug-in's ``init_state``), which every worker starts from, or ``None``. ``keep_stale``: whether to buffer the
   gradients' stale parameters (an empty tuple otherwise). ``size``: rows of the gradient buffer.
@@ -1009,7 +1031,6 @@ def _initial_carry(params: Any, opt_state: Any, plan: StepPlan, size: int, input
       return jax.ShapeDtypeStruct(lead + np.shape(x), dtype(x))
     return np.zeros(lead + np.shape(x), dtype(x))
 
-  payload = _payload_like(params, inputs, _max_batches(plan) * batch_size, terms)
   slots = jax.tree.map(lambda x: buffer(x, plan.num_workers, plan.num_slots), params)
   first = plan.tables(0, 1)
   stale_args = (opt_state, params, slots, first["lane_worker"][0], first["lane_worker"][0], first["lane_slot"][0],
@@ -1034,6 +1055,31 @@ def _initial_carry(params: Any, opt_state: Any, plan: StepPlan, size: int, input
   return tuple(carry)
 
 
+def _plugin_programs(worker: Worker, loss_fn: Callable[..., Any], has_aux: bool, params: Any, data: Any,
+                     inputs: tuple[str, ...], num_examples: int, batch_size: int, sampling: str, max_batches: int,
+                     full_batch_size: int | None, shard_rows: np.ndarray) -> tuple[dict[str, Any], dict[str, Any]]:
+  """A plug-in's payload shapes, from ``worker.contribute`` traced abstractly, and its programs (``{name:
+  (fn, example args)}``: the push, and ``at_update`` if it learns there), which the run's identity and
+  compile key count like ``loss_fn``'s."""
+  lanes = Lanes(loss_fn=loss_fn, has_aux=has_aux, worker=worker, inputs=inputs, num_examples=num_examples,
+                batch_size=batch_size, sampling=sampling, max_batches=max_batches, full_batch_size=full_batch_size)
+  scalar = jax.ShapeDtypeStruct((), np.int32)
+  args = (engine.shapes(data), jax.ShapeDtypeStruct((), np.uint32), engine.shapes(params),
+          engine.shapes(params) if "snapshot_grad" in inputs else (), scalar, scalar, scalar, scalar,
+          jax.ShapeDtypeStruct(shard_rows.shape[1:], np.int32), scalar, engine.shapes(worker.init_state(params)))
+  payload = jax.eval_shape(lanes.push, *args)[1]
+  if not isinstance(payload, dict) or "grad" not in payload and not worker.learns_at_update:
+    raise TypeError(
+        f"{type(worker).__name__}.contribute must return (loss, payload, state) with payload a dict holding "
+        f"'grad' (or define at_update); got payload {jax.tree.structure(payload)}.")
+  programs = {"worker": (lanes.push, args)}
+  if worker.learns_at_update:
+    programs["worker at_update"] = (
+        lambda seed, p, payload, i: lanes.at_update(seed, p, [payload], i, i[None], [i]),
+        (jax.ShapeDtypeStruct((), np.uint32), engine.shapes(params), payload, scalar))
+  return payload, programs
+
+
 # Module level, so that its compiled programs are reused from run to run.
 _first_stale = jax.jit(_lanes_stale, static_argnums=7)
 
@@ -1052,14 +1098,13 @@ def _fingerprint_shards(shards: Sequence[Any]) -> str:
 
 def _step_function(*, keep_stale: bool, loss_fn, has_aux, tx, params, eval_fn, num_examples, batch_size, sampling,
                    plan: StepPlan, sizes: ProgramSizes, skip_nonfinite, always_applies, distributed: bool,
-                   inputs: tuple[str, ...], worker: Worker, max_batches: int, sample_terms, terms,
-                   full_batch_size: int | None, leaf_groups: tuple[int, ...] | None):
+                   inputs: tuple[str, ...], worker: Worker, max_batches: int, full_batch_size: int | None,
+                   leaf_groups: tuple[int, ...] | None):
   """The server runtime's step (see ``_engine.Program.step``): compute a vector of gradients, then apply,
-  in order, the updates whose gradients are all computed."""
+  in order, the updates whose gradients are all computed. What a lane computes is ``_lanes.Lanes``'."""
   # Only sizes are taken from the plan: the step (kept in the compile cache) must not hold its tables.
   num_workers = plan.num_workers
   per_device = num_workers // plan.num_devices
-  samples = max_batches * batch_size
   num_contrib = plan.upd_worker.shape[2]
   max_len = sizes.max_len
   metric_shapes = jax.eval_shape(eval_fn, params) if eval_fn is not None else ()
@@ -1067,142 +1112,51 @@ def _step_function(*, keep_stale: bool, loss_fn, has_aux, tx, params, eval_fn, n
   per_example = "sample_indices" in inputs
   per_contribution = "contribution_grads" in inputs
   keep_local_state = worker.sequential
+  learns_at_update = worker.learns_at_update
   # A static bound on the reads after one update: unrolled when small (the
   # common case), a loop otherwise.
   reads_per_update = sizes.reads_per_update
-
-  def grad_at(w, batch):
-    out = jax.grad(loss_fn, has_aux=has_aux)(w, batch)
-    return out[0] if has_aux else out
-
-  def full_gradient(w, data):
-    """The gradient of ``loss_fn`` over all the data: at once, or by ``full_batch_size`` examples."""
-    if full_batch_size is None or full_batch_size >= num_examples:
-      return grad_at(w, data)
-    # Chunks of the mean loss, weighted by their share of the examples: the mean over all of them.
-    whole, rest = divmod(num_examples, full_batch_size)
-    chunks = jax.tree.map(lambda x: x[:whole * full_batch_size].reshape((whole, full_batch_size) + x.shape[1:]),
-                          data)
-    total = jax.lax.map(lambda chunk: grad_at(w, chunk), chunks)
-    total = jax.tree.map(lambda g: jnp.sum(g, axis=0) * jnp.asarray(full_batch_size / num_examples, g.dtype), total)
-    if rest:
-      tail = grad_at(w, jax.tree.map(lambda x: x[whole * full_batch_size:], data))
-      total = jax.tree.map(lambda t, g: t + g * jnp.asarray(rest / num_examples, g.dtype), total, tail)
-    return total
-
-  def minibatch_payload(data, seed, stale, snap, update, worker, draw, shard_row, shard_size, b):
-    """One minibatch's loss, its summed entries (gradients) and its per-example entries."""
-    idx = minibatch_indices(seed, update, worker, draw + b, num_examples=num_examples,
-                            batch_size=batch_size, sampling=sampling, shard=shard_row,
-                            shard_size=shard_size)
-    batch = jax.tree.map(lambda x: x[idx], data)
-    out, grad = jax.value_and_grad(loss_fn, has_aux=has_aux)(stale, batch)
-    loss = out[0] if has_aux else out
-    summed, stacked = {"grad": grad}, {}
-    if svrg:
-      # The same minibatch at the snapshot: g_B(w_read) - g_B(w_snap) + mu stays unbiased.
-      summed["snapshot_grad"] = grad_at(snap, batch)
-    if "sample_grads" in inputs:
-      # Each example as a batch of one: f_i is loss_fn on example i alone.
-      stacked["sample_grads"] = jax.vmap(lambda ex: grad_at(stale, jax.tree.map(lambda x: x[None], ex)))(batch)
-    if "sample_scalars" in inputs:
-      stacked["sample_scalars"], stacked["sample_features"] = sample_terms(stale, batch)
-    if per_example:
-      stacked["sample_indices"] = idx.astype(jnp.int32)
-    return jnp.asarray(loss).astype(jnp.float32), summed, stacked
-
-  def lane_grad(data, seed, stale, snap, update, worker, draw, batches, shard_row, shard_size):
-    """A lane's mean loss and payload: the mean gradient over its ``batches`` minibatches, plus
-    the lane inputs (averaged like it, or one entry per example drawn)."""
-    if max_batches == 1:
-      loss, summed, stacked = minibatch_payload(data, seed, stale, snap, update, worker, draw, shard_row, shard_size, 0)
-      valid = jnp.ones((batch_size,), jnp.bool_)
-    else:
-      # Every lane draws max_batches minibatches and keeps its first `batches`:
-      # one static shape for all lanes.
-      def body(acc, b):
-        loss, summed, stacked = minibatch_payload(data, seed, stale, snap, update, worker, draw, shard_row, shard_size, b)
-        keep = b < batches
-        acc_loss, acc_summed = acc
-        acc_loss = acc_loss + jnp.where(keep, loss, 0.0)
-        acc_summed = jax.tree.map(lambda a, g: a + jnp.where(keep, g, jnp.zeros((), g.dtype)), acc_summed, summed)
-        return (acc_loss, acc_summed), stacked
-
-      zero_sums = {k: jax.tree.map(jnp.zeros_like, stale) for k in (["grad", "snapshot_grad"] if svrg else ["grad"])}
-      (loss, summed), stacked = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zero_sums),
-                                             jnp.arange(max_batches, dtype=jnp.int32))
-      loss = loss / batches.astype(jnp.float32)
-      summed = jax.tree.map(lambda g: g / batches.astype(g.dtype), summed)
-      stacked = jax.tree.map(lambda x: x.reshape((samples,) + x.shape[2:]), stacked)
-      valid = jnp.repeat(jnp.arange(max_batches) < batches, batch_size)
-    if per_example:
-      stacked["sample_valid"] = valid
-    return loss, {**summed, **stacked}
-
-  def lane_push(data, seed, stale, snap, update, worker_index, draw, batches, shard_row, shard_size, local_state):
-    """A lane's contribution, as the worker plug-in computes it from the parameters read."""
-    def gradient(w, h):
-      # Group h of the contribution's minibatches: draws h * batches, ..., h * batches + batches - 1.
-      at = draw if isinstance(h, int) and h == 0 else draw + h * batches
-      return lane_grad(data, seed, w, snap, update, worker_index, at, batches, shard_row, shard_size)
-
-    return worker.contribute(WorkerContext(gradient, worker_index, update), stale, local_state)
-
-  def server_inputs(data, seed, params, update, refresh):
-    """The server inputs ``tx`` requested, at the server parameters ``params`` of ``update``.
-
-    Every input that needs a minibatch uses the update's one server minibatch.
-    """
-    out = {}
-    if "zeno_grad" in inputs:
-      idx = server_minibatch_indices(seed, update, num_examples=num_examples, batch_size=batch_size)
-      out["zeno_grad"] = grad_at(params, jax.tree.map(lambda x: x[idx], data))
-    if "full_grad" in inputs:
-      # A cond, not a where: the full gradient costs a pass over the data and is due once an epoch;
-      # its predicate comes from the host tables, the same on every device.
-      out["full_grad"] = jax.lax.cond(refresh, lambda p: full_gradient(p, data),
-                                      lambda p: jax.tree.map(jnp.zeros_like, p), params)
-      out["refresh"] = refresh
-    return out
-
-  def gather(tree):
-    """All-gathers the lane axis of every leaf, with one collective per dtype.
-
-    Each collective is a rendezvous of all devices; a handful of them per
-    step would cost more than the data they move.
-    """
-    if not distributed:
-      return tree
-    leaves, treedef = jax.tree.flatten(tree)
-    out = [None] * len(leaves)
-    groups: dict[Any, list[int]] = {}
-    for i, x in enumerate(leaves):
-      groups.setdefault(jnp.dtype(x.dtype), []).append(i)
-    for dtype, members in groups.items():
-      wire = jnp.uint8 if dtype == jnp.bool_ else dtype
-      flat = jnp.concatenate([leaves[i].reshape(leaves[i].shape[0], -1).astype(wire) for i in members], axis=1)
-      flat = jax.lax.all_gather(flat, AXIS, axis=0, tiled=True)
-      start = 0
-      for i in members:
-        size = math.prod(leaves[i].shape[1:])
-        out[i] = flat[:, start:start + size].reshape((flat.shape[0],) + leaves[i].shape[1:]).astype(dtype)
-        start += size
-    return jax.tree.unflatten(treedef, out)
-
-  def store(buf, at, x):
-    return jax.lax.dynamic_update_slice_in_dim(buf, x, at, axis=0)
-
+  lanes = Lanes(loss_fn=loss_fn, has_aux=has_aux, worker=worker, inputs=inputs, num_examples=num_examples,
+                batch_size=batch_size, sampling=sampling, max_batches=max_batches, full_batch_size=full_batch_size)
+  gather = functools.partial(_gather, distributed)
   c = types.SimpleNamespace(**{name: value for name, value in locals().items() if name in _STEP_CONFIG})
   return functools.partial(_server_step, c)
 
 
+def _gather(distributed: bool, tree: Any) -> Any:
+  """All-gathers the lane axis of every leaf, with one collective per dtype.
+
+  Each collective is a rendezvous of all devices; a handful of them per
+  step would cost more than the data they move.
+  """
+  if not distributed:
+    return tree
+  leaves, treedef = jax.tree.flatten(tree)
+  out = [None] * len(leaves)
+  groups: dict[Any, list[int]] = {}
+  for i, x in enumerate(leaves):
+    groups.setdefault(jnp.dtype(x.dtype), []).append(i)
+  for dtype, members in groups.items():
+    wire = jnp.uint8 if dtype == jnp.bool_ else dtype
+    flat = jnp.concatenate([leaves[i].reshape(leaves[i].shape[0], -1).astype(wire) for i in members], axis=1)
+    flat = jax.lax.all_gather(flat, AXIS, axis=0, tiled=True)
+    start = 0
+    for i in members:
+      size = math.prod(leaves[i].shape[1:])
+      out[i] = flat[:, start:start + size].reshape((flat.shape[0],) + leaves[i].shape[1:]).astype(dtype)
+      start += size
+  return jax.tree.unflatten(treedef, out)
+
+
+def _store(buf: Any, at: Any, x: Any) -> Any:
+  return jax.lax.dynamic_update_slice_in_dim(buf, x, at, axis=0)
+
+
 # What the server step reads of its configuration (set by _step_function; a step is traced once).
 _STEP_CONFIG = (
-    "keep_stale", "loss_fn", "has_aux", "tx", "eval_fn", "num_examples", "batch_size", "sampling",
-    "skip_nonfinite", "always_applies", "distributed", "inputs", "sample_terms", "terms", "full_batch_size",
-    "leaf_groups", "num_workers", "per_device", "samples", "num_contrib", "max_len", "metric_shapes", "svrg",
-    "per_example", "per_contribution", "keep_local_state", "reads_per_update", "server_inputs", "gather",
-    "store", "lane_push")
+    "keep_stale", "tx", "eval_fn", "skip_nonfinite", "always_applies", "inputs", "leaf_groups", "num_workers",
+    "per_device", "num_contrib", "max_len", "metric_shapes", "svrg", "per_example", "per_contribution",
+    "keep_local_state", "learns_at_update", "reads_per_update", "lanes", "gather", "distributed")
 
 
 class _StepContext(NamedTuple):
@@ -1246,24 +1200,26 @@ def _server_step(c: types.SimpleNamespace, carry: Any, tabs: Any, constants: Any
   # Each worker's local optimizer state: the planner computes a worker's contributions in
   # separate steps, so each starts from the state its previous one left.
   lane_states = jax.tree.map(lambda x: x[local_rows(workers)], local_states)
-  loss, payload, lane_states = jax.vmap(c.lane_push, in_axes=(None, None, 0, None, 0, 0, 0, 0, 0, 0, 0))(
+  loss, payload, lane_states = jax.vmap(c.lanes.push, in_axes=(None, None, 0, None, 0, 0, 0, 0, 0, 0, 0))(
       data, seed, stale, snap, lane["lane_update"], workers, lane["lane_draw"], lane["lane_batches"],
       shard_rows[local_rows(workers)], shard_sizes[local_rows(workers)], lane_states)
   if c.keep_local_state:
     # Masked lanes (padding) write nothing.
     kept_rows = jnp.where(lane["lane_active"], local_rows(workers), c.per_device)
     local_states = jax.tree.map(lambda x, new: x.at[kept_rows].set(new, mode="drop"), local_states, lane_states)
-  finite = jax.vmap(_all_finite)({k: v for k, v in payload.items() if k in _MIXED + _PER_EXAMPLE})
+  # What a plug-in that learns at the update pushes (data, log-probabilities) is reported like a gradient.
+  checked = {k: v for k, v in payload.items() if k in _MIXED + _PER_EXAMPLE or c.learns_at_update}
+  finite = jax.vmap(_all_finite)(checked) if checked else jnp.ones(loss.shape, jnp.bool_)
   finite_all, loss_all, payload_all, stale_all = c.gather((finite, loss, payload, stale if c.keep_stale else ()))
   # The step's lanes fill a contiguous block of the buffers.
   at = tab["buffer_offset"]
-  payload_buf = jax.tree.map(lambda b, g: c.store(b, at, g), payload_buf, payload_all)
+  payload_buf = jax.tree.map(lambda b, g: _store(b, at, g), payload_buf, payload_all)
   if c.keep_stale:
-    stale_buf = jax.tree.map(lambda b, s: c.store(b, at, s), stale_buf, stale_all)
-  loss_buf = c.store(loss_buf, at, loss_all)
+    stale_buf = jax.tree.map(lambda b, s: _store(b, at, s), stale_buf, stale_all)
+  loss_buf = _store(loss_buf, at, loss_all)
   if c.skip_nonfinite:
     # Only skipping reads the flags back (to leave such gradients out); the report takes them from the outputs.
-    finite_buf = c.store(finite_buf, at, finite_all)
+    finite_buf = _store(finite_buf, at, finite_all)
 
   def store_read(slots, value, row, slot, group):
     if c.leaf_groups is None:
@@ -1308,16 +1264,15 @@ def _apply_update(c: types.SimpleNamespace, ctx: _StepContext, i: Any, state: An
   kept = present & ctx.finite_buf[positions] if c.skip_nonfinite else present
   kept_batches = jnp.where(kept, batches, 0)
   total = jnp.maximum(jnp.sum(kept_batches), 1)
+  weights = kept_batches.astype(jnp.float32) / total.astype(jnp.float32)
+  payloads, loss = _contributions(c, ctx, i, params, positions, batches, staleness)
 
-  def mix(buf):
-    terms = [jnp.where(kept[k], (kept_batches[k].astype(buf.dtype) / total.astype(buf.dtype))
-                       * buf[positions[k]], jnp.zeros((), buf.dtype)) for k in range(c.num_contrib)]
+  def mix(*rows):
+    terms = [jnp.where(kept[k], (kept_batches[k].astype(x.dtype) / total.astype(x.dtype)) * x,
+                       jnp.zeros((), x.dtype)) for k, x in enumerate(rows)]
     return sum(terms[1:], terms[0])
 
-  mixed = {k: jax.tree.map(mix, ctx.payload_buf[k]) for k in _MIXED if k in ctx.payload_buf}
-  all_batches = jnp.maximum(jnp.sum(batches), 1).astype(jnp.float32)
-  loss = sum(jnp.where(present[k], batches[k].astype(jnp.float32) / all_batches * ctx.loss_buf[positions[k]],
-                       0.0) for k in range(c.num_contrib))
+  mixed = {k: jax.tree.map(mix, *[p[k] for p in payloads]) for k in _MIXED if k in payloads[0]}
   # Contributions are sorted stalest first: the first kept one speaks for the update.
   first = jnp.argmax(kept)
   # Transformations that ignore stale_params are given params (and the
@@ -1325,35 +1280,13 @@ def _apply_update(c: types.SimpleNamespace, ctx: _StepContext, i: Any, state: An
   stale_params = jax.tree.map(lambda b: b[positions[first]], ctx.stale_buf) if c.keep_stale else params
   # Without requests the update's index is not even read: the default program is unchanged.
   refresh = (ctx.tab["upd_refresh"][i] | snapshot_due) if "full_grad" in c.inputs else None
-  extra = c.server_inputs(ctx.data, ctx.seed, params, ctx.tab["upd_index"][i], refresh) if c.inputs else {}
-  if c.svrg:
-    extra["snapshot_grad"] = mixed["snapshot_grad"]
-  if c.per_example:
-    # The examples of all contributions, stalest first; those of absent or skipped
-    # contributions and of draws beyond a contribution's own batches are masked.
-    def joined(buf):
-      return jnp.concatenate([buf[positions[k]] for k in range(c.num_contrib)])
-
-    extra["sample_indices"] = joined(ctx.payload_buf["sample_indices"])
-    extra.update({k: jax.tree.map(joined, ctx.payload_buf[k]) for k in _PER_EXAMPLE if k in ctx.payload_buf})
-    extra["sample_mask"] = jnp.concatenate(
-        [kept[k] & ctx.payload_buf["sample_valid"][positions[k]] for k in range(c.num_contrib)])
+  extra = _update_inputs(c, ctx, i, params, positions, staleness, kept, weights, payloads, mixed, refresh)
   if c.leaf_groups is None:
     tau = staleness[first, 0]
   else:
     tau = _map_groups(lambda g, p: staleness[first, g], c.leaf_groups, params)
-  if c.per_contribution:
-    # Each contribution's own inputs, in the update's order (stalest first); left-out ones weigh 0.
-    extra["contribution_grads"] = jax.tree.map(lambda b: b[positions], ctx.payload_buf["grad"])
-    extra["contribution_stale_params"] = (
-        jax.tree.map(lambda b: b[positions], ctx.stale_buf) if c.keep_stale
-        else jax.tree.map(lambda p: jnp.broadcast_to(p, (c.num_contrib,) + p.shape), params))
-    extra["contribution_staleness"] = (
-        staleness[:, 0] if c.leaf_groups is None else _map_groups(lambda g, p: staleness[:, g], c.leaf_groups, params))
-    extra["contribution_workers"] = ctx.tab["upd_worker"][i]
-    extra["contribution_weights"] = kept_batches.astype(jnp.float32) / total.astype(jnp.float32)
   updates, new_state = c.tx.update(mixed["grad"], opt_state, params, staleness=tau,
-                                 stale_params=stale_params, worker=ctx.tab["upd_worker"][i][first], **extra)
+                                   stale_params=stale_params, worker=ctx.tab["upd_worker"][i][first], **extra)
   new_params = optax.apply_updates(params, updates)
   if c.skip_nonfinite or not c.always_applies:
     applied = jnp.any(kept)
@@ -1370,15 +1303,7 @@ def _apply_update(c: types.SimpleNamespace, ctx: _StepContext, i: Any, state: An
       # the same parameters.
       snapshot_due = refresh & ~applied
   params, opt_state = new_params, new_state
-  begin, end = ctx.tab["read_begin"][i], ctx.tab["read_end"][i]
-  if c.reads_per_update <= 2:
-    for r in range(c.reads_per_update):
-      index = begin + r
-      reader = jnp.where(index < end, ctx.tab["read_worker"][index], c.num_workers)
-      value = read_params(opt_state, params, reader)
-      slots = ctx.store_read(slots, value, ctx.local_rows(reader), ctx.tab["read_slot"][index], ctx.tab["read_group"][index])
-  else:
-    _, _, slots = jax.lax.fori_loop(begin, end, ctx.read, (params, opt_state, slots))
+  slots = _reads_after(c, ctx, i, params, opt_state, slots)
   losses = losses.at[i].set(loss)
   if c.eval_fn is not None:
     # A cond, not a where: evaluation is costly and due only every eval_every updates, and its
@@ -1387,3 +1312,65 @@ def _apply_update(c: types.SimpleNamespace, ctx: _StepContext, i: Any, state: An
                          lambda p: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), c.metric_shapes), params)
     metrics = jax.tree.map(lambda m, v: m.at[i].set(v), metrics, value)
   return params, opt_state, slots, losses, metrics, snapshot_due, rejected
+
+
+def _contributions(c: types.SimpleNamespace, ctx: _StepContext, i: Any, params: Any, positions: Any, batches: Any,
+                   staleness: Any) -> tuple[list[dict[str, Any]], jax.Array]:
+  """Update ``i``'s contributions' payloads (stalest first) and its loss, their mean weighted by minibatches
+  (all present ones, kept or not). A worker plug-in that learns at the update (``Worker.at_update``) makes
+  each payload now, at the server's ``params``, from what it pushed."""
+  present = batches > 0
+  payloads = [jax.tree.map(lambda b: b[positions[k]], ctx.payload_buf) for k in range(c.num_contrib)]
+  if c.learns_at_update:
+    k_losses, payloads = c.lanes.at_update(ctx.seed, params, payloads, ctx.tab["upd_index"][i],
+                                           ctx.tab["upd_worker"][i], [staleness[k, 0] for k in range(c.num_contrib)])
+  else:
+    k_losses = [ctx.loss_buf[positions[k]] for k in range(c.num_contrib)]
+  all_batches = jnp.maximum(jnp.sum(batches), 1).astype(jnp.float32)
+  loss = sum(jnp.where(present[k], batches[k].astype(jnp.float32) / all_batches * k_losses[k], 0.0)
+             for k in range(c.num_contrib))
+  return payloads, loss
+
+
+def _update_inputs(c: types.SimpleNamespace, ctx: _StepContext, i: Any, params: Any, positions: Any, staleness: Any,
+                   kept: Any, weights: Any, payloads: list[dict[str, Any]], mixed: dict[str, Any],
+                   refresh: Any) -> dict[str, Any]:
+  """The runtime inputs ``tx`` requested for update ``i`` (``dj.runtime_inputs``), beside its gradient."""
+  extra = c.lanes.server_inputs(ctx.data, ctx.seed, params, ctx.tab["upd_index"][i], refresh) if c.inputs else {}
+  if c.svrg:
+    extra["snapshot_grad"] = mixed["snapshot_grad"]
+  if c.per_example:
+    # The examples of all contributions, stalest first; those of absent or skipped
+    # contributions and of draws beyond a contribution's own batches are masked.
+    def joined(*rows):
+      return jnp.concatenate(rows)
+
+    extra["sample_indices"] = joined(*[p["sample_indices"] for p in payloads])
+    extra.update({k: jax.tree.map(joined, *[p[k] for p in payloads]) for k in _PER_EXAMPLE if k in payloads[0]})
+    extra["sample_mask"] = jnp.concatenate([kept[k] & p["sample_valid"] for k, p in enumerate(payloads)])
+  if c.per_contribution:
+    # Each contribution's own inputs, in the update's order (stalest first); left-out ones weigh 0.
+    extra["contribution_grads"] = jax.tree.map(lambda *rows: jnp.stack(rows), *[p["grad"] for p in payloads])
+    extra["contribution_stale_params"] = (
+        jax.tree.map(lambda b: b[positions], ctx.stale_buf) if c.keep_stale
+        else jax.tree.map(lambda p: jnp.broadcast_to(p, (c.num_contrib,) + p.shape), params))
+    extra["contribution_staleness"] = (
+        staleness[:, 0] if c.leaf_groups is None else _map_groups(lambda g, p: staleness[:, g], c.leaf_groups, params))
+    extra["contribution_workers"] = ctx.tab["upd_worker"][i]
+    extra["contribution_weights"] = weights
+  return extra
+
+
+def _reads_after(c: types.SimpleNamespace, ctx: _StepContext, i: Any, params: Any, opt_state: Any,
+                 slots: Any) -> Any:
+  """The slots, with the reads of the version update ``i`` made stored."""
+  begin, end = ctx.tab["read_begin"][i], ctx.tab["read_end"][i]
+  if c.reads_per_update > 2:
+    return jax.lax.fori_loop(begin, end, ctx.read, (params, opt_state, slots))[2]
+  for r in range(c.reads_per_update):
+    index = begin + r
+    reader = jnp.where(index < end, ctx.tab["read_worker"][index], c.num_workers)
+    value = read_params(opt_state, params, reader)
+    slots = ctx.store_read(slots, value, ctx.local_rows(reader), ctx.tab["read_slot"][index],
+                           ctx.tab["read_group"][index])
+  return slots

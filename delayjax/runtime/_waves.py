@@ -630,7 +630,47 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
   n = cu.size
   per_update = np.bincount(cu, minlength=num_updates)
   first = np.concatenate([[0], np.cumsum(per_update)])
+  order, m_sorted, rank, draw, starts = _worker_order(cu, cm, cv, cnb, num_workers, per_update, first, local_steps)
+  device = cm // per_device
+  ready = cv if not_before is None else np.maximum(cv, np.asarray(not_before, np.int64)[cu])
+  after, placement = None, None
+  if sequential_workers:
+    after = np.full(n, -1, np.int64)
+    previous = order[:-1][m_sorted[1:] == m_sorted[:-1]] if n else order[:0]
+    after[order[1:][m_sorted[1:] == m_sorted[:-1]] if n else order[:0]] = previous
+  if lanes is None:
+    lanes, placement = _choose_lanes(cu, ready, device, num_devices, per_device, per_update, after)
+  compute_step, lane_of, compute_version, apply_step, versions, last_step = _schedule_steps(
+      cu, ready, device, num_devices, lanes, num_updates, after, placement)
+  read_c, read_g, read_s, read_after = _reads(cvg, compute_step, versions, last_step)
+  num_slots = _num_slots(read_c, read_s, compute_step, rank, order)
+  slot = rank % num_slots
+  num_steps = int(apply_step.max()) + 1 if num_updates else 1
+  width = lanes * num_devices
+  lane = device * lanes + lane_of
 
+  # Each step writes its gradients to a block of `width` rows of the buffer:
+  # the lowest block none of whose gradients still waits for its update.
+  block_of_step, num_blocks = _buffer_blocks(compute_step, cu, apply_step, num_steps)
+  buffer_offset = (block_of_step * width).astype(np.int32)
+  pos = buffer_offset[compute_step] + lane if n else np.zeros(0, np.int64)
+  tables = _lane_tables(compute_step * width + lane, (num_steps, width), lanes, per_device, cm, slot,
+                        cvg == compute_version[:, None], cu, draw, cnb, compute_step, lane)
+  upd = _update_tables(apply_step, num_steps, num_updates, per_update, first, cu, cvg, pos, cm, cnb)
+  reads = _read_tables(read_s, read_after, apply_step, upd.pop("step_first"), upd.pop("at_update"), num_steps,
+                       num_updates, upd["upd_index"].shape[1])
+  return StepPlan(
+      num_workers=num_workers, num_devices=num_devices, lanes=lanes, num_slots=num_slots,
+      buffer_size=num_blocks * width, starts=starts, buffer_offset=buffer_offset, **tables, **upd, **reads,
+      read_worker=cm[read_c].astype(np.int32), read_slot=slot[read_c].astype(np.int32),
+      read_group=np.zeros(read_c.size, np.int32) if read_g is None else read_g.astype(np.int32))
+
+
+def _worker_order(cu: np.ndarray, cm: np.ndarray, cv: np.ndarray, cnb: np.ndarray, num_workers: int,
+                  per_update: np.ndarray, first: np.ndarray, local_steps: np.ndarray | None) -> tuple[np.ndarray, ...]:
+  """Each worker's contributions in order: the sort by worker, each one's rank among its worker's, the
+  minibatches its worker drew before it, and the wave starts."""
+  n = cu.size
   # Per-worker order: rank k, minibatches drawn before, slot k mod S.
   # Contributions are sorted by update: a stable sort by worker orders each worker's by update (16-bit
   # keys sort in linear time).
@@ -650,57 +690,45 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
     drawn = np.cumsum(draws_sorted) - draws_sorted
     draw = np.empty(n, np.int64)
     draw[order] = drawn - drawn[group_start] if n else drawn
-  device = cm // per_device
-  ready = cv if not_before is None else np.maximum(cv, np.asarray(not_before, np.int64)[cu])
-  after, placement = None, None
-  if sequential_workers:
-    after = np.full(n, -1, np.int64)
-    previous = order[:-1][m_sorted[1:] == m_sorted[:-1]] if n else order[:0]
-    after[order[1:][m_sorted[1:] == m_sorted[:-1]] if n else order[:0]] = previous
-  if lanes is None:
-    lanes, placement = _choose_lanes(cu, ready, device, num_devices, per_device, per_update, after)
-  compute_step, lane_of, compute_version, apply_step, versions, last_step = _schedule_steps(
-      cu, ready, device, num_devices, lanes, num_updates, after, placement)
-  read_c, read_g, read_s, read_after = _reads(cvg, compute_step, versions, last_step)
-  num_slots = _num_slots(read_c, read_s, compute_step, rank, order)
-  fresh = cvg == compute_version[:, None]  # [n, G]: the group is read at the compute version
-  slot = rank % num_slots
-  num_steps = int(apply_step.max()) + 1 if num_updates else 1
-  width = lanes * num_devices
-  lane = device * lanes + lane_of
+  return order, m_sorted, rank, draw, starts
 
-  # Each step writes its gradients to a block of `width` rows of the buffer:
-  # the lowest block none of whose gradients still waits for its update.
-  block_of_step, num_blocks = _buffer_blocks(compute_step, cu, apply_step, num_steps)
-  buffer_offset = (block_of_step * width).astype(np.int32)
-  pos = buffer_offset[compute_step] + lane if n else np.zeros(0, np.int64)
-  buffer_size = num_blocks * width
+
+def _lane_tables(at_lane: np.ndarray, shape: tuple[int, int], lanes: int, per_device: int, cm: np.ndarray,
+                 slot: np.ndarray, fresh: np.ndarray, cu: np.ndarray, draw: np.ndarray, cnb: np.ndarray,
+                 compute_step: np.ndarray, lane: np.ndarray) -> dict[str, np.ndarray]:
+  """The ``lane_*`` tables ``[steps, width]``: each lane's contribution (``at_lane``: flat positions).
+
+  ``fresh`` ``[n, G]``: whether each group is read at the compute version.
+  """
+  size = shape[0] * shape[1]
 
   # Tables are filled through flat indices (one index array for the fields of a table shape).
-  shape = (num_steps, width)
-  at_lane = compute_step * width + lane
-
   def lane_table(values, fill, dtype):
-    table = np.full(num_steps * width, fill, dtype)
+    table = np.full(size, fill, dtype)
     table[at_lane] = values
     return table.reshape(shape)
 
-  lane_active = lane_table(True, False, bool)
   lane_worker = np.empty(shape, np.int32)
-  lane_worker[...] = (np.arange(width) // lanes) * per_device
+  lane_worker[...] = (np.arange(shape[1]) // lanes) * per_device
   lane_worker.reshape(-1)[at_lane] = cm
-  lane_slot = lane_table(slot, 0, np.int32)
-  if cvg.shape[1] == 1:
+  if fresh.shape[1] == 1:
     lane_fresh = lane_table(fresh[:, 0], False, bool).reshape(shape + (1,))
   else:
-    lane_fresh = np.zeros(shape + (cvg.shape[1],), bool)
+    lane_fresh = np.zeros(shape + (fresh.shape[1],), bool)
     lane_fresh[compute_step, lane] = fresh
-  lane_update = lane_table(cu, 0, np.int32)
-  lane_draw = lane_table(draw, 0, np.int32)
-  lane_batches = lane_table(cnb, 1, np.int32)
+  return dict(lane_active=lane_table(True, False, bool), lane_worker=lane_worker,
+              lane_slot=lane_table(slot, 0, np.int32), lane_fresh=lane_fresh,
+              lane_update=lane_table(cu, 0, np.int32), lane_draw=lane_table(draw, 0, np.int32),
+              lane_batches=lane_table(cnb, 1, np.int32))
 
-  # Updates, in order, each in the step that computes its last gradient (or
-  # later, behind an earlier update still waiting).
+
+def _update_tables(apply_step: np.ndarray, num_steps: int, num_updates: int, per_update: np.ndarray,
+                   first: np.ndarray, cu: np.ndarray, cvg: np.ndarray, pos: np.ndarray, cm: np.ndarray,
+                   cnb: np.ndarray) -> dict[str, np.ndarray]:
+  """The ``upd_*`` tables: updates, in order, each in the step that computes its last gradient (or later,
+  behind an earlier update still waiting), with their contributions; and ``step_first``/``at_update``
+  (where each step's updates begin, each update's flat ``[T, L]`` index) for the read tables."""
+  n = cu.size
   upd_count = np.bincount(apply_step, minlength=num_steps).astype(np.int32)
   max_len = max(int(upd_count.max()) if num_updates else 1, 1)
   step_first = np.concatenate([[0], np.cumsum(upd_count)])
@@ -734,14 +762,15 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
     table[at_contrib] = values if by_update is None else values[by_update]
     return table.reshape(kshape + (groups,))
 
-  upd_pos = update_table(pos)
-  upd_worker = update_table(cm)
-  upd_batches = update_table(cnb)
-  upd_staleness = update_table(staleness, cvg.shape[1])
+  return dict(upd_count=upd_count, upd_index=upd_index, upd_pos=update_table(pos), upd_worker=update_table(cm),
+              upd_batches=update_table(cnb), upd_staleness=update_table(staleness, cvg.shape[1]),
+              step_first=step_first, at_update=at_update)
 
-  # Reads through a slot, per step: first those of the step's own version
-  # (after its gradients, before its updates), then those of version u + 1
-  # right after update u.
+
+def _read_tables(read_s: np.ndarray, read_after: np.ndarray, apply_step: np.ndarray, step_first: np.ndarray,
+                 at_update: np.ndarray, num_steps: int, num_updates: int, max_len: int) -> dict[str, np.ndarray]:
+  """Reads through a slot, per step: first those of the step's own version (after its gradients, before
+  its updates), then those of version u + 1 right after update u."""
   reads_per_step = np.bincount(read_s, minlength=num_steps)
   read_start = np.concatenate([[0], np.cumsum(reads_per_step)])
   own = read_after < 0
@@ -753,16 +782,6 @@ def plan_steps(schedule: Schedule, num_workers: int, num_devices: int = 1,
   read_end = np.zeros(num_steps * max_len, np.int32)
   read_begin[at_update] = begin
   read_end[at_update] = begin + np.diff(after_update)
-
-  return StepPlan(
-      num_workers=num_workers, num_devices=num_devices, lanes=lanes, num_slots=num_slots,
-      buffer_size=buffer_size, starts=starts, lane_active=lane_active,
-      lane_worker=lane_worker, lane_slot=lane_slot, lane_fresh=lane_fresh, lane_update=lane_update,
-      lane_draw=lane_draw, lane_batches=lane_batches, buffer_offset=buffer_offset, upd_count=upd_count,
-      upd_index=upd_index, upd_pos=upd_pos, upd_worker=upd_worker, upd_batches=upd_batches,
-      upd_staleness=upd_staleness, read_begin=read_begin.reshape(num_steps, max_len),
-      read_end=read_end.reshape(num_steps, max_len), read_first=read_first,
-      read_worker=cm[read_c].astype(np.int32), read_slot=slot[read_c].astype(np.int32),
-      read_group=np.zeros(read_c.size, np.int32) if read_g is None else read_g.astype(np.int32),
-      read_start=read_start,
-      read_width=max(int(reads_per_step.max()) if num_steps else 1, 1))
+  return dict(read_begin=read_begin.reshape(num_steps, max_len), read_end=read_end.reshape(num_steps, max_len),
+              read_first=read_first, read_start=read_start,
+              read_width=max(int(reads_per_step.max()) if num_steps else 1, 1))

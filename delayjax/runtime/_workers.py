@@ -7,20 +7,27 @@ minibatches (``dj.Sampling``), the lanes and devices it runs on, the buffers
 that hold it until its update, the non-finite report. A plug-in says only
 what one contribution is, given
 
-* ``ctx``, a :class:`WorkerContext`: ``ctx.gradient(w, draw)`` is the mean
-  loss and the *payload* (``{"grad": ...}`` plus the per-minibatch inputs
-  the transformation requested, e.g. SVRG's ``snapshot_grad``) of the
-  contribution's own minibatches at parameters ``w``, the ``draw``-th group
-  of them (draws ``draw * n, ..., draw * n + n - 1`` of its ``n`` minibatches);
-  ``ctx.worker`` its worker (traced int32);
+* ``ctx``, a :class:`WorkerContext`: ``ctx.gradient(w, draw, terms)`` is the
+  mean loss and the *payload* (``{"grad": ...}``, plus what ``terms`` adds
+  per minibatch, e.g. SVRG's ``snapshot_grad``) of the contribution's own
+  minibatches at parameters ``w``, the ``draw``-th group of them (draws
+  ``draw * n, ..., draw * n + n - 1`` of its ``n`` minibatches);
+  ``ctx.worker`` its worker (traced int32), ``ctx.key`` a PRNG key of its
+  own, ``ctx.value_and_grad`` the loss on any batch, ``ctx.minibatch`` its
+  minibatches themselves;
 * ``read``, the parameters it read;
 * ``state``, the worker's own state (``init_state``), carried from one of its
   contributions to the next when ``sequential``;
 
-and returns ``(loss, payload, state)``. Two plug-ins are built in:
+and returns ``(loss, payload, state)``. A plug-in that pushes data rather than
+a gradient (rollouts of the policy it read) also defines ``at_update``: the
+learner's side, called when the update is applied, at the server's
+parameters then. Two plug-ins are built in:
 
 * :class:`Gradient` (the default): the minibatch gradient at the parameters
-  read, with the inputs the transformation requests (variance reduction);
+  read, with the inputs the transformation requests (variance reduction:
+  SVRG's snapshot gradients, SAGA's per-example terms), computed on the
+  same minibatches;
 * :class:`LocalSteps`: ``H`` steps of a local optimizer from the parameters
   read, pushing the pseudo-gradient (local SGD, DiLoCo's inner loop).
 
@@ -41,25 +48,65 @@ import numpy as np
 import optax
 
 from delayjax._checks import check_bool, check_int
+from delayjax.runtime import _engine as engine
 from delayjax.runtime._local import local_pseudo_gradient
 
-__all__ = ["Gradient", "LocalSteps", "Worker", "WorkerContext"]
+__all__ = ["Gradient", "LocalSteps", "UpdateContext", "Worker", "WorkerContext"]
 
 
 class WorkerContext(NamedTuple):
   """What the runtime gives a worker plug-in for one contribution (inside the compiled step).
 
   Attributes:
-    gradient: ``gradient(w, draw) -> (loss, payload)``: the mean loss and
-      payload over the contribution's minibatches of group ``draw`` (an int32,
-      or the Python int ``0`` for the first) at parameters ``w``.
+    gradient: ``gradient(w, draw, terms=None) -> (loss, payload)``: the mean
+      loss and payload over the contribution's minibatches of group ``draw``
+      (an int32, or the Python int ``0`` for the first) at parameters ``w``.
+      ``terms(w, batch, indices) -> (loss, summed, stacked)`` says what one
+      minibatch gives: entries averaged over the group (``"grad"``, ...) and
+      per-example entries (concatenated); default, the gradient alone.
     worker: the contribution's worker (int32 scalar).
     update: the update the contribution is for (int32 scalar).
+    key: a PRNG key of the contribution's own
+      (``_sampling.contribution_key``): the same whatever the lanes, chunks
+      or devices, and apart from the minibatches' keys.
+    value_and_grad: ``value_and_grad(w, batch) -> (loss, grad)``: the run's
+      loss (aux dropped; float32) and its gradient at ``w`` on any batch, e.g.
+      one the worker generated.
+    minibatch: ``minibatch(b) -> (batch, indices)``: the contribution's
+      ``b``-th minibatch of its first group, as ``dj.Sampling`` draws it.
+    inputs: the names of the runtime inputs the transformation requests
+      (``dj.runtime_inputs``; static).
+    snapshot: SVRG's snapshot parameters when ``"snapshot_grad"`` is
+      requested, else ``()``.
   """
 
-  gradient: Callable[[Any, Any], tuple[jax.Array, dict[str, Any]]]
+  gradient: Callable[..., tuple[jax.Array, dict[str, Any]]]
   worker: jax.Array
   update: jax.Array
+  key: jax.Array
+  value_and_grad: Callable[[Any, Any], tuple[jax.Array, Any]]
+  minibatch: Callable[[Any], tuple[Any, jax.Array]]
+  inputs: tuple[str, ...]
+  snapshot: Any
+
+
+class UpdateContext(NamedTuple):
+  """What the runtime gives ``Worker.at_update`` for one contribution of an update (inside the compiled step).
+
+  Attributes:
+    worker: the contribution's worker (int32 scalar).
+    update: the update being applied (int32 scalar).
+    staleness: the contribution's staleness, ``update`` minus the version it
+      read (int32; with per-leaf delays, its first leaf group's).
+    key: a PRNG key of the contribution's own, apart from its push's.
+    value_and_grad: as :attr:`WorkerContext.value_and_grad`.
+  """
+
+  worker: jax.Array
+  update: jax.Array
+  staleness: jax.Array
+  key: jax.Array
+  value_and_grad: Callable[[Any, Any], tuple[jax.Array, Any]]
 
 
 class Worker(abc.ABC):
@@ -95,6 +142,28 @@ class Worker(abc.ABC):
   def requests_allowed(self) -> bool:
     """Whether the transformation may request per-contribution runtime inputs (SVRG, SAGA) with it."""
     return True
+
+  def at_update(self, ctx: UpdateContext, params: Any, payload: dict[str, Any]) -> tuple[jax.Array, dict[str, Any]]:
+    """The learner's side of a contribution: ``(loss, payload)`` at the server ``params`` the update is
+    applied to, from the ``payload`` the contribution pushed (traced).
+
+    Only a plug-in that pushes data rather than a gradient overrides it (e.g.
+    rollouts generated at the parameters read, whose gradient the learner
+    takes at its current parameters); what it returns must hold ``"grad"``,
+    shaped like ``params``. The default is never called.
+    """
+    raise NotImplementedError
+
+  @property
+  def learns_at_update(self) -> bool:
+    """Whether the runtime calls :meth:`at_update` (the plug-in overrides it)."""
+    return type(self).at_update is not Worker.at_update
+
+  def payload_like(self, params: Any, inputs: tuple[str, ...], samples: int, terms: Any) -> dict[str, Any] | None:
+    """The shapes (``jax.ShapeDtypeStruct``) of one contribution's payload, or ``None`` for the runtime to
+    trace ``contribute`` for them. ``samples``: the examples a contribution draws; ``terms``: one example's
+    ``sample_terms`` output shapes."""
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,8 +205,48 @@ class Gradient(Worker):
       raise TypeError(f"Gradient.sample_terms must be callable or None, got {type(self.sample_terms).__name__}.")
 
   def contribute(self, ctx, read, state):
-    loss, payload = ctx.gradient(read, 0)
+    loss, payload = ctx.gradient(read, 0, self._terms(ctx))
     return loss, payload, ()
+
+  def _terms(self, ctx: WorkerContext) -> Callable[..., Any] | None:
+    """One minibatch's gradient and the inputs the transformation requested (``None``: the gradient alone)."""
+    inputs = ctx.inputs
+    if not any(name in inputs for name in ("snapshot_grad", "sample_grads", "sample_scalars", "sample_indices")):
+      return None
+
+    def grad(w, batch):
+      return ctx.value_and_grad(w, batch)[1]
+
+    def terms(w, batch, idx):
+      loss, g = ctx.value_and_grad(w, batch)
+      summed, stacked = {"grad": g}, {}
+      if "snapshot_grad" in inputs:
+        # The same minibatch at the snapshot: g_B(w_read) - g_B(w_snap) + mu stays unbiased.
+        summed["snapshot_grad"] = grad(ctx.snapshot, batch)
+      if "sample_grads" in inputs:
+        # Each example as a batch of one: f_i is the loss on example i alone.
+        stacked["sample_grads"] = jax.vmap(lambda ex: grad(w, jax.tree.map(lambda x: x[None], ex)))(batch)
+      if "sample_scalars" in inputs:
+        stacked["sample_scalars"], stacked["sample_features"] = self.sample_terms(w, batch)
+      if "sample_indices" in inputs:
+        stacked["sample_indices"] = idx.astype(jnp.int32)
+      return loss, summed, stacked
+
+    return terms
+
+  def payload_like(self, params, inputs, samples, terms):
+    like = engine.shapes
+    out = {"grad": like(params, ())}
+    if "snapshot_grad" in inputs:
+      out["snapshot_grad"] = like(params, ())
+    if "sample_grads" in inputs:
+      out["sample_grads"] = like(params, (samples,))
+    if "sample_scalars" in inputs:
+      out["sample_scalars"], out["sample_features"] = like(tuple(terms), (samples,))
+    if "sample_indices" in inputs:
+      out["sample_indices"] = jax.ShapeDtypeStruct((samples,), np.int32)
+      out["sample_valid"] = jax.ShapeDtypeStruct((samples,), np.bool_)
+    return out
 
   def identity(self):
     return {"functions": {} if self.sample_terms is None else {"sample_terms": self.sample_terms}}
@@ -221,6 +330,9 @@ class LocalSteps(Worker):
   def requests_allowed(self):
     return False
 
+  def payload_like(self, params, inputs, samples, terms):
+    return {"grad": engine.shapes(params)}
+
 
 class _BoundLocalSteps(Worker):
   """:class:`LocalSteps` bound to a schedule: its per-worker steps, padded, known (static)."""
@@ -249,6 +361,9 @@ class _BoundLocalSteps(Worker):
 
   def requests_allowed(self):
     return False
+
+  def payload_like(self, params, inputs, samples, terms):
+    return {"grad": engine.shapes(params)}
 
 
 def check_worker(worker: Any) -> Worker:
