@@ -81,7 +81,7 @@ def _numpy_m2po_keep(log_ratio, tau):
 
 
 @pytest.mark.parametrize("name", ["none", "is", "tis", "ppo", "m2po"])
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", [0])
 def test_correction_gradients_match_numpy(name, seed):
   logits, behaviour, s, a, adv = _batch(seed)
   size = adv.size
