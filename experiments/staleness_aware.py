@@ -41,9 +41,9 @@ SCALES = {
                   seeds=1, eval_every=50_000),
 }
 RULES = ("fixed", "lrtau")
-# Test error (%) on CIFAR-10 with 30 learners and minibatch 4, from the paper as recorded in the project's notes:
-# with a fixed step 30-softsync (and 15-softsync) stays at about 90%; with alpha_0 / tau every n reaches about
-# 18%. Approximate figures; the others (n = 5, a fixed step at n = 1) are not recorded. The paper's model and
+# Test error (%) on CIFAR-10 with 30 learners and minibatch 4, from the paper (see the References page of the
+# documentation): with a fixed step 30-softsync (and 15-softsync) stays at about 90%; with alpha_0 / tau every n
+# reaches about 18%. Approximate figures; the others (n = 5, a fixed step at n = 1) are not recorded. The paper's model and
 # data are not the digits MLP here: only the pattern compares, not the levels.
 PAPER_ERROR = {"fixed-n30": 90.0, "lrtau-n1": 18.0, "lrtau-n30": 18.0}
 LIMITS = {"lr_tau_per": ("gradient", "update")}
