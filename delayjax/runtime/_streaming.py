@@ -45,8 +45,8 @@ class StreamingDiLoCo(Worker):
   having read the global :math:`\theta^G`):
 
   1. :math:`\tau` inner steps :math:`\theta^L \leftarrow \theta^L + d_h`,
-     :math:`a \leftarrow a + d_h` (for :math:`u \ge 1`);
-  2. merges fragment :math:`q = (u - 1) \bmod P`, synced by update
+     :math:`a \leftarrow a + d_h`;
+  2. for :math:`u \ge 1`, merges fragment :math:`q = (u - 1) \bmod P`, synced by update
      :math:`u - 1`: :math:`\theta^L_q \leftarrow \alpha \theta^L_q + (1 - \alpha) \theta^G_q`,
      :math:`a_q \leftarrow \theta^L_q - \theta^G_q` (exactly 0 for :math:`\alpha = 0`);
   3. the remaining :math:`H_f - \tau` inner steps;
