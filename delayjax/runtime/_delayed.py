@@ -171,44 +171,37 @@ def delayed(
   its first :math:`d` calls are past, so ``inner`` then sees whole, exact
   gradient trees (layer-wise staleness, pipeline-style delays).
 
-  **Replaying a cluster.** With a ``Schedule`` from ``dj.cluster.simulate``
-  instead of a delay model, each call is one *read* of the schedule (reads
-  in order of the version read, then of worker index), and the gradient
-  given is that read's contribution. The call then applies, in order, every
-  update whose reads have all been given (those below the next read's
-  version). An update with several contributions passes ``inner`` their mean
-  weighted by ``num_batches``, with ``staleness`` the largest among them and
-  ``stale_params`` and ``worker`` those of the stalest contribution (the
-  lowest worker index among equally stale ones), as ``dj.simulate`` does;
-  a ``dj.per_contribution`` stage inside ``inner`` is given each
-  contribution with its own, as ``dj.simulate`` gives it. The
-  parameters given at each call are then exactly those of the version that
-  read saw, so an unchanged training loop replays the cluster exactly; the
-  schedule has ``contributes.sum()`` reads; the last read's call also
-  applies the updates still outstanding, and calls past it apply nothing.
-  An equal-speed ASP schedule with ``M = tau + 1`` workers makes the same
-  calls as ``constant(tau)`` up to that last one; only the staleness
-  reported in the first ``tau`` updates differs (``u`` there, ``tau``
-  here).
+  **Replaying a cluster.** With a ``Schedule`` from ``dj.cluster.simulate``,
+  each call is one *read* of the schedule (by version read, then worker) and
+  its gradient that read's contribution; the call applies, in order, every
+  update whose reads have all been given. An update with several
+  contributions passes ``inner`` their mean weighted by ``num_batches``, the
+  largest ``staleness``, and the ``stale_params`` and ``worker`` of the
+  stalest (lowest worker among ties), as ``dj.simulate`` does; a
+  ``dj.per_contribution`` stage gets each contribution with its own. The
+  parameters given at each call are then those of the version that read
+  saw, so an unchanged loop replays the cluster exactly. The schedule has
+  ``contributes.sum()`` reads; the last one's call also applies the updates
+  outstanding, and later calls apply nothing. An equal-speed ASP schedule
+  with ``M = tau + 1`` workers makes the calls of ``constant(tau)`` but for
+  that last one and the staleness of the first ``tau`` updates (``u``, not
+  ``tau``).
 
-  **Workers.** A ``worker`` given to ``update`` is kept with the gradient, as
-  its staleness and parameters are, and ``inner`` gets the worker of the call
-  that *computed* the gradient it applies (per-worker state such as
-  ``dj.delay_compensation(adaptive=True, num_workers=M)`` then updates the
-  right row). Give it at every call; a gradient given without one is applied
-  with the applying call's. Per-leaf delays refuse ``worker`` (a step's
-  leaves come from different calls).
+  **Workers.** A ``worker`` given to ``update`` is kept with its gradient, and
+  ``inner`` gets the worker that *computed* the gradient it applies (so
+  ``dj.delay_compensation(adaptive=True, num_workers=M)`` updates that
+  worker's row). Give it at every call; a gradient given without one takes
+  the applying call's. Per-leaf delays refuse it (a step's leaves come from
+  different calls).
 
-  Buffers are fixed-size rings of ``max_delay + 1`` gradients and parameter
-  copies (none when ``max_delay`` is 0: then ``inner`` is called directly),
-  each sharded as its parameter on the parameter's axes (a ``NamedSharding``
-  of a concrete array, or of a traced one on ``Explicit`` mesh axes), so a
-  sharded model's rings hold each device's own shards and nothing is
-  gathered. Everything is traced arithmetic without Python control flow on
-  values, so it runs under ``jit``, ``lax.scan`` and ``vmap``. With a
-  constant delay one inner update is traced per call; otherwise a
-  ``lax.fori_loop`` runs one inner update per gradient released (at least
-  one, masked when none is).
+  Buffers are rings of ``max_delay + 1`` gradients and parameter copies (none
+  when ``max_delay`` is 0: ``inner`` is then called directly), each sharded
+  as its parameter (a concrete array's ``NamedSharding``, or a traced one's on
+  ``Explicit`` mesh axes) with the ring axis unsharded: nothing is gathered.
+  It is traced arithmetic without Python control flow on values, so it runs
+  under ``jit``, ``lax.scan`` and ``vmap``. With a constant delay one inner
+  update is traced per call; otherwise a ``lax.fori_loop`` runs one per
+  gradient released (at least one, masked when none is).
 
   Args:
     inner: the optimizer to delay. It receives the ``staleness`` (int32, or
