@@ -201,15 +201,19 @@ def _resolve(app, env, node, contnode):
       return found
   if fallback is not None:
     return domain.resolve_xref(env, node["refdoc"], app.builder, "class", fallback, node, contnode)
+  if any(_lookup(c) is not None for c in candidates) or _private_definitions(target.split(".")[-1], functions=True):
+    # A helper that exists but is not public (``check_staleness``, ``server_versions_behind``): shown as code,
+    # not a link. A name that does not exist at all is still an unresolved reference, and fails the build.
+    return contnode
   return None
 
 
-def _private_definitions(name):
-  """Where a class of that name is defined in a private module of delayjax (a signature names it so)."""
+def _private_definitions(name, functions=False):
+  """Where a class (or function) of that name is defined in a private module of delayjax."""
   found = []
   for module_name, module in list(sys.modules.items()):
     obj = getattr(module, name, None) if module_name.startswith("delayjax.") else None
-    if inspect.isclass(obj) and obj.__module__ == module_name:
+    if (inspect.isclass(obj) or functions and inspect.isfunction(obj)) and obj.__module__ == module_name:
       found.append(f"{module_name}.{name}")
   return found
 
