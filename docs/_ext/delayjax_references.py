@@ -9,6 +9,7 @@ follows the authors' code); ``SOURCES`` records what a docstring does not say in
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import os
 import pkgutil
@@ -90,6 +91,7 @@ def collect() -> list[dict]:
       before = flat[:match.start()]
       authors = re.split(r"(?:References:|Reference:|\. |; |: |\(|\bsee\b)", before)[-1].strip(" ,")
       after = re.split(r"(?:; |\. (?=[A-Z])|\)|$)", flat[match.end():], maxsplit=1)[0].strip(" ,.")
+      after = after.split(" (")[0] if after.count("(") > after.count(")") else after
       year = re.search(r"\b(19[6-9]\d|20[0-3]\d)\b", f"{after} {title}")
       entry = refs.setdefault(link, {"title": title, "authors": authors, "details": after, "link": link,
                                      "year": year.group(1) if year else "", "cited_by": [], "docs": []})
@@ -108,6 +110,15 @@ def collect() -> list[dict]:
     entry["source"] = SOURCES.get(entry["link"]) or _source(entry.pop("docs")) or PAPER
     entry.pop("docs", None)
   return sorted(refs.values(), key=lambda e: (e["year"] or "9999", e["title"].lower()))
+
+
+def _cite(name: str) -> str:
+  """A link to the API entry of a citing name; the classes behind the paradigm factories by their short name."""
+  if "._" not in name:
+    return f"{{py:obj}}`{name}`"
+  module_name, _, short = name.rpartition(".")
+  obj = getattr(importlib.import_module(module_name), short, None) if importlib.util.find_spec(module_name) else None
+  return f"{{py:class}}`{short} <{name}>`" if inspect.isclass(obj) else f"`{name}`"
 
 
 def _cell(text: str) -> str:
@@ -131,7 +142,7 @@ def page() -> str:
       "|---|---|---|---|---|---|",
   ]
   for e in refs:
-    cited = ", ".join(f"{{py:obj}}`{name}`" if "._" not in name else f"`{name}`" for name in e["cited_by"])
+    cited = ", ".join(_cite(name) for name in e["cited_by"])
     lines.append(f"| {e['year']} | [{_cell(e['title'])}]({e['link']}) | {_cell(e['authors'])} | "
                  f"{_cell(e['details'])} | {cited} | {e['source']} |")
   lines.append("")
