@@ -187,6 +187,18 @@ def test_the_callback_is_called_after_every_chunk(runtime):
   assert len(seen) > 1  # chunks of 4 steps
 
 
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_the_callback_is_given_each_chunks_rows_as_the_history_keeps_them(runtime):
+  seen = []
+  result = _run(runtime, evaluate=True, callback=seen.append)
+  loss = np.concatenate([info["rows"]["loss"] for info in seen])
+  np.testing.assert_array_equal(loss, np.asarray(result.history.loss)[-len(loss):])
+  # The evaluations after the first (made before any chunk) arrive chunk by chunk.
+  metrics = np.concatenate([info["rows"]["metrics"]["loss"] for info in seen])
+  np.testing.assert_array_equal(metrics, np.asarray(result.history.eval_metrics["loss"])[1:])
+  assert metrics.size > 1
+
+
 _HOLD_LOCK = textwrap.dedent("""
     import sys, time
     from delayjax.runtime._lock import locked

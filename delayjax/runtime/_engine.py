@@ -145,6 +145,7 @@ class Program(NamedTuple):
   cache_key: Any = None
   runs: int | None = None
   constant_run_axes: Any = None
+  rows_view: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
 
 # Jitted functions of recent programs, by key (Program.cache_key and the mesh), most recent last.
@@ -462,7 +463,8 @@ def run(program: Program, *, mesh: Any = None, checkpoint_dir: str | os.PathLike
     checkpoint_name: the checkpoint's name inside ``checkpoint_dir`` (see ``_checkpoint.Checkpoint``).
     resume: whether to continue from a checkpoint found there.
     resume_changes: fingerprint components allowed to differ from the checkpoint's on resume.
-    callback: called on the host after every chunk with ``program.progress(chunk)``.
+    callback: called on the host after every chunk with ``program.progress(chunk)`` and, as ``"rows"``,
+      the chunk's records (``program.collect``'s rows).
 
   Returns:
     ``(carry, records)``: ``records[name]`` the rows of every chunk concatenated (``records_like``'s
@@ -536,7 +538,10 @@ def _run(program, mesh, checkpoint_dir, checkpoint_name, resume, resume_changes,
       saver.save(carry, unsaved, chunk + 1)
       unsaved = []
     if callback is not None:
-      callback(program.progress(chunk))
+      # The chunk's own history rows (loss, metrics, ...) beside its progress, as the history keeps them.
+      chunk_rows = {k: v for k, v in rows.items() if k != "check"}
+      callback({**program.progress(chunk),
+                "rows": chunk_rows if program.rows_view is None else program.rows_view(chunk_rows)})
   _append(records, unsaved)
   return carry, _joined(records, like)
 

@@ -113,7 +113,12 @@ class Record:
       progress (``dj.simulate`` and ``dj.simulate_pipeline``:
       ``updates_done``, ``num_updates``, ``chunk``, ``num_chunks``;
       ``dj.simulate_gossip``: ``steps_done``, ``num_steps``, ``chunk``,
-      ``num_chunks``).
+      ``num_chunks``), and ``"rows"``: the chunk's new history rows, by
+      name, laid out as the history's (``"loss"``: one row per update of the
+      chunk, or per step for the replica runtime; ``"metrics"``: one row
+      per evaluation in the chunk, like ``eval_fn``'s output; batched
+      ``dj.Runs`` rows have a run axis after the row axis), so a callback
+      can log metrics as they come.
     nonfinite: ``"report"`` (default): non-finite gradients, parameters or
       optimizer state are listed in the history (``nonfinite``,
       ``nonfinite_state``) and a ``RuntimeWarning`` names the first.

@@ -933,6 +933,9 @@ def _program(run: _ServerRun) -> engine.Program:
       records_like=records_like, progress=progress, fingerprint=fingerprint,
       check=lambda carry: _all_finite(_inexact(carry[:2])),
       cache_key=None if compile_key is None else compile_key["chunk"],
+      # A single run's rows, as its history has them (no run axis); batched runs keep theirs.
+      rows_view=None if runs else lambda rows: {k: v if k == "nonfinite" else jax.tree.map(lambda x: x[:, 0], v)
+                                                for k, v in rows.items()},
       initial=None if eval_fn is None else (
           lambda carry: {"metrics": jax.tree.map(lambda x: engine.host(x)[None] if runs else engine.host(x)[None, None],
                                                  jitted_eval(carry[0]))}))
