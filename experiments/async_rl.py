@@ -124,23 +124,13 @@ def _source(config: dict[str, Any], spec: dict[str, Any], task, seed: int):
   return sched, worker
 
 
-_LAST_SPEC: list[Any] = [None]
-
-
 def _long(task) -> np.ndarray:
   return task.lengths > np.median(task.lengths)
 
 
 def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
-  from delayjax.runtime import _engine
-
   task = task_of(config)
   source, worker = _source(config, spec, task, seed)
-  # The runtime's compile cache does not yet key on the worker plug-in (its correction, budget and prompt
-  # table): a run of another spec compiles afresh, while the seeds of one spec share their program.
-  if _LAST_SPEC[0] != (repr(sorted(config.items())), spec["key"]):
-    _engine.clear_cache()
-    _LAST_SPEC[0] = (repr(sorted(config.items())), spec["key"])
   long = jnp.asarray(_long(task))
   regret_table = jnp.asarray(task.means.max(axis=1), jnp.float32)
   means = jnp.asarray(task.means, jnp.float32)

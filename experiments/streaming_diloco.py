@@ -57,18 +57,9 @@ def _rounds(config: dict[str, Any]) -> int:
   return config["steps"] or config["rounds"]
 
 
-_LAST_SPEC: list[Any] = [None]
-
-
 def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
-  from delayjax.runtime import _engine
   from experiments.accumulation import entropy_rate, lm_task
 
-  # The runtime's compile cache does not yet key on the worker plug-in (overlap, alpha): a run of another spec
-  # compiles afresh, while the seeds of one spec share their program.
-  if _LAST_SPEC[0] != (repr(sorted(config.items())), spec["key"]):
-    _engine.clear_cache()
-    _LAST_SPEC[0] = (repr(sorted(config.items())), spec["key"])
   task = lm_task(config)
   m, h, p = config["workers"], config["local_steps"], config["fragments"]
   rounds = _rounds(config)

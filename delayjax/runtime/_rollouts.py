@@ -160,10 +160,7 @@ class Rollouts(Worker):
     rollouts = {**rollouts, "advantages": _advantages(rollouts)}
     reward = jnp.mean(rollouts["rewards"]) if "rewards" in rollouts else jnp.zeros((), jnp.float32)
     # The push's loss is minus the behaviour policy's mean reward; the learner's loss replaces it in the record.
-    # A zero "grad" rides along only because the runtime's non-finite check of a push reads its gradient
-    # entries and refuses a payload with none; at_update replaces it before anything combines it.
-    payload = {"rollouts": rollouts, "grad": jax.tree.map(jnp.zeros_like, read)}
-    return -reward.astype(jnp.float32), payload, state
+    return -reward.astype(jnp.float32), {"rollouts": rollouts}, state
 
   def at_update(self, ctx, params, payload):
     rollouts = payload["rollouts"]

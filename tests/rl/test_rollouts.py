@@ -7,16 +7,8 @@ import optax
 import pytest
 
 import delayjax as dj
-from delayjax.runtime import _engine
 
 NUM_WORKERS, ROWS, BATCH, LR = 3, 5, 4, 0.5
-
-
-@pytest.fixture(autouse=True)
-def _fresh_programs():
-  # The runtime's compile cache does not yet key on the worker plug-in's identity (see the xfail below), so
-  # each run here compiles afresh; otherwise a second correction would reuse the first one's program.
-  _engine.clear_cache()
 
 
 def _softmax(z):
@@ -115,9 +107,8 @@ def test_bad_rollout_workers_are_refused():
     task.generation_times(np.full((2, 3), 99))
 
 
-@pytest.mark.xfail(strict=True, reason="dj.simulate's compile key omits worker.identity(): two Rollouts workers "
-                   "that differ only in their correction share one compiled program")
 def test_the_compile_cache_tells_corrections_apart():
+  # Two workers that differ only in their correction must not share a compiled program.
   task, prompts, sched = _setup()
   data = {"context": np.arange(task.num_contexts, dtype=np.int32)}
   loss_fn = lambda p, batch: jnp.mean(p["logits"][batch["context"]] ** 2)
