@@ -25,7 +25,7 @@ into ``dj.cluster.workers(M, compute=times)``, which replays
 ``times[m, j % n]`` for worker :math:`m`'s :math:`j`-th gradient): every
 contribution's compute time is then the time of the very prompts it answers.
 This needs every gradient a worker computes to reach the schedule in order
-(ASP, SSP, BSP; not the paradigms that drop pushes, K-sync or backup
+(ASP, SSP, BSP, ``dj.cluster.version_budget``; not the paradigms that drop pushes, K-sync or backup
 workers, whose dropped gradients still advance the worker's table but are
 never computed here). When the length depends on the sampled *response*
 (hence on the parameters), the schedule would have to be made while the run
