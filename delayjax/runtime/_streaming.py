@@ -21,7 +21,7 @@ cluster's time model, not for the numbers).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp

@@ -1,6 +1,5 @@
 """dj.workers.Rollouts in dj.simulate against a sequential NumPy reference of asynchronous policy gradient."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax

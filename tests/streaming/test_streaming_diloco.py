@@ -1,6 +1,5 @@
 """Streaming DiLoCo: one fragment is DiLoCo bit for bit; fragments, overlap and alpha against a NumPy reference."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
