@@ -245,6 +245,12 @@ def check_extra_args(tx: Any, params: Any, opt_state: Any, runtime: str, passed:
   """
   try:
     jax.eval_shape(lambda s, p: tx.update(p, s, p, **passed), opt_state, params)
+  except TypeError as e:
+    if "value" not in passed and _missing_value(e):
+      raise ValueError(
+          f"tx needs the extra argument value= (e.g. optax.contrib.reduce_on_plateau), which {runtime} does not "
+          f"pass; dj.simulate passes each update's loss as value.") from None
+    raise
   except ValueError as e:
     needed = re.search(r"needs the extra argument (\w+)=", str(e))
     if needed is None:
@@ -253,6 +259,22 @@ def check_extra_args(tx: Any, params: Any, opt_state: Any, runtime: str, passed:
         f"tx needs the extra argument {needed.group(1)}, which {runtime} does not pass (it passes "
         f"{sorted(passed) or 'none'}); run it with a runtime that provides it (dj.simulate passes staleness, "
         f"stale_params and worker) or leave that transformation out.") from None
+
+
+def _missing_value(error: TypeError) -> bool:
+  return bool(re.search(r"missing 1 required keyword-only argument: 'value'", str(error)))
+
+
+def takes_value(tx: Any, params: Any, opt_state: Any, passed: dict[str, Any]) -> bool:
+  """Whether ``tx.update`` requires the extra argument ``value`` (the loss: ``optax.contrib.reduce_on_plateau``,
+  ``optax.scale_by_backtracking_linesearch``'s kin), traced once with the extra arguments ``passed``."""
+  try:
+    jax.eval_shape(lambda s, p: tx.update(p, s, p, **passed), opt_state, params)
+  except TypeError as e:
+    if _missing_value(e):
+      return True
+    raise
+  return False
 
 
 def check_mesh(mesh: Any, axis: str = AXIS) -> int:

@@ -274,6 +274,8 @@ def _input_examples(params: Any, inputs: tuple[str, ...], samples: int, terms: A
       out[name] = np.full((num_contrib,), 1 / num_contrib, np.float32)
     elif name == "sample_mask":
       out[name] = np.ones((samples,), bool)
+    elif name == "value":
+      out[name] = np.float32(0)
     else:
       out[name] = payload[name]
   if "full_grad" in inputs:
@@ -752,6 +754,10 @@ def _prepare(loss_fn, tx, params, data, source, *, num_updates, seed, sampling, 
   opt_state = jax.eval_shape(tx.init, params)
   check_worker_capacity(opt_state, schedule.num_workers, "source")
   inputs = _check_runtime_inputs(opt_state, local=not worker.requests_allowed(), has_terms=sample_terms is not None)
+  if engine.takes_value(tx, params, opt_state, {"staleness": jnp.int32(0), "stale_params": params,
+                                                 "worker": jnp.int32(0), **_input_examples(params, inputs, 1)}):
+    # A transformation that needs the loss (optax.contrib.reduce_on_plateau) is given each update's as value.
+    inputs = inputs + ("value",)
   # A transformation that would do nothing on this schedule (a buffer it never fills, a delay window it never
   # reaches) is refused or warned about now. Under dj.per_contribution it counts contributions, else updates.
   staleness = schedule.max_staleness
@@ -1283,7 +1289,7 @@ def _apply_update(c: types.SimpleNamespace, ctx: _StepContext, i: Any, state: An
   stale_params = jax.tree.map(lambda b: b[positions[first]], ctx.stale_buf) if c.keep_stale else params
   # Without requests the update's index is not even read: the default program is unchanged.
   refresh = (ctx.tab["upd_refresh"][i] | snapshot_due) if "full_grad" in c.inputs else None
-  extra = _update_inputs(c, ctx, i, params, positions, staleness, kept, weights, payloads, mixed, refresh)
+  extra = _update_inputs(c, ctx, i, params, positions, staleness, kept, weights, payloads, mixed, refresh, loss)
   if c.leaf_groups is None:
     tau = staleness[first, 0]
   else:
@@ -1337,9 +1343,12 @@ def _contributions(c: types.SimpleNamespace, ctx: _StepContext, i: Any, params: 
 
 def _update_inputs(c: types.SimpleNamespace, ctx: _StepContext, i: Any, params: Any, positions: Any, staleness: Any,
                    kept: Any, weights: Any, payloads: list[dict[str, Any]], mixed: dict[str, Any],
-                   refresh: Any) -> dict[str, Any]:
-  """The runtime inputs ``tx`` requested for update ``i`` (``dj.runtime_inputs``), beside its gradient."""
+                   refresh: Any, loss: Any) -> dict[str, Any]:
+  """The runtime inputs ``tx`` requested for update ``i`` (``dj.runtime_inputs``), beside its gradient;
+  ``value``, the update's loss, for a ``tx`` that needs it."""
   extra = c.lanes.server_inputs(ctx.data, ctx.seed, params, ctx.tab["upd_index"][i], refresh) if c.inputs else {}
+  if "value" in c.inputs:
+    extra["value"] = loss
   if c.svrg:
     extra["snapshot_grad"] = mixed["snapshot_grad"]
   if c.per_example:
