@@ -106,6 +106,13 @@ def test_per_fragment_updates_one_fragment_per_update_with_its_own_state():
   np.testing.assert_allclose(np.asarray(u2["a"]), -0.5 * (2 + 0.9 * 2), rtol=1e-6)
 
 
+def test_fragment_of_leaves_cuts_contiguous_runs_first_ones_longer():
+  params = {"a": jnp.ones(1), "b": jnp.ones(1), "c": jnp.ones(1), "d": jnp.ones(1), "e": jnp.ones(1)}
+  assert dj.fragment_of_leaves(params, 2) == (0, 0, 0, 1, 1)
+  assert dj.fragment_of_leaves(params, 5) == (0, 1, 2, 3, 4)
+  assert dj.fragment_of_leaves(params, 1) == (0,) * 5
+
+
 def test_bad_streaming_settings_are_refused():
   with pytest.raises(ValueError, match="overlap"):
     dj.workers.StreamingDiLoCo(2, optax.sgd(0.1), overlap=3)
