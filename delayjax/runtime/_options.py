@@ -98,6 +98,10 @@ class Record:
       every ``every`` updates and at the end (``history.eval_update``,
       ``eval_time``, ``eval_metrics``). For the pipeline runtime it receives
       the tuple of stage parameters.
+    eval_state: ``eval_fn`` is called as ``eval_fn(params, opt_state)``
+      (``dj.simulate`` only), e.g. to evaluate schedule-free's averaged
+      parameters, ``optax.contrib.schedule_free_eval_params(opt_state,
+      params)``. Needs ``eval_fn``.
     every: updates between evaluations; ``None``: at the start and the end
       only. Needs ``eval_fn``.
     history: what the host keeps of every update (every event step for the
@@ -134,9 +138,13 @@ class Record:
   history: str = "updates"
   callback: Callable[[dict[str, Any]], None] | None = None
   nonfinite: str = "report"
+  eval_state: bool = False
 
   def __post_init__(self):
     _optional_callable("Record.eval_fn", self.eval_fn)
+    check_bool("Record.eval_state", self.eval_state)
+    if self.eval_state and self.eval_fn is None:
+      raise ValueError("Record.eval_state=True has no effect without Record.eval_fn (nothing to evaluate).")
     object.__setattr__(self, "every", _optional_int("Record.every", self.every))
     if self.every is not None and self.eval_fn is None:
       raise ValueError(
@@ -306,6 +314,10 @@ def runtime_options(runtime: str, *, seed: Any, sampling: Any, record: Any, exec
   record = check_option("record", record, Record, runtime)
   execution = check_option("execution", execution, Execution, runtime)
   execution.refuse(runtime, *no_effect)
+  if record.eval_state and not server:
+    raise ValueError(
+        f"Record.eval_state=True is defined for dj.simulate only (one optimizer state); {runtime} calls "
+        f"eval_fn(params).")
   if record.skip_nonfinite and not server:
     raise ValueError(
         "Record.nonfinite='skip' is defined for dj.simulate only (an update there can leave out a contribution); "

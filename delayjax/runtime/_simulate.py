@@ -425,7 +425,7 @@ def _fingerprint(schedule: Schedule, *, tx: Any, loss_fn: Callable[..., Any], pa
       "loss_fn": (loss_fn, (params, batch_like(data, batch_size))),
   }
   if eval_fn is not None:
-    programs["eval_fn"] = (eval_fn, (params,))
+    programs["eval_fn"] = (eval_fn, (params, opt_state))
   if local_optimizer is not None:
     programs["local_optimizer"] = (local_optimizer.update, (params, local_optimizer.init(params), params))
   programs.update(plugin_programs)
@@ -545,7 +545,7 @@ def _compile_key(*, loss_fn: Callable[..., Any], has_aux: bool, tx: Any, params:
                                                       worker=jnp.int32(0), **e), params_spec, state_spec,
                          params_spec, extra),
       "read_params": program_key(read_params, state_spec, params_spec, jnp.int32(0)),
-      "eval_fn": None if eval_fn is None else program_key(eval_fn, params_spec),
+      "eval_fn": None if eval_fn is None else program_key(eval_fn, params_spec, state_spec),
       "sample_terms": None if sample_terms is None else program_key(sample_terms, params_spec, batch),
       "local_optimizer": None if local_optimizer is None else program_key(
           local_optimizer.update, params_spec, local_optimizer.init(params), params_spec),
@@ -699,6 +699,14 @@ class _ServerRun(types.SimpleNamespace):
   """What one ``dj.simulate`` call has checked, planned and traced (its locals), handed from phase to phase."""
 
 
+def _evaluation(record: Record) -> Callable[[Any, Any], Any] | None:
+  """``Record.eval_fn`` as ``evaluate(params, opt_state)``, whether or not it takes the state."""
+  eval_fn = record.eval_fn
+  if eval_fn is None or record.eval_state:
+    return eval_fn
+  return lambda params, opt_state: eval_fn(params)
+
+
 def _svrg_epoch(inputs: tuple[str, ...], snapshot_every: int | None, full_batch_size: int | None,
                 num_examples: int, batch_size: int) -> int | None:
   """SVRG's epoch length in updates when ``tx`` requests ``full_grad``; its options refused otherwise."""
@@ -729,7 +737,7 @@ def _prepare(loss_fn, tx, params, data, source, *, num_updates, seed, sampling, 
   checkpoint_dir, resume, resume_changes = engine.checkpoint_arguments(checkpoint)
   batch_size, num_examples = check_sampling(data, sampling.batch_size, sampling.scheme, sampling.shards)
   check_params(params)
-  eval_fn, eval_every, callback = record.eval_fn, record.every, record.callback
+  eval_fn, eval_every, callback = _evaluation(record), record.every, record.callback
   skip_nonfinite, keep_updates = record.skip_nonfinite, record.keeps_updates
   mesh, chunk_size, lanes, max_memory = execution.mesh, execution.chunk_size, execution.lanes, execution.max_memory
   shards, sampling = sampling.shards, sampling.scheme
@@ -922,7 +930,7 @@ def _program(run: _ServerRun) -> engine.Program:
     records_like["skipped"] = np.zeros((0, 3), np.int64)
   if eval_fn is not None:
     records_like["metrics"] = jax.tree.map(lambda s: np.zeros((0, num_runs) + s.shape, s.dtype),
-                                           jax.eval_shape(eval_fn, params))
+                                           jax.eval_shape(eval_fn, params, run.opt_state))
 
   def progress(chunk: int) -> dict[str, Any]:
     done = int(np.sum(plan.upd_count[:(chunk + 1) * chunk_size]))
@@ -944,7 +952,7 @@ def _program(run: _ServerRun) -> engine.Program:
                                                 for k, v in rows.items()},
       initial=None if eval_fn is None else (
           lambda carry: {"metrics": jax.tree.map(lambda x: engine.host(x)[None] if runs else engine.host(x)[None, None],
-                                                 jitted_eval(carry[0]))}))
+                                                 jitted_eval(carry[0], carry[1]))}))
 
 
 def _results(run: _ServerRun, carry: Any, records: dict[str, Any]) -> SimulationResult | list[SimulationResult]:
@@ -1116,7 +1124,7 @@ def _step_function(*, keep_stale: bool, loss_fn, has_aux, tx, params, eval_fn, n
   per_device = num_workers // plan.num_devices
   num_contrib = plan.upd_worker.shape[2]
   max_len = sizes.max_len
-  metric_shapes = jax.eval_shape(eval_fn, params) if eval_fn is not None else ()
+  metric_shapes = jax.eval_shape(lambda p: eval_fn(p, tx.init(p)), params) if eval_fn is not None else ()
   svrg = "snapshot_grad" in inputs
   per_example = "sample_indices" in inputs
   per_contribution = "contribution_grads" in inputs
@@ -1318,7 +1326,8 @@ def _apply_update(c: types.SimpleNamespace, ctx: _StepContext, i: Any, state: An
     # A cond, not a where: evaluation is costly and due only every eval_every updates, and its
     # predicate comes from the host tables, the same on every device.
     value = jax.lax.cond(ctx.tab["upd_eval"][i], c.eval_fn,
-                         lambda p: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), c.metric_shapes), params)
+                         lambda p, s: jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype), c.metric_shapes),
+                         params, opt_state)
     metrics = jax.tree.map(lambda m, v: m.at[i].set(v), metrics, value)
   return params, opt_state, slots, losses, metrics, snapshot_due, rejected
 

@@ -1,8 +1,11 @@
-"""A transformation that needs the loss (``value=``, as optax.contrib.reduce_on_plateau) runs in dj.simulate.
+"""What the runtime gives a transformation and an evaluation beyond the gradient: the loss and the state.
 
-At zero staleness (one worker) dj.simulate must equal the plain Optax loop
-that passes each minibatch's loss as ``value``; the replica runtime, which
-does not pass it, refuses such a ``tx`` by name.
+A transformation that needs the loss (``value=``, as
+optax.contrib.reduce_on_plateau): at zero staleness (one worker) dj.simulate
+must equal the plain Optax loop that passes each minibatch's loss as
+``value``; the replica runtime, which does not pass it, refuses such a ``tx``
+by name. An evaluation that needs the optimizer state (schedule-free's
+evaluation parameters) reads it with ``dj.Record(eval_state=True)``.
 """
 
 import os
@@ -55,3 +58,27 @@ def test_the_replica_runtime_refuses_a_tx_that_needs_value():
                                      num_steps=4, seed=0)
   with pytest.raises(ValueError, match=r"needs the extra argument value=.*dj.simulate_gossip does not pass"):
     dj.simulate_gossip(loss_fn, _tx(), dj.gossip.d_psgd(), params, data, sched, sampling=dj.Sampling(batch_size=BATCH))
+
+
+def test_eval_fn_can_read_the_optimizer_state_for_schedule_free_evaluation_parameters():
+  data, loss_fn, params = regression_problem()
+  tx = optax.contrib.schedule_free_sgd(0.05)
+
+  def eval_fn(params, opt_state):
+    evaluated = optax.contrib.schedule_free_eval_params(opt_state, params)
+    return {"loss": loss_fn(evaluated, data), "plain": loss_fn(params, data)}
+
+  res = dj.simulate(loss_fn, tx, params, data, round_robin(2, 20), seed=1, sampling=dj.Sampling(batch_size=BATCH),
+                    record=dj.Record(eval_fn=eval_fn, every=10, eval_state=True))
+  # The last evaluation is the one a hand evaluation of the final state gives.
+  final = eval_fn(res.params, res.opt_state)
+  np.testing.assert_allclose(res.history.eval_metrics["loss"][-1], final["loss"], rtol=1e-6)
+  # Schedule-free's evaluation parameters are not the iterate it trains.
+  assert not np.allclose(res.history.eval_metrics["loss"][1:], res.history.eval_metrics["plain"][1:])
+  with pytest.raises(ValueError, match="eval_state=True has no effect without Record.eval_fn"):
+    dj.Record(eval_state=True)
+  sched = dj.cluster.simulate_gossip(dj.cluster.d_psgd(dj.topology.ring(4)), dj.cluster.workers(4, seed=0),
+                                     num_steps=4, seed=0)
+  with pytest.raises(ValueError, match="eval_state=True is defined for dj.simulate only"):
+    dj.simulate_gossip(loss_fn, optax.sgd(0.1), dj.gossip.d_psgd(), params, data, sched,
+                       record=dj.Record(eval_fn=eval_fn, eval_state=True))
