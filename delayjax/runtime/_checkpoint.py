@@ -356,6 +356,14 @@ class Checkpoint:
       raise ValueError(
           f"Checkpoint.changes names {', '.join(map(repr, unknown))}, not a component of this run's identity; "
           f"the components are: {', '.join(map(repr, self.fingerprint))}.")
+    if "schedule" in changes:
+      # The checkpoint's carry holds gradients and reads in flight, laid out by its schedule's plan: a run
+      # of another schedule (even one that extends it) would continue its own plan from someone else's
+      # state, and end at other parameters than either run, its history rows misaligned.
+      raise ValueError(
+          "Checkpoint.changes cannot include 'schedule': the checkpoint's gradients and reads in flight belong "
+          "to its schedule's plan, so a run of another schedule cannot continue from it exactly. Resume with "
+          "the same schedule, or run the new one from the start (resume=False).")
     self.changes = changes
     self.records = tuple(sorted(records))
     self._records_bytes = 0  # bytes of the history file that the last checkpoint owns

@@ -189,8 +189,9 @@ class Checkpoint:
     changes: identity components allowed to differ on resume, for a
       knowingly changed run: e.g. ``("tx",)`` continues with a new learning
       rate after a restart. Any other difference is still refused. The
-      components are named in the refusal's message (``schedule``,
-      ``options``, ``tx``, ``loss_fn``, ``data``, ...).
+      components are named in the refusal's message (``options``, ``tx``,
+      ``loss_fn``, ``data``, ...). ``schedule`` cannot be changed: the
+      checkpoint's gradients in flight belong to its schedule's plan.
   """
 
   directory: str | os.PathLike[str]

@@ -179,3 +179,20 @@ def test_resume_changes_names_only_components_of_the_run(interrupted, tmp_path):
   with pytest.raises(ValueError, match="Checkpoint.changes names 'lr', not a component.*'tx'"):
     dj.simulate(loss_fn, optax.sgd(0.5), params, data, schedule,
                 checkpoint=dj.Checkpoint(tmp_path, changes=("lr",)), **kw)
+
+
+@pytest.mark.parametrize("runtime", ["simulate", "gossip"])
+def test_a_changed_schedule_is_refused_even_when_named_as_a_change(interrupted, tmp_path, runtime):
+  # Extending 24 updates to 32 would continue the new plan from the old one's gradients in flight.
+  _, (loss_fn, params, data, schedule), kw, _ = interrupted
+  longer = dj.cluster.simulate(dj.cluster.asp(), dj.cluster.workers(schedule.num_workers, seed=0),
+                               num_updates=schedule.num_updates + 8, seed=0)
+  with pytest.raises(ValueError, match="Checkpoint.changes cannot include 'schedule'.*resume=False"):
+    if runtime == "simulate":
+      dj.simulate(loss_fn, optax.sgd(0.5), params, data, longer,
+                  checkpoint=dj.Checkpoint(tmp_path, changes=("schedule",)), **kw)
+    else:
+      sched = dj.cluster.simulate_gossip(dj.cluster.d_psgd(dj.topology.ring(4)), dj.cluster.workers(4, seed=0),
+                                         num_steps=4, seed=0)
+      dj.simulate_gossip(loss_fn, optax.sgd(0.5), dj.gossip.d_psgd(), params, data, sched,
+                         checkpoint=dj.Checkpoint(tmp_path, changes=("schedule",)), **kw)
