@@ -20,7 +20,10 @@ def require_extra(transform: str, name: str, value: Any, what: str = "", *, runt
   if value is None:
     described = f" ({what})" if what else ""
     who = "the delayjax runtimes pass it, a hand-written loop" if runtime_passes else "a hand-written loop"
-    raise ValueError(f"{transform} needs the extra argument {name}={described}; {who} must pass it to update().")
+    # Flax's TrainState.apply_gradients passes no extra arguments to tx.update: name the one that does.
+    raise ValueError(f"{transform} needs the extra argument {name}={described}; {who} must pass it to update() "
+                     f"(in a Flax loop: dj.apply_gradients(state, grads=grads, {name}=...), since "
+                     f"TrainState.apply_gradients passes none).")
   return value
 
 

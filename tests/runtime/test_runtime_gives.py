@@ -82,3 +82,18 @@ def test_eval_fn_can_read_the_optimizer_state_for_schedule_free_evaluation_param
   with pytest.raises(ValueError, match="eval_state=True is defined for dj.simulate only"):
     dj.simulate_gossip(loss_fn, optax.sgd(0.1), dj.gossip.d_psgd(), params, data, sched,
                        record=dj.Record(eval_fn=eval_fn, eval_state=True))
+
+
+def test_a_flax_train_state_that_drops_worker_is_told_to_use_dj_apply_gradients():
+  from flax.training import train_state
+
+  data, loss_fn, params = regression_problem()
+  tx = optax.chain(dj.delay_compensation(0.5, adaptive=True, num_workers=2), optax.sgd(0.1))
+  state = train_state.TrainState.create(apply_fn=None, params=params, tx=tx)
+  grads = jax.grad(loss_fn)(params, data)
+  with pytest.raises(ValueError, match=r"needs the extra argument stale_params=.*dj.apply_gradients\(state, grads="):
+    state.apply_gradients(grads=grads)
+  new = dj.apply_gradients(state, grads=grads, stale_params=params, worker=1, staleness=0)
+  updates, _ = tx.update(grads, tx.init(params), params, stale_params=params, worker=1, staleness=0)
+  for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(optax.apply_updates(params, updates)), strict=True):
+    np.testing.assert_array_equal(a, b)
