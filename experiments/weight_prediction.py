@@ -20,8 +20,10 @@ Claims, per optimizer, on the held-out loss at the end, paired over seeds:
 staleness hurts (stale > sync), and prediction recovers some of it
 (predicted < stale). The corpus is the generated second-order Markov chain of
 ``experiments.accumulation`` (no download). Each optimizer's synchronous
-and delayed programs are compiled once; seeds and the two delayed arms reuse them. Quick scale: two blocks in three stages (delays 4,
-4, 2 and 0 with ``delay_per_stage=2``), three seeds.
+and delayed programs are compiled once; seeds and the two delayed arms
+reuse them. Quick scale: two blocks in three stages (embeddings and first
+block delayed 4, second block 2, head 0, with ``delay_per_stage=2``), three
+seeds.
 
     python -m experiments.weight_prediction --scale quick
 """

@@ -1,4 +1,4 @@
-"""Delay compensation: DC-ASGD-c and DC-ASGD-a (Zheng et al., ICML 2017), and DC-ASGD with an inner optimizer's second moment."""
+"""Delay compensation: DC-ASGD-c and DC-ASGD-a (Zheng et al., ICML 2017), and with the inner optimizer's moment."""
 
 from __future__ import annotations
 

@@ -45,11 +45,10 @@ CASES = {
     "dc-asgd-a per worker, constant": (
         lambda: optax.chain(dj.delay_compensation(2.0, adaptive=True, num_workers=3), optax.sgd(0.05)),
         lambda: dj.delays.constant(2), True),
-    "delay_compensated adam, per-stage": (
-        lambda: dj.delay_compensated(optax.adam(0.05), 5.0),
-        lambda: dj.delays.per_leaf(dj.delays.by_path(dict.fromkeys(SHAPES, 0), {"^embed": 3, "^w_in": 2, "^w_out": 1})), False),
-    "weight_prediction adam, constant": (
-        lambda: dj.weight_prediction(optax.adam(0.05), 2.0), lambda: dj.delays.constant(2), False),
+    "weight_prediction of delay_compensated adam, per-stage": (
+        lambda: dj.weight_prediction(dj.delay_compensated(optax.adam(0.05), 5.0), 2.0),
+        lambda: dj.delays.per_leaf(dj.delays.by_path(dict.fromkeys(SHAPES, 0), {"^embed": 3, "^w_in": 2, "^w_out": 1})),
+        False),
 }
 
 
