@@ -7,7 +7,7 @@ import functools
 import hashlib
 import math
 import types
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence, overload
 
 import jax
 import jax.numpy as jnp
@@ -560,6 +560,20 @@ def _compile_key(*, loss_fn: Callable[..., Any], has_aux: bool, tx: Any, params:
   chunk = ("simulate", tuple(sorted(programs.items())), structure, tuple(sorted(plan_sizes.items())),
            tuple(sorted(options.items())))
   return {"chunk": chunk, "eval_fn": (programs["eval_fn"], structure[0])}
+
+
+@overload
+def simulate(loss_fn: Callable[..., Any], tx: optax.GradientTransformation, params: Any, data: Any,
+             source: Schedule | delays_lib.DelayModel, *, num_updates: int | None = None, seed: int = 0,
+             sampling: Sampling | None = None, worker: Worker | None = None, record: Record | None = None,
+             checkpoint: Checkpoint | None = None, execution: Execution | None = None) -> SimulationResult: ...
+
+
+@overload
+def simulate(loss_fn: Callable[..., Any], tx: optax.GradientTransformation, params: Any, data: Any,
+             source: Schedule | delays_lib.DelayModel, *, num_updates: int | None = None, seed: Runs,
+             sampling: Sampling | None = None, worker: Worker | None = None, record: Record | None = None,
+             checkpoint: Checkpoint | None = None, execution: Execution | None = None) -> list[SimulationResult]: ...
 
 
 def simulate(
