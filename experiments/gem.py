@@ -24,8 +24,10 @@ import optax
 
 import delayjax as dj
 from experiments import _plots
-from experiments._framework import Claim, ClaimResult, Comparison, Reproduction, Summary, mean_rows, paired
+from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, paired
 from experiments._training import shared_chunk_size, simulate_record, task_for
+# The workers of a method's rows and a paired training-loss comparison, as dc_asgd decides its claims.
+from experiments.dc_asgd import _loss, _ms
 
 # Config, fixed before the first run from the authors' script (lr 0.05, momentum 0.9, kappa 1) and the
 # dc_asgd reproduction's M = 16 and 32 (where staleness hurts an MLP on digits). Six seeds: a diverged run
@@ -72,14 +74,6 @@ def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dic
   for r in rows:
     r["error_pct"] = 100 * r["test_error"]
   return rows
-
-
-def _ms(summary: Summary, method: str) -> list[int]:
-  return sorted({r["workers"] for r in summary.values() if r["method"] == method})
-
-
-def _loss(summary: Summary, a: str, b: str, claim: str = "less") -> Comparison:
-  return paired(summary, a, b, "train_loss", claim=claim, what=f"training loss {a} - {b}")
 
 
 def _asgd_unstable(summary: Summary) -> ClaimResult:
