@@ -7,6 +7,7 @@ import optax
 import pytest
 
 import delayjax as dj
+from remedy_checks import assert_chain_and_unknown_extra_args, assert_jit_traces_once, params_tree
 
 
 class NumpyGem:
@@ -105,6 +106,17 @@ def test_gem_first_step_with_a_still_server_is_the_plain_step():
   np.testing.assert_array_equal(u, -0.3 * g)
   np.testing.assert_array_equal(state.pulled[2], jnp.ones(3))
   np.testing.assert_array_equal(state.momentum[0], jnp.zeros(3))
+
+
+def test_gem_jit_chain_and_dtype():
+  params = params_tree()
+  assert_jit_traces_once(dj.gem(0.1, num_workers=3), params, lambda i: {"worker": jnp.int32(i % 3)})
+  assert_chain_and_unknown_extra_args(dj.gem(0.1, num_workers=3), params, {"worker": 1})
+  half = jax.tree.map(lambda p: p.astype(jnp.bfloat16), params)
+  tx = dj.gem(0.1, num_workers=2)
+  u, state = tx.update(half, tx.init(half), half, worker=1)
+  assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves((u, state)))
+  assert dj.transforms.worker_capacity(state) == 2
 
 
 def test_gem_traced_worker_out_of_range_poisons_the_update():
