@@ -38,7 +38,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
-from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import AxisType, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import delayjax as dj  # noqa: E402
@@ -105,7 +105,9 @@ def main(argv=None):
   variants = {"optax.adam": optax.adam(1e-3),
               f"dj.delayed(adam, constant({args.delay}))": dj.delayed(optax.adam(1e-3), dj.delays.constant(args.delay))}
   devices = jax.devices()
-  mesh = jax.make_mesh((len(devices),), ("data",))
+  # Auto axes: XLA partitions the model (an FSDP loop's all-gathers are the model's); Explicit axes would ask the
+  # model's own code (the embedding lookup) for output shardings.
+  mesh = jax.make_mesh((len(devices),), ("data",), axis_types=(AxisType.Auto,))
   placements = {
       "1 device": (params, tokens),
       f"{len(devices)} devices (FSDP)": (
