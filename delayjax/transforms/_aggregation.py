@@ -192,7 +192,9 @@ def fed_async(
   are ``"constant"`` (:math:`s = 1`), ``"polynomial"``
   (:math:`(t - \tau + 1)^{-a}`) and ``"hinge"`` (1 if
   :math:`t - \tau \le b`, else :math:`1 / (a (t - \tau - b) + 1)`), as in
-  the authors' code.
+  the authors' code. Every call is a server step, so the runtime's
+  staleness (updates since the read) is already the number of server
+  versions since the read, the unit of the paper.
 
   With ``staleness=0`` and ``stale_params=params`` the update is
   :math:`\alpha \Delta`, bit for bit ``optax.scale(mixing)``; with
