@@ -43,7 +43,8 @@ def gem(
 
     \Delta = -\eta\, g, \qquad
     p_m \leftarrow \mu\, p_m + \Delta, \qquad
-    \pi = \operatorname{clip}\!\left(\frac{\kappa\, |p_m| - |x - \tilde x_m|}{|\Delta + \epsilon|},\ 0,\ \pi_{max}\right),
+    \pi = \operatorname{clip}\!\left(
+      \frac{\kappa\, |p_m| - |x - \tilde x_m|}{|\Delta + \epsilon|},\ 0,\ \pi_{max}\right),
     \qquad u = \pi \odot \Delta, \qquad \tilde x_m \leftarrow x
 
   elementwise. :math:`p_m` is the worker's *proxy*: the velocity that
