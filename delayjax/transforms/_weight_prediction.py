@@ -26,7 +26,7 @@ class WeightPredictionState(NamedTuple):
   def read_params(self, params: Any, worker: Any) -> Any:
     """:math:`\\hat w = w + \\tau\\, u_{last}` per leaf, the same for every worker."""
     del worker
-    return jax.tree.map(lambda w, u, h: w + h.astype(u.dtype) * u.astype(w.dtype), params, self.last_update,
+    return jax.tree.map(lambda w, u, h: w + h.astype(w.dtype) * u.astype(w.dtype), params, self.last_update,
                         self.horizon)
 
 
