@@ -15,9 +15,12 @@ NAMES = (
     "ksync",
     "momentum",
     "federated",
+    "gem",
+    "local_optimizers",
     "dana",
     "delay_adaptive",
     "async_local_sgd",
+    "streaming_diloco",
     "accumulation",
     "variance_reduction",
     "gossip_adpsgd",
@@ -31,7 +34,10 @@ NAMES = (
     "sme",
     "pipeline_stashing",
     "pipeline_bubbles",
+    "pipeline_2bw",
     "pipeline_pipemare",
+    "weight_prediction",
+    "async_rl",
 )
 
 

@@ -41,6 +41,8 @@ SLOW_GROUPS = (
     ("dana", "accumulation", "variance_reduction", "generalization", "async_sgdi"),
     ("gossip_topology", "gossip_failures", "gossip_acid", "gossip_dcs3gd", "gossip_layup"),
     ("sme", "pipeline_stashing", "pipeline_pipemare"),
+    ("gem", "local_optimizers", "pipeline_2bw"),
+    ("streaming_diloco", "weight_prediction", "async_rl"),
 )
 # A reproduction registered since, in no group yet, still runs: in a group of its own.
 _GROUPED = set(FAST).union(*SLOW_GROUPS)
