@@ -94,7 +94,8 @@ def pipeline_record(config: dict[str, Any], schedule: dj.cluster.PipelineSchedul
   ``mean_staleness`` (forward passes, all stages) and ``versions_kept``
   (summed over stages); ``curves``: ``update``, ``time`` and both metrics.
   """
-  K = schedule.num_stages
+  # Model stages: K devices times their virtual stages (interleaved 1F1B), one stage function each.
+  K = schedule.num_model_stages
   train, test = digits_data()
   progress(0, schedule.num_updates)
   result = dj.simulate_pipeline(stages(K), loss_fn, tx, init(K, config["layers"], config["width"], seed), train, schedule,
