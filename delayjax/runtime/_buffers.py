@@ -7,10 +7,12 @@ from typing import Any, Iterable
 import jax
 import jax.numpy as jnp
 
+from delayjax._sharding import stacked_zeros
+
 
 def rings(tree: Any, num_slots: int) -> Any:
   """Zeros ``[num_slots, *shape]`` per leaf of ``tree``, in the leaf's dtype."""
-  return jax.tree.map(lambda p: jnp.zeros((num_slots,) + jnp.shape(p), jnp.result_type(p)), tree)
+  return jax.tree.map(lambda p: stacked_zeros(p, num_slots), tree)
 
 
 def check_update_call(updates: Any, params: Any, extra_args: dict[str, Any], computed: Iterable[str]) -> None:

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from delayjax._sharding import stacked_zeros
 from delayjax.transforms._dc_asgd import delay_compensation
 from delayjax.transforms._extra_args import check_worker, map_unmasked, nan_unless
 from delayjax.transforms._hooks import table_rows
@@ -49,7 +50,7 @@ def _scale_by_dana(learning_rate: LearningRate, momentum: Any, num_workers: int)
   def init_fn(params):
     return DanaState(
         count=jnp.zeros([], jnp.int32),
-        momentum=jax.tree.map(lambda p: jnp.zeros((num_workers,) + jnp.shape(p), jnp.result_type(p)), params),
+        momentum=jax.tree.map(lambda p: stacked_zeros(p, num_workers), params),
         lookahead=_lookahead(learning_rate, momentum, jnp.zeros([], jnp.int32)))
 
   def update_fn(updates, state, params=None, *, worker=None, **extra_args):
@@ -84,7 +85,7 @@ def _scale_by_dana_slim(learning_rate: LearningRate, momentum: Any, num_workers:
   def init_fn(params):
     return DanaSlimState(
         count=jnp.zeros([], jnp.int32),
-        momentum=jax.tree.map(lambda p: jnp.zeros((num_workers,) + jnp.shape(p), jnp.result_type(p)), params))
+        momentum=jax.tree.map(lambda p: stacked_zeros(p, num_workers), params))
 
   def update_fn(updates, state, params=None, *, worker=None, **extra_args):
     del params, extra_args

@@ -10,6 +10,7 @@ import numpy as np
 import optax
 
 from delayjax._checks import check_choice
+from delayjax._sharding import stacked_zeros
 from delayjax.transforms._extra_args import like_updates, masked_like, nan_unless, require_extra
 from delayjax.transforms._hyperparams import check_static_int
 from delayjax.transforms._rows import after_reads
@@ -311,7 +312,7 @@ def saga(num_samples: int, *, table: str = "gradients") -> optax.GradientTransfo
     if scalars:
       tab = jnp.zeros([n], jnp.float32)
     else:
-      tab = jax.tree.map(lambda p: jnp.zeros((n,) + jnp.shape(p), jnp.result_type(p)), params)
+      tab = jax.tree.map(lambda p: stacked_zeros(p, n), params)
     return state_type(table=tab, table_sum=jax.tree.map(jnp.zeros_like, params), count=jnp.zeros([], jnp.int32))
 
   def update_fn(updates, state, params=None, *, sample_indices=None, sample_grads=None, sample_scalars=None,

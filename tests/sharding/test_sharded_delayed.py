@@ -49,6 +49,8 @@ CASES = {
         lambda: dj.weight_prediction(dj.delay_compensated(optax.adam(0.05), 5.0), 2.0),
         lambda: dj.delays.per_leaf(dj.delays.by_path(dict.fromkeys(SHAPES, 0), {"^embed": 3, "^w_in": 2, "^w_out": 1})),
         False),
+    # Per-worker momentum tables (DANA's one row per worker, as DC-ASGD-a's).
+    "dana per worker, constant": (lambda: dj.dana(0.05, num_workers=3), lambda: dj.delays.constant(2), True),
 }
 
 
