@@ -26,7 +26,9 @@ class ZenoState(NamedTuple):
 
 
 def _dot(a: Any, b: Any) -> jax.Array:
-  return sum((jnp.vdot(x, y).astype(jnp.float32) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))),
+  # Elementwise products summed per leaf, not jnp.vdot: vdot flattens each leaf, which gathers a sharded
+  # parameter onto every device (and is refused on a mesh of explicit axes).
+  return sum((jnp.sum(x * y).astype(jnp.float32) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))),
              jnp.zeros([], jnp.float32))
 
 
