@@ -269,7 +269,8 @@ def takes_value(tx: Any, params: Any, opt_state: Any, passed: dict[str, Any]) ->
   """Whether ``tx.update`` requires the extra argument ``value`` (the loss: ``optax.contrib.reduce_on_plateau``,
   ``optax.scale_by_backtracking_linesearch``'s kin), traced once with the extra arguments ``passed``."""
   try:
-    jax.eval_shape(lambda s, p: tx.update(p, s, p, **passed), opt_state, params)
+    # The extra arguments are traced too (they may be shapes only).
+    jax.eval_shape(lambda s, p, extra: tx.update(p, s, p, **extra), opt_state, params, passed)
   except TypeError as e:
     if _missing_value(e):
       return True

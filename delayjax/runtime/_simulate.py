@@ -333,10 +333,6 @@ def _map_groups(fn: Callable[..., Any], leaf_groups: tuple[int, ...] | None, *tr
   return jax.tree.unflatten(jax.tree.structure(trees[0]), out)
 
 
-def _tree_where(pred: jax.Array, new: Any, old: Any) -> Any:
-  return jax.tree.map(lambda n, o: jnp.where(pred, n, o), new, old)
-
-
 def _inexact(tree: Any) -> list[jax.Array]:
   """The floating-point leaves of ``tree`` (the ones that can be NaN or infinite)."""
   return [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
@@ -776,10 +772,6 @@ def _prepare(loss_fn, tx, params, data, source, *, num_updates, seed, sampling, 
   opt_state = jax.eval_shape(tx.init, params)
   check_worker_capacity(opt_state, schedule.num_workers, "source")
   inputs = _check_runtime_inputs(opt_state, local=not worker.requests_allowed(), has_terms=sample_terms is not None)
-  if engine.takes_value(tx, params, opt_state, {"staleness": jnp.int32(0), "stale_params": params,
-                                                 "worker": jnp.int32(0), **_input_examples(params, inputs, 1)}):
-    # A transformation that needs the loss (optax.contrib.reduce_on_plateau) is given each update's as value.
-    inputs = inputs + ("value",)
   # A transformation that would do nothing on this schedule (a buffer it never fills, a delay window it never
   # reaches) is refused or warned about now. Under dj.per_contribution it counts contributions, else updates.
   staleness = schedule.max_staleness
@@ -787,6 +779,10 @@ def _prepare(loss_fn, tx, params, data, source, *, num_updates, seed, sampling, 
                  num_contributions=schedule.num_contributions if "contribution_grads" in inputs else int(
                      np.count_nonzero(np.diff(schedule.offsets))))
   terms = None if sample_terms is None else _terms_spec(sample_terms, params, data, batch_size)
+  if engine.takes_value(tx, params, opt_state, {"staleness": jnp.int32(0), "stale_params": params,
+                                                 "worker": jnp.int32(0), **_input_examples(params, inputs, 1, terms)}):
+    # A transformation that needs the loss (optax.contrib.reduce_on_plateau) is given each update's as value.
+    inputs = inputs + ("value",)
   epoch = _svrg_epoch(inputs, snapshot_every, full_batch_size, num_examples, batch_size)
   # A contribution is computed once its update's epoch has begun, so every lane of a step computes
   # its snapshot gradient at the step's snapshot.
@@ -1225,7 +1221,7 @@ def _server_step(c: types.SimpleNamespace, carry: Any, tabs: Any, constants: Any
   if c.svrg:
     # The step's lanes are all in the epoch of its version V; if V starts it (or the epoch's
     # snapshot is still due: no update applied since it began), the snapshot is the current parameters.
-    snap = _tree_where(tab["snap_fresh"] | snapshot_due, params, _snapshot_params(opt_state))
+    snap = optax.tree_utils.tree_where(tab["snap_fresh"] | snapshot_due, params, _snapshot_params(opt_state))
   else:
     snap = ()
   # Each worker's local optimizer state: the planner computes a worker's contributions in
@@ -1327,8 +1323,8 @@ def _apply_update(c: types.SimpleNamespace, ctx: _StepContext, i: Any, state: An
       finite = _all_finite(_inexact((updates, new_state)))
       rejected = rejected.at[i].set(jnp.where(applied & ~finite, ctx.tab["upd_worker"][i][first], -1))
       applied = applied & finite
-    new_params = _tree_where(applied, new_params, params)
-    new_state = _tree_where(applied, new_state, opt_state)
+    new_params = optax.tree_utils.tree_where(applied, new_params, params)
+    new_state = optax.tree_utils.tree_where(applied, new_state, opt_state)
     if refresh is not None:
       # An update left out cannot take its epoch's snapshot: the next applied one takes it, at
       # the same parameters.
