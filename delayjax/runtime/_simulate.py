@@ -217,25 +217,12 @@ def _leaf_reads(source: Any, versions: np.ndarray | None,
 
 def _payload_like(params: Any, inputs: tuple[str, ...], samples: int, terms: Any = None) -> dict[str, Any]:
   """The shapes and dtypes (``jax.ShapeDtypeStruct``: nothing allocated) of one contribution's payload: its
-  gradient and the lane inputs ``inputs`` need.
+  gradient and the lane inputs ``inputs`` need, as the default worker pushes them.
 
   ``samples``: the examples a contribution draws (per-example entries);
   ``terms``: the shapes of ``sample_terms``' output for one example.
   """
-  def zeros(tree, lead):
-    return engine.shapes(tree, lead)
-
-  out = {"grad": zeros(params, ())}
-  if "snapshot_grad" in inputs:
-    out["snapshot_grad"] = zeros(params, ())
-  if "sample_grads" in inputs:
-    out["sample_grads"] = zeros(params, (samples,))
-  if "sample_scalars" in inputs:
-    out["sample_scalars"], out["sample_features"] = zeros(tuple(terms), (samples,))
-  if "sample_indices" in inputs:
-    out["sample_indices"] = jax.ShapeDtypeStruct((samples,), np.int32)
-    out["sample_valid"] = jax.ShapeDtypeStruct((samples,), np.bool_)
-  return out
+  return Gradient().payload_like(params, inputs, samples, terms)
 
 
 def _terms_spec(sample_terms: Callable[..., Any], params: Any, data: Any, batch_size: int) -> tuple[Any, Any]:
