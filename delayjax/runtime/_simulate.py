@@ -827,8 +827,8 @@ def _prepare(loss_fn, tx, params, data, source, *, num_updates, seed, sampling, 
   if has_aux is None:
     has_aux = loss_has_aux(loss_fn, params, data, batch_size)
   step = _step_function(
-      keep_stale=keep_stale, loss_fn=loss_fn, has_aux=has_aux, tx=tx, params=params, eval_fn=eval_fn,
-      num_examples=num_examples, batch_size=batch_size, sampling=sampling, plan=plan,
+      keep_stale=keep_stale, loss_fn=loss_fn, has_aux=has_aux, tx=tx, params=params, opt_state=opt_state,
+      eval_fn=eval_fn, num_examples=num_examples, batch_size=batch_size, sampling=sampling, plan=plan,
       skip_nonfinite=skip_nonfinite, always_applies=bool(np.all(np.diff(schedule.offsets) > 0)),
       distributed=mesh is not None, inputs=inputs, sizes=sizes, worker=worker, max_batches=_max_batches(plan),
       full_batch_size=full_batch_size, leaf_groups=leaf_groups)
@@ -1110,8 +1110,8 @@ def _fingerprint_shards(shards: Sequence[Any]) -> str:
   return h.hexdigest()
 
 
-def _step_function(*, keep_stale: bool, loss_fn, has_aux, tx, params, eval_fn, num_examples, batch_size, sampling,
-                   plan: StepPlan, sizes: ProgramSizes, skip_nonfinite, always_applies, distributed: bool,
+def _step_function(*, keep_stale: bool, loss_fn, has_aux, tx, params, opt_state, eval_fn, num_examples, batch_size,
+                   sampling, plan: StepPlan, sizes: ProgramSizes, skip_nonfinite, always_applies, distributed: bool,
                    inputs: tuple[str, ...], worker: Worker, max_batches: int, full_batch_size: int | None,
                    leaf_groups: tuple[int, ...] | None):
   """The server runtime's step (see ``_engine.Program.step``): compute a vector of gradients, then apply,
@@ -1121,7 +1121,7 @@ def _step_function(*, keep_stale: bool, loss_fn, has_aux, tx, params, eval_fn, n
   per_device = num_workers // plan.num_devices
   num_contrib = plan.upd_worker.shape[2]
   max_len = sizes.max_len
-  metric_shapes = jax.eval_shape(lambda p: eval_fn(p, tx.init(p)), params) if eval_fn is not None else ()
+  metric_shapes = jax.eval_shape(eval_fn, params, opt_state) if eval_fn is not None else ()
   svrg = "snapshot_grad" in inputs
   per_example = "sample_indices" in inputs
   per_contribution = "contribution_grads" in inputs
