@@ -144,6 +144,24 @@ class _OrbaxFailureLogs(logging.Filter):
     return not (record.levelno >= logging.ERROR and f"{os.sep}orbax{os.sep}" in record.pathname)
 
 
+class _UnretrievedTensorstoreErrors(logging.Filter):
+  """Drops asyncio's "exception was never retrieved" report of a tensorstore read or write that failed.
+
+  When several of a restore's reads fail (a damaged b-tree node that every array's read goes through),
+  Orbax's gather raises the first failure and the other tasks' exceptions are never retrieved; asyncio
+  logs each, with its traceback and tensorstore's spec, when the task is collected, which can be after
+  the call returned. :class:`Checkpoint` has already named the damaged file by then.
+  """
+
+  drops_unretrieved_tensorstore_errors = True
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    error = record.exc_info[1] if record.exc_info else None
+    first_line = str(record.msg).partition("\n")[0]
+    return not (first_line.endswith("exception was never retrieved") and error is not None
+                and "tensorstore_spec" in str(error))
+
+
 @contextlib.contextmanager
 def _quiet_orbax() -> Iterator[None]:
   """Orbax's failure logs silenced during the block, and a closed event loop's late callbacks once one failed.
@@ -152,9 +170,10 @@ def _quiet_orbax() -> Iterator[None]:
   and raises it to the caller, which :class:`Checkpoint` turns into an error naming the file; the log
   would only say the same thing again, less clearly. The tensorstore operations still in flight finish
   after Orbax has closed their event loop, during the call or after it returned, and each one's callback
-  raises "Event loop is closed", which Python prints as a traceback through ``sys.unraisablehook``: those
-  are dropped during the block, and for the rest of the process once a call failed (see
-  :func:`_closed_loop_hook`).
+  raises "Event loop is closed", which Python prints as a traceback through ``sys.unraisablehook``; and
+  the failures of reads beside the one raised are logged by asyncio as never retrieved when their tasks
+  are collected. Both are dropped during the block, and for the rest of the process once a call failed
+  (see :func:`_closed_loop_hook` and :class:`_UnretrievedTensorstoreErrors`).
   """
   logger = logging.getLogger("absl")
   quiet = _OrbaxFailureLogs()
@@ -163,14 +182,22 @@ def _quiet_orbax() -> Iterator[None]:
   installed = not getattr(previous, "drops_closed_loop_callbacks", False)
   if installed:
     sys.unraisablehook = _closed_loop_hook(previous)
+  asyncio_logger = logging.getLogger("asyncio")
+  unretrieved = None
+  if not any(getattr(f, "drops_unretrieved_tensorstore_errors", False) for f in asyncio_logger.filters):
+    unretrieved = _UnretrievedTensorstoreErrors()
+    asyncio_logger.addFilter(unretrieved)
   failed = True
   try:
     yield
     failed = False
   finally:
     logger.removeFilter(quiet)
-    if installed and not failed and getattr(sys.unraisablehook, "drops_closed_loop_callbacks", False):
-      sys.unraisablehook = previous
+    if not failed:
+      if installed and getattr(sys.unraisablehook, "drops_closed_loop_callbacks", False):
+        sys.unraisablehook = previous
+      if unretrieved is not None:
+        asyncio_logger.removeFilter(unretrieved)
 
 
 def _closed_loop_hook(previous: Any) -> Any:
@@ -198,8 +225,14 @@ def _closed_loop(error: BaseException | None, traceback: Any) -> bool:
 
 
 def _short(error: BaseException) -> str:
-  """An Orbax / tensorstore error's message without the tensorstore specs (kilobytes of JSON) it appends."""
-  return re.sub(r"\s*\[tensorstore_spec(?:\[\d+\])?='[^']*'\]", "", str(error)).strip()
+  """An Orbax / tensorstore error's message on one line, without the tensorstore specs it appends.
+
+  The specs are kilobytes of JSON, quoted (``[tensorstore_spec='{...}']``), or with their quotes escaped
+  where the message holds another error's repr; a message of several lines (errors gathered from several
+  reads) is joined into one.
+  """
+  text = re.sub(r"\s*\[tensorstore_spec(?:\[\d+\])?=(\\*)'.*?\1'\]", "", str(error), flags=re.DOTALL)
+  return " ".join(text.split())
 
 
 def _file_system_error(error: BaseException) -> tuple[int, str, str] | None:

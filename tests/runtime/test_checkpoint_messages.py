@@ -141,3 +141,65 @@ def test_a_damaged_checkpoint_is_one_message_without_orbax_noise(tmp_path, monke
   assert f"delete {folder} to start that run over" in errors[0]
   for noise in ("Traceback", "Event loop is closed", "absl", "Exception ignored"):
     assert noise not in done.stderr, done.stderr[-3000:]
+
+
+_SPEC = '{"context":{"cache_pool":{}},"driver":"zarr","kvstore":{"path":"13/"},"shape":[2,3]}'
+_READ_FAILED = ValueError(f'DATA_LOSS: Error reading "13/.zarray" in OCDBT database: Error decoding b-tree node: '
+                          f"CRC-32C checksum verification failed [tensorstore_spec='{_SPEC}'] "
+                          f"[tensorstore_spec[1]='{_SPEC}']")
+
+
+@pytest.mark.parametrize("error", [
+    _READ_FAILED,
+    # Another error's repr inside the message (its quotes escaped), over several lines.
+    RuntimeError(f"reads failed:\n{_READ_FAILED!r}\n{_READ_FAILED!r}"),
+], ids=["plain", "escaped_multiline"])
+def test_a_read_error_is_named_on_one_line_without_tensorstore_specs(error):
+  short = _checkpoint._short(error)
+  assert "\n" not in short and "tensorstore_spec" not in short and "driver" not in short
+  assert short.count("CRC-32C checksum verification failed") == str(error).count("CRC-32C")
+
+
+def _never_retrieved(caplog):
+  """The records asyncio logs for a failed tensorstore-like task whose exception nobody retrieved."""
+  import asyncio
+  import gc
+
+  async def read():
+    raise _READ_FAILED
+
+  loop = asyncio.new_event_loop()
+  try:
+    task = loop.create_task(read())
+    loop.run_until_complete(asyncio.sleep(0))
+  finally:
+    loop.close()
+  caplog.clear()
+  del task
+  gc.collect()
+  return [r for r in caplog.records if r.name == "asyncio"]
+
+
+def test_reads_that_failed_beside_the_raised_one_are_not_logged_once_a_call_failed(caplog):
+  asyncio_logger = __import__("logging").getLogger("asyncio")
+  before = list(asyncio_logger.filters)
+  try:
+    for f in before:
+      asyncio_logger.removeFilter(f)
+    # Outside any failed checkpoint call asyncio reports the task: what the filter is there to drop.
+    assert [r.getMessage().splitlines()[0] for r in _never_retrieved(caplog)] == ["Task exception was never retrieved"]
+    with _checkpoint._quiet_orbax():
+      pass
+    assert _never_retrieved(caplog), "a call that succeeded leaves asyncio's reports as they were"
+    with pytest.raises(ValueError), _checkpoint._quiet_orbax():
+      raise _READ_FAILED
+    # After a failed call the process keeps dropping them: the tasks are collected after the call returned.
+    assert _never_retrieved(caplog) == []
+    with pytest.raises(ValueError), _checkpoint._quiet_orbax():
+      raise _READ_FAILED
+    assert sum(getattr(f, "drops_unretrieved_tensorstore_errors", False) for f in asyncio_logger.filters) == 1
+  finally:
+    for f in list(asyncio_logger.filters):
+      asyncio_logger.removeFilter(f)
+    for f in before:
+      asyncio_logger.addFilter(f)
