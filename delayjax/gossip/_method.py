@@ -20,7 +20,6 @@ from __future__ import annotations
 from typing import Any, Callable, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -106,11 +105,6 @@ def plain_apply(tx, grads, opt_state, params, extra, dt):
   del dt
   params, opt_state = optimizer_step(tx, grads, opt_state, params)
   return params, opt_state, extra
-
-
-def tree_axpy(a: Any, x: Any, y: Any) -> Any:
-  """``a * x + y`` leaf by leaf, ``a`` a scalar cast to each leaf's dtype."""
-  return jax.tree.map(lambda u, v: jnp.asarray(a, v.dtype) * u + v, x, y)
 
 
 # A mix averages when each receiving row of its weights sums to 1, up to this (the weights are float64).

@@ -57,11 +57,6 @@ class AccumulateSumState(NamedTuple):
     return f"dj.{every.transformation}(..., {every.argument}={every.value})", every.argument, every.value
 
 
-def _tree_select(cond: jax.Array, on_true: Any, on_false: Any) -> Any:
-  # jnp.where leaf by leaf rather than lax.cond over whole trees: a cond breaks under shard_map.
-  return jax.tree.map(lambda a, b: jnp.where(cond, a, b), on_true, on_false)
-
-
 def accumulate_sum(
     inner: optax.GradientTransformation,
     k: int | jax.Array,
@@ -156,7 +151,8 @@ def _accumulate_sum(inner: optax.GradientTransformation, k: Any, transformation:
     new_state = AccumulateSumState(
         count=jnp.where(step, jnp.zeros([], jnp.int32), state.count + 1),
         summed=jax.tree.map(lambda s: jnp.where(step, jnp.zeros_like(s), s), summed),
-        inner_state=_tree_select(step, inner_state, state.inner_state),
+        # jnp.where leaf by leaf rather than lax.cond over whole trees: a cond breaks under shard_map.
+        inner_state=optax.tree_utils.tree_where(step, inner_state, state.inner_state),
         every=every)
     return out, new_state
 

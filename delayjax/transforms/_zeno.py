@@ -8,7 +8,6 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from delayjax.transforms._aggregation import _tree_select
 from delayjax.transforms._extra_args import like_updates, require_extra
 from delayjax.transforms._hyperparams import check_number, coefficient
 
@@ -146,6 +145,6 @@ def zeno_plus_plus(
     return out, ZenoState(
         count=optax.safe_increment(state.count),
         accepted=state.accepted + accept.astype(jnp.int32),
-        inner_state=_tree_select(accept, inner_state, state.inner_state))
+        inner_state=optax.tree_utils.tree_where(accept, inner_state, state.inner_state))
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
