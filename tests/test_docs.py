@@ -194,6 +194,7 @@ def test_the_gallery_shows_every_reproduction_with_its_recorded_claims(site):
     assert f"{name}.html" in index.links, name
     text = re.sub(r"\s+", " ", "".join(_parse(html_dir / "gallery" / f"{name}.html").text))
     assert f"python -m experiments run {name}" in text
+    assert f"results/{name}/quick/*.png" in text  # where the run's plots are (the repository keeps none)
     for row in rows.get(name, []):
       # Each recorded claim with its verdict and interval, as experiments/results/claims_quick.md has it.
       statement = re.sub(r"[`*]", "", row[1])

@@ -3,8 +3,8 @@
 One page per name of ``experiments._registry.NAMES``: the paper, what is reproduced, the commands, the quick
 scale's settings, the paper's claims as the module states them, the verdicts of the last recorded full run
 (``experiments/results/claims_quick.md``, with their intervals and seeds) and the paper's own numbers
-(``REPRODUCTION.paper_numbers``). The pages are written into ``docs/gallery/`` (ignored by git) before Sphinx
-reads the sources.
+(``REPRODUCTION.paper_numbers``), and where a run writes its plots. The pages are written into ``docs/gallery/``
+(ignored by git) before Sphinx reads the sources.
 """
 
 from __future__ import annotations
@@ -102,6 +102,10 @@ def page(name: str, rows: list[list[str]], run_note: str) -> str:
     for key, values in repro.paper_numbers.items():
       lines += [f"| `{key}` | " + " | ".join(_cell(values.get(c, "")) for c in columns) + " |"]
     lines += [""]
+  # No plot is committed (binaries that a rerun would make stale), so the page says where a run draws its own.
+  lines += ["## Plots", "",
+            f"The repository keeps no plots. `python -m experiments run {name}` draws them from the run's own numbers "
+            f"and writes them as `results/{name}/quick/*.png`, beside `results.csv`.", ""]
   return "\n".join(lines)
 
 
