@@ -11,7 +11,8 @@ gradient at update :math:`u` is taken at its *current* parameters
   pushes them as its payload (the runtime buffers them until their update);
 * ``at_update`` (the learner, at the server's parameters when the update is
   applied): the gradient of ``dj.policy_gradient_loss`` with the correction,
-  the contribution's staleness deciding the discard budget.
+  the contribution's staleness deciding the discard budget and reaching the
+  correction's objective (for a correction that depends on it).
 
 Which version each contribution reads and when it is applied is the
 schedule's: a ``dj.cluster`` schedule of rollout workers, or a delay model.
@@ -69,13 +70,15 @@ class Rollouts(Worker):
 
   .. math::
 
-    g_u = \nabla_\theta \Big[-\frac{\sum_i m_i J_i(\theta)}{\max(1, \sum_i m_i)}\Big]_{\theta = \theta_u},
+    g_u = \nabla_\theta \Big[-\frac{\sum_i m_i J_i(\theta; u - v)}{\max(1, \sum_i m_i)}\Big]_{\theta = \theta_u},
     \qquad m_i = [u - v \le k]
 
   with :math:`J_i` the ``correction``'s objective (``dj.no_correction``,
   ``dj.importance_weighting``, ``dj.truncated_is``, ``dj.ppo_clip``,
-  ``dj.m2po``) and :math:`k` the discard budget (``max_staleness``; all kept
-  without it). ``tx`` then applies :math:`g_u` as any gradient (e.g.
+  ``dj.m2po``, or a ``dj.Correction`` of one's own; one with
+  ``uses_staleness`` receives the lag :math:`u - v`, the contribution's
+  staleness, for each of its samples) and :math:`k` the discard budget
+  (``max_staleness``; all kept without it). ``tx`` then applies :math:`g_u` as any gradient (e.g.
   ``optax.sgd(lr)``). At zero staleness every correction gives the on-policy
   policy gradient :math:`-\frac1B \sum_i A_i \nabla \log \pi_\theta(a_i \mid s_i)`.
 
@@ -170,15 +173,20 @@ class Rollouts(Worker):
       mask = jnp.broadcast_to(discard_stale(ctx.staleness, self.max_staleness), (size,))
 
     def loss(p):
+      # The lag reaches the objective too: a correction may weigh the samples by how many versions old they are.
       return policy_gradient_loss(self.correction, self.log_prob(p, rollouts), rollouts["behaviour_logp"],
-                                  rollouts["advantages"], mask)
+                                  rollouts["advantages"], mask, staleness=ctx.staleness)
 
     value, grad = jax.value_and_grad(loss)(params)
     return value, {"grad": grad}
 
   def identity(self):
     table = None if self.prompts is None else hashlib.sha256(self.prompts.tobytes()).hexdigest()
-    return {"correction": (self.correction.name, self.correction.hyperparams), "max_staleness": self.max_staleness,
+    correction = (self.correction.name, self.correction.hyperparams)
+    if self.correction.uses_staleness:
+      # Only then: the runs of the built-in corrections keep the identity (and checkpoints) they had.
+      correction += (("uses_staleness", True),)
+    return {"correction": correction, "max_staleness": self.max_staleness,
             "prompts": table, "prompts_shape": None if self.prompts is None else self.prompts.shape,
             "functions": {"generate": self.generate, "log_prob": self.log_prob,
                           "correction": self.correction.objective}}

@@ -21,7 +21,8 @@ gradient at :math:`\theta` is the learner's policy-gradient estimate. With
 ================================  ==================================================================
 
 :func:`policy_gradient_loss` is the learner's loss :math:`-\sum_i m_i J_i /
-\max(1, \sum_i m_i)` over the kept samples :math:`m_i`; :func:`discard_stale`
+\max(1, \sum_i m_i)` over the kept samples :math:`m_i` (a :class:`Correction`
+with ``uses_staleness`` also sees each sample's lag :math:`u - v_i`); :func:`discard_stale`
 gives :math:`m_i` for the budget that drops samples staler than :math:`k`
 (the alternative, admitting by version so that no sample is ever staler than
 :math:`k`, is a property of the schedule, not of the loss, and lives in the
@@ -49,11 +50,33 @@ class Correction(NamedTuple):
   ``logp`` carries the gradient (the learner's log-probs at its current
   parameters); ``behaviour_logp`` and ``advantages`` are data. ``name`` and
   ``hyperparams`` say which rule it is, for a run's identity.
+
+  A correction whose rule depends on how stale the samples are sets
+  ``uses_staleness=True``: its objective is then called as
+  ``objective(logp, behaviour_logp, advantages, staleness)`` with
+  ``staleness`` the int32 ``[B]`` lag :math:`u - v_i` of each sample (the
+  versions between the policy that generated it and the learner's), which
+  :func:`policy_gradient_loss` takes as its ``staleness`` argument and
+  ``dj.workers.Rollouts`` fills in with each contribution's staleness. The
+  built-in corrections do not use it (their rules depend on the lag only
+  through the ratio :math:`r_i`).
+
+  Examples:
+    A correction that down-weights samples by their lag, as a user might define one:
+
+    >>> import jax, jax.numpy as jnp, delayjax as dj
+    >>> decay = dj.Correction(
+    ...     lambda logp, blogp, adv, staleness: 0.5 ** staleness * jax.lax.stop_gradient(adv) * logp,
+    ...     "halve_per_version", uses_staleness=True)
+    >>> logp = jnp.log(jnp.array([0.5, 0.5]))
+    >>> float(dj.policy_gradient_loss(decay, logp, logp, jnp.array([1.0, 1.0]), staleness=jnp.array([0, 1])))
+    0.5198...
   """
 
-  objective: Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
+  objective: Callable[..., jax.Array]
   name: str
   hyperparams: tuple[tuple[str, float], ...] = ()
+  uses_staleness: bool = False
 
 
 def _check_positive(name: str, value: float, what: str) -> float:
@@ -270,18 +293,23 @@ def _check_correction(correction) -> Correction:
     raise TypeError(f"correction must be a dj.Correction (dj.no_correction(), dj.importance_weighting(), "
                     f"dj.truncated_is(cap), dj.ppo_clip(epsilon), dj.m2po(threshold)), got "
                     f"{type(correction).__name__} {correction!r}.")
+  if not isinstance(correction.uses_staleness, bool):
+    raise TypeError(f"Correction.uses_staleness must be a bool, got {correction.uses_staleness!r}.")
   return correction
 
 
 def policy_gradient_loss(correction: Correction, logp: jax.Array, behaviour_logp: jax.Array,
-                         advantages: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+                         advantages: jax.Array, mask: jax.Array | None = None,
+                         staleness: jax.Array | None = None) -> jax.Array:
   r"""The learner's loss: minus the corrected objective's mean over the kept samples.
 
-  .. math::  L(\theta) = -\frac{\sum_i m_i J_i(\theta)}{\max(1, \sum_i m_i)}
+  .. math::  L(\theta) = -\frac{\sum_i m_i J_i(\theta; \tau_i)}{\max(1, \sum_i m_i)}
 
   where :math:`J_i` is ``correction``'s objective (M2PO's own mask comes on
-  top of :math:`m`) and :math:`m_i` the budget's mask (:func:`discard_stale`;
-  all ones without one). A batch with nothing kept has loss 0 and gradient 0.
+  top of :math:`m`), :math:`\tau_i = u - v_i` the sample's staleness (seen
+  only by a correction with ``uses_staleness``) and :math:`m_i` the budget's
+  mask (:func:`discard_stale`; all ones without one). A batch with nothing
+  kept has loss 0 and gradient 0.
 
   Args:
     correction: a :class:`Correction`.
@@ -291,13 +319,18 @@ def policy_gradient_loss(correction: Correction, logp: jax.Array, behaviour_logp
       the samples were generated.
     advantages: float ``[B]``, :math:`A_i`.
     mask: bool ``[B]`` or ``None`` (keep all).
+    staleness: int ``[B]`` or a scalar (one lag for the whole batch), the
+      versions :math:`u - v_i` between each sample's behaviour policy and the
+      learner's; required by a correction with ``uses_staleness``, and ignored
+      (shape checked only) by the others.
 
   Returns:
     A scalar.
 
   Raises:
     TypeError: if ``correction`` is not a :class:`Correction`.
-    ValueError: if the arrays are not 1-D of one length.
+    ValueError: if the arrays are not 1-D of one length, or ``staleness`` is
+      missing for a correction that uses it.
 
   Examples:
     >>> import jax.numpy as jnp, delayjax as dj
@@ -313,7 +346,18 @@ def policy_gradient_loss(correction: Correction, logp: jax.Array, behaviour_logp
   if len(set(shapes.values())) != 1 or len(shapes["logp"]) != 1:
     raise ValueError(f"logp, behaviour_logp, advantages (and mask) must be 1-D arrays of one length [B], got "
                      f"shapes {shapes}.")
-  terms = correction.objective(logp, behaviour_logp, advantages)
+  if staleness is not None and jnp.shape(staleness) not in ((), shapes["logp"]):
+    raise ValueError(f"staleness must be a scalar or an int array of the batch's shape {shapes['logp']}, got "
+                     f"shape {jnp.shape(staleness)}.")
+  if correction.uses_staleness:
+    if staleness is None:
+      raise ValueError(f"correction {correction.name!r} depends on the samples' staleness (uses_staleness=True): "
+                       f"pass staleness= (int [B] or a scalar), got None.")
+    lag = jnp.broadcast_to(jnp.asarray(staleness, jnp.int32), shapes["logp"])
+    terms = correction.objective(logp, behaviour_logp, advantages, lag)
+  else:
+    # The built-in rules are called exactly as before the lag existed: their numbers do not move.
+    terms = correction.objective(logp, behaviour_logp, advantages)
   if mask is None:
     return -jnp.mean(terms)
   keep = jnp.asarray(mask, bool)

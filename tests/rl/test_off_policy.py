@@ -161,3 +161,50 @@ def test_bad_loss_inputs_are_refused():
     dj.policy_gradient_loss("is", x, x, x)
   with pytest.raises(ValueError, match="one length"):
     dj.policy_gradient_loss(dj.no_correction(), x, jnp.zeros(4), x)
+
+
+def test_a_correction_that_uses_the_staleness_gets_each_samples_lag():
+  # J_i = 0.8^{tau_i} r_i-bar A_i log pi(a_i): the NumPy gradient weighs each sample by 0.8^{tau_i} r_i.
+  logits, behaviour, s, a, adv = _batch(6)
+  lag = np.random.default_rng(1).integers(0, 5, adv.size)
+
+  def objective(logp, behaviour_logp, advantages, staleness):
+    weight = jax.lax.stop_gradient(jnp.exp(logp - behaviour_logp)) * 0.8 ** staleness.astype(logp.dtype)
+    return weight * jax.lax.stop_gradient(advantages) * logp
+
+  decay = dj.Correction(objective, "decay", uses_staleness=True)
+  blogp = _logp(jnp.asarray(behaviour), s, a)
+  loss = lambda z, tau: dj.policy_gradient_loss(decay, _logp(z, s, a), blogp, jnp.asarray(adv, jnp.float32),
+                                                staleness=tau)
+  got = np.asarray(jax.grad(loss)(jnp.asarray(logits), jnp.asarray(lag)), np.float64)
+  want = _numpy_grad(lambda r, A: 0.8 ** lag * r, logits, behaviour, s, a, adv, adv.size)
+  np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-7)
+  # A scalar lag is every sample's.
+  scalar = np.asarray(jax.grad(loss)(jnp.asarray(logits), 3), np.float64)
+  np.testing.assert_allclose(scalar, _numpy_grad(lambda r, A: 0.8 ** 3 * r, logits, behaviour, s, a, adv, adv.size),
+                             rtol=2e-5, atol=1e-7)
+
+
+def test_the_built_in_corrections_ignore_the_staleness_bit_for_bit():
+  logits, behaviour, s, a, adv = _batch(7)
+  lp, blp, A = _logp(jnp.asarray(logits), s, a), _logp(jnp.asarray(behaviour), s, a), jnp.asarray(adv, jnp.float32)
+  lag = jnp.asarray(np.random.default_rng(2).integers(0, 9, adv.size))
+  for c in (dj.no_correction(), dj.importance_weighting(), dj.truncated_is(), dj.ppo_clip(), dj.m2po()):
+    assert not c.uses_staleness
+    without = jax.grad(lambda z: dj.policy_gradient_loss(c, _logp(z, s, a), blp, A))(jnp.asarray(logits))
+    with_lag = jax.grad(lambda z: dj.policy_gradient_loss(c, _logp(z, s, a), blp, A, staleness=lag))(
+        jnp.asarray(logits))
+    np.testing.assert_array_equal(np.asarray(with_lag), np.asarray(without))
+    np.testing.assert_array_equal(np.asarray(dj.policy_gradient_loss(c, lp, blp, A, staleness=lag)),
+                                  np.asarray(dj.policy_gradient_loss(c, lp, blp, A)))
+
+
+def test_a_correction_that_uses_the_staleness_refuses_to_run_without_it():
+  x = jnp.zeros(3)
+  lagged = dj.Correction(lambda lp, blp, adv, staleness: lp * staleness, "lagged", uses_staleness=True)
+  with pytest.raises(ValueError, match="lagged.*staleness="):
+    dj.policy_gradient_loss(lagged, x, x, x)
+  with pytest.raises(ValueError, match="staleness must be a scalar"):
+    dj.policy_gradient_loss(lagged, x, x, x, staleness=jnp.zeros(4, jnp.int32))
+  with pytest.raises(TypeError, match="uses_staleness"):
+    dj.policy_gradient_loss(dj.Correction(lambda *a: a[0], "bad", uses_staleness=1), x, x, x)

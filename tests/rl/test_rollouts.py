@@ -1,5 +1,6 @@
 """dj.workers.Rollouts in dj.simulate against a sequential NumPy reference of asynchronous policy gradient."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -35,8 +36,11 @@ def _generate(task):
   return generate
 
 
-def _reference(task, prompts, sched, weight_fn, max_staleness=None):
-  """theta_{u+1} = theta_u - lr * g_u, g_u = -(1/kept) sum_i w_i A_i grad log pi_{theta_u}(a_i|s_i)."""
+def _reference(task, prompts, sched, weight_fn, max_staleness=None, lag_weight=None):
+  """theta_{u+1} = theta_u - lr * g_u, g_u = -(1/kept) sum_i w_i A_i grad log pi_{theta_u}(a_i|s_i).
+
+  With ``lag_weight``, w_i is multiplied by lag_weight(u - v): a correction that depends on the staleness.
+  """
   thetas = [np.zeros((task.num_contexts, task.num_actions))]
   count = np.zeros(NUM_WORKERS, int)
   for u in range(sched.num_updates):
@@ -51,7 +55,7 @@ def _reference(task, prompts, sched, weight_fn, max_staleness=None):
     keep = max_staleness is None or u - v <= max_staleness
     g = np.zeros_like(thetas[u])
     if keep:
-      w = weight_fn(ratio)
+      w = weight_fn(ratio) * (1.0 if lag_weight is None else lag_weight(u - v))
       for i in range(BATCH):
         g[s[i]] -= w[i] * adv[i] * (np.eye(task.num_actions)[a[i]] - pi[s[i]]) / BATCH
     thetas.append(thetas[u] - LR * g)
@@ -118,3 +122,29 @@ def test_the_compile_cache_tells_corrections_apart():
     out.append(np.asarray(dj.simulate(loss_fn, optax.sgd(LR), task.init_params(), data, sched, seed=0,
                                       sampling=dj.Sampling(batch_size=2), worker=worker).params["logits"]))
   np.testing.assert_allclose(out[1], _reference(task, prompts, sched, lambda r: r), rtol=1e-5, atol=1e-6)
+
+
+def test_the_lag_reaches_a_correction_that_uses_it():
+  # A correction of one's own whose weight halves per version of lag: the simulated run must apply, to each
+  # contribution, the weight of its own staleness u - v (the NumPy reference reads u - v from the schedule).
+  task, prompts, sched = _setup()
+  lags = sched.staleness[sched.contributes]
+  assert len(set(lags.tolist())) > 2  # several different lags, so a wrong or constant lag would show
+
+  def objective(logp, behaviour_logp, advantages, staleness):
+    assert staleness.shape == logp.shape and staleness.dtype == jnp.int32
+    weight = jnp.exp(logp - behaviour_logp) * 0.5 ** staleness.astype(logp.dtype)
+    return jax.lax.stop_gradient(weight * advantages) * logp
+
+  halve = dj.Correction(objective, "halve_per_version", uses_staleness=True)
+  worker = dj.workers.Rollouts(_generate(task), lambda p, r: task.log_prob(p, r["contexts"], r["actions"]),
+                               correction=halve, prompts=prompts)
+  data = {"context": np.arange(task.num_contexts, dtype=np.int32)}
+  loss_fn = lambda p, batch: jnp.mean(p["logits"][batch["context"]] ** 2)
+  result = dj.simulate(loss_fn, optax.sgd(LR), task.init_params(), data, sched, seed=0,
+                       sampling=dj.Sampling(batch_size=2), worker=worker)
+  got = np.asarray(result.params["logits"])
+  np.testing.assert_allclose(got, _reference(task, prompts, sched, lambda r: r, lag_weight=lambda lag: 0.5 ** lag),
+                             rtol=1e-5, atol=1e-6)
+  # Without the lag's weight the run would be plain importance weighting: far from it.
+  assert not np.allclose(got, _reference(task, prompts, sched, lambda r: r), rtol=1e-3, atol=1e-4)
