@@ -43,8 +43,13 @@ def test_one_fragment_without_overlap_is_diloco_bit_for_bit():
   assert not np.array_equal(np.asarray(diloco.params["a"]), 0.0)
 
 
-def _reference(data, updates, steps, overlap, alpha):
-  """Streaming DiLoCo on full batches in NumPy: two fragments (a, b), outer Nesterov per fragment."""
+def _reference(data, updates, steps, overlap, alpha, eager=False):
+  """Streaming DiLoCo on full batches in NumPy: two fragments (a, b), outer Nesterov per fragment.
+
+  ``eager``: after each push, worker m steps its own Nesterov copy (own momentum per fragment) with its own
+  outer gradient; the next contribution's first ``overlap`` steps take their gradients at local + e, e being that
+  stand-in global fragment minus the local one (zero elsewhere).
+  """
   x, y = data["x"].astype(np.float64), data["y"].astype(np.float64)
   grad = lambda w: 2 * x.T @ (x @ w - y) / N  # noqa: E731
   frags = [np.arange(0, 2), np.arange(2, D)]
@@ -52,6 +57,8 @@ def _reference(data, updates, steps, overlap, alpha):
   mom = [np.zeros(2), np.zeros(D - 2)]
   local = [np.zeros(D) for _ in range(M)]
   acc = [np.zeros(D) for _ in range(M)]
+  own_mom = [[np.zeros(2), np.zeros(D - 2)] for _ in range(M)]
+  shift = [np.zeros(D) for _ in range(M)]
   for u in range(updates):
     p, q = u % 2, (u - 1) % 2
     pushes = []
@@ -61,7 +68,8 @@ def _reference(data, updates, steps, overlap, alpha):
           idx = frags[q]
           local[m][idx] = alpha * local[m][idx] + (1 - alpha) * glob[idx]
           acc[m][idx] = local[m][idx] - glob[idx]
-        d = -INNER_LR * grad(local[m])
+        at = local[m] + shift[m] if eager and h < overlap else local[m]
+        d = -INNER_LR * grad(at)
         local[m] += d
         acc[m] += d
       if overlap == steps and u >= 1:
@@ -69,6 +77,12 @@ def _reference(data, updates, steps, overlap, alpha):
         local[m][idx] = alpha * local[m][idx] + (1 - alpha) * glob[idx]
         acc[m][idx] = local[m][idx] - glob[idx]
       pushes.append(-acc[m][frags[p]])
+      if eager:
+        # The stand-in: glob_p + delta with delta the worker's own Nesterov step on its own outer gradient.
+        own_mom[m][p] = pushes[-1] + MOMENTUM * own_mom[m][p]
+        delta = -OUTER_LR * (pushes[-1] + MOMENTUM * own_mom[m][p])
+        shift[m] = np.zeros(D)
+        shift[m][frags[p]] = (glob[frags[p]] + delta) - local[m][frags[p]]
     g = np.mean(pushes, axis=0)
     # optax's Nesterov: trace <- g + mu * trace; step = -lr * (g + mu * trace).
     mom[p] = g + MOMENTUM * mom[p]
@@ -88,6 +102,43 @@ def test_two_fragments_with_overlap_and_merge_match_numpy(overlap, alpha):
                                                          alpha=alpha))
   got = np.concatenate([np.asarray(result.params["a"]), np.asarray(result.params["b"])])
   np.testing.assert_allclose(got, _reference(data, 8, 4, overlap, alpha), rtol=2e-4, atol=1e-5)
+
+
+def _two_fragment_run(overlap, alpha, eager, outer=None, updates=8):
+  data, params, loss_fn = _problem()
+  outer = outer or optax.sgd(OUTER_LR, momentum=MOMENTUM, nesterov=True)
+  worker = dj.workers.StreamingDiLoCo(4, optax.sgd(INNER_LR), fragments=[0, 1], overlap=overlap, alpha=alpha,
+                                      eager=outer if eager else None)
+  result = dj.simulate(loss_fn, dj.per_fragment(outer, [0, 1]), params, data, _bsp(updates), seed=0,
+                       sampling=dj.Sampling(batch_size=N, scheme="epoch"), worker=worker)
+  return data, np.concatenate([np.asarray(result.params["a"]), np.asarray(result.params["b"])])
+
+
+@pytest.mark.parametrize("overlap, alpha", [(2, 0.5), (4, 0.0)])
+def test_eager_updates_match_numpy(overlap, alpha):
+  data, got = _two_fragment_run(overlap, alpha, eager=True)
+  want = _reference(data, 8, 4, overlap, alpha, eager=True)
+  np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-5)
+  # The stand-in moves the result: eager is not the non-eager run (whose reference is a distinct number).
+  lazy = _reference(data, 8, 4, overlap, alpha)
+  assert np.max(np.abs(want - lazy)) > 100 * (2e-4 * np.max(np.abs(want)) + 1e-5)
+
+
+def test_eager_without_overlap_is_non_eager_bit_for_bit():
+  # tau = 0: the average arrives before any step could use the stand-in.
+  _, eager = _two_fragment_run(0, 0.5, eager=True)
+  _, lazy = _two_fragment_run(0, 0.5, eager=False)
+  np.testing.assert_array_equal(eager, lazy)
+
+
+def test_eager_with_fedavg_outer_is_non_eager_bit_for_bit():
+  # Outer SGD with lr 1 and no momentum steps by exactly minus the outer gradient: the stand-in global fragment is
+  # the worker's own local fragment, e = 0 exactly, whatever the overlap.
+  fedavg = optax.sgd(1.0)
+  _, eager = _two_fragment_run(2, 0.5, eager=True, outer=fedavg)
+  _, lazy = _two_fragment_run(2, 0.5, eager=False, outer=fedavg)
+  np.testing.assert_array_equal(eager, lazy)
+  assert np.all(np.isfinite(lazy)) and not np.array_equal(lazy, 0.0)
 
 
 def test_per_fragment_updates_one_fragment_per_update_with_its_own_state():
@@ -120,6 +171,8 @@ def test_bad_streaming_settings_are_refused():
     dj.workers.StreamingDiLoCo(2, optax.sgd(0.1), alpha=1.5)
   with pytest.raises(TypeError, match="optimizer"):
     dj.workers.StreamingDiLoCo(2, "sgd")
+  with pytest.raises(TypeError, match="StreamingDiLoCo.eager.*got bool"):
+    dj.workers.StreamingDiLoCo(2, optax.sgd(0.1), overlap=1, eager=True)
   with pytest.raises(ValueError, match="every fragment"):
     dj.per_fragment(optax.sgd(0.1), [0, 2])
   with pytest.raises(ValueError, match="one fragment per leaf"):
