@@ -93,8 +93,8 @@ class StreamingDiLoCo(Worker):
   (``optax.sgd(1.0)``) :math:`\delta_m = a_p`, the stand-in *is* the local
   fragment, and eager again equals non-eager bit for bit.
   **Kale et al.'s full text was not reachable here: their eager outer gradient
-  mixes the worker's fresh outer gradient with the other workers' delayed ones
-  (see the module docstring); a worker here sees the global parameters, not the
+  mixes the worker's fresh outer gradient with delayed all-reduced ones (see
+  the module docstring); a worker here sees the global parameters, not the
   averaged outer gradient, so its own outer gradient stands in for all of it.**
 
   A quantized outer exchange (Streaming DiLoCo's low-precision outer
