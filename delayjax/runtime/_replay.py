@@ -168,7 +168,9 @@ def replay(inner: optax.GradientTransformationExtraArgs, schedule: Schedule) -> 
 
     shapes = jax.eval_shape(lambda: inner.update(updates, state.inner_state, params, staleness=jnp.int32(0),
                                                  stale_params=params, worker=jnp.int32(0), **extra_args)[0])
-    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    # Sharded as the updates (a traced value's sharding on Explicit mesh axes; None elsewhere): the loop's carry
+    # keeps one type, and the sum is not replicated.
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype, out_sharding=s.sharding), shapes)
     inner_state, _, total = jax.lax.fori_loop(0, count, apply, (state.inner_state, params, zeros))
     return total, ReplayState(count=t + 1, grads=grads, stale_params=stale, inner_state=inner_state)
 
