@@ -6,16 +6,21 @@ outer Nesterov). Streaming DiLoCo cuts the parameters into P fragments
 (``dj.fragment_of_leaves``) that sync in turn, one every H / P inner steps
 (``dj.workers.StreamingDiLoCo`` + ``dj.per_fragment``), the outer update
 arriving tau inner steps late and merged as ``alpha * local + (1 - alpha) *
-global``. Against them: asynchronous Local-SGD with delayed Nesterov momentum
-(Liu et al. 2024; ASP, ``dj.delayed_nesterov``). Every run takes the same
-number of inner steps per worker.
+global``. With eager updates (Kale et al. 2025, ``StreamingDiLoCo(eager=outer)``)
+the overlapped steps see a stand-in for the late global fragment: the worker's
+own outer gradient, stepped by its own copy of the outer optimizer. Against
+them: asynchronous Local-SGD with delayed Nesterov momentum (Liu et al. 2024;
+ASP, ``dj.delayed_nesterov``). Every run takes the same number of inner steps
+per worker.
 
 Claims written before the runs: two fragments without overlap lose at most
 0.05 nats to DiLoCo; an overlap of one inner step with alpha = 0.5 costs at
 most 0.05 nats; with the whole contribution overlapped, merging (alpha = 0.5)
 beats replacing local progress by the late global fragment (alpha = 0);
 streaming DiLoCo with a one-step overlap ends below asynchronous Local-SGD
-with delayed Nesterov.
+with delayed Nesterov. Added before its runs, with eager updates: with the
+whole contribution overlapped and alpha = 0, eager updates end below waiting
+for the global fragment.
 
     python -m experiments run streaming_diloco
 """
@@ -47,12 +52,14 @@ LIMITS = {"rounds": COUNT, "fragments": COUNT}
 
 def specs(config: dict[str, Any]) -> list[dict[str, Any]]:
   """DiLoCo, async delayed Nesterov, and Streaming DiLoCo without overlap, with the smallest overlap merged,
-  and with the largest overlap replaced and merged (the pairs the claims compare)."""
+  and with the largest overlap replaced and merged, and replaced with eager updates (the pairs the claims
+  compare)."""
   small, large = min(config["taus"]), max(config["taus"])
   streams = [(0, 0.0), (small, 0.5), (large, 0.0), (large, 0.5)]
   out = [{"key": "diloco", "method": "diloco"}, {"key": "async-delayed-nesterov", "method": "async"}]
   out += [{"key": f"stream-t{t}-a{a:g}", "method": "stream", "tau": t, "alpha": a}
           for t, a in dict.fromkeys(streams)]
+  out.append({"key": f"stream-t{large}-a0-eager", "method": "stream", "tau": large, "alpha": 0.0, "eager": True})
   return out
 
 
@@ -82,7 +89,7 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> di
     fragments = dj.fragment_of_leaves(task.init(seed), p)
     tx = dj.per_fragment(outer, fragments)
     worker = dj.workers.StreamingDiLoCo(h // p, inner, fragments=fragments, overlap=spec["tau"],
-                                        alpha=spec["alpha"])
+                                        alpha=spec["alpha"], eager=outer if spec.get("eager") else None)
   record = simulate_record(task, tx, sched, seed=seed, batch_size=config["batch"],
                            eval_every=max(1, sched.num_updates // config["eval_points"]), progress=progress,
                            worker=worker, chunk_size=shared_chunk_size(sched.num_updates))
@@ -94,7 +101,7 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> di
 
 
 def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-  return mean_rows(records, fields=("method", "tau", "alpha"))
+  return mean_rows(records, fields=("method", "tau", "alpha", "eager"))
 
 
 def _within(key_a: str, key_b: str, what: str):
@@ -109,6 +116,12 @@ def _merge_helps(summary: Summary) -> ClaimResult:
                                    what=f"held-out loss, tau={tau}: alpha 0.5 - alpha 0 (nats)"))
 
 
+def _eager_helps(summary: Summary) -> ClaimResult:
+  tau = max(int(k.split("-t")[1].split("-")[0]) for k in summary if k.startswith("stream-t"))
+  return ClaimResult.decide(paired(summary, f"stream-t{tau}-a0-eager", f"stream-t{tau}-a0", "test_loss",
+                                   what=f"held-out loss, tau={tau} alpha 0: eager - waiting (nats)"))
+
+
 def _streaming_beats_async(summary: Summary) -> ClaimResult:
   return ClaimResult.decide(paired(summary, "stream-t1-a0.5", "async-delayed-nesterov", "test_loss",
                                    what="held-out loss, streaming tau=1 alpha 0.5 - async delayed Nesterov (nats)"))
@@ -121,6 +134,9 @@ CLAIMS = [
           _within("stream-t1-a0.5", "stream-t0-a0", "held-out loss, tau=1 alpha 0.5 - tau=0 (nats)")),
     Claim("merge-beats-replace", "with the whole contribution overlapped, alpha = 0.5 ends below alpha = 0",
           _merge_helps),
+    Claim("eager-beats-waiting", "with the whole contribution overlapped and alpha = 0, eager updates (the "
+          "worker's own outer step standing in for the late global fragment) end below waiting for it",
+          _eager_helps),
     Claim("streaming-beats-async", "streaming DiLoCo with a one-step overlap ends below asynchronous Local-SGD "
           "with delayed Nesterov", _streaming_beats_async),
 ]
@@ -137,8 +153,8 @@ REPRODUCTION = Reproduction(
     name="streaming_diloco",
     paper="Douillard, Donchev, Rush, Kale, Sinha, Balle, Kuncoro, Ranzato, Szlam, Lampinen: Streaming DiLoCo with "
           "overlapping communication: Towards a Distributed Free Lunch, 2025",
-    description="DiLoCo against Streaming DiLoCo (2 fragments, overlap tau, alpha-merge) and asynchronous "
-                "Local-SGD with delayed Nesterov, on a small Transformer LM at equal inner steps.",
+    description="DiLoCo against Streaming DiLoCo (2 fragments, overlap tau, alpha-merge, eager updates) and "
+                "asynchronous Local-SGD with delayed Nesterov, on a small Transformer LM at equal inner steps.",
     scales=SCALES, specs=specs, run=run, summarize=summarize, claims=CLAIMS, plots=plots,
     columns=("key", "test_loss", "entropy_rate", "updates", "mean_staleness"),
     smoke=dict(steps=2, local_steps=2, taus=[1], eval_points=2, seeds=1),
