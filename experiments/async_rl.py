@@ -35,10 +35,11 @@ from experiments._framework import (COUNT, POSITIVE, Claim, ClaimResult, Reprodu
 
 # Config. Tabular softmax policy on 8 contexts x 4 actions; each contribution answers `prompts` prompts with
 # `group` samples each (advantage: reward minus the prompt's group mean, as GRPO). The budget study uses one
-# prompt per contribution, so a contribution's generation time is its prompt's length (1..8 tokens).
+# prompt per contribution, so a contribution's generation time is its prompt's length (1..8 tokens). Three values
+# of k: "the regret grows with k" is checked on each consecutive pair (0 < 8, 8 < 32), not on one pair alone.
 SCALES = {
     "quick": dict(contexts=8, actions=4, max_length=8, noise=0.5, group=8, prompts=2, lr=4.0, steps=300,
-                  taus=[0, 32], cap=2.0, workers=8, budget=8, per_token=1.0, overhead=0.5, seeds=5,
+                  taus=[0, 8, 32], cap=2.0, workers=8, budget=8, per_token=1.0, overhead=0.5, seeds=5,
                   eval_points=10),
 }
 SCALES["paper"] = dict(SCALES["quick"], contexts=32, actions=8, max_length=16, steps=2000, taus=[0, 8, 32, 64],
