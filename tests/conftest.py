@@ -2,6 +2,8 @@
 
 import contextlib
 import os
+import shutil
+import tempfile
 
 # Must be set before JAX initializes its backends.
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
@@ -13,6 +15,22 @@ from delayjax.runtime import _engine  # noqa: E402
 
 # Silent float64/float32 or int/float mixes are bugs in a library; make them fail in tests.
 jax.config.update("jax_numpy_dtype_promotion", "strict")
+
+# One JAX persistent compilation cache for the session, in a temporary folder that the xdist workers share
+# (they inherit the variable from the controller, which made the folder and removes it at the end): a program
+# that both workers compile (a module's fixtures, when its tests are split between them), or that a test
+# compiles again after a change of compile mode cleared the caches (pytest_runtest_setup), is compiled once. A
+# program read from it is the one the compiler made, so no result changes. Only the test processes use it:
+# the CLI's and the kill tests' child processes compile as users' do. A cache of the user's own
+# (JAX_COMPILATION_CACHE_DIR) is left as it is.
+_SESSION_CACHE = "DELAYJAX_TESTS_COMPILATION_CACHE"
+_OWN_SESSION_CACHE = _SESSION_CACHE not in os.environ and not os.environ.get("JAX_COMPILATION_CACHE_DIR")
+if _OWN_SESSION_CACHE:
+  os.environ[_SESSION_CACHE] = tempfile.mkdtemp(prefix="delayjax-tests-xla-")
+if os.environ.get(_SESSION_CACHE) and not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+  jax.config.update("jax_compilation_cache_dir", os.environ[_SESSION_CACHE])
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 def _dist_given(config):
@@ -62,6 +80,11 @@ def pytest_configure(config):
       "optax.adam's bias correction mixes float and int32)")
   if config.pluginmanager.hasplugin("xdist") and not hasattr(config, "workerinput"):
     config.pluginmanager.register(_WorkStealing(), "delayjax-work-stealing")
+
+
+def pytest_unconfigure(config):
+  if _OWN_SESSION_CACHE and not hasattr(config, "workerinput"):
+    shutil.rmtree(os.environ.pop(_SESSION_CACHE), ignore_errors=True)
 
 
 @pytest.hookimpl(tryfirst=True)
