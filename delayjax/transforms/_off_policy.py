@@ -66,7 +66,7 @@ class Correction(NamedTuple):
 
     >>> import jax, jax.numpy as jnp, delayjax as dj
     >>> decay = dj.Correction(
-    ...     lambda logp, blogp, adv, staleness: 0.5 ** staleness * jax.lax.stop_gradient(adv) * logp,
+    ...     lambda logp, blogp, adv, staleness: 0.5 ** staleness.astype(logp.dtype) * jax.lax.stop_gradient(adv) * logp,
     ...     "halve_per_version", uses_staleness=True)
     >>> logp = jnp.log(jnp.array([0.5, 0.5]))
     >>> float(dj.policy_gradient_loss(decay, logp, logp, jnp.array([1.0, 1.0]), staleness=jnp.array([0, 1])))
