@@ -210,6 +210,7 @@ _HOLD_LOCK = textwrap.dedent("""
 _CHECKPOINT_NAMES = {"simulate": "simulate", "gossip": "simulate_gossip", "pipeline": "pipeline"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_a_live_writer_is_refused_and_a_killed_one_is_taken_over(runtime, tmp_path):
   holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(tmp_path), _CHECKPOINT_NAMES[runtime]],

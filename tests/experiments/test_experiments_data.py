@@ -172,6 +172,7 @@ def test_markov_corpus_is_learnable_and_deterministic():
   assert conditional < 0.6 * -np.sum(unigram * np.log(unigram))
 
 
+@pytest.mark.slow
 def test_paper_scale_tasks_build_from_local_files(tmp_path, no_tfds):
   import jax
   import jax.numpy as jnp

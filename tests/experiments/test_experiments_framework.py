@@ -574,6 +574,7 @@ class _Interrupt(Exception):
   pass
 
 
+@pytest.mark.slow
 def test_an_interrupted_run_resumes_from_its_checkpoint(tmp_path):
   import optax
 
@@ -617,6 +618,7 @@ def _toy_run(config, spec, seed, progress):
           "cache": os.environ.get("JAX_COMPILATION_CACHE_DIR")}
 
 
+@pytest.mark.slow
 def test_runs_in_worker_processes_equal_runs_here(toy_cli, tmp_path, capsys):
   """--jobs 2 performs the runs in spawned processes: the same records and tables as performed here."""
   main, _, repro = toy_cli

@@ -116,6 +116,7 @@ def _runs_resumes_and_reports(names: tuple[str, ...], tmp_path, capsys) -> None:
     assert claims.count(f"| {name} (quick) |") == len(_registry.get(name).claims)
 
 
+@pytest.mark.slow
 @pytest.mark.standard_promotion
 def test_one_reproduction_per_runtime_runs_resumes_and_reports(tmp_path, capsys):
   _runs_resumes_and_reports(FAST, tmp_path, capsys)

@@ -32,6 +32,7 @@ def _stop_after(updates):
   return callback
 
 
+@pytest.mark.slow
 def test_one_stage_per_device_resumes_to_the_bits_of_one_device(monkeypatch, tmp_path):
   """A 4-stage MLP (stages of different shapes) on 4 devices, interrupted after two chunks and resumed: the
   same bits as the uninterrupted run on one device, each stage's versions and optimizer state held by its own
@@ -76,6 +77,7 @@ def test_one_stage_per_device_resumes_to_the_bits_of_one_device(monkeypatch, tmp
   jax.tree.map(np.testing.assert_array_equal, spread.history.eval_metrics, one.history.eval_metrics)
 
 
+@pytest.mark.slow
 def test_read_remedies_and_stored_backward_under_the_mesh():
   """PipeMare (a read direction stored with every version, backward passes stepping back along it) with
   PipeDream's un-stashed backward pass on 2 devices: the one-device run to a few float32 ulps (the

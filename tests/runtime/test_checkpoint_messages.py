@@ -58,6 +58,7 @@ def _record(out):
   return record
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_another_format_version_names_both_versions(tmp_path, monkeypatch, capsys):
   folder = _interrupted_after_one_chunk(tmp_path / "out", monkeypatch, capsys)
   (meta_path,) = glob.glob(os.path.join(folder, "*", "1", "meta", "metadata"))
@@ -82,6 +83,7 @@ def test_a_checkpoint_of_another_format_version_names_both_versions(tmp_path, mo
     ValueError('RESOURCE_EXHAUSTED: Error writing "0/0" in OCDBT database at local file "state/": Failed to '
                "write 5626 bytes to file 12: No space left on device [os_error_code='28']"),
 ], ids=["oserror", "tensorstore"])
+@pytest.mark.slow
 def test_a_full_disk_names_checkpoint_dir_and_the_previous_checkpoint_resumes(tmp_path, monkeypatch, capsys,
                                                                               failure):
   straight = tmp_path / "straight"
@@ -120,6 +122,7 @@ def test_a_full_disk_names_checkpoint_dir_and_the_previous_checkpoint_resumes(tm
   assert _record(out) == _record(straight)
 
 
+@pytest.mark.slow
 def test_a_damaged_checkpoint_is_one_message_without_orbax_noise(tmp_path, monkeypatch, capsys):
   out = tmp_path / "out"
   folder = _interrupted_after_one_chunk(out, monkeypatch, capsys)

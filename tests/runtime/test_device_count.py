@@ -18,8 +18,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 import delayjax as dj
+
+# Three runs on 8 devices against one device each: left out of the edit-test loop (-m "not slow").
+pytestmark = pytest.mark.slow
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(256, 64)).astype(np.float32)

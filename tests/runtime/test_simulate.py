@@ -149,6 +149,7 @@ def test_minibatch_indices_sampling_rules():
   assert not np.array_equal(first, dj.runtime.minibatch_indices(4, 4, 1, 0, **kw))
 
 
+@pytest.mark.slow
 def test_one_and_eight_devices_agree():
   num_workers = 12  # padded with four idle workers to two per device
   data, loss_fn, params = regression_problem()
@@ -197,6 +198,7 @@ def test_resume_is_bit_identical(tmp_path):
                 record=dj.Record(eval_fn=eval_fn, every=7), **{**kwargs, "seed": 5})
 
 
+@pytest.mark.slow
 def test_same_seed_is_bit_identical_and_chunking_and_lanes_do_not_matter():
   data, loss_fn, params = regression_problem()
   schedule = _cluster(dj.cluster.ssp(2), 4, 30, seed=11)

@@ -184,6 +184,7 @@ def _assert_rows_empty_and_rest_equal(kept, bare, per_row):
       jax.tree.map(np.testing.assert_array_equal, a, b)
 
 
+@pytest.mark.slow
 def test_simulate_gossip_with_evaluations(problem):
   (loss_fn, _, data, _, _), _ = problem
   params = {"w": jnp.zeros(3, jnp.float32), "b": jnp.zeros((), jnp.float32)}
@@ -201,6 +202,7 @@ def test_simulate_gossip_with_evaluations(problem):
       kept, bare, ("events", "gradients", "time", "loss", "loss_spread", "consensus"))
 
 
+@pytest.mark.slow
 def test_simulate_pipeline_with_evaluations(tmp_path):
   from tests.pipeline.pipeline_reference import mlp_problem
 

@@ -81,6 +81,7 @@ def test_zeno_plus_plus_matches_reference(inner):
   np.testing.assert_allclose(result.history.loss, ref_loss, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_zeno_plus_plus_on_eight_devices():
   """Every device computes zeno_grad in the replicated server loop; the run is the one-device run."""
   data, loss_fn, params = regression_problem()

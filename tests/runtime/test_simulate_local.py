@@ -60,6 +60,7 @@ def test_local_steps_match_reference(name):
     assert result.stats["num_slots"] > 1 and schedule.num_batches.max() > 1
 
 
+@pytest.mark.slow
 def test_per_worker_local_steps_on_eight_devices():
   data, loss_fn, params = regression_problem()
   schedule = dj.cluster.simulate(dj.cluster.asp(), dj.cluster.workers(6), num_updates=24, seed=5)
@@ -103,6 +104,7 @@ def test_kept_local_state_matches_reference(name, make_local):
   assert not np.allclose(np.asarray(kept.params["w"]), np.asarray(fresh.params["w"]), rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_kept_local_state_on_eight_devices_and_across_resume(tmp_path):
   data, loss_fn, params = regression_problem()
   schedule = dj.cluster.simulate(dj.cluster.asp(), dj.cluster.workers(6), num_updates=24, seed=5)

@@ -75,6 +75,7 @@ def test_equal_per_leaf_delays_are_the_shared_delay_model():
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow
 def test_per_leaf_reads_on_eight_devices_and_across_resume(tmp_path):
   data, loss_fn, params = regression_problem()
   source = dj.delays.per_leaf({"w": dj.delays.uniform(6), "b": dj.delays.uniform(2)})

@@ -84,6 +84,7 @@ def _rounded_and_own(data, name):
   return _ROUNDED_AND_OWN[name]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(PARADIGMS))
 def test_rounded_sizes_give_the_bits_of_the_plans_own(data, name):
   schedule, rounded, own = _rounded_and_own(data, name)

@@ -134,6 +134,7 @@ def test_a_snapshot_left_out_with_its_update_is_taken_by_the_next_applied_one():
   assert_trees_close(result.opt_state, ref_state, rtol=2e-5, atol=2e-6)
 
 
+@pytest.mark.slow
 def test_one_and_eight_devices_agree_and_resume_is_bit_identical(tmp_path):
   data, loss_fn, params = regression_problem()
   schedule = hand_schedule(6, 36, group=2, max_batches=2, seed=35)
@@ -184,6 +185,7 @@ def _finite_sum(n=64, d=5, seed=0):
   return {"x": x, "y": y}, loss_fn, objective, objective(w_star)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tau", [0, 4, 16])
 def test_asynchronous_variance_reduction_converges_where_sgd_stalls(tau):
   """AsySVRG and ASAGA under dj.simulate's stale reads reach a suboptimality far below plain
@@ -244,6 +246,7 @@ def test_bad_variance_reduction_arguments():
     dj.simulate(loss_fn, optax.chain(dj.svrg(), dj.svrg(), optax.sgd(0.1)), params, data, source, num_updates=4)
 
 
+@pytest.mark.slow
 def test_sparse_and_dense_finite_sums_give_the_same_asynchronous_runs():
   """dj.problems' padded-CSR data runs through dj.simulate's per-example inputs like its dense twin."""
   sparse = dj.problems.make_sparse("logistic", 40, 12, 3, lam=0.01, seed=3)
@@ -260,6 +263,7 @@ def test_sparse_and_dense_finite_sums_give_the_same_asynchronous_runs():
     assert np.abs(np.asarray(runs[0].params)).max() > 1e-2  # it moved
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["async", "grouped"])
 def test_saga_scalar_table_matches_the_reference_and_the_gradient_table(name):
   """With sample_terms (dj.problems' per_sample), the n-scalar table follows the reference, and
