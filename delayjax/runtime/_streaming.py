@@ -98,8 +98,8 @@ class StreamingDiLoCo(Worker):
   averaged outer gradient, so its own outer gradient stands in for all of it.**
 
   A quantized outer exchange (Streaming DiLoCo's low-precision outer
-  gradients) is out of reach until the compression transformations of issue
-  25 exist: the pushes here are exact.
+  gradients) is not simulated: delayjax has no compression transformations
+  yet, and the pushes here are exact.
 
   Args:
     steps: :math:`H_f \ge 1`, the inner steps per contribution (per
