@@ -270,7 +270,8 @@ def topology_for(name: str, num: int) -> dj.topology.Topology:
 
 
 def paradigm_for(spec: dict[str, Any], num: int) -> C.GossipParadigm:
-  """The paradigm a run spec names: ``{"paradigm": "d_psgd", "topology": "ring"}`` and so on."""
+  """The paradigm a run spec names: ``{"paradigm": "d_psgd", "topology": "ring"}`` and so on (``ad_psgd`` takes
+  an ``"average"``)."""
   name = spec["paradigm"]
   topology = topology_for(spec["topology"], num) if spec.get("topology") else None
   if name == "allreduce":
@@ -278,7 +279,8 @@ def paradigm_for(spec: dict[str, Any], num: int) -> C.GossipParadigm:
   if name == "d_psgd":
     return C.d_psgd(topology)
   if name == "ad_psgd":
-    return C.ad_psgd(topology)
+    # spec["average"]: where each averaging lands ("completion", the library's default, or "read").
+    return C.ad_psgd(topology, **({"average": spec["average"]} if "average" in spec else {}))
   if name == "sgp":
     return C.sgp(spec.get("overlap", 0))
   if name == "gossipgrad":

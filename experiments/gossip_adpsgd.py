@@ -3,8 +3,9 @@
 Sixteen replicas train softmax regression on the digits; one worker computes
 4x slower than the others. All-reduce SGD and synchronous D-PSGD (ring,
 Metropolis-Hastings weights) wait for it every round; AD-PSGD (each worker
-averages atomically with a random ring neighbour while it computes, and
-never waits) does not. Every run applies the same number of gradients.
+averages atomically with a random ring neighbour, or its bipartite peer,
+once per gradient, just before applying it, as in the paper's Algorithm 1,
+and never waits) does not. Every run applies the same number of gradients.
 Reported: the average model's training loss against simulated time and
 against gradients, the time and the gradients to a target loss, the
 consensus distance, and the time the workers spent blocked.

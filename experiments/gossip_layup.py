@@ -43,7 +43,8 @@ SCALES = {
 
 
 def specs(config: dict[str, Any]) -> list[dict[str, Any]]:
-  base = {"paradigm": "ad_psgd", "topology": "ring", "layers": True}
+  # Averaging while the gradient computes ("read"), the schedule of gossip_acid and of these claims' first run.
+  base = {"paradigm": "ad_psgd", "topology": "ring", "average": "read", "layers": True}
   return [{"key": name, **base, "method": name} for name in config["methods"]]
 
 

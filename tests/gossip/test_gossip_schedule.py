@@ -126,21 +126,45 @@ def test_every_paradigm_is_seeded_saved_and_loaded(paradigm, tmp_path):
 
 
 @pytest.mark.parametrize("num", [8, 14])
-def test_ad_psgd_times_and_bipartite_peers_with_constant_durations(num):
-  # Compute 1 s, comm 0.25 s: worker m reads at j, averages at j + 0.25 (odd m, with its j-th even peer),
-  # applies at j + 1.
-  s = C.simulate_gossip(C.ad_psgd(), C.workers(num, compute="constant", comm=0.25), 40, seed=0)
+@pytest.mark.parametrize("average, offset", [("read", 0.25), ("completion", 0.0)])
+def test_ad_psgd_times_and_bipartite_peers_with_constant_durations(num, average, offset):
+  # Compute 1 s, comm 0.25 s: worker m reads at j, averages at j + 0.25 (odd m, with its j-th even peer; at
+  # j + 1, just before the apply, under "completion"), applies at j + 1.
+  s = C.simulate_gossip(C.ad_psgd(average=average), C.workers(num, compute="constant", comm=0.25), 40, seed=0)
   peers = dj.topology.bipartite_peers(num, 40)
   for m in range(num):
     np.testing.assert_allclose(s.time[(s.kind == R) & (s.worker == m)][:40], np.arange(40))
     np.testing.assert_allclose(s.time[(s.kind == G) & (s.worker == m)], np.arange(1, 41)[:len(
         s.time[(s.kind == G) & (s.worker == m)])])
   assert np.all(s.members[:, 0] % 2 == 1) and np.all(s.members[:, 1] % 2 == 0)
-  np.testing.assert_allclose(s.time[s.kind == X] % 1.0, 0.25)
+  np.testing.assert_allclose(s.time[s.kind == X] % 1.0, offset)
   for m in range(1, num, 2):
     mine = s.members[:, 0] == m
     np.testing.assert_array_equal(s.members[mine, 1], peers[:mine.sum(), m])
   np.testing.assert_allclose(s.weights, 0.5)
+
+
+@pytest.mark.parametrize("failures", [None, C.failures(drop=0.2)], ids=["reliable", "drops"])
+def test_ad_psgd_averages_just_before_the_apply_at_completion(failures):
+  # Every averaging is the event right before its initiator's GRAD, on the same second; under "read" it is comm
+  # seconds after the read instead. The reads and applies are the same for both points.
+  w = C.workers(6, compute="gamma", comm=0.3, speed=[1, 1, 1, 1, 1, 0.5])
+  at = {a: C.simulate_gossip(C.ad_psgd(dj.topology.ring(6), average=a), w, 30, seed=2, failures=failures)
+        for a in ("completion", "read")}
+  s = at["completion"]
+  e = np.flatnonzero(s.kind == X)
+  assert np.all(s.kind[e + 1] == G)
+  np.testing.assert_array_equal(s.worker[e + 1], s.members[s.mix[e], 0])
+  np.testing.assert_array_equal(s.time[e + 1], s.time[e])
+  if failures is None:   # on a ring every worker initiates: one averaging per applied gradient
+    assert s.num_mixes == s.num_gradients
+  r = at["read"]
+  reads = {m: r.time[(r.kind == R) & (r.worker == m)] for m in range(6)}
+  for k, t in zip(r.mix[r.kind == X], r.time[r.kind == X]):
+    initiator = r.members[k, 0]
+    assert np.any(np.isclose(reads[initiator] + 0.3, t, rtol=0, atol=1e-12))
+  np.testing.assert_array_equal(s.time[s.kind != X], r.time[r.kind != X])
+  np.testing.assert_array_equal(s.worker[s.kind != X], r.worker[r.kind != X])
 
 
 def test_ad_psgd_waits_for_a_slow_averaging():
@@ -226,6 +250,8 @@ def test_failure_arguments_are_checked():
     C.sgp(-1)
   with pytest.raises(ValueError, match="undirected"):
     C.ad_psgd(dj.topology.exponential(8, directed=True))
+  with pytest.raises(ValueError, match="average must be one of 'completion', 'read'; got 'apply'"):
+    C.ad_psgd(average="apply")
 
 
 @pytest.mark.parametrize("forward_only", [False, True])

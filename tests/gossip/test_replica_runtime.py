@@ -37,6 +37,8 @@ PARADIGMS = {
     "d_psgd_ring_failures": (lambda m: dj.cluster.d_psgd(dj.topology.ring(m)), dj.gossip.d_psgd,
                              lambda: dj.cluster.failures(drop=0.3)),
     "ad_psgd": (lambda m: dj.cluster.ad_psgd(), dj.gossip.ad_psgd, None),
+    # Averaging while the gradient computes: other events fall between a mix and its initiator's apply.
+    "ad_psgd_read": (lambda m: dj.cluster.ad_psgd(average="read"), dj.gossip.ad_psgd, None),
     # Arbitrary partners and late messages: the all-gather fallback.
     "sgp_overlap": (lambda m: dj.cluster.sgp(overlap=2), dj.gossip.sgp, None),
     "gossipgrad": (lambda m: dj.cluster.gossipgrad(seed=0), dj.gossip.gossip_grad, None),
