@@ -494,7 +494,7 @@ CASES = [
     ("d_psgd method on an sgp schedule", lambda: dj.gossip.check_method_schedule(dj.gossip.d_psgd(), SGP_SCHEDULE),
      ValueError, "method 'd_psgd' has no push-sum weight, so its mixes must average"),
     ("ad_psgd method on an sgp schedule", lambda: dj.gossip.check_method_schedule(dj.gossip.ad_psgd(), SGP_SCHEDULE),
-     ValueError, "paradigm 'sgp(overlap=0, forward_only=False)'"),
+     ValueError, "paradigm 'sgp(overlap=0, forward_only=False, receive=iteration)'"),
     ("dc_s3gd on gradient mixes only", lambda: dj.gossip.check_method_schedule(dj.gossip.dc_s3gd(),
                                                                                ALLREDUCE_SCHEDULE), ValueError,
      "method 'dc_s3gd' continues from its last mixed model"),

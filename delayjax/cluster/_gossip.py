@@ -720,19 +720,36 @@ class SGP(GossipParadigm):
      x_i \\leftarrow x_i - \\gamma\\, \\nabla F_i(z_i),\\quad z_i = x_i / w_i;\\qquad
      (x_i, w_i) \\leftarrow \\tfrac12 (x_i, w_i)\\ \\text{and send } \\tfrac12 (x_i, w_i)
      \\text{ to } j = \\text{peer}_k(i);\\qquad
-     (x_i, w_i) \\mathrel{+}= \\text{every message received}.
+     (x_i, w_i) \\mathrel{+}= \\text{the messages received (see ``receive``)}.
 
   Events: ``READ`` (the method reads ``x_i`` and ``w_i``), ``GRAD`` after
   ``compute`` seconds, then a one-member ``PARAMS`` mix with weight 1/2 (the
   halving: the sent message is the value right after it), the message
   arrives ``comm`` seconds later. Before starting iteration ``k + 1`` a node
-  adds every message that has arrived, each as a two-member mix
+  adds the messages that ``receive`` names, each as a two-member mix
   ``x_i <- x_i + x_j^{(sent)}`` (weights ``[[1, 1], [0, 0]]``, only ``i``
   receives, ``lag`` = the sender's changes since it sent); it must have
   received the messages of iterations ``<= k - overlap`` (it waits for them):
   ``overlap = 0`` is synchronous SGP, ``overlap = tau`` lets messages be up to
-  ``tau`` iterations late. The method mixes the push-sum weight ``w`` with
-  the same weights and lags as ``x``. Peers: ``dj.topology.one_peer_exponential``
+  ``tau`` iterations late. ``receive`` does not change when a node starts an
+  iteration, only which arrived messages it adds then:
+
+  - ``"iteration"`` (default): the arrived messages sent at iterations
+    ``<= k``; one sent at a later iteration (by a faster in-peer) waits until
+    the node starts the iteration after it. With ``overlap = 0`` that is
+    exactly the in-peer's iteration-``k`` message, as in the paper's
+    Algorithm 1 (``x_i^{(k+1)}`` is made of the iteration-``k`` half-steps)
+    and in the reference code (``gossip_sgd.py`` without ``--overlap``: a
+    blocking receive from the round's in-peer before the next forward pass);
+    with ``overlap > 0`` every message is added between 0 and ``overlap``
+    iterations late, never before the iteration after it was sent.
+  - ``"arrived"``: every message that has arrived, including one sent at a
+    later iteration than the node's (added early, which neither the paper's
+    Algorithm 1 nor the reference code does). Both conserve the push-sum
+    mass; this was the schedule's only timing before ``receive`` existed.
+
+  The method mixes the push-sum weight ``w`` with the same weights and lags
+  as ``x``. Peers: ``dj.topology.one_peer_exponential``
   (``facebookresearch/stochastic_gradient_push``: ``DynamicDirectedExponentialGraph``,
   the graph of its SGP experiment scripts, or with ``forward_only``
   ``NPeerDynamicDirectedExponentialGraph``, the default of ``gossip_sgd.py``;
@@ -748,6 +765,7 @@ class SGP(GossipParadigm):
 
   overlap: int = 0
   forward_only: bool = False
+  receive: str = "iteration"
   _name = "sgp"
 
   def check(self, num_workers: int) -> None:
@@ -795,12 +813,18 @@ def ad_psgd(topology: topo.Topology | None = None, average: str = "completion") 
   return ADPSGD(topology, check_choice("average", average, _AVERAGING_POINTS))
 
 
-def sgp(overlap: int = 0, forward_only: bool = False) -> SGP:
+_RECEIVE_TIMINGS = ("iteration", "arrived")
+
+
+def sgp(overlap: int = 0, forward_only: bool = False, receive: str = "iteration") -> SGP:
   """Stochastic Gradient Push with ``overlap``-iteration late messages (see :class:`SGP`); ``forward_only``
-  picks the peers ``i + 2^k`` instead of ``i +- 2^k`` (``dj.topology.one_peer_exponential``)."""
+  picks the peers ``i + 2^k`` instead of ``i +- 2^k`` (``dj.topology.one_peer_exponential``); ``receive`` is
+  which arrived messages a node adds before its iteration ``k + 1``: ``"iteration"`` those sent at iterations
+  ``<= k`` (the paper's and the reference code's), ``"arrived"`` all of them."""
   if not isinstance(forward_only, bool):
     raise TypeError(f"forward_only must be a bool, got {forward_only!r}.")
-  return SGP(check_int("overlap", overlap, minimum=0), forward_only)
+  return SGP(check_int("overlap", overlap, minimum=0), forward_only, check_choice("receive", receive,
+                                                                                   _RECEIVE_TIMINGS))
 
 
 def gossipgrad(seed: int | None = None) -> GossipGraD:
@@ -1049,11 +1073,18 @@ def _sgp_engine(paradigm: SGP, workers: Workers, times: _Durations, total: int) 
       waiting[m] = True
       return
     waiting[m] = False
-    for _, k, sender in sorted(inbox[m]):
+    # Under "iteration" a message sent at a later iteration than the one m has finished stays in the inbox.
+    last = iteration[m] - 1 if paradigm.receive == "iteration" else None
+    held = []
+    for message in sorted(inbox[m]):
+      _, k, sender = message
+      if last is not None and k > last:
+        held.append(message)
+        continue
       b.mix(t, (m, sender), ((1.0, 1.0), (0.0, 0.0)), receives=(True, False),
             lag=(0, version[sender] - sent_version.pop((sender, k))))
       version[m] += 1
-    inbox[m].clear()
+    inbox[m] = held
     start(m, t)
 
   for m in range(num):

@@ -68,15 +68,16 @@ def test_ad_psgd_pairwise_averaging_keeps_the_average(topology):
   assert np.ptp(out["x"], axis=0).max() < 1e-2 * np.ptp(x0, axis=0).max()   # and reaches consensus
 
 
+@pytest.mark.parametrize("receive", ["iteration", "arrived"])
 @pytest.mark.parametrize("overlap", [0, 1, 3])
-def test_sgp_conserves_push_sum_mass_with_late_messages(overlap):
+def test_sgp_conserves_push_sum_mass_with_late_messages(overlap, receive):
   # Constant per-replica gradients g_i: sum_i x_i plus the messages still in flight changes only by the applied
   # gradients. A lag pointing at the wrong version (before or after a GRAD, halving or receive) breaks it.
   num, dim = 6, 2
   rng = np.random.default_rng(overlap)
   g, x0 = rng.normal(size=(num, dim)), rng.normal(size=(num, dim))
   w = C.workers(num, compute="exponential", comm=C.exponential(1.5))
-  s = C.simulate_gossip(C.sgp(overlap), w, 30, seed=5)
+  s = C.simulate_gossip(C.sgp(overlap, receive=receive), w, 30, seed=5)
   assert s.max_lag > 0
   out = ref.run(s, lambda z, i, j: g[i], x0, lr=0.1, push_sum=True, record=True)
   received = set()

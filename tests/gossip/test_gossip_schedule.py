@@ -252,6 +252,8 @@ def test_failure_arguments_are_checked():
     C.ad_psgd(dj.topology.exponential(8, directed=True))
   with pytest.raises(ValueError, match="average must be one of 'completion', 'read'; got 'apply'"):
     C.ad_psgd(average="apply")
+  with pytest.raises(ValueError, match="receive must be one of 'iteration', 'arrived'; got 'all'"):
+    C.sgp(receive="all")
 
 
 @pytest.mark.parametrize("forward_only", [False, True])
@@ -288,3 +290,47 @@ def test_async_gradients_take_the_cluster_durations():
     n = min(durations.size, theirs.size)
     assert n >= 15
     np.testing.assert_allclose(durations[:n], theirs[:n], rtol=1e-12)
+
+
+def _sgp_receives(s):
+  """For each receive of an SGP schedule, in order: (event, receiver, sender, the sender's iteration that sent it,
+  the receiver's iteration about to start)."""
+  versions = s.mix_versions()
+  mix_events = np.flatnonzero(s.kind == X)
+  halvings = np.flatnonzero(s.members[:, 1] < 0)
+  sent_at = {}   # (sender, its version right after the halving) -> the sender's iteration
+  for m in range(s.num_workers):
+    for it, k in enumerate(halvings[s.members[halvings, 0] == m]):
+      sent_at[(m, versions[k, 0] + 1)] = it
+  out = []
+  for k in np.flatnonzero(s.members[:, 1] >= 0):
+    e, receiver, sender = mix_events[k], s.members[k, 0], s.members[k, 1]
+    starting = int(np.sum((s.kind[:e] == R) & (s.worker[:e] == receiver)))
+    out.append((e, receiver, sender, sent_at[(sender, versions[k, 1] - s.lag[k, 1])], starting))
+  return out
+
+
+@pytest.mark.parametrize("overlap", [0, 2])
+def test_sgp_receive_iteration_adds_no_message_before_the_iteration_after_its_own(overlap):
+  # One node 4x slower: its out-peers run ahead, and a message sent at their iteration k can arrive before the
+  # receiver has finished its own iteration k. "iteration" (Assran et al.'s Algorithm 1, the reference code)
+  # holds it until the receiver starts iteration k + 1; "arrived" adds it at once. Same start times for both.
+  num = 8
+  w = C.workers(num, compute="exponential", comm=C.exponential(0.5), speed=[1] * 7 + [0.25])
+  paper = C.simulate_gossip(C.sgp(overlap), w, 30, seed=1)
+  arrived = C.simulate_gossip(C.sgp(overlap, receive="arrived"), w, 30, seed=1)
+  np.testing.assert_array_equal(paper.time[paper.kind != X], arrived.time[arrived.kind != X])
+  np.testing.assert_array_equal(paper.worker[paper.kind != X], arrived.worker[arrived.kind != X])
+  got = _sgp_receives(paper)
+  # A message of iteration k is added before iteration k + 1 + d, 0 <= d <= overlap.
+  assert all(k + 1 <= starting <= k + 1 + overlap for _, _, _, k, starting in got)
+  early = [k >= starting for _, _, _, k, starting in _sgp_receives(arrived)]
+  assert sum(early) > 0.1 * len(early)
+  if overlap == 0:
+    # Exactly the in-peer's iteration-k message, each time, as the reference's blocking receive.
+    peers = dj.topology.one_peer_exponential(num, 40)
+    for _, receiver, sender, k, starting in got:
+      assert starting == k + 1 and peers[k, sender] == receiver
+    for m in range(num):
+      mine = [k for _, r, _, k, _ in got if r == m]
+      assert mine == list(range(len(mine)))
