@@ -218,12 +218,15 @@ def test_every_method_and_paradigm_pair_is_accepted_exactly_when_the_mixes_suit_
 
 def test_a_method_without_a_weight_on_an_sgp_schedule_drifts_apart_and_is_refused():
   """The case of the issue: AD-PSGD's rule on a short SGP schedule, learning rate 0, identical replicas."""
-  schedule = dj.cluster.simulate_gossip(dj.cluster.sgp(), dj.cluster.workers(4, seed=0), num_steps=6, seed=1)
+  # The issue's schedule, whose nodes add every arrived message ("arrived"): early messages push one above 1.4.
+  schedule = dj.cluster.simulate_gossip(dj.cluster.sgp(receive="arrived"), dj.cluster.workers(4, seed=0),
+                                        num_steps=6, seed=1)
   at_rest = _mixed_at_rest(schedule, False)
   assert at_rest.min() < 0.6 and at_rest.max() > 1.4
   np.testing.assert_allclose(_mixed_at_rest(schedule, True), np.ones(4), rtol=1e-12)
   with pytest.raises(ValueError, match=r"method 'ad_psgd' has no push-sum weight, so its mixes must average .*"
-                                       r"paradigm 'sgp\(overlap=0, forward_only=False\)'.* summing to 0\.5"):
+                                       r"paradigm 'sgp\(overlap=0, forward_only=False, receive=arrived\)'.* "
+                                       r"summing to 0\.5"):
     dj.gossip.check_method_schedule(dj.gossip.ad_psgd(), schedule)
 
 
