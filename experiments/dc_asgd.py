@@ -15,7 +15,7 @@ The worker schedules come from ``dj.cluster.simulate`` (gamma-distributed
 compute times, mean 1 s) and are replayed exactly by ``dj.simulate``, which
 hands each update its staleness, stale parameters and worker.
 
-    python -m experiments run dc_asgd --jobs 2            # quick: MLP on digits, 54 runs, about 2 minutes on 2 cores
+    python -m experiments run dc_asgd                     # quick: MLP on digits, 54 runs, 48 s on 2 cores
     python -m experiments run dc_asgd --scale paper --data-dir ~/data    # ResNet-20, CIFAR-10, GPU
 """
 
@@ -39,7 +39,7 @@ from experiments._training import learning_rate, shared_chunk_size, simulate_rec
 # Six seeds: a diverged run counts as infinitely bad, which a sign test decides, and 6 of 6 seeds is the
 # fewest that reaches one-sided p <= 0.025. The claims about optimization compare final training losses (the
 # test error is in the table). Measured on seeds 0-5 (experiments/results/dc_asgd_quick.md): DC-ASGD-a minus
-# ASGD is -1.83 [-2.25, -1.42] at M = 32 but -0.079 [-0.163, +0.004] at M = 16, so "at every M" stays
+# ASGD is -1.83 [-2.25, -1.41] at M = 32 but -0.088 [-0.178, +0.003] at M = 16, so "at every M" stays
 # inconclusive, by the M = 16 interval's upper end.
 # DC-ASGD-c's lambda: MXNet's 0.04 (tried first) is about 20,000x weaker than DC-ASGD-a's effective
 # coefficient lambda0 / sqrt(MS) on this data (measured at M = 16: 10%, 50%, 90% quantiles about 180, 830,
