@@ -11,7 +11,9 @@ the overlapped steps see a stand-in for the late global fragment: the worker's
 own outer gradient, stepped by its own copy of the outer optimizer. Against
 them: asynchronous Local-SGD with delayed Nesterov momentum (Liu et al. 2024;
 ASP, ``dj.delayed_nesterov``). Every run takes the same number of inner steps
-per worker.
+per worker. There is no DyLU arm (``async_local_sgd`` has one): the workers
+here are equally fast, where DyLU gives every worker the same local steps and
+its run is the delayed-Nesterov one; the comparison needs unequal speeds.
 
 Claims written before the runs: two fragments without overlap lose at most
 0.05 nats to DiLoCo; an overlap of one inner step with alpha = 0.5 costs at
