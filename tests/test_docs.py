@@ -111,7 +111,7 @@ class _Page(html.parser.HTMLParser):
 
   def __init__(self):
     super().__init__()
-    self.ids, self.links, self.text, self.math = set(), [], [], 0
+    self.ids, self.links, self.text, self.math, self.images = set(), [], [], 0, []
 
   def handle_starttag(self, tag, attrs):
     attrs = dict(attrs)
@@ -119,6 +119,8 @@ class _Page(html.parser.HTMLParser):
       self.ids.add(attrs["id"])
     if tag == "a" and attrs.get("href"):
       self.links.append(attrs["href"])
+    if tag == "img" and attrs.get("src"):
+      self.images.append(attrs["src"])
     if tag in ("span", "div") and "math" in (attrs.get("class") or "").split():
       self.math += 1
 
@@ -184,7 +186,7 @@ def test_every_internal_link_resolves(site):
 @pytest.mark.slow
 def test_the_gallery_shows_every_reproduction_with_its_recorded_claims(site):
   html_dir, _, _ = site
-  from delayjax_gallery import recorded_claims
+  from delayjax_gallery import recorded_claims, recorded_plots
 
   from experiments import _registry
 
@@ -192,9 +194,17 @@ def test_the_gallery_shows_every_reproduction_with_its_recorded_claims(site):
   index = _parse(html_dir / "gallery" / "index.html")
   for name in _registry.NAMES:
     assert f"{name}.html" in index.links, name
-    text = re.sub(r"\s+", " ", "".join(_parse(html_dir / "gallery" / f"{name}.html").text))
+    page = _parse(html_dir / "gallery" / f"{name}.html")
+    text = re.sub(r"\s+", " ", "".join(page.text))
     assert f"python -m experiments run {name}" in text
-    assert f"results/{name}/quick/*.png" in text  # where the run's plots are (the repository keeps none)
+    assert f"results/{name}/quick/*.png" in text  # where a run writes its own plots
+    # The recorded run's plots, each shown from a file the build wrote.
+    recorded = recorded_plots(name)
+    assert not rows.get(name) or recorded, f"{name}: recorded claims without the run's plots"
+    shown = [src for src in page.images if src.endswith(".png")]
+    assert len(shown) == len(recorded), (name, shown, recorded)
+    for src in shown:
+      assert os.path.getsize(os.path.join(html_dir / "gallery", src)) > 1000, src
     for row in rows.get(name, []):
       # Each recorded claim with its verdict and interval, as experiments/results/claims_quick.md has it.
       statement = re.sub(r"[`*]", "", row[1])

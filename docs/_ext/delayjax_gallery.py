@@ -3,8 +3,9 @@
 One page per name of ``experiments._registry.NAMES``: the paper, what is reproduced, the commands, the quick
 scale's settings, the paper's claims as the module states them, the verdicts of the last recorded full run
 (``experiments/results/claims_quick.md``, with their intervals and seeds) and the paper's own numbers
-(``REPRODUCTION.paper_numbers``), and where a run writes its plots. The pages are written into ``docs/gallery/``
-(ignored by git) before Sphinx reads the sources.
+(``REPRODUCTION.paper_numbers``), the plots of that recorded run (``experiments/results/plots_quick/NAME/``, copied
+beside the page) and where a run writes its own. The pages are written into ``docs/gallery/`` (ignored by git)
+before Sphinx reads the sources.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ import importlib
 import json
 import os
 import re
+import shutil
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.dirname(HERE)
 CLAIMS = os.path.join(ROOT, "experiments", "results", "claims_quick.md")
+PLOTS = os.path.join(ROOT, "experiments", "results", "plots_quick")
 OUT = os.path.join(HERE, "gallery")
 
 
@@ -102,11 +105,22 @@ def page(name: str, rows: list[list[str]], run_note: str) -> str:
     for key, values in repro.paper_numbers.items():
       lines += [f"| `{key}` | " + " | ".join(_cell(values.get(c, "")) for c in columns) + " |"]
     lines += [""]
-  # No plot is committed (binaries that a rerun would make stale), so the page says where a run draws its own.
-  lines += ["## Plots", "",
-            f"The repository keeps no plots. `python -m experiments run {name}` draws them from the run's own numbers "
-            f"and writes them as `results/{name}/quick/*.png`, beside `results.csv`.", ""]
+  lines += ["## Plots", ""]
+  plots = recorded_plots(name)
+  if plots:
+    lines += ["From the recorded full run whose verdicts are above (`experiments/results/plots_quick/"
+              f"{name}/`):", ""]
+    lines += [f"![{name}: {os.path.splitext(plot)[0]}]({name}/{plot})" for plot in plots]
+    lines += [""]
+  lines += [f"`python -m experiments run {name}` draws them from the run's own numbers and writes them as "
+            f"`results/{name}/quick/*.png`, beside `results.csv`.", ""]
   return "\n".join(lines)
+
+
+def recorded_plots(name: str) -> list[str]:
+  """The PNG files the recorded full run drew for ``name`` (``experiments/results/plots_quick/NAME/``), sorted."""
+  folder = os.path.join(PLOTS, name)
+  return sorted(p for p in os.listdir(folder) if p.endswith(".png")) if os.path.isdir(folder) else []
 
 
 def write_gallery(out: str = OUT) -> list[str]:
@@ -123,6 +137,11 @@ def write_gallery(out: str = OUT) -> list[str]:
       os.remove(os.path.join(out, stale))
   for name in names:
     _write(os.path.join(out, f"{name}.md"), page(name, rows.get(name, []), run_note))
+    # The recorded plots beside the page, so that its images are inside the documentation's sources.
+    shutil.rmtree(os.path.join(out, name), ignore_errors=True)
+    for plot in recorded_plots(name):
+      os.makedirs(os.path.join(out, name), exist_ok=True)
+      shutil.copyfile(os.path.join(PLOTS, name, plot), os.path.join(out, name, plot))
   index = ["# Reproductions gallery", "",
            "Each reproduction is one module of `experiments/` in a checkout of the repository (the wheel ships "
            "only `delayjax`). `python -m experiments list` names them, and `python -m experiments run NAME` "
