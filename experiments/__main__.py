@@ -33,7 +33,7 @@ import tempfile
 import threading
 from typing import Any
 
-from experiments import _datasets, _framework, _registry
+from . import _datasets, _framework, _registry
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -96,7 +96,7 @@ def _is_the_program() -> bool:
   """Whether this process is ``python -m experiments`` or ``python -m experiments.NAME`` (not a caller of
   :func:`main`, such as a test or a notebook)."""
   spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-  return spec is not None and (spec.name or "").startswith("experiments.")
+  return spec is not None and (spec.name or "").startswith(f"{__package__}.")
 
 
 def _leave_now(status: int) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.data import Split
+from .data import Split
 
 ENV = "DELAYJAX_DATA"
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"

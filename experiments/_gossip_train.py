@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 import delayjax as dj
-from experiments._framework import mean_rows
+from ._framework import mean_rows
 
 C = dj.cluster
 
@@ -46,7 +46,7 @@ def digits_task(num_workers: int, shards: str = "iid") -> GossipTask:
   """The digits split (built once per arguments), with ``shards="iid"`` (every replica samples the whole training set) or ``"label"``
   (training examples sorted by label and cut into ``M`` contiguous shards: each replica sees one or two classes,
   the heterogeneous setting where gossip's consensus matters most)."""
-  from experiments.data import digits
+  from .data import digits
 
   if (num_workers, shards) in _TASKS:
     return _TASKS[num_workers, shards]
@@ -251,7 +251,7 @@ def run_replica_runtime(task: GossipTask, schedule: C.GossipSchedule, paradigm: 
 
 def time_to(record: dict[str, Any], target: float, x: str = "time") -> float | None:
   """The first ``x`` (simulated seconds or gradients) at which the average model's loss is ``<= target``."""
-  from experiments._training import first_reach
+  from ._training import first_reach
 
   reach = first_reach(record["curves"][x], record["curves"]["loss"], target)
   return reach if np.isfinite(reach) else None
@@ -347,7 +347,7 @@ def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict
   The consensus plot (log scale) leaves out all-reduce, whose replicas are equal, and the start, where all
   replicas are equal too.
   """
-  from experiments import _plots
+  from . import _plots
 
   del config, rows
   gossip = [{**r, "curves": {k: v[1:] for k, v in r["curves"].items()}} for r in records

@@ -115,7 +115,7 @@ def mean_interval(mean: float, std: float, n: int, bounds: tuple[float | None, f
   if n < 2 or not np.isfinite(std) or not np.isfinite(mean):
     low = high = mean
   else:
-    from experiments._framework import t_quantile
+    from ._framework import t_quantile
 
     half = t_quantile(confidence, n - 1) * std * np.sqrt(n / (n - 1)) / np.sqrt(n)
     low, high = mean - half, mean + half

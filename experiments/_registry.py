@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from experiments._framework import Reproduction
+from ._framework import Reproduction
 
 # In the order of the issue's list; the flagship first.
 NAMES = (
@@ -45,7 +45,7 @@ def get(name: str) -> Reproduction:
   """The reproduction called ``name``; a ``ValueError`` lists the known names otherwise."""
   if name not in NAMES:
     raise ValueError(f"unknown reproduction {name!r}; known: {', '.join(NAMES)} (python -m experiments list).")
-  return importlib.import_module(f"experiments.{name}").REPRODUCTION
+  return importlib.import_module(f"{__package__}.{name}").REPRODUCTION
 
 
 def all_reproductions() -> list[Reproduction]:

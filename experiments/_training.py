@@ -16,7 +16,7 @@ import numpy as np
 import optax
 
 import delayjax as dj
-from experiments._framework import Progress
+from ._framework import Progress
 
 
 class Task(NamedTuple):
@@ -151,7 +151,7 @@ def first_reach(x: Any, y: Any, target: float) -> float:
 
 
 def digits_split() -> Any:
-  from experiments.data import digits
+  from .data import digits
 
   return digits()
 
@@ -175,9 +175,9 @@ def task_for(config: dict[str, Any]) -> Task:
   noise = float(config.get("label_noise", 0.0))
   key = (config["data"], config["model"], hidden, config.get("data_dir"), noise)
   if key not in _TASKS:
-    from experiments import _datasets
-    from experiments.data import Split
-    from experiments.delayed_digits import init_mlp, mlp
+    from . import _datasets
+    from .data import Split
+    from .delayed_digits import init_mlp, mlp
 
     if config["data"] == "digits":
       split = digits_split()
@@ -197,7 +197,7 @@ def task_for(config: dict[str, Any]) -> Task:
       sizes = (split.x_train.shape[1],) + hidden + (10,)
       task = classification_task(split, mlp, lambda k: init_mlp(k, sizes), eval_batch=1000)
     elif config["model"] == "resnet20":
-      from experiments._models import resnet20
+      from ._models import resnet20
 
       init, apply = resnet20()
       task = classification_task(split, apply, init, eval_batch=500)

@@ -31,11 +31,11 @@ import numpy as np
 import optax
 
 import delayjax as dj
-from experiments import _plots
-from experiments._datasets import markov_corpus
-from experiments._framework import Claim, ClaimResult, Comparison, Reproduction, Summary, mean_rows, paired
-from experiments._models import transformer_lm
-from experiments._training import Task, shared_chunk_size, simulate_record, within_time
+from . import _plots
+from ._datasets import markov_corpus
+from ._framework import Claim, ClaimResult, Comparison, Reproduction, Summary, mean_rows, paired
+from ._models import transformer_lm
+from ._training import Task, shared_chunk_size, simulate_record, within_time
 
 SCALES = {
     "quick": dict(vocab=16, corpus_tokens=40_000, seq_len=32, width=64, depth=1, heads=4, time_budget=100.0,
@@ -181,7 +181,7 @@ REPRODUCTION = Reproduction(
 
 def main(argv: list[str] | None = None) -> int:
   """Runs this reproduction with the CLI's options (``python -m experiments.NAME --help``)."""
-  from experiments.__main__ import run_one
+  from .__main__ import run_one
 
   return run_one(REPRODUCTION.name, argv)
 

@@ -25,9 +25,9 @@ import numpy as np
 import optax
 
 import delayjax as dj
-from experiments import _plots
-from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, paired
-from experiments._training import simulate_record, task_for, with_time_to_target, within_time
+from . import _plots
+from ._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, paired
+from ._training import simulate_record, task_for, with_time_to_target, within_time
 
 # Config: outer lr 0.7, momentum 0.9 (the defaults seen for delayed Nesterov); N = number of workers.
 SCALES = {
@@ -132,7 +132,7 @@ REPRODUCTION = Reproduction(
 
 def main(argv: list[str] | None = None) -> int:
   """Runs this reproduction with the CLI's options (``python -m experiments.NAME --help``)."""
-  from experiments.__main__ import run_one
+  from .__main__ import run_one
 
   return run_one(REPRODUCTION.name, argv)
 

@@ -29,8 +29,8 @@ import numpy as np
 import optax
 
 import delayjax as dj
-from experiments import _plots
-from experiments._framework import (COUNT, POSITIVE, Claim, ClaimResult, Reproduction, Summary, across_seeds,
+from . import _plots
+from ._framework import (COUNT, POSITIVE, Claim, ClaimResult, Reproduction, Summary, across_seeds,
                                     compare, mean_rows, paired, seed_values)
 
 # Config. Tabular softmax policy on 8 contexts x 4 actions; each contribution answers `prompts` prompts with
@@ -247,7 +247,7 @@ REPRODUCTION = Reproduction(
 
 def main(argv: list[str] | None = None) -> int:
   """Runs this reproduction with the CLI's options (``python -m experiments.NAME --help``)."""
-  from experiments.__main__ import run_one
+  from .__main__ import run_one
 
   return run_one(REPRODUCTION.name, argv)
 

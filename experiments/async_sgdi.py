@@ -36,10 +36,10 @@ import numpy as np
 import optax
 
 import delayjax as dj
-from experiments import _plots
-from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, paired
-from experiments._training import Task, digits_split, simulate_record
-from experiments.delayed_digits import init_mlp, mlp
+from . import _plots
+from ._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, paired
+from ._training import Task, digits_split, simulate_record
+from .delayed_digits import init_mlp, mlp
 
 SCALES = {
     "quick": dict(data="digits", hidden=32, steps=1200, batch=4, lr=0.05, alpha=1.5, max_delay=200,
@@ -144,7 +144,7 @@ REPRODUCTION = Reproduction(
 
 def main(argv: list[str] | None = None) -> int:
   """Runs this reproduction with the CLI's options (``python -m experiments.NAME --help``)."""
-  from experiments.__main__ import run_one
+  from .__main__ import run_one
 
   return run_one(REPRODUCTION.name, argv)
 

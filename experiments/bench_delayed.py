@@ -23,9 +23,9 @@ import jax.numpy as jnp
 import optax
 
 import delayjax as dj
-from experiments._bench import add_out_argument, best_times, publish
-from experiments.data import digits
-from experiments.delayed_digits import init_mlp, loss_fn
+from ._bench import add_out_argument, best_times, publish
+from .data import digits
+from .delayed_digits import init_mlp, loss_fn
 
 
 def variants():

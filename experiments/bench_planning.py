@@ -62,7 +62,7 @@ import delayjax as dj
 from delayjax.cluster._schedule import Schedule
 from delayjax.runtime._replica_plan import make_plan
 from delayjax.runtime._waves import plan_steps
-from experiments._bench import add_out_argument, publish
+from ._bench import add_out_argument, publish
 
 PARADIGMS = {
     "asp": lambda m: dj.cluster.asp(),

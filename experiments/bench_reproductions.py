@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 
-from experiments._bench import add_out_argument, publish
+from ._bench import add_out_argument, publish
 
 NAMES = ("gossip_adpsgd", "gossip_topology", "gossip_failures")
 RUNTIMES = ("numpy", "dj")
@@ -36,7 +36,7 @@ def time_runs(name: str, runtime: str, seeds: int, out: str) -> float:
   """Seconds the runs of ``name`` on ``runtime`` took in a fresh process (the CLI's own figure)."""
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
-  done = subprocess.run([sys.executable, "-m", "experiments", "run", name, "--set", f"runtime={runtime}",
+  done = subprocess.run([sys.executable, "-m", __package__, "run", name, "--set", f"runtime={runtime}",
                          "--seeds", str(seeds), "--out", out, "--no-plot"], env=env, capture_output=True, text=True)
   if done.returncode != 0:
     raise RuntimeError(f"{name} on {runtime} failed:\n{done.stderr[-2000:]}")

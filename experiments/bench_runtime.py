@@ -40,7 +40,7 @@ import numpy as np
 import optax
 
 import delayjax as dj
-from experiments._bench import add_out_argument, best_times, publish
+from ._bench import add_out_argument, best_times, publish
 
 BATCH = 32
 
@@ -501,7 +501,7 @@ def main(argv=None):
 
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
   env["PYTHONPATH"] = os.pathsep.join([os.getcwd()] + [p for p in sys.path if p])
-  proc = subprocess.Popen([sys.executable, "-m", "experiments.bench_runtime", "--child", json.dumps(configs)],
+  proc = subprocess.Popen([sys.executable, "-m", f"{__package__}.bench_runtime", "--child", json.dumps(configs)],
                           env=env, stdout=subprocess.PIPE, text=True)
   eight_out, _ = proc.communicate()  # run first, alone, so the two do not share the CPUs
   eight = {tuple(r["key"]): r for r in map(json.loads, eight_out.splitlines()) if r}

@@ -42,8 +42,8 @@ from jax.sharding import AxisType, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import delayjax as dj  # noqa: E402
-from experiments._bench import add_out_argument, best_times, publish  # noqa: E402
-from experiments._models import transformer_lm  # noqa: E402
+from ._bench import add_out_argument, best_times, publish  # noqa: E402
+from ._models import transformer_lm  # noqa: E402
 
 
 def fsdp_spec(shape: tuple[int, ...], size: int) -> P:

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import optax
 
 import delayjax as dj
-from experiments._bench import add_out_argument, best_times, publish
+from ._bench import add_out_argument, best_times, publish
 
 DIM = 200
 WORKERS, PARAMS = 64, 50_000

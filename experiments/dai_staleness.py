@@ -28,10 +28,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from experiments import _plots
-from experiments._framework import (Claim, ClaimResult, Reproduction, Summary, across_seeds, compare, mean_rows,
+from . import _plots
+from ._framework import (Claim, ClaimResult, Reproduction, Summary, across_seeds, compare, mean_rows,
                                     seed_values)
-from experiments._training import first_reach, task_for
+from ._training import first_reach, task_for
 
 # Config: one learning rate per optimizer, the usual defaults for each.
 SCALES = {
@@ -261,7 +261,7 @@ REPRODUCTION = Reproduction(
 
 def main(argv: list[str] | None = None) -> int:
   """Runs this reproduction with the CLI's options (``python -m experiments.NAME --help``)."""
-  from experiments.__main__ import run_one
+  from .__main__ import run_one
 
   return run_one(REPRODUCTION.name, argv)
 

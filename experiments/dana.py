@@ -28,10 +28,10 @@ import numpy as np
 import optax
 
 import delayjax as dj
-from experiments import _plots
-from experiments._framework import (Claim, ClaimResult, Reproduction, Summary, compare, log_or_inf, mean_rows,
+from . import _plots
+from ._framework import (Claim, ClaimResult, Reproduction, Summary, compare, log_or_inf, mean_rows,
                                     paired, seed_values)
-from experiments._training import simulate_record, task_for
+from ._training import simulate_record, task_for
 
 SCALES = {
     "quick": dict(data="digits", model="mlp", hidden=128, steps=1000, batch=32, lr=0.01, momentum=0.9,
@@ -167,7 +167,7 @@ REPRODUCTION = Reproduction(
 
 def main(argv: list[str] | None = None) -> int:
   """Runs this reproduction with the CLI's options (``python -m experiments.NAME --help``)."""
-  from experiments.__main__ import run_one
+  from .__main__ import run_one
 
   return run_one(REPRODUCTION.name, argv)
 

@@ -26,9 +26,9 @@ from typing import Any
 import optax
 
 import delayjax as dj
-from experiments import _plots
-from experiments._framework import Claim, ClaimResult, Comparison, Reproduction, Summary, mean_rows, paired
-from experiments._training import learning_rate, shared_chunk_size, simulate_record, task_for
+from . import _plots
+from ._framework import Claim, ClaimResult, Comparison, Reproduction, Summary, mean_rows, paired
+from ._training import learning_rate, shared_chunk_size, simulate_record, task_for
 
 # Config. quick: where staleness costs an MLP on digits within 1000 gradients (lr 0.1, momentum 0.5), at M = 16
 # and 32. The paper's claim is about M where ASGD is hurt, so both M are such M: at M = 4 every asynchronous run
@@ -182,7 +182,7 @@ REPRODUCTION = Reproduction(
 
 def main(argv: list[str] | None = None) -> int:
   """Runs this reproduction with the CLI's options (``python -m experiments.NAME --help``)."""
-  from experiments.__main__ import run_one
+  from .__main__ import run_one
 
   return run_one(REPRODUCTION.name, argv)
 

@@ -24,10 +24,10 @@ import numpy as np
 import optax
 
 import delayjax as dj
-from experiments import _plots
-from experiments._framework import (Claim, ClaimResult, Reproduction, Summary, compare, log_or_inf, mean_rows,
+from . import _plots
+from ._framework import (Claim, ClaimResult, Reproduction, Summary, compare, log_or_inf, mean_rows,
                                     seed_values)
-from experiments._training import simulate_record, task_for
+from ._training import simulate_record, task_for
 
 # Config: gamma' and alpha' are the same for every method; "fixed-worst" derives its step from the trace.
 # alpha' is not a multiple of gamma': otherwise every window sum is one too, and the two policies coincide.
@@ -134,7 +134,7 @@ REPRODUCTION = Reproduction(
 
 def main(argv: list[str] | None = None) -> int:
   """Runs this reproduction with the CLI's options (``python -m experiments.NAME --help``)."""
-  from experiments.__main__ import run_one
+  from .__main__ import run_one
 
   return run_one(REPRODUCTION.name, argv)
 

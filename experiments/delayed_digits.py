@@ -32,7 +32,7 @@ import numpy as np
 import optax
 
 import delayjax as dj
-from experiments.data import digits
+from .data import digits
 
 # Config: the defaults finish in about a minute on 2 CPU cores.
 DELAYS = (0, 4, 8, 16)

@@ -18,9 +18,9 @@ from typing import Any
 import optax
 
 import delayjax as dj
-from experiments import _plots
-from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, paired
-from experiments._training import shared_chunk_size, simulate_record, task_for, with_time_to_target
+from . import _plots
+from ._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, paired
+from ._training import shared_chunk_size, simulate_record, task_for, with_time_to_target
 
 # Config: the paper's thresholds s_L = 3, s_U = 15; half the cluster is slower (0.8x and 0.6x). With a
 # 4x-slower worker the gap exceeds s_U almost always, and DSSP behaves like SSP (a first quick run showed it).
@@ -127,7 +127,7 @@ REPRODUCTION = Reproduction(
 
 def main(argv: list[str] | None = None) -> int:
   """Runs this reproduction with the CLI's options (``python -m experiments.NAME --help``)."""
-  from experiments.__main__ import run_one
+  from .__main__ import run_one
 
   return run_one(REPRODUCTION.name, argv)
 

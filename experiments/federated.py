@@ -25,9 +25,9 @@ import numpy as np
 import optax
 
 import delayjax as dj
-from experiments import _plots
-from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, paired
-from experiments._training import simulate_record, task_for, with_time_to_target, within_time
+from . import _plots
+from ._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, paired
+from ._training import simulate_record, task_for, with_time_to_target, within_time
 
 # Config: FedAsync's mixing 0.6 with the polynomial rule a = 0.5; FedBuff's K = 5 of 10 clients. Six seeds:
 # with two, FedAsync against FedAvg was one win each; six also let a sign test decide when a method never
@@ -136,7 +136,7 @@ REPRODUCTION = Reproduction(
 
 def main(argv: list[str] | None = None) -> int:
   """Runs this reproduction with the CLI's options (``python -m experiments.NAME --help``)."""
-  from experiments.__main__ import run_one
+  from .__main__ import run_one
 
   return run_one(REPRODUCTION.name, argv)
 

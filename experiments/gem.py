@@ -23,11 +23,11 @@ from typing import Any
 import optax
 
 import delayjax as dj
-from experiments import _plots
-from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, paired
-from experiments._training import shared_chunk_size, simulate_record, task_for
+from . import _plots
+from ._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, paired
+from ._training import shared_chunk_size, simulate_record, task_for
 # The workers of a method's rows and a paired training-loss comparison, as dc_asgd decides its claims.
-from experiments.dc_asgd import _loss, _ms
+from .dc_asgd import _loss, _ms
 
 # Config, fixed before the first run from the authors' script (lr 0.05, momentum 0.9, kappa 1) and the
 # dc_asgd reproduction's M = 16 and 32 (where staleness hurts an MLP on digits). Six seeds: a diverged run
@@ -126,7 +126,7 @@ REPRODUCTION = Reproduction(
 
 def main(argv: list[str] | None = None) -> int:
   """Runs this reproduction with the CLI's options (``python -m experiments.NAME --help``)."""
-  from experiments.__main__ import run_one
+  from .__main__ import run_one
 
   return run_one(REPRODUCTION.name, argv)
 

@@ -37,11 +37,11 @@ import numpy as np
 import optax
 
 import delayjax as dj
-from experiments import _plots
-from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, paired
-from experiments._training import Task, digits_split, simulate_record
-from experiments.data import Split
-from experiments.delayed_digits import init_mlp, mlp
+from . import _plots
+from ._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, paired
+from ._training import Task, digits_split, simulate_record
+from .data import Split
+from .delayed_digits import init_mlp, mlp
 
 SCALES = {
     "quick": dict(data="digits", n_train=300, hidden=[], steps=3000, batch=8, lr=0.1, taus=[0, 4, 16, 32],
@@ -147,7 +147,7 @@ REPRODUCTION = Reproduction(
 
 def main(argv: list[str] | None = None) -> int:
   """Runs this reproduction with the CLI's options (``python -m experiments.NAME --help``)."""
-  from experiments.__main__ import run_one
+  from .__main__ import run_one
 
   return run_one(REPRODUCTION.name, argv)
 

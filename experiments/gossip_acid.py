@@ -28,8 +28,8 @@ from __future__ import annotations
 from typing import Any
 
 import delayjax as dj
-from experiments import _gossip_train as gt
-from experiments._framework import Claim, ClaimResult, Reproduction, Summary, paired
+from . import _gossip_train as gt
+from ._framework import Claim, ClaimResult, Reproduction, Summary, paired
 
 # Seeds: 5 (were 3). A run's later seeds now reuse its compiled program (about 0.3 CPU s each), so the quick
 # scale affords 5; nothing else changed. Both claims held with 3 seeds (consensus over the run -0.5443 [-0.5725,
@@ -100,7 +100,7 @@ REPRODUCTION = Reproduction(
 
 def main(argv: list[str] | None = None) -> int:
   """Runs this reproduction with the CLI's options (``python -m experiments.NAME --help``)."""
-  from experiments.__main__ import run_one
+  from .__main__ import run_one
 
   return run_one(REPRODUCTION.name, argv)
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from experiments import _gossip_train as gt
-from experiments._framework import Claim, ClaimResult, Reproduction, Summary, paired
+from . import _gossip_train as gt
+from ._framework import Claim, ClaimResult, Reproduction, Summary, paired
 
 SCALES = {
     "quick": dict(speeds=[1.0] * 15 + [0.25], compute="exponential", comm=0.05, steps=200, batch=16, lr=0.5,
@@ -86,7 +86,7 @@ REPRODUCTION = Reproduction(
 
 def main(argv: list[str] | None = None) -> int:
   """Runs this reproduction with the CLI's options (``python -m experiments.NAME --help``)."""
-  from experiments.__main__ import run_one
+  from .__main__ import run_one
 
   return run_one(REPRODUCTION.name, argv)
 

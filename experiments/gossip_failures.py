@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from experiments import _gossip_train as gt
-from experiments._framework import Claim, ClaimResult, Reproduction, Summary, compare, paired, seed_values
+from . import _gossip_train as gt
+from ._framework import Claim, ClaimResult, Reproduction, Summary, compare, paired, seed_values
 
 SCALES = {
     "quick": dict(speeds=[1.0] * 16, compute="exponential", comm=0.05, steps=300, batch=16, lr=0.5,
@@ -80,7 +80,7 @@ REPRODUCTION = Reproduction(
 
 def main(argv: list[str] | None = None) -> int:
   """Runs this reproduction with the CLI's options (``python -m experiments.NAME --help``)."""
-  from experiments.__main__ import run_one
+  from .__main__ import run_one
 
   return run_one(REPRODUCTION.name, argv)
 

@@ -27,10 +27,10 @@ import numpy as np
 import optax
 
 import delayjax as dj
-from experiments import _plots
-from experiments._framework import (Claim, ClaimResult, Comparison, Reproduction, Summary, across_seeds, compare,
+from . import _plots
+from ._framework import (Claim, ClaimResult, Comparison, Reproduction, Summary, across_seeds, compare,
                                     log_or_inf, mean_rows, paired, seed_values)
-from experiments._training import shared_chunk_size, simulate_record, task_for, within_time
+from ._training import shared_chunk_size, simulate_record, task_for, within_time
 
 # Config: 8 workers, exponential compute times of mean 1 s; the paper's P = 8 on CIFAR-10.
 # quick: softmax regression on digits with 20% of the training labels randomized, so that constant-step SGD
@@ -210,7 +210,7 @@ REPRODUCTION = Reproduction(
 
 def main(argv: list[str] | None = None) -> int:
   """Runs this reproduction with the CLI's options (``python -m experiments.NAME --help``)."""
-  from experiments.__main__ import run_one
+  from .__main__ import run_one
 
   return run_one(REPRODUCTION.name, argv)
 

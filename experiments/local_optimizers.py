@@ -25,9 +25,9 @@ from typing import Any
 import optax
 
 import delayjax as dj
-from experiments import _plots
-from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, paired
-from experiments._training import shared_chunk_size, simulate_record, task_for, within_time
+from . import _plots
+from ._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, paired
+from ._training import shared_chunk_size, simulate_record, task_for, within_time
 
 
 def local_optimizers(optimizer: optax.GradientTransformation) -> tuple[optax.GradientTransformation,
@@ -125,7 +125,7 @@ REPRODUCTION = Reproduction(
 
 def main(argv: list[str] | None = None) -> int:
   """Runs this reproduction with the CLI's options (``python -m experiments.NAME --help``)."""
-  from experiments.__main__ import run_one
+  from .__main__ import run_one
 
   return run_one(REPRODUCTION.name, argv)
 

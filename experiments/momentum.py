@@ -20,10 +20,10 @@ import numpy as np
 import optax
 
 import delayjax as dj
-from experiments import _plots
-from experiments._framework import (Claim, ClaimResult, Reproduction, Summary, across_seeds, compare, mean_rows,
+from . import _plots
+from ._framework import (Claim, ClaimResult, Reproduction, Summary, across_seeds, compare, mean_rows,
                                     or_inf, seed_values)
-from experiments._training import simulate_record, task_for
+from ._training import simulate_record, task_for
 
 # Config: a small step, so that momentum matters; the grid reaches below zero. Quick: M = 1 and 16 (a first
 # run also had M = 4, whose best momentum tied with M = 1's), three seeds, the best momentum found per seed.
@@ -155,7 +155,7 @@ REPRODUCTION = Reproduction(
 
 def main(argv: list[str] | None = None) -> int:
   """Runs this reproduction with the CLI's options (``python -m experiments.NAME --help``)."""
-  from experiments.__main__ import run_one
+  from .__main__ import run_one
 
   return run_one(REPRODUCTION.name, argv)
 

@@ -38,10 +38,10 @@ from typing import Any
 import optax
 
 import delayjax as dj
-from experiments import _plots
-from experiments._framework import (Claim, ClaimResult, Reproduction, Summary, across_seeds, compare, mean_rows,
+from . import _plots
+from ._framework import (Claim, ClaimResult, Reproduction, Summary, across_seeds, compare, mean_rows,
                                     paired, seed_values)
-from experiments.pipeline_common import pipeline_record
+from .pipeline_common import pipeline_record
 
 # Config: the margins were fixed before the first run: throughput at least 95% of PipeDream's, loss within 10%
 # (relative) of vertical sync's and of GPipe's. The first quick run trained with SGD (lr 0.05, momentum 0.9, as
@@ -179,7 +179,7 @@ REPRODUCTION = Reproduction(
 
 def main(argv: list[str] | None = None) -> int:
   """Runs this reproduction with the CLI's options (``python -m experiments.NAME --help``)."""
-  from experiments.__main__ import run_one
+  from .__main__ import run_one
 
   return run_one(REPRODUCTION.name, argv)
 

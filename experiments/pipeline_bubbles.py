@@ -20,10 +20,10 @@ import numpy as np
 import optax
 
 import delayjax as dj
-from experiments import _plots
-from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, paired
-from experiments._training import first_reach
-from experiments.pipeline_common import pipeline_record
+from . import _plots
+from ._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, paired
+from ._training import first_reach
+from .pipeline_common import pipeline_record
 
 # Config: at lr 0.2 with momentum 0.9 both asynchronous runs diverged in a first quick run (GPipe did not); lr 0.05.
 # Seeds: 5 (were 2). A run's later seeds now reuse its compiled program (about 0.5 CPU s each), so the quick scale
@@ -120,7 +120,7 @@ REPRODUCTION = Reproduction(
 
 def main(argv: list[str] | None = None) -> int:
   """Runs this reproduction with the CLI's options (``python -m experiments.NAME --help``)."""
-  from experiments.__main__ import run_one
+  from .__main__ import run_one
 
   return run_one(REPRODUCTION.name, argv)
 

@@ -17,7 +17,7 @@ import numpy as np
 import optax
 
 import delayjax as dj
-from experiments._framework import Progress
+from ._framework import Progress
 
 
 def _stage(last: bool):
@@ -58,7 +58,7 @@ def init(num_stages: int, layers: int, width: int, seed: int, inputs: int = 64,
 
 
 def digits_data() -> tuple[dict[str, np.ndarray], dict[str, jax.Array]]:
-  from experiments.data import digits
+  from .data import digits
 
   split = digits()
   train = {"x": split.x_train, "y": split.y_train}

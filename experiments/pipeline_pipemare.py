@@ -21,10 +21,10 @@ from typing import Any
 import optax
 
 import delayjax as dj
-from experiments import _plots
-from experiments._framework import (Claim, ClaimResult, Comparison, Reproduction, Summary, compare, mean_rows,
+from . import _plots
+from ._framework import (Claim, ClaimResult, Comparison, Reproduction, Summary, compare, mean_rows,
                                     paired, seed_values)
-from experiments.pipeline_common import pipeline_record
+from .pipeline_common import pipeline_record
 
 # Config. The setting was chosen on exploration seeds (100, 101) that the claims never use; the claims are
 # decided on seeds 0-2 of the run itself. What was tried (300 updates, 8-layer width-32 MLP, final training loss,
@@ -136,7 +136,7 @@ REPRODUCTION = Reproduction(
 
 def main(argv: list[str] | None = None) -> int:
   """Runs this reproduction with the CLI's options (``python -m experiments.NAME --help``)."""
-  from experiments.__main__ import run_one
+  from .__main__ import run_one
 
   return run_one(REPRODUCTION.name, argv)
 

@@ -30,10 +30,10 @@ from typing import Any
 import optax
 
 import delayjax as dj
-from experiments import _plots
-from experiments._framework import (Claim, ClaimResult, Reproduction, Summary, across_seeds, compare, mean_rows,
+from . import _plots
+from ._framework import (Claim, ClaimResult, Reproduction, Summary, across_seeds, compare, mean_rows,
                                     paired, seed_values)
-from experiments.pipeline_common import pipeline_record
+from .pipeline_common import pipeline_record
 
 # Config: 4 one-layer stages; lr 0.3 is the largest of {0.1, 0.3} at which all runs trained (a first quick run).
 # Seeds: 5 (were 4). A run's later seeds now reuse its compiled program, so the fifth costs about 0.5 CPU s per
@@ -125,7 +125,7 @@ REPRODUCTION = Reproduction(
 
 def main(argv: list[str] | None = None) -> int:
   """Runs this reproduction with the CLI's options (``python -m experiments.NAME --help``)."""
-  from experiments.__main__ import run_one
+  from .__main__ import run_one
 
   return run_one(REPRODUCTION.name, argv)
 

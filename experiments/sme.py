@@ -48,8 +48,8 @@ import optax
 
 import delayjax as dj
 from delayjax import analysis
-from experiments import _plots
-from experiments._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, paired
+from . import _plots
+from ._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, paired
 
 SCALES = {
     "quick": dict(taus=[0, 2, 8], fractions=[0.05, 0.2, 0.5, 0.8], lr=0.1, sigma=1.0, per_group=128,
@@ -202,7 +202,7 @@ REPRODUCTION = Reproduction(
 
 def main(argv: list[str] | None = None) -> int:
   """Runs this reproduction with the CLI's options (``python -m experiments.NAME --help``)."""
-  from experiments.__main__ import run_one
+  from .__main__ import run_one
 
   return run_one(REPRODUCTION.name, argv)
 

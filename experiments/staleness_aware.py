@@ -24,10 +24,10 @@ from typing import Any
 import optax
 
 import delayjax as dj
-from experiments import _plots
-from experiments._framework import (Claim, ClaimResult, Reproduction, Summary, across_seeds, compare, mean_rows,
+from . import _plots
+from ._framework import (Claim, ClaimResult, Reproduction, Summary, across_seeds, compare, mean_rows,
                                     paired, seed_values)
-from experiments._training import learning_rate, simulate_record, task_for
+from ._training import learning_rate, simulate_record, task_for
 
 # Config. The paper: CIFAR-10, 30 learners, minibatch 4 (lambda = 30, mu = 4), one alpha_0 for all n.
 # alpha_0 = 0.5 suits 1-softsync, whose updates average 30 minibatches (with 0.1, a fixed step is too
@@ -166,7 +166,7 @@ REPRODUCTION = Reproduction(
 
 def main(argv: list[str] | None = None) -> int:
   """Runs this reproduction with the CLI's options (``python -m experiments.NAME --help``)."""
-  from experiments.__main__ import run_one
+  from .__main__ import run_one
 
   return run_one(REPRODUCTION.name, argv)
 

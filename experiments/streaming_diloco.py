@@ -35,9 +35,9 @@ import numpy as np
 import optax
 
 import delayjax as dj
-from experiments import _plots
-from experiments._framework import COUNT, Claim, ClaimResult, Reproduction, Summary, mean_rows, paired
-from experiments._training import shared_chunk_size, simulate_record
+from . import _plots
+from ._framework import COUNT, Claim, ClaimResult, Reproduction, Summary, mean_rows, paired
+from ._training import shared_chunk_size, simulate_record
 
 # Config: H = 8 inner AdamW steps per DiLoCo round on 4 workers, outer Nesterov (lr 0.7, momentum 0.9, as
 # DiLoCo), 2 fragments (H / P = 4 inner steps per fragment sync), 20 rounds.
@@ -70,7 +70,7 @@ def _rounds(config: dict[str, Any]) -> int:
 
 
 def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
-  from experiments.accumulation import entropy_rate, lm_task
+  from .accumulation import entropy_rate, lm_task
 
   task = lm_task(config)
   m, h, p = config["workers"], config["local_steps"], config["fragments"]
@@ -166,7 +166,7 @@ REPRODUCTION = Reproduction(
 
 def main(argv: list[str] | None = None) -> int:
   """Runs this reproduction with the CLI's options (``python -m experiments.NAME --help``)."""
-  from experiments.__main__ import run_one
+  from .__main__ import run_one
 
   return run_one(REPRODUCTION.name, argv)
 

@@ -77,8 +77,8 @@ import numpy as np
 import optax
 
 import delayjax as dj
-from experiments import _plots
-from experiments._framework import (Claim, ClaimResult, Reproduction, Summary, compare, log_or_inf, mean_rows,
+from . import _plots
+from ._framework import (Claim, ClaimResult, Reproduction, Summary, compare, log_or_inf, mean_rows,
                                     seed_values)
 
 # Config. epochs: the budget of every run (an epoch is n updates); lam: the L2 strength of each problem.
@@ -381,7 +381,7 @@ REPRODUCTION = Reproduction(
 
 def main(argv: list[str] | None = None) -> int:
   """Runs this reproduction with the CLI's options (``python -m experiments.NAME --help``)."""
-  from experiments.__main__ import run_one
+  from .__main__ import run_one
 
   return run_one(REPRODUCTION.name, argv)
 

@@ -39,10 +39,10 @@ import numpy as np
 import optax
 
 import delayjax as dj
-from experiments import _plots
-from experiments._datasets import markov_corpus
-from experiments._framework import COUNT, POSITIVE, Claim, ClaimResult, Reproduction, mean_rows, paired
-from experiments._models import transformer_lm
+from . import _plots
+from ._datasets import markov_corpus
+from ._framework import COUNT, POSITIVE, Claim, ClaimResult, Reproduction, mean_rows, paired
+from ._models import transformer_lm
 
 SCALES = {
     "quick": dict(vocab=16, corpus_tokens=20_000, seq_len=32, width=32, depth=2, heads=2, stages=3,
@@ -213,7 +213,7 @@ REPRODUCTION = Reproduction(
 
 def main(argv: list[str] | None = None) -> int:
   """Runs this reproduction with the CLI's options (``python -m experiments.NAME --help``)."""
-  from experiments.__main__ import run_one
+  from .__main__ import run_one
 
   return run_one(REPRODUCTION.name, argv)
 

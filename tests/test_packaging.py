@@ -53,7 +53,14 @@ def test_wheel_and_sdist_are_what_pyproject_says(dist):
     meta = email.message_from_bytes(z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))))
   assert "delayjax/py.typed" in names  # type checkers read the package's annotations
   top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
-  assert top == {"delayjax", "experiments"}, top
+  # The reproductions under a name of their own: a top-level `experiments` would shadow a user's own folder.
+  assert top == {"delayjax", "delayjax_experiments"}, top
+  # Every package of the checkout is in the wheel (pyproject.toml lists them), the reproductions' modules too.
+  packages = {os.path.relpath(d, ROOT) for d, _, files in os.walk(os.path.join(ROOT, "delayjax"))
+              if "__init__.py" in files}
+  assert {p for p in packages if f"{p}/__init__.py" not in names} == set()
+  shipped = {n.split("/", 1)[1] for n in names if n.startswith("delayjax_experiments/")}
+  assert shipped == {p for p in os.listdir(os.path.join(ROOT, "experiments")) if p.endswith(".py")}, shipped
   assert not [n for n in names if n.startswith(("tests/", "docs/", "colab/")) or "__pycache__" in n]
   urls = dict(v.split(", ", 1) for v in meta.get_all("Project-URL"))
   assert urls == project["urls"]
@@ -85,7 +92,8 @@ for path in sys.argv[2:]:
   errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
   assert not errors, (path, errors)
 probe = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
-    "import delayjax, experiments, sys; print(sys.executable); print(delayjax.__file__); print(experiments.__file__)")])
+    "import delayjax, delayjax_experiments, sys; print(sys.executable); print(delayjax.__file__); "
+    "print(delayjax_experiments.__file__)")])
 nbclient.NotebookClient(probe, timeout=120, kernel_name="python3").execute()
 where = probe.cells[0].outputs[0]["text"].split()
 with open(sys.argv[1], "w") as f:

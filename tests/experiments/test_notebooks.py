@@ -108,9 +108,12 @@ def test_notebook_has_an_open_in_colab_badge_built_from_the_project_home(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
 def test_notebook_imports_public_names_and_runs_the_paper_scale_only_when_asked(path):
   source = "\n".join(_code(path))
-  private = re.findall(r"(?:from|import)\s+(?:delayjax|experiments)(?:\.\w+)*\._\w+|"
-                       r"from\s+(?:delayjax|experiments)(?:\.\w+)*\s+import\s+[^\n]*\b_\w+", source)
+  package = r"(?:delayjax_experiments|delayjax|experiments)"
+  private = re.findall(rf"(?:from|import)\s+{package}(?:\.\w+)*\._\w+|"
+                       rf"from\s+{package}(?:\.\w+)*\s+import\s+[^\n]*\b_\w+", source)
   assert not private, f"{path} imports private modules: {private}"
+  # The reproductions as the wheel installs them: a top-level `experiments` is a user's own folder's name.
+  assert not re.findall(r"^\s*(?:from|import)\s+experiments\b", source, re.MULTILINE), path
   if "SCALE" in source:
     assert re.search(r'^SCALE = "quick"', source, re.MULTILINE), f"{path}: SCALE must default to 'quick'"
   assert "default_backend() in" not in source and "ACCELERATOR" not in source, f"{path}: scale chosen by device"
