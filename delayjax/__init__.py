@@ -46,6 +46,7 @@ from delayjax.transforms import implicit_momentum as implicit_momentum
 from delayjax.transforms import mindthestep as mindthestep
 from delayjax.transforms import mindthestep_weight as mindthestep_weight
 from delayjax.transforms import per_fragment as per_fragment
+from delayjax.transforms import quantize_float as quantize_float
 from delayjax.transforms import fragment_of_leaves as fragment_of_leaves
 from delayjax.transforms import pipemare as pipemare
 from delayjax.transforms import Correction as Correction
@@ -146,4 +147,5 @@ __all__ = [
     "truncated_is",
     "fragment_of_leaves",
     "per_fragment",
+    "quantize_float",
 ]

@@ -62,6 +62,7 @@ from delayjax.transforms._off_policy import ppo_clip as ppo_clip
 from delayjax.transforms._off_policy import truncated_is as truncated_is
 from delayjax.transforms._per_contribution import PerContributionState as PerContributionState
 from delayjax.transforms._per_contribution import per_contribution as per_contribution
+from delayjax.transforms._quantize import quantize_float as quantize_float
 from delayjax.transforms._prox_asaga import ProxAsagaState as ProxAsagaState
 from delayjax.transforms._prox_asaga import prox_asaga as prox_asaga
 from delayjax.transforms._proximal import ProximalState as ProximalState
@@ -131,6 +132,7 @@ __all__ = [
     "ProxAsagaState",
     "proximal",
     "ProximalState",
+    "quantize_float",
     "read_params",
     "ReadsParams",
     "ReadsStageWeights",
