@@ -97,9 +97,12 @@ class StreamingDiLoCo(Worker):
   the module docstring); a worker here sees the global parameters, not the
   averaged outer gradient, so its own outer gradient stands in for all of it.**
 
-  A quantized outer exchange (Streaming DiLoCo's low-precision outer
-  gradients) is not simulated: delayjax has no compression transformations
-  yet, and the pushes here are exact.
+  The pushes here are exact; Streaming DiLoCo's quantized outer exchange
+  (each worker's outer gradient in a low-precision float, averaged in full
+  precision) is the server's
+  ``optax.chain(dj.per_contribution(dj.quantize_float(3, 0)), dj.per_fragment(outer, fragments))``:
+  each worker's push is one contribution of the update, rounded on its own
+  before the weighted average (see :func:`delayjax.quantize_float`).
 
   Args:
     steps: :math:`H_f \ge 1`, the inner steps per contribution (per

@@ -6,6 +6,7 @@ import optax
 import pytest
 
 import delayjax as dj
+from tests.transforms.test_quantize import numpy_quantize
 
 M, N, D = 3, 16, 4
 INNER_LR, OUTER_LR, MOMENTUM = 0.05, 0.7, 0.9
@@ -43,12 +44,13 @@ def test_one_fragment_without_overlap_is_diloco_bit_for_bit():
   assert not np.array_equal(np.asarray(diloco.params["a"]), 0.0)
 
 
-def _reference(data, updates, steps, overlap, alpha, eager=False):
+def _reference(data, updates, steps, overlap, alpha, eager=False, quantize=None):
   """Streaming DiLoCo on full batches in NumPy: two fragments (a, b), outer Nesterov per fragment.
 
   ``eager``: after each push, worker m steps its own Nesterov copy (own momentum per fragment) with its own
   outer gradient; the next contribution's first ``overlap`` steps take their gradients at local + e, e being that
-  stand-in global fragment minus the local one (zero elsewhere).
+  stand-in global fragment minus the local one (zero elsewhere). ``quantize``: applied to each worker's push (one
+  leaf) before the average.
   """
   x, y = data["x"].astype(np.float64), data["y"].astype(np.float64)
   grad = lambda w: 2 * x.T @ (x @ w - y) / N  # noqa: E731
@@ -83,7 +85,7 @@ def _reference(data, updates, steps, overlap, alpha, eager=False):
         delta = -OUTER_LR * (pushes[-1] + MOMENTUM * own_mom[m][p])
         shift[m] = np.zeros(D)
         shift[m][frags[p]] = (glob[frags[p]] + delta) - local[m][frags[p]]
-    g = np.mean(pushes, axis=0)
+    g = np.mean([quantize(x) for x in pushes] if quantize else pushes, axis=0)
     # optax's Nesterov: trace <- g + mu * trace; step = -lr * (g + mu * trace).
     mom[p] = g + MOMENTUM * mom[p]
     glob[frags[p]] -= OUTER_LR * (g + MOMENTUM * mom[p])
@@ -179,3 +181,27 @@ def test_bad_streaming_settings_are_refused():
     dj.per_fragment(optax.sgd(0.1), [0, 1, 1]).init({"a": jnp.ones(2), "b": jnp.ones(2)})
   with pytest.raises(ValueError, match="at most the number of leaves"):
     dj.fragment_of_leaves({"a": jnp.ones(2)}, 2)
+
+
+def test_quantized_exchange_matches_numpy_and_a_float32_format_changes_nothing():
+  data, params, loss_fn = _problem()
+  outer = optax.sgd(OUTER_LR, momentum=MOMENTUM, nesterov=True)
+
+  def run(server):
+    worker = dj.workers.StreamingDiLoCo(4, optax.sgd(INNER_LR), fragments=[0, 1], overlap=2, alpha=0.5)
+    result = dj.simulate(loss_fn, server, params, data, _bsp(8), seed=0,
+                         sampling=dj.Sampling(batch_size=N, scheme="epoch"), worker=worker)
+    return np.concatenate([np.asarray(result.params["a"]), np.asarray(result.params["b"])])
+
+  def quantized(tx):
+    # Each worker's push is one contribution: rounded on its own, then averaged in float32.
+    return optax.chain(dj.per_contribution(tx), dj.per_fragment(outer, [0, 1]))
+
+  e3m0 = run(quantized(dj.quantize_float(3, 0)))
+  want = _reference(data, 8, 4, 2, 0.5, quantize=lambda x: numpy_quantize(x, 3, 0))
+  np.testing.assert_allclose(e3m0, want, rtol=2e-4, atol=1e-5)
+  exact = _reference(data, 8, 4, 2, 0.5)
+  assert np.max(np.abs(want - exact)) > 100 * (2e-4 * np.max(np.abs(want)) + 1e-5)
+  # float32's own widths round nothing: the same run as per_contribution of the identity, bit for bit.
+  np.testing.assert_array_equal(run(quantized(dj.quantize_float(8, 23))), run(quantized(optax.identity())))
+  np.testing.assert_allclose(run(dj.per_fragment(outer, [0, 1])), exact, rtol=2e-4, atol=1e-5)
