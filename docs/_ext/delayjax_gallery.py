@@ -143,8 +143,9 @@ def write_gallery(out: str = OUT) -> list[str]:
       os.makedirs(os.path.join(out, name), exist_ok=True)
       shutil.copyfile(os.path.join(PLOTS, name, plot), os.path.join(out, name, plot))
   index = ["# Reproductions gallery", "",
-           "Each reproduction is one module of `experiments/` in a checkout of the repository (the wheel ships "
-           "only `delayjax`). `python -m experiments list` names them, and `python -m experiments run NAME` "
+           "Each reproduction is one module of the repository's `experiments/` folder, which the wheel installs as "
+           "`delayjax_experiments`. `python -m experiments list` names them in a checkout "
+           "(`python -m delayjax_experiments list` from an install), and `python -m experiments run NAME` "
            "runs one at quick scale on a laptop's CPU: a results table, the paper's claims checked on the run's "
            "own numbers over seeds (held / not held / inconclusive, with a 95% interval), and plots.", "",
            "| reproduction | paper | what is reproduced |", "|---|---|---|"]
