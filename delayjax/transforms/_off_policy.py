@@ -38,6 +38,8 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from delayjax._checks import check_bool
+
 __all__ = [
     "Correction", "no_correction", "importance_weighting", "truncated_is", "ppo_clip", "m2po",
     "policy_gradient_loss", "discard_stale",
@@ -293,8 +295,7 @@ def _check_correction(correction) -> Correction:
     raise TypeError(f"correction must be a dj.Correction (dj.no_correction(), dj.importance_weighting(), "
                     f"dj.truncated_is(cap), dj.ppo_clip(epsilon), dj.m2po(threshold)), got "
                     f"{type(correction).__name__} {correction!r}.")
-  if not isinstance(correction.uses_staleness, bool):
-    raise TypeError(f"Correction.uses_staleness must be a bool, got {correction.uses_staleness!r}.")
+  check_bool("Correction.uses_staleness", correction.uses_staleness)
   return correction
 
 
