@@ -47,6 +47,13 @@ from delayjax.transforms import mindthestep as mindthestep
 from delayjax.transforms import mindthestep_weight as mindthestep_weight
 from delayjax.transforms import per_fragment as per_fragment
 from delayjax.transforms import quantize_float as quantize_float
+from delayjax.transforms import Compressor as Compressor
+from delayjax.transforms import error_feedback as error_feedback
+from delayjax.transforms import message_bytes as message_bytes
+from delayjax.transforms import powersgd as powersgd
+from delayjax.transforms import qsgd as qsgd
+from delayjax.transforms import random_k as random_k
+from delayjax.transforms import top_k as top_k
 from delayjax.transforms import fragment_of_leaves as fragment_of_leaves
 from delayjax.transforms import pipemare as pipemare
 from delayjax.transforms import Correction as Correction
@@ -148,4 +155,11 @@ __all__ = [
     "fragment_of_leaves",
     "per_fragment",
     "quantize_float",
+    "Compressor",
+    "error_feedback",
+    "message_bytes",
+    "powersgd",
+    "qsgd",
+    "random_k",
+    "top_k",
 ]

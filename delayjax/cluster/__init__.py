@@ -2,7 +2,8 @@
 
 Describe the workers (``workers``, with time models ``constant``, ``uniform``,
 ``exponential``, ``gamma``, ``lognormal``, measured times via ``replay``, and
-``random_stragglers`` / ``straggler_window``), pick a paradigm (``bsp``,
+``random_stragglers`` / ``straggler_window``; a ``link`` makes the
+communication time grow with the message's bytes), pick a paradigm (``bsp``,
 ``asp``, ``ssp``, ``dssp``, ``psp``, ``k_sync``, ``k_async``, ``k_batch_sync``,
 ``k_batch_async``, ``softsync``, ``backup_workers``, ``adasync``,
 ``elastic_bsp``, ``predictive_cutoff``) and ``simulate`` it into a ``Schedule``
@@ -54,6 +55,8 @@ from delayjax.cluster._gossip import sgp as sgp
 from delayjax.cluster._gossip_plot import plot_gossip_lags as plot_gossip_lags
 from delayjax.cluster._gossip_plot import plot_gossip_timeline as plot_gossip_timeline
 from delayjax.cluster._gossip import simulate_gossip as simulate_gossip
+from delayjax.cluster._link import Link as Link
+from delayjax.cluster._link import link as link
 from delayjax.cluster._admission import VersionBudget as VersionBudget
 from delayjax.cluster._admission import version_budget as version_budget
 from delayjax.cluster._paradigms import Paradigm as Paradigm
@@ -112,6 +115,8 @@ __all__ = [
     "k_batch_async",
     "k_batch_sync",
     "k_sync",
+    "Link",
+    "link",
     "lognormal",
     "MIX",
     "node_down",

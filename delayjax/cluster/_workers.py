@@ -262,7 +262,9 @@ def workers(
       lets its worker push without end at one instant), and a random draw of
       exactly 0 is taken as the smallest positive float.
     comm: communication latency added to every push, in the same forms
-      (``None``: no latency; replay is not accepted here).
+      (``None``: no latency; replay is not accepted here), or a
+      ``dj.cluster.link(bandwidth, message_bytes, latency)``: latency plus
+      the push's bytes over the bandwidth.
     speed: per-worker speed factors (a worker's compute time is divided by
       its speed): ``None`` (all 1), a positive number, or ``M`` positive numbers.
     stragglers: one or a sequence of ``random_stragglers(...)`` /

@@ -63,6 +63,18 @@ from delayjax.transforms._off_policy import truncated_is as truncated_is
 from delayjax.transforms._per_contribution import PerContributionState as PerContributionState
 from delayjax.transforms._per_contribution import per_contribution as per_contribution
 from delayjax.transforms._quantize import quantize_float as quantize_float
+from delayjax.transforms._compression import Compressor as Compressor
+from delayjax.transforms._compression import ErrorFeedbackState as ErrorFeedbackState
+from delayjax.transforms._compression import PerWorkerErrorFeedbackState as PerWorkerErrorFeedbackState
+from delayjax.transforms._compression import PerWorkerPowerSgdState as PerWorkerPowerSgdState
+from delayjax.transforms._compression import PowerSgdState as PowerSgdState
+from delayjax.transforms._compression import RandomKeyState as RandomKeyState
+from delayjax.transforms._compression import error_feedback as error_feedback
+from delayjax.transforms._compression import message_bytes as message_bytes
+from delayjax.transforms._compression import powersgd as powersgd
+from delayjax.transforms._compression import qsgd as qsgd
+from delayjax.transforms._compression import random_k as random_k
+from delayjax.transforms._compression import top_k as top_k
 from delayjax.transforms._prox_asaga import ProxAsagaState as ProxAsagaState
 from delayjax.transforms._prox_asaga import prox_asaga as prox_asaga
 from delayjax.transforms._proximal import ProximalState as ProximalState
@@ -133,6 +145,18 @@ __all__ = [
     "proximal",
     "ProximalState",
     "quantize_float",
+    "Compressor",
+    "ErrorFeedbackState",
+    "PerWorkerErrorFeedbackState",
+    "PerWorkerPowerSgdState",
+    "PowerSgdState",
+    "RandomKeyState",
+    "error_feedback",
+    "message_bytes",
+    "powersgd",
+    "qsgd",
+    "random_k",
+    "top_k",
     "read_params",
     "ReadsParams",
     "ReadsStageWeights",
