@@ -41,9 +41,12 @@ from ._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, pa
 from ._training import Task, digits_split, simulate_record
 from .delayed_digits import init_mlp, mlp
 
+# Seeds: 8 (were 3). With 3, the late decrease was +0.133 [-0.288, +0.555] (per-seed std 0.17), inconclusive; 8 is
+# the fewest at which a t interval excludes zero for a difference of that size, fixed before seeds 3-7 ran. Nothing
+# else changed. With 8: -1.44 [-1.64, -1.25] and +0.133 [+0.0067, +0.260], both held.
 SCALES = {
     "quick": dict(data="digits", hidden=32, steps=1200, batch=4, lr=0.05, alpha=1.5, max_delay=200,
-                  growth_rate=0.0625, max_batches=64, seeds=3, eval_every=50),
+                  growth_rate=0.0625, max_batches=64, seeds=8, eval_every=50),
     "paper": dict(data="digits", hidden=64, steps=10_000, batch=4, lr=0.05, alpha=1.5, max_delay=1000,
                   growth_rate=0.0625, max_batches=256, seeds=5, eval_every=500),
 }
