@@ -36,9 +36,9 @@ from delayjax._checks import check_float, check_int
 from delayjax._memory import available_memory, check_fits
 
 __all__ = [
-    "DelayModel", "Constant", "Uniform", "Geometric", "Categorical", "Trace", "PerLeaf",
-    "constant", "uniform", "geometric", "categorical", "trace", "per_leaf", "by_path", "path_name", "leaf_models",
-    "sample_for", "MAX_DELAY",
+    "DelayModel", "Constant", "Uniform", "Geometric", "Categorical", "Trace", "PerLeaf", "Torn",
+    "constant", "uniform", "geometric", "categorical", "trace", "per_leaf", "torn", "by_path", "path_name",
+    "leaf_models", "sample_for", "MAX_DELAY",
 ]
 
 # Delays, and the max_delay + 1 slots a buffer needs for them, are int32 in the traced code (steps, versions,
@@ -329,6 +329,84 @@ class PerLeaf(DelayModel):
     raise NotImplementedError("a PerLeaf model has one distribution per leaf: call mean() on its leaves.")
 
 
+def block_ids(shapes: Sequence[tuple[int, ...]], block_size: int) -> list[np.ndarray]:
+  """int32 arrays, one per shape: each coordinate's block, ``block_size`` consecutive coordinates of a leaf
+  flattened row-major (the last block of a leaf shorter), numbered across the leaves in order."""
+  ids, start = [], 0
+  for shape in shapes:
+    size = int(np.prod(shape, dtype=np.int64))
+    ids.append((start + np.arange(size, dtype=np.int64) // block_size).astype(np.int32).reshape(shape))
+    start += -(-size // block_size)
+  return ids
+
+
+@dataclasses.dataclass(frozen=True)
+class Torn(DelayModel):
+  r"""Torn (inconsistent) reads: each block of coordinates of the parameters has its own delay.
+
+  Made by :func:`torn`, which says the rule. ``sample(key, step)`` draws one
+  delay per block, int32 ``[num_blocks]``, block ``b`` from ``model`` with the
+  key ``fold_in(key, b)`` (blocks independent, as the leaves of ``per_leaf``);
+  :func:`sample_for` spreads them over the coordinates, a pytree like the
+  parameters. ``pmf()`` and ``mean()`` are one block's.
+  """
+
+  model: DelayModel
+  block_size: int
+  structure: Any  # the parameters' treedef
+  shapes: tuple[tuple[int, ...], ...]  # each leaf's shape, in the treedef's order
+
+  def __post_init__(self):
+    if not _is_model(self.model) or isinstance(self.model, (PerLeaf, Torn)):
+      raise TypeError(f"torn: model must be one delay model from delayjax.delays (constant, uniform, geometric, "
+                      f"categorical, trace), not a per_leaf or torn one; got {self.model!r}.")
+    object.__setattr__(self, "block_size", check_int("block_size", self.block_size, minimum=1))
+    if not self.shapes:
+      raise ValueError("torn: params must have at least one array leaf, got an empty tree.")
+
+  @property
+  def max_delay(self) -> int:
+    return self.model.max_delay
+
+  @property
+  def is_constant(self) -> bool:
+    return self.model.is_constant
+
+  @property
+  def num_blocks(self) -> int:
+    """Blocks over all leaves: ``ceil(leaf size / block_size)`` per leaf (a block never spans two leaves)."""
+    return sum(-(-int(np.prod(shape, dtype=np.int64)) // self.block_size) for shape in self.shapes)
+
+  def block_ids(self) -> list[np.ndarray]:
+    """int32 arrays, one per leaf with its shape: the block of each coordinate (row-major, numbered across
+    leaves in the treedef's order)."""
+    return block_ids(self.shapes, self.block_size)
+
+  def check_params(self, params: Any, name: str = "params") -> None:
+    """Raises a ValueError naming ``name`` when ``params``'s tree or a leaf's shape is not the one ``torn`` was
+    made for."""
+    structure = jax.tree.structure(params)
+    shapes = tuple(tuple(np.shape(x)) for x in jax.tree.leaves(params))
+    if structure != self.structure or shapes != self.shapes:
+      raise ValueError(
+          f"{name} must have the tree and leaf shapes the torn read model was made for ({self.structure}, shapes "
+          f"{list(self.shapes)}); got {structure}, shapes {list(shapes)}. Make it with dj.delays.torn(params, ...) "
+          f"of these parameters.")
+
+  def sample(self, key, step):
+    blocks = jnp.arange(self.num_blocks, dtype=jnp.uint32)
+    return jax.vmap(lambda b: self.model.sample(jax.random.fold_in(key, b), step))(blocks).astype(jnp.int32)
+
+  def pmf(self):
+    return self.model.pmf()
+
+  def mean(self) -> float:
+    return self.model.mean()
+
+  def __repr__(self):
+    return f"Torn({self.model!r}, block_size={self.block_size}, num_blocks={self.num_blocks})"
+
+
 def constant(tau: int) -> Constant:
   """Every update has delay ``tau`` (``tau = 0`` is synchronous)."""
   return Constant(tau)
@@ -357,6 +435,66 @@ def trace(delays: Sequence[int]) -> Trace:
 def per_leaf(models: Any) -> PerLeaf:
   """Per-leaf delays: a pytree of models matching (a prefix of) the parameter tree."""
   return PerLeaf(models)
+
+
+def torn(params: Any, model: DelayModel | int, block_size: int = 1) -> Torn:
+  r"""Torn (inconsistent) reads: each coordinate, or block of ``block_size`` coordinates, read at its own version.
+
+  Lock-free shared-memory SGD (Hogwild!) reads the parameters one coordinate
+  at a time while other threads write them, so one read mixes versions. With
+  this model as ``dj.simulate``'s source, update :math:`t` computes its
+  gradient at :math:`	ilde w_t` with
+
+  .. math::
+
+    (	ilde w_t)_i = (w_{\max(0,\, t - d_{t,b(i)})})_i, \qquad d_{t,b} \sim 	ext{model}
+    	ext{ independently per block } b,
+
+  :math:`b(i)` the block of coordinate :math:`i`: each leaf flattened
+  row-major and cut into blocks of ``block_size`` (the last one shorter; a
+  block never spans two leaves). Delays are bounded by ``model.max_delay``
+  (the paper's :math:`	au`), and are drawn per update and block from the
+  seed, the same for the same seed. ``block_size`` at least a leaf's size
+  gives each leaf one version (``per_leaf`` with one model); all blocks'
+  delays equal (``constant``) is the consistent read, bit for bit. The
+  transformation is given ``staleness``, the update's largest delay (an int32
+  scalar), and ``stale_params``, the torn read itself.
+
+  Each block is a read of the parameters' version stored for it, so a run
+  costs ``num_blocks`` stores per update: meant for small models (a quadratic,
+  a linear model) or coarse blocks.
+
+  Args:
+    params: the parameters (their tree and shapes fix the blocks).
+    model: each block's delay model (not ``per_leaf`` or ``torn``), or an
+      integer delay (``constant``).
+    block_size: coordinates per block, >= 1.
+
+  Returns:
+    A :class:`Torn` model for ``dj.simulate``; ``dj.delayed`` (apply-side
+    delays) refuses it.
+
+  Raises:
+    TypeError, ValueError: a model that is not one, a ``block_size`` below 1,
+      parameters without an array leaf; ``dj.simulate`` with parameters of
+      another tree or shapes.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> import delayjax as dj
+    >>> model = dj.delays.torn({"w": jnp.zeros((2, 3)), "b": jnp.zeros(3)}, dj.delays.uniform(4), block_size=2)
+    >>> model.num_blocks, model.max_delay
+    (5, 4)
+
+  References:
+    Alistarh, De Sa, Konstantinov, `The Convergence of Stochastic Gradient
+    Descent in Asynchronous Shared Memory <https://arxiv.org/abs/1803.08841>`_,
+    PODC 2018 (reads whose coordinates come from different versions, each at
+    most :math:`	au` updates old).
+  """
+  model = _as_model("model", model)
+  leaves = jax.tree.leaves(params)
+  return Torn(model, block_size, jax.tree.structure(params), tuple(tuple(np.shape(x)) for x in leaves))
 
 
 def path_name(path: Sequence[Any]) -> str:
@@ -481,9 +619,15 @@ def sample_for(model: DelayModel, key: jax.Array, step: Any, tree: Any) -> Any:
   Returns an int32 scalar for a plain model, and for a ``PerLeaf`` model a
   pytree of int32 scalars with the structure of ``tree``, each leaf carrying
   the draw of the model that covers it (leaves under one model share its
-  draw: a layer's weights and biases are equally stale).
+  draw: a layer's weights and biases are equally stale). For a ``Torn``
+  model, a pytree like ``tree`` of int32 arrays of the leaves' shapes: each
+  coordinate's delay, its block's draw.
   """
   model = check_model("model", model)
+  if isinstance(model, Torn):
+    model.check_params(tree, "tree")
+    draws = model.sample(key, step)
+    return jax.tree.unflatten(model.structure, [draws[ids] for ids in model.block_ids()])
   if not isinstance(model, PerLeaf):
     return model.sample(key, step)
   draws = model.sample(key, step)

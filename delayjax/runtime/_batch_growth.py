@@ -105,9 +105,9 @@ def growing_batches(source: Schedule | delays_lib.DelayModel, num_updates: int |
     schedule = source[:steps]
   else:
     delays_lib.check_model("source", source)
-    if isinstance(source, delays_lib.PerLeaf):
-      raise ValueError("source must not be a per_leaf model: a schedule holds one read version per contribution; "
-                       "pass its models' common delay model or a Schedule.")
+    if isinstance(source, (delays_lib.PerLeaf, delays_lib.Torn)):
+      raise ValueError(f"source must not be a per_leaf or torn model, got {source!r}: a schedule holds one read "
+                       "version per contribution; pass its models' common delay model or a Schedule.")
     if num_updates is None:
       raise ValueError("num_updates is required with a delay model as source.")
     steps = check_int("num_updates", num_updates, minimum=1)

@@ -248,6 +248,11 @@ def delayed(
   if isinstance(delays, Schedule):
     return _replayed(inner, delays)
   model = delays_lib.check_model("delays", delays)
+  if isinstance(model, delays_lib.Torn):
+    raise ValueError(
+        f"delays={model!r} is a torn read model: it says which version each coordinate of a *read* comes from, "
+        f"and dj.delayed realizes delays on the apply side (the loop computes every gradient at the current "
+        f"parameters). Use it as dj.simulate's source.")
   setup = _Setup(inner=optax.with_extra_args_support(inner), model=model, seed=seed,
                  store_stale_params=store_stale_params)
   return optax.GradientTransformationExtraArgs(functools.partial(_init, setup), functools.partial(_update, setup))

@@ -25,6 +25,7 @@ from delayjax.runtime._engine import AXIS, check_worker_capacity, program_key
 from delayjax.runtime._arguments import batch_like, check_not_traced, check_params, check_sampling, loss_has_aux
 from delayjax.runtime._options import Checkpoint, Execution, Record, Runs, Sampling, runtime_options
 from delayjax.runtime._lanes import Lanes
+from delayjax.runtime._torn import BlockGroups
 from delayjax.runtime._workers import Gradient, Worker, check_worker
 from delayjax.runtime._sampling import shard_table
 from delayjax.runtime._waves import StepPlan, plan_steps
@@ -161,11 +162,13 @@ def _run_states(opt_state: Any, values: dict[str, list[Any]], num_runs: int) -> 
 
 
 def _stale_read_delays(model: delays_lib.DelayModel, num_updates: int, seed: int) -> np.ndarray:
-  """int64 ``[num_updates, G]``: every update's delay, per model of a ``per_leaf`` tree (``G = 1`` otherwise)."""
+  """int64 ``[num_updates, G]``: every update's delay, per model of a ``per_leaf`` tree or per block of a ``torn``
+  read (``G = 1`` otherwise)."""
   key = jax.random.fold_in(jax.random.key(seed), 0)
   steps = jnp.arange(num_updates, dtype=jnp.int32)
   draw = jax.jit(jax.vmap(lambda t: model.sample(jax.random.fold_in(key, t), t)))
-  return np.stack([np.asarray(d) for d in jax.tree.leaves(draw(steps))], axis=1).astype(np.int64)
+  return np.concatenate([np.asarray(d).reshape(num_updates, -1) for d in jax.tree.leaves(draw(steps))],
+                        axis=1).astype(np.int64)
 
 
 def schedule_from_delays(model: delays_lib.DelayModel, num_updates: int, seed: int) -> Schedule:
@@ -177,7 +180,9 @@ def schedule_from_delays(model: delays_lib.DelayModel, num_updates: int, seed: i
   ``constant(tau)`` this is the round-robin cluster of ``tau + 1`` workers.
   With a ``per_leaf`` model, ``d_t`` is the largest of its models' draws (the
   earliest read: ``read_version`` carries the update's largest staleness);
-  ``dj.simulate`` reads each model's leaves at their own version.
+  ``dj.simulate`` reads each model's leaves at their own version. Likewise a
+  ``torn`` model's largest block delay; ``dj.simulate`` reads each block at its
+  own version.
   """
   return _stale_read_schedule(model, num_updates, seed)[0]
 
@@ -202,9 +207,13 @@ def _stale_read_schedule(model: delays_lib.DelayModel, num_updates: int, seed: i
 
 
 def _leaf_reads(source: Any, versions: np.ndarray | None,
-                params: Any) -> tuple[np.ndarray | None, tuple[int, ...] | None]:
+                params: Any) -> tuple[np.ndarray | None, tuple[int, ...] | BlockGroups | None]:
   """For a ``per_leaf`` source: each group's read versions (``versions``, ``[U, G]``) and each parameter
-  leaf's group; ``None, None`` for any other source."""
+  leaf's group; for a ``torn`` one, the blocks' versions and the coordinates' blocks (``BlockGroups``);
+  ``None, None`` for any other source (or a single group)."""
+  if isinstance(source, delays_lib.Torn):
+    source.check_params(params)
+    return (None, None) if source.num_blocks == 1 else (versions, BlockGroups.of(source))
   if not isinstance(source, delays_lib.PerLeaf):
     return None, None
   delays_lib.leaf_models(source, params)  # a clear error if its tree is not a prefix of params
@@ -312,10 +321,14 @@ def _lanes_stale(opt_state: Any, params: Any, slots: Any, rows: jax.Array, worke
   return _map_groups(lambda g, r, h: jnp.where(_lead(fresh[:, g], r), r, h), leaf_groups, reads, held)
 
 
-def _map_groups(fn: Callable[..., Any], leaf_groups: tuple[int, ...] | None, *trees: Any) -> Any:
-  """``jax.tree.map(fn(group, *leaves), *trees)``, with each leaf's group (0 for all without groups)."""
+def _map_groups(fn: Callable[..., Any], leaf_groups: tuple[int, ...] | BlockGroups | None, *trees: Any) -> Any:
+  """``jax.tree.map(fn(group, *leaves), *trees)``, with each leaf's group (0 for all without groups; for a torn
+  read, an int32 array of the leaf's shape: each coordinate's block)."""
   leaves = [jax.tree.leaves(t) for t in trees]
-  groups = leaf_groups or (0,) * len(leaves[0])
+  if isinstance(leaf_groups, BlockGroups):
+    groups = leaf_groups.ids()
+  else:
+    groups = leaf_groups or (0,) * len(leaves[0])
   out = [fn(g, *xs) for g, *xs in zip(groups, *leaves, strict=True)]
   return jax.tree.unflatten(jax.tree.structure(trees[0]), out)
 
@@ -607,7 +620,9 @@ def simulate(
   With a delay model as ``source``, update :math:`t` has one contribution,
   read at version :math:`\max(0, t - d_t)`, from worker :math:`t \bmod
   (\text{max\_delay} + 1)`; with ``dj.delays.per_leaf`` each leaf is read at
-  its own version and ``staleness`` is a pytree like ``params``.
+  its own version and ``staleness`` is a pytree like ``params``; with
+  ``dj.delays.torn`` each block of coordinates is read at its own version
+  (a torn read) and ``staleness`` is the stalest block's.
 
   Example::
 
@@ -1238,6 +1253,10 @@ def _server_step(c: types.SimpleNamespace, carry: Any, tabs: Any, constants: Any
   def store_read(slots, value, row, slot, group):
     if c.leaf_groups is None:
       return jax.tree.map(lambda s, v: s.at[row, slot].set(v, mode="drop"), slots, value)
+    if isinstance(c.leaf_groups, BlockGroups):
+      # A torn read: only the read block's coordinates are stored.
+      return _map_groups(lambda ids, s, v: BlockGroups.store(s, v, row, slot, group, ids), c.leaf_groups, slots,
+                         value)
     # Per-leaf delays: only the read group's leaves are stored (the others' row is out of range).
     return _map_groups(lambda g, s, v: s.at[jnp.where(group == g, row, c.per_device), slot].set(v, mode="drop"),
                        c.leaf_groups, slots, value)
@@ -1297,6 +1316,9 @@ def _apply_update(c: types.SimpleNamespace, ctx: _StepContext, i: Any, state: An
   extra = _update_inputs(c, ctx, i, params, positions, staleness, kept, weights, payloads, mixed, refresh, loss)
   if c.leaf_groups is None:
     tau = staleness[first, 0]
+  elif isinstance(c.leaf_groups, BlockGroups):
+    # A torn read is one read: its staleness is its stalest block's.
+    tau = jnp.max(staleness[first])
   else:
     tau = _map_groups(lambda g, p: staleness[first, g], c.leaf_groups, params)
   updates, new_state = c.tx.update(mixed["grad"], opt_state, params, staleness=tau,
@@ -1373,7 +1395,9 @@ def _update_inputs(c: types.SimpleNamespace, ctx: _StepContext, i: Any, params: 
         jax.tree.map(lambda b: b[positions], ctx.stale_buf) if c.keep_stale
         else jax.tree.map(lambda p: jnp.broadcast_to(p, (c.num_contrib,) + p.shape), params))
     extra["contribution_staleness"] = (
-        staleness[:, 0] if c.leaf_groups is None else _map_groups(lambda g, p: staleness[:, g], c.leaf_groups, params))
+        staleness[:, 0] if c.leaf_groups is None else jnp.max(staleness, axis=1)
+        if isinstance(c.leaf_groups, BlockGroups) else _map_groups(lambda g, p: staleness[:, g], c.leaf_groups,
+                                                                   params))
     extra["contribution_workers"] = ctx.tab["upd_worker"][i]
     extra["contribution_weights"] = weights
   return extra
