@@ -71,6 +71,11 @@ and Mensch's result); every formula is checked in
 computation (a Lyapunov solve, a spectral-radius minimization, the
 small-step limit) and against ``dj.simulate`` runs.
 
+**Elastic consistency.** :func:`elastic_consistency` measures, from a run's
+recorded true parameters :math:`x_t` and the parameters :math:`v_t` each
+update's gradient was computed at, Nadiradze et al.'s elastic-consistency
+constant :math:`B` (:math:`\mathbb E\|x_t - v_t\|^2 \le \eta^2 B^2`).
+
 References:
   An, Lu, Ying, `Stochastic Modified Equations for the Asynchronous
   Stochastic Gradient Descent <https://arxiv.org/abs/1805.08244>`_,
@@ -83,7 +88,9 @@ References:
 from __future__ import annotations
 
 import math
+from typing import Any, NamedTuple
 
+import jax
 import numpy as np
 
 from delayjax import _memory
@@ -278,3 +285,112 @@ def sde_mean_path(curvature: float, learning_rate: float, tau: int, x0: float, n
   for i in range(steps * n):
     m[i + 1] = m[i] - dt * h * m[max(0, i - lag)]
   return m[::n].copy()
+
+
+class ElasticConsistency(NamedTuple):
+  r"""What :func:`elastic_consistency` measured on one run.
+
+  Attributes:
+    gap: float64 ``[T]``, :math:`\|x_t - v_t\|` for each update.
+    b_max: :math:`\max_t \|x_t - v_t\| / \eta`, the constant that bounds every
+      update of this run.
+    b_rms: :math:`\sqrt{\tfrac1T \sum_t \|x_t - v_t\|^2} / \eta`, the constant
+      of the time-averaged mean-square gap (what the convergence theorems'
+      sums over :math:`t` use).
+  """
+
+  gap: np.ndarray
+  b_max: float
+  b_rms: float
+
+
+def _stacked(name: str, tree: Any) -> list[np.ndarray]:
+  """The leaves of ``tree`` as float64 ``[T, -1]`` arrays, or an error naming ``name``."""
+  leaves = jax.tree.leaves(tree)
+  if not leaves:
+    raise ValueError(f"{name} must hold at least one array with a leading [T] axis, got {tree!r}.")
+  out = []
+  for x in leaves:
+    x = np.asarray(x)
+    if x.ndim < 1 or x.dtype.kind not in "iuf":
+      raise TypeError(f"{name} must hold real arrays with a leading [T] axis (one row per update), got one of "
+                      f"shape {x.shape} and dtype {x.dtype}.")
+    if x.shape[0] == 0:
+      raise ValueError(f"{name} must hold at least one update (a leading [T] axis of length >= 1), got shape "
+                       f"{x.shape}.")
+    out.append(x.reshape(x.shape[0], int(np.prod(x.shape[1:], dtype=np.int64))).astype(np.float64))
+  return out
+
+
+def elastic_consistency(true_params: Any, read_params: Any, learning_rate: float) -> ElasticConsistency:
+  r"""The elastic-consistency constant of a run: how far each update's read is from the true parameters, in steps.
+
+  Nadiradze et al. write a distributed SGD run as the sequence
+  :math:`x_{t+1} = x_t - \eta\, \tilde g(v_t)` of *true* parameters (every
+  gradient applied so far, in order), each gradient computed at the *view*
+  :math:`v_t` its worker read, and call the run elastically consistent with
+  constant :math:`B` when
+
+  .. math::
+
+    \mathbb E \|x_t - v_t\|^2 \le \eta^2 B^2 \quad \text{for every } t.
+
+  Given one run's :math:`x_t` and :math:`v_t`, this returns
+  :math:`\|x_t - v_t\|` per update, :math:`B_{\max} = \max_t \|x_t - v_t\| /
+  \eta` and :math:`B_{\text{rms}} = (\tfrac1T \sum_t \|x_t - v_t\|^2)^{1/2} /
+  \eta` (averaged over seeds, :math:`B_{\text{rms}}^2` estimates the
+  time-averaged expectation that the theorems' sums over :math:`t` need). With
+  ``dj.simulate`` and ``optax.sgd(eta)``, :math:`x_t` is the server's version
+  :math:`t` and :math:`v_t` the update's ``stale_params`` (its read: stale,
+  per leaf or torn). A delay bound :math:`\tau` with
+  :math:`\mathbb E\|\tilde g\|^2 \le M^2` gives :math:`B \le \tau M`
+  (:math:`x_t - v_t` is at most :math:`\tau` steps, per coordinate for a
+  torn read), the paper's constant for bounded-staleness (SSP) and
+  asynchronous shared-memory schemes.
+
+  **Only the paper's abstract could be read here**: the definition above is
+  the form the abstract describes (a bound on the distance between the
+  parameters a worker reads and the true ones, in units of the step), its
+  exact statement in the paper is not confirmed.
+
+  Args:
+    true_params: a pytree of arrays with a leading ``[T]`` axis: :math:`x_t`.
+    read_params: the same tree and shapes: :math:`v_t`.
+    learning_rate: :math:`\eta > 0`.
+
+  Returns:
+    An :class:`ElasticConsistency`.
+
+  Raises:
+    TypeError, ValueError: trees or shapes that differ, non-real or
+      scalar leaves, a learning rate that is not a positive number.
+
+  Examples:
+    >>> import numpy as np
+    >>> from delayjax import analysis
+    >>> x = np.arange(6.0)[:, None] * np.array([[-0.3, -0.4]])  # constant gradient (3, 4), eta 0.1
+    >>> v = x[np.maximum(0, np.arange(6) - 2)]  # each read 2 updates old
+    >>> m = analysis.elastic_consistency(x, v, 0.1)
+    >>> m.gap.round(6).tolist(), round(m.b_max, 6)
+    ([0.0, 0.5, 1.0, 1.0, 1.0, 1.0], 10.0)
+
+  References:
+    Nadiradze, Markov, Chatterjee, Kungurtsev, Alistarh, `Elastic
+    Consistency: A Practical Consistency Model for Distributed Stochastic
+    Gradient Descent <https://arxiv.org/abs/2001.05918>`_, AAAI 2021.
+  """
+  eta = check_float("learning_rate", learning_rate, minimum=0.0, strict_minimum=True)
+  if jax.tree.structure(true_params) != jax.tree.structure(read_params):
+    raise ValueError(f"read_params must have the tree of true_params {jax.tree.structure(true_params)}, got "
+                     f"{jax.tree.structure(read_params)}.")
+  xs, vs = _stacked("true_params", true_params), _stacked("read_params", read_params)
+  for i, (x, v) in enumerate(zip(xs, vs)):
+    if x.shape != v.shape or np.shape(jax.tree.leaves(true_params)[i]) != np.shape(jax.tree.leaves(read_params)[i]):
+      raise ValueError(f"read_params must have the shapes of true_params: leaf {i} has shape "
+                       f"{np.shape(jax.tree.leaves(read_params)[i])}, true_params "
+                       f"{np.shape(jax.tree.leaves(true_params)[i])}.")
+  if len({x.shape[0] for x in xs}) != 1:
+    raise ValueError(f"true_params' leaves must share their leading [T] axis, got lengths "
+                     f"{sorted({x.shape[0] for x in xs})}.")
+  gap = np.sqrt(sum(np.sum((x - v) ** 2, axis=1) for x, v in zip(xs, vs)))
+  return ElasticConsistency(gap=gap, b_max=float(gap.max() / eta), b_rms=float(np.sqrt(np.mean(gap ** 2)) / eta))
