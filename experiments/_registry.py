@@ -38,6 +38,7 @@ NAMES = (
     "pipeline_pipemare",
     "weight_prediction",
     "async_rl",
+    "compression",
 )
 
 
