@@ -39,6 +39,7 @@ NAMES = (
     "weight_prediction",
     "async_rl",
     "compression",
+    "consistency",
 )
 
 
