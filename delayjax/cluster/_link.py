@@ -80,6 +80,15 @@ def link(bandwidth: float, message_bytes: float, latency: Any = 0.0) -> Link:
     0.03944
     >>> dj.cluster.workers(4, compute=1.0, comm=net).mean_time().tolist()
     [1.03944, 1.03944, 1.03944, 1.03944]
+
+  References:
+    **Only the abstract and the introduction of the paper were reachable
+    here;** it models a step's time from the message size and the network's
+    bandwidth to decide when compression pays, which this link lets a
+    simulated cluster do.
+    Agarwal, Wang, Venkataraman, Papailiopoulos, `On the Utility of Gradient
+    Compression in Distributed Training Systems <https://arxiv.org/abs/2103.00543>`_,
+    MLSys 2022.
   """
   if isinstance(bandwidth, (int, float, np.integer, np.floating)) and not isinstance(bandwidth, bool) \
       and math.isinf(bandwidth) and bandwidth > 0:

@@ -182,6 +182,9 @@ def top_k(k: int | float) -> Compressor:
     [0.0, -3.0, 0.0, 2.0]
 
   References:
+    **Only the abstract and the introduction of the paper were reachable
+    here (they name top-k and random-k with error compensation); the
+    contraction property is the one the paper is known for.**
     Stich, Cordonnier, Jaggi, `Sparsified SGD with Memory
     <https://arxiv.org/abs/1809.07599>`_, NeurIPS 2018 (the
     :math:`\operatorname{top}_k` and :math:`\operatorname{rand}_k`
@@ -252,6 +255,8 @@ def random_k(k: int | float, *, unbiased: bool = False, seed: int = 0) -> Compre
     (2, [2.0])
 
   References:
+    **Only the abstract and the introduction of the paper were reachable
+    here.**
     Stich, Cordonnier, Jaggi, `Sparsified SGD with Memory
     <https://arxiv.org/abs/1809.07599>`_, NeurIPS 2018.
   """
@@ -585,6 +590,9 @@ def error_feedback(compressor: optax.GradientTransformation, *,
     [0.0, 1.2000000476837158]
 
   References:
+    **Only the abstracts (and Stich et al.'s introduction) were reachable
+    here; the memory update is the one both abstracts describe (the error
+    compression leaves is kept and added to the next gradient).**
     Stich, Cordonnier, Jaggi, `Sparsified SGD with Memory
     <https://arxiv.org/abs/1809.07599>`_, NeurIPS 2018.
 
