@@ -166,9 +166,19 @@ def _stale_read_delays(model: delays_lib.DelayModel, num_updates: int, seed: int
   read (``G = 1`` otherwise)."""
   key = jax.random.fold_in(jax.random.key(seed), 0)
   steps = jnp.arange(num_updates, dtype=jnp.int32)
-  draw = jax.jit(jax.vmap(lambda t: model.sample(jax.random.fold_in(key, t), t)))
-  return np.concatenate([np.asarray(d).reshape(num_updates, -1) for d in jax.tree.leaves(draw(steps))],
+  try:
+    draw = _delay_draws(model)
+  except TypeError:  # a model that cannot be hashed (a per_leaf tree of dicts) is drawn by a fresh program
+    draw = _delay_draws.__wrapped__(model)
+  return np.concatenate([np.asarray(d).reshape(num_updates, -1) for d in jax.tree.leaves(draw(key, steps))],
                         axis=1).astype(np.int64)
+
+
+@functools.lru_cache(maxsize=16)
+def _delay_draws(model: delays_lib.DelayModel) -> Callable[[jax.Array, jax.Array], Any]:
+  """The compiled draw of ``model``'s delays at several updates, kept for equal models: a sweep over seeds
+  compiles it once (a torn read's nested draws take seconds to compile)."""
+  return jax.jit(jax.vmap(lambda key, t: model.sample(jax.random.fold_in(key, t), t), in_axes=(None, 0)))
 
 
 def schedule_from_delays(model: delays_lib.DelayModel, num_updates: int, seed: int) -> Schedule:
