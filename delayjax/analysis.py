@@ -348,10 +348,10 @@ def elastic_consistency(true_params: Any, read_params: Any, learning_rate: float
   torn read), the paper's constant for bounded-staleness (SSP) and
   asynchronous shared-memory schemes.
 
-  **Only the paper's abstract could be read here**: the definition above is
-  the form the abstract describes (a bound on the distance between the
-  parameters a worker reads and the true ones, in units of the step), its
-  exact statement in the paper is not confirmed.
+  **Only the abstract of the paper could be read here**: the definition
+  above is the form the abstract describes (a bound on the distance between
+  the parameters a worker reads and the true ones, in units of the step);
+  its exact statement in the paper is not confirmed.
 
   Args:
     true_params: a pytree of arrays with a leading ``[T]`` axis: :math:`x_t`.

@@ -464,6 +464,11 @@ def torn(params: Any, model: DelayModel | int, block_size: int = 1) -> Torn:
   costs ``num_blocks`` stores per update: meant for small models (a quadratic,
   a linear model) or coarse blocks.
 
+  **Only the abstract of the paper could be read here**: the read model is
+  the library's construction of the one it describes (lock-free SGD whose
+  reads mix versions, with a maximum delay); independent delays per block
+  stand in for the paper's adversarial scheduler.
+
   Args:
     params: the parameters (their tree and shapes fix the blocks).
     model: each block's delay model (not ``per_leaf`` or ``torn``), or an
