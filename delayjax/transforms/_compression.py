@@ -129,14 +129,28 @@ def _kept(k: int | float, size: int) -> int:
   return max(1, min(size, math.ceil(k * size)))
 
 
-def _leaf_keys(key: jax.Array, count: int) -> list[jax.Array]:
-  return [jax.random.fold_in(key, i) for i in range(count)]
-
-
 class RandomKeyState(NamedTuple):
   """State of :func:`random_k` and :func:`qsgd`: the key of the next message's randomness."""
 
   key: jax.Array  # uint32[2], a raw jax.random key; split at every update
+
+
+def _keyed_leaf_map(leaf: Callable[[jax.Array, jax.Array], jax.Array], seed: int) -> tuple[Callable, Callable]:
+  """``(init_fn, update_fn)`` applying ``leaf(g, key)`` to each update leaf: the state's key is split at every
+  call, and leaf ``i`` gets ``fold_in(sub, i)`` of the new subkey."""
+
+  def init_fn(params):
+    del params
+    return RandomKeyState(key=jax.random.PRNGKey(seed))
+
+  def update_fn(updates, state, params=None, **extra_args):
+    del params, extra_args
+    key, sub = jax.random.split(state.key)
+    leaves, treedef = jax.tree.flatten(updates)
+    out = [leaf(g, jax.random.fold_in(sub, i)) for i, g in enumerate(leaves)]
+    return jax.tree.unflatten(treedef, out), RandomKeyState(key=key)
+
+  return init_fn, update_fn
 
 
 def _floating(name: str, g: jax.Array) -> None:
@@ -274,21 +288,10 @@ def random_k(k: int | float, *, unbiased: bool = False, seed: int = 0) -> Compre
     kept = flat[index] * jnp.asarray(g.size / n, g.dtype) if unbiased else flat[index]
     return jnp.zeros_like(flat).at[index].set(kept).reshape(g.shape)
 
-  def init_fn(params):
-    del params
-    return RandomKeyState(key=jax.random.PRNGKey(seed))
-
-  def update_fn(updates, state, params=None, **extra_args):
-    del params, extra_args
-    key, sub = jax.random.split(state.key)
-    leaves, treedef = jax.tree.flatten(updates)
-    out = [leaf(g, kk) for g, kk in zip(leaves, _leaf_keys(sub, len(leaves)))]
-    return jax.tree.unflatten(treedef, out), RandomKeyState(key=key)
-
   def nbytes(params):
     return _KEY_BYTES + sum(_kept(k, _size(x)) * _itemsize(x) for x in _leaves(params))
 
-  return _compressor(init_fn, update_fn, nbytes)
+  return _compressor(*_keyed_leaf_map(leaf, seed), nbytes)
 
 
 def qsgd(levels: int, *, seed: int = 0) -> Compressor:
@@ -358,21 +361,10 @@ def qsgd(levels: int, *, seed: int = 0) -> Compressor:
     out = norm * jnp.sign(x) * ((low + up.astype(work)) / levels)
     return jnp.where(usable, out, jnp.where(norm == 0, jnp.zeros_like(x), x)).astype(g.dtype)
 
-  def init_fn(params):
-    del params
-    return RandomKeyState(key=jax.random.PRNGKey(seed))
-
-  def update_fn(updates, state, params=None, **extra_args):
-    del params, extra_args
-    key, sub = jax.random.split(state.key)
-    leaves, treedef = jax.tree.flatten(updates)
-    out = [leaf(g, kk) for g, kk in zip(leaves, _leaf_keys(sub, len(leaves)))]
-    return jax.tree.unflatten(treedef, out), RandomKeyState(key=key)
-
   def nbytes(params):
     return sum(_NORM_BYTES + math.ceil(_size(x) * level_bits / 8) for x in _leaves(params))
 
-  return _compressor(init_fn, update_fn, nbytes)
+  return _compressor(*_keyed_leaf_map(leaf, seed), nbytes)
 
 
 def _matrix_shape(shape: tuple[int, ...], rank: int) -> tuple[int, int, int] | None:
