@@ -27,7 +27,7 @@ import optax
 
 from delayjax._checks import check_bool, check_float, check_int, check_seed
 from delayjax._sharding import stacked_zeros
-from delayjax.transforms._extra_args import check_worker, nan_unless
+from delayjax.transforms._extra_args import check_updates_like, check_worker, nan_unless
 from delayjax.transforms._hooks import table_rows
 from delayjax.transforms._hyperparams import check_static_int
 
@@ -496,9 +496,12 @@ def powersgd(rank: int, *, num_workers: int | None = None, seed: int = 0) -> Com
   def update_fn(updates, state, params=None, *, worker=None, **extra_args):
     del params, extra_args
     leaves, treedef = jax.tree.flatten(updates)
-    if len(leaves) != len(state.q):
-      raise ValueError(f"powersgd's state has {len(state.q)} leaves but the updates have {len(leaves)}; init it "
-                       f"with parameters shaped like the updates.")
+    if len(leaves) != len(state.q) or any(
+        _matrix_shape(tuple(g.shape), rank) is not None and q.shape[-2:] != _matrix_shape(tuple(g.shape), rank)[1:]
+        for g, q in zip(leaves, state.q)):
+      raise ValueError(f"powersgd: updates (the gradients) must have the leaves and shapes of the parameters its "
+                       f"state was initialized with ({len(state.q)} leaves), got {len(leaves)} leaves of shapes "
+                       f"{[tuple(g.shape) for g in leaves]}.")
     if num_workers is None:
       pairs = [leaf(g, q) for g, q in zip(leaves, state.q)]
       return jax.tree.unflatten(treedef, [o for o, _ in pairs]), PowerSgdState(q=tuple(q for _, q in pairs))
@@ -614,6 +617,7 @@ def error_feedback(compressor: optax.GradientTransformation, *,
     else:
       w, in_range = check_worker("error_feedback", worker, num_workers)
       memory = jax.tree.map(lambda t: t[w], state.memory)
+    check_updates_like("error_feedback", updates, memory, "memory")
     p = jax.tree.map(lambda g, e: g + e.astype(g.dtype), updates, memory)
     sent, inner = inner_tx.update(p, state.inner, params, **extra_args)
     left = jax.tree.map(lambda a, b: a - b, p, sent)

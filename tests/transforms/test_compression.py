@@ -391,3 +391,12 @@ def test_per_worker_states_refuse_a_missing_or_out_of_range_worker():
   with pytest.raises(TypeError, match="floating"):
     tx = dj.top_k(1)
     tx.update(jnp.arange(3), tx.init(jnp.arange(3)))
+
+
+def test_updates_of_other_shapes_than_the_state_are_refused():
+  ef = dj.error_feedback(dj.top_k(1))
+  with pytest.raises(ValueError, match="updates"):
+    ef.update(jnp.ones(4), ef.init(jnp.ones(3)))
+  ps = dj.powersgd(1)
+  with pytest.raises(ValueError, match="updates"):
+    ps.update(jnp.ones((4, 5)), ps.init(jnp.ones((4, 6))))
