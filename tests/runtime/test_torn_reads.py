@@ -184,3 +184,44 @@ def test_apply_side_consumers_refuse_a_torn_model():
     dj.delayed(optax.sgd(0.1), model)
   with pytest.raises(ValueError, match="per_leaf or torn"):
     dj.growing_batches(model, num_updates=10)
+
+
+def test_lanes_and_chunks_do_not_change_a_torn_run():
+  data, loss_fn, params = regression_problem()
+  source = dj.delays.torn(params, dj.delays.uniform(5), block_size=2)
+  run = lambda execution: dj.simulate(loss_fn, optax.sgd(0.05), params, data, source, num_updates=30,  # noqa: E731
+                                      seed=4, sampling=dj.Sampling(batch_size=4), execution=execution)
+  default, narrow = run(None), run(dj.Execution(lanes=1, chunk_size=3))
+  for a, b in zip(jax.tree.leaves(default.params), jax.tree.leaves(narrow.params), strict=True):
+    np.testing.assert_array_equal(a, b)
+  np.testing.assert_array_equal(default.history.loss, narrow.history.loss)
+
+
+@pytest.mark.slow
+def test_torn_reads_on_eight_devices_and_across_resume(tmp_path):
+  data, loss_fn, params = regression_problem()
+  source = dj.delays.torn(params, dj.delays.uniform(6), block_size=1)
+  tx = optax.sgd(0.05, momentum=0.9)
+  kw = dict(num_updates=36, sampling=dj.Sampling(batch_size=4), seed=1)
+  whole = dj.simulate(loss_fn, tx, params, data, source, execution=dj.Execution(chunk_size=4), **kw)
+  multi = dj.simulate(loss_fn, tx, params, data, source,
+                      execution=dj.Execution(mesh=jax.make_mesh((8,), ("workers",))), **kw)
+  for a, b in zip(jax.tree.leaves(whole.params), jax.tree.leaves(multi.params), strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+  def stop(info):
+    if info["chunk"] == 2:
+      raise KeyboardInterrupt
+
+  with pytest.raises(KeyboardInterrupt):
+    dj.simulate(loss_fn, tx, params, data, source, execution=dj.Execution(chunk_size=4),
+                checkpoint=dj.Checkpoint(tmp_path), record=dj.Record(callback=stop), **kw)
+  resumed = dj.simulate(loss_fn, tx, params, data, source, execution=dj.Execution(chunk_size=4),
+                        checkpoint=dj.Checkpoint(tmp_path), **kw)
+  for a, b in zip(jax.tree.leaves((whole.params, whole.opt_state)),
+                  jax.tree.leaves((resumed.params, resumed.opt_state)), strict=True):
+    np.testing.assert_array_equal(a, b)
+  # Another block size is another run: its checkpoint is not resumed.
+  with pytest.raises(ValueError, match="of a different run: options"):
+    dj.simulate(loss_fn, tx, params, data, dj.delays.torn(params, dj.delays.uniform(6), block_size=2),
+                execution=dj.Execution(chunk_size=4), checkpoint=dj.Checkpoint(tmp_path, resume=True), **kw)
