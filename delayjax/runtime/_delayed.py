@@ -210,7 +210,7 @@ def delayed(
       ``update``. Its state sits in ``DelayedState.inner_state``, so
       ``dj.read_params`` finds a look-ahead hook inside it.
     delays: a model from ``delayjax.delays``, or a ``dj.cluster.Schedule``
-      to replay.
+      to replay (not ``dj.delays.torn``, a read model of ``dj.simulate``).
     seed: seed of the delay draws; the same seed gives the same delays
       (unused with a ``Schedule``, which is deterministic).
     store_stale_params: keep a ring of parameter copies to pass
