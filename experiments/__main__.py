@@ -59,6 +59,10 @@ def _parser() -> argparse.ArgumentParser:
   run.add_argument("--jobs", type=int, default=1,
                    help="runs performed at a time, each in a process of its own (on CPUs: about the number of "
                         "cores; the results are the same for any value)")
+  run.add_argument("--checkpoint-every", type=float, default=_framework.CHECKPOINT_EVERY, metavar="SECONDS",
+                   help="seconds of a run between two of its checkpoint writes (default "
+                        f"{_framework.CHECKPOINT_EVERY:g}; 0: after every chunk): an interrupted run loses at most "
+                        "about that much; the results are the same for any value")
   report = sub.add_parser("report", help="rebuild tables, claims and plots from finished runs")
   report.add_argument("dir", help="an output directory of 'run' (or a folder holding several)")
   report.add_argument("--no-plot", action="store_true")
@@ -186,6 +190,7 @@ def _run(args: argparse.Namespace) -> int:
   repros = [_registry.get(n) for n in names]
   if args.jobs < 1:
     raise _framework.UsageError(f"--jobs must be a whole number >= 1, got {args.jobs}.")
+  _framework.check_checkpoint_every(args.checkpoint_every)
   if not 0 <= args.seed < 2 ** 32:
     raise _framework.UsageError(f"--seed must be an integer in [0, 2**32), got {args.seed}.")
   if args.seeds is not None and args.seed + args.seeds > 2 ** 32:
@@ -230,7 +235,8 @@ def _run(args: argparse.Namespace) -> int:
     _framework.check_writable(out)
   try:
     with _shared_compilation_cache(args.jobs):
-      _framework.execute_many(plan, first_seed=args.seed, only=args.only, plots=not args.no_plot, jobs=args.jobs)
+      _framework.execute_many(plan, first_seed=args.seed, only=args.only, plots=not args.no_plot, jobs=args.jobs,
+                              checkpoint_every=args.checkpoint_every)
   except KeyboardInterrupt:
     print(f"\n{_interrupted(plan, args.seed, args.only)}", file=sys.stderr)
     return 130
@@ -272,7 +278,7 @@ def _interrupted(plan: list[tuple[Any, dict[str, Any], str]], first_seed: int, o
     finished = len(_framework.finished_records(repro, config, out, damaged="skip"))
     parts.append(f"{finished} finished runs of {repro.name} are saved in {os.path.join(out, 'runs')}")
     pending, _ = _framework.pending_runs(repro, config, out, index, first_seed, only)
-    resumable += [job.checkpoints for job in pending if os.path.isdir(job.checkpoints) and os.listdir(job.checkpoints)]
+    resumable += [job.checkpoints for job in pending if _holds_a_checkpoint(job.checkpoints)]
   if len(resumable) == 1:
     kept = f"the interrupted run resumes from its last checkpoint in {resumable[0]}"
   elif resumable:
@@ -280,6 +286,12 @@ def _interrupted(plan: list[tuple[Any, dict[str, Any], str]], first_seed: int, o
   else:
     kept = "no interrupted run had written a checkpoint yet, so those start over"
   return f"interrupted: {'; '.join(parts)}; {kept}; rerun the same command to resume."
+
+
+def _holds_a_checkpoint(folder: str) -> bool:
+  """Whether a run's checkpoint folder holds a checkpoint: more than the hidden lock file a run takes at its start
+  (a run that writes every ``--checkpoint-every`` seconds may be interrupted before its first write)."""
+  return os.path.isdir(folder) and any(not name.startswith(".") for name in os.listdir(folder))
 
 
 @contextlib.contextmanager

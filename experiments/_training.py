@@ -83,13 +83,15 @@ def simulate_record(task: Task, tx: optax.GradientTransformation, source: Any, *
   def callback(info: dict[str, Any]) -> None:
     progress(info["updates_done"], info["num_updates"])
 
-  # The framework's RunProgress names a per-run folder: an interrupted run resumes from its last chunk.
+  # The framework's RunProgress names a per-run folder (and how often to write it): an interrupted run resumes
+  # from its last checkpoint.
   checkpoint_dir = getattr(progress, "checkpoint_dir", None)
   result = dj.simulate(task.loss_fn, tx, task.init(seed), task.data, source, num_updates=num_updates, seed=seed,
                        sampling=dj.Sampling(batch_size, scheme=scheme, shards=shards), worker=worker,
                        record=dj.Record(eval_fn=task.eval_fn, every=eval_every, callback=callback,
                                         nonfinite="report"),
-                       checkpoint=None if checkpoint_dir is None else dj.Checkpoint(checkpoint_dir),
+                       checkpoint=None if checkpoint_dir is None else dj.Checkpoint(
+                           checkpoint_dir, min_interval=getattr(progress, "checkpoint_every", 0.0)),
                        execution=dj.Execution(chunk_size=chunk_size))
   if final_state is not None:
     final_state(result.opt_state)

@@ -16,7 +16,10 @@ does the rest, the same way for every runtime:
 4. after every chunk, writes a checkpoint (an Orbax checkpoint of the
    carry, each process writing its own shards, with the chunks done, the
    run's fingerprint and a checksum; the chunk's records appended to the
-   history file) and calls the user's callback;
+   history file), or, with a minimum interval between writes, after the
+   first chunk that ends that long after the run's start or its last write
+   (the records of the chunks in between appended together), and calls the
+   user's callback;
 5. resumes from a checkpoint of the same fingerprint, bit-identically, the
    carry read straight into its layout; its history must hold every record
    of ``records_like`` (a run that keeps fewer, e.g. no per-update rows,
@@ -107,6 +110,7 @@ import collections
 import contextlib
 import os
 import re
+import time
 from typing import Any, Callable, Iterator, NamedTuple
 
 import jax
@@ -312,6 +316,12 @@ def checkpoint_arguments(checkpoint: Any) -> tuple[str | None, bool, tuple[str, 
   return directory, checkpoint.resume, checkpoint.changes
 
 
+def checkpoint_interval(checkpoint: Any) -> float:
+  """The minimum seconds between two writes of a runtime's ``checkpoint`` option (``Checkpoint.min_interval``;
+  ``0.0`` without one); ``checkpoint`` has been checked by :func:`checkpoint_arguments`."""
+  return 0.0 if checkpoint is None else checkpoint.min_interval
+
+
 def memory_terms(parts: dict[str, tuple[Any, bool]], data: Any, num_devices: int) -> dict[str, int]:
   """Bytes per device of what a run keeps on its devices, by term: ``parts[name] = (tree, split)``, a tree
   of arrays or ``jax.ShapeDtypeStruct`` (nothing need be allocated) and whether it is split over the mesh's
@@ -475,6 +485,7 @@ def _chunk_function(program: Program, mesh: Any) -> Callable[[Any, Any, Any], tu
 
 def run(program: Program, *, mesh: Any = None, checkpoint_dir: str | os.PathLike[str] | None = None,
         checkpoint_name: str = "checkpoint", resume: bool = True, resume_changes: tuple[str, ...] = (),
+        checkpoint_min_interval: float = 0.0,
         callback: Callable[[dict[str, Any]], None] | None = None) -> tuple[Any, dict[str, Any]]:
   """Runs ``program`` chunk by chunk; returns the final carry (on the devices) and the records.
 
@@ -482,7 +493,10 @@ def run(program: Program, *, mesh: Any = None, checkpoint_dir: str | os.PathLike
     program: the runtime's :class:`Program`.
     mesh: a mesh whose one spread axis the program's specs name (see :func:`check_mesh`), or ``None`` for one
       device.
-    checkpoint_dir: where to write a checkpoint after every chunk (``None``: never).
+    checkpoint_dir: where to write a checkpoint after every chunk, or fewer (``None``: never).
+    checkpoint_min_interval: seconds of wall time (read from :data:`clock`) at least between two writes: a
+      chunk's end writes only once that long has passed since the run started or since its last write (``0``:
+      after every chunk). A mesh in a multi-process run needs ``0``: every process must write at the same chunk.
     checkpoint_name: the checkpoint's name inside ``checkpoint_dir`` (see ``_checkpoint.Checkpoint``).
     resume: whether to continue from a checkpoint found there.
     resume_changes: fingerprint components allowed to differ from the checkpoint's on resume.
@@ -495,9 +509,21 @@ def run(program: Program, *, mesh: Any = None, checkpoint_dir: str | os.PathLike
   """
   inspect = _inspectors[-1] if _inspectors else None
   if checkpoint_dir is None:
-    return _run(program, mesh, None, checkpoint_name, resume, resume_changes, callback, inspect)
+    return _run(program, mesh, None, checkpoint_name, resume, resume_changes, 0.0, callback, inspect)
+  if checkpoint_min_interval > 0 and mesh is not None and jax.process_count() > 1:
+    # Every process must write its shards at the same chunk (a save is a collective), and their clocks may
+    # disagree on when the interval has passed.
+    raise ValueError(
+        f"Checkpoint.min_interval must be 0 with a mesh in a multi-process run ({jax.process_count()} "
+        f"processes), got {checkpoint_min_interval}: every process writes its shards at the same chunk, and "
+        f"their clocks could disagree on which; use min_interval=0 (a write after every chunk).")
   with locked(os.fspath(checkpoint_dir), checkpoint_name):
-    return _run(program, mesh, checkpoint_dir, checkpoint_name, resume, resume_changes, callback, inspect)
+    return _run(program, mesh, checkpoint_dir, checkpoint_name, resume, resume_changes, checkpoint_min_interval,
+                callback, inspect)
+
+
+# The wall clock that spaces checkpoint writes (a module attribute, so that tests can drive it).
+clock: Callable[[], float] = time.monotonic
 
 
 _inspectors: list[Callable[..., None]] = []
@@ -515,7 +541,7 @@ def inspecting(fn: Callable[..., None]) -> Iterator[None]:
     _inspectors.remove(fn)
 
 
-def _run(program, mesh, checkpoint_dir, checkpoint_name, resume, resume_changes, callback, inspect):
+def _run(program, mesh, checkpoint_dir, checkpoint_name, resume, resume_changes, min_interval, callback, inspect):
   chunk_fn = chunk_function(program, mesh)
   carry = program.carry
   like = dict(program.records_like)
@@ -540,6 +566,7 @@ def _run(program, mesh, checkpoint_dir, checkpoint_name, resume, resume_changes,
   transfer = placer(mesh, donated=False)
   constants = place(transfer, program.constant_specs, program.constants)
   unsaved: list[dict[str, Any]] = []  # rows not yet in the checkpoint's history
+  last_write = clock()  # the run's start, then its last write
   if program.initial is not None and first_chunk == 0:
     unsaved.append(program.initial(carry))
 
@@ -556,10 +583,11 @@ def _run(program, mesh, checkpoint_dir, checkpoint_name, resume, resume_changes,
       rows["check"] = np.asarray(host(healthy))[None]
     rows.update(program.collect(chunk, tables, outputs))
     unsaved.append(rows)
-    if saver is not None:
+    if saver is not None and (min_interval == 0 or clock() - last_write >= min_interval):
       _append(records, unsaved)
       saver.save(carry, unsaved, chunk + 1)
       unsaved = []
+      last_write = clock()
     if callback is not None:
       # The chunk's own history rows (loss, metrics, ...) beside its progress, as the history keeps them.
       chunk_rows = {k: v for k, v in rows.items() if k != "check"}

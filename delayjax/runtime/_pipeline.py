@@ -518,7 +518,8 @@ def simulate_pipeline(
 
   The run goes through the runtimes' engine (``delayjax.runtime._engine``):
   ``Execution.chunk_size`` updates per compiled ``lax.scan``, a checkpoint
-  after every chunk (a restarted run resumes from it, bit for bit), the
+  after every chunk or fewer (``Checkpoint.min_interval``; a restarted run
+  resumes from it, bit for bit), the
   callback after every chunk, and the non-finite report: an update whose
   gradient of some stage is not finite is listed in ``history.nonfinite``
   (``(update, stage)`` rows), non-finite weights or optimizer states in
@@ -581,6 +582,7 @@ def simulate_pipeline(
   run.step, run.carry, run.carry_specs, run.params_at, run.current_params, run.state_packing = _stage_program(run)
   carry, records = engine.run(_program(run), mesh=run.mesh, checkpoint_dir=run.checkpoint_dir,
                               checkpoint_name=_CHECKPOINT_FILE, resume=run.resume, resume_changes=run.resume_changes,
+                              checkpoint_min_interval=engine.checkpoint_interval(run.checkpoint),
                               callback=run.callback)
   return _results(run, carry, records)
 

@@ -691,6 +691,7 @@ def simulate(
                  worker=worker, record=record, checkpoint=checkpoint, execution=execution)
   carry, records = engine.run(_program(run), mesh=run.mesh, checkpoint_dir=run.checkpoint_dir,
                               checkpoint_name=_CHECKPOINT_FILE, resume=run.resume, resume_changes=run.resume_changes,
+                              checkpoint_min_interval=engine.checkpoint_interval(run.checkpoint),
                               callback=run.callback)
   return _results(run, carry, records)
 

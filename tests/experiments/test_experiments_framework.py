@@ -356,6 +356,9 @@ def toy_cli(monkeypatch):
     (["--seed", "-1"], "--seed"),
     (["--seed", "4294967296"], "--seed"),
     (["--only", "nomatch"], "--only"),
+    (["--checkpoint-every", "-1"], "--checkpoint-every"),
+    (["--checkpoint-every", "nan"], "--checkpoint-every"),
+    (["--checkpoint-every", "inf"], "--checkpoint-every"),
 ])
 def test_bad_cli_input_is_an_error_naming_the_argument(toy_cli, tmp_path, capsys, args, names):
   main, calls, _ = toy_cli
@@ -598,14 +601,54 @@ def test_an_interrupted_run_resumes_from_its_checkpoint(tmp_path):
 
   stopping = type("Stopping", (fw.RunProgress,), {"__call__": lambda self, d, t: stop_after_first_chunk(d, t)})
   with pytest.raises(_Interrupt):
-    record(stopping(bar, str(tmp_path / "ckpt")))
+    record(stopping(bar, str(tmp_path / "ckpt"), checkpoint_every=0))  # a checkpoint after every chunk
   assert calls and calls[0] < 300 and os.listdir(tmp_path / "ckpt")
   resumed_from = []
   counting = type("Counting", (fw.RunProgress,), {"__call__": lambda self, d, t: resumed_from.append(d)})
-  resumed = record(counting(bar, str(tmp_path / "ckpt")))
+  resumed = record(counting(bar, str(tmp_path / "ckpt"), checkpoint_every=0))
   assert resumed_from[0] > calls[0]  # the first chunk was not recomputed
   assert fw.to_json(resumed["metrics"]) == fw.to_json(whole["metrics"])
   np.testing.assert_array_equal(resumed["curves"]["test_error"], whole["curves"]["test_error"])
+
+
+def test_checkpoint_every_reaches_each_runs_checkpoint(toy_cli, tmp_path, monkeypatch):
+  """--checkpoint-every (default fw.CHECKPOINT_EVERY) reaches every run's RunProgress, and simulate_record turns
+  it into its dj.Checkpoint's min_interval."""
+  import optax
+
+  import delayjax as dj
+  from experiments import _training
+
+  main, _, repro = toy_cli
+  given = []
+  toy = repro.run
+
+  def run(config, spec, seed, progress):
+    given.append(progress.checkpoint_every)
+    return toy(config, spec, seed, progress)
+
+  object.__setattr__(repro, "run", run)
+  assert main(["run", "toy", "--no-plot", "--seeds", "1", "--out", str(tmp_path / "a"), "--checkpoint-every",
+               "2.5"]) == 0
+  assert main(["run", "toy", "--no-plot", "--seeds", "1", "--out", str(tmp_path / "b")]) == 0
+  runs = len(given) // 2
+  assert runs >= 2 and given == [2.5] * runs + [fw.CHECKPOINT_EVERY] * runs
+
+  checkpoints = []
+
+  def simulate(*args, checkpoint, **kwargs):
+    checkpoints.append(checkpoint)
+    raise _Interrupt
+
+  monkeypatch.setattr(_training.dj, "simulate", simulate)
+  task = _training.task_for({"data": "digits", "model": "mlp", "hidden": 16})
+  bar = type("Bar", (), {"refresh": lambda self: None})()
+  for progress in (fw.RunProgress(bar, str(tmp_path / "ckpt"), 2.5), fw.RunProgress(bar, str(tmp_path / "ckpt"))):
+    with pytest.raises(_Interrupt):
+      _training.simulate_record(task, optax.sgd(0.1), dj.delays.constant(0), num_updates=10, seed=0, batch_size=8,
+                                eval_every=5, progress=progress)
+  assert [(c.directory, c.min_interval) for c in checkpoints] == [
+      (str(tmp_path / "ckpt"), 2.5), (str(tmp_path / "ckpt"), fw.CHECKPOINT_EVERY)]
 
 
 def _toy_run(config, spec, seed, progress):
