@@ -43,9 +43,13 @@ from ._training import Task, digits_split, simulate_record
 from .data import Split
 from .delayed_digits import init_mlp, mlp
 
+# Seeds: 15 (were 5). At 5 both claims were inconclusive (tau 32 - tau 0: +0.0023 [-0.0047, +0.0093] nats,
+# per-seed std 0.0056); 15 is about the fewest at which a t interval excludes zero for a difference of that
+# size, fixed before seeds 5-14 ran. Nothing else changed. With 15 both are not held: the gap at tau = 32 is
+# larger than the synchronous one, +0.0046 [+0.0010, +0.0082] nats.
 SCALES = {
     "quick": dict(data="digits", n_train=300, hidden=[], steps=3000, batch=8, lr=0.1, taus=[0, 4, 16, 32],
-                  seeds=5, eval_every=300),
+                  seeds=15, eval_every=300),
     "paper": dict(data="digits", n_train=300, hidden=[], steps=20_000, batch=8, lr=0.1, taus=[0, 2, 4, 8, 16, 32, 64],
                   seeds=10, eval_every=1000),
 }
