@@ -41,7 +41,7 @@ SLOW_GROUPS = (
     ("dana", "accumulation", "variance_reduction", "generalization", "async_sgdi"),
     ("gossip_topology", "gossip_failures", "gossip_acid", "gossip_dcs3gd", "gossip_layup"),
     ("sme", "pipeline_stashing", "pipeline_pipemare"),
-    ("gem", "local_optimizers", "pipeline_2bw"),
+    ("gem", "local_optimizers", "pipeline_2bw", "compression"),
     ("streaming_diloco", "weight_prediction", "async_rl"),
 )
 # A reproduction registered since, in no group yet, still runs: in a group of its own.
