@@ -400,3 +400,26 @@ def test_updates_of_other_shapes_than_the_state_are_refused():
   ps = dj.powersgd(1)
   with pytest.raises(ValueError, match="updates"):
     ps.update(jnp.ones((4, 5)), ps.init(jnp.ones((4, 6))))
+
+
+@pytest.mark.standard_promotion  # MultiSteps divides by its int32 step count
+def test_wrapped_by_inject_hyperparams_and_multisteps():
+  g = _tree(14)
+
+  def make(learning_rate):
+    return optax.chain(dj.error_feedback(dj.powersgd(2, num_workers=2), num_workers=2), optax.sgd(learning_rate))
+
+  plain = make(0.1)
+  injected = optax.inject_hyperparams(make)(learning_rate=0.1)
+  a, _ = plain.update(g, plain.init(g), worker=jnp.int32(1))
+  b, _ = injected.update(g, injected.init(g), worker=jnp.int32(1))
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  multi = optax.MultiSteps(make(0.1), every_k_schedule=2)
+  state = multi.init(g)
+  out, state = multi.update(g, state, worker=jnp.int32(0))
+  assert all(np.all(np.asarray(x) == 0) for x in jax.tree.leaves(out))  # the first of two accumulates
+  out, state = multi.update(g, state, worker=jnp.int32(0))
+  ref, _ = plain.update(g, plain.init(g), worker=jnp.int32(0))
+  for x, y in zip(jax.tree.leaves(out), jax.tree.leaves(ref)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-7)
