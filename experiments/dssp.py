@@ -24,10 +24,15 @@ from ._training import shared_chunk_size, simulate_record, task_for, with_time_t
 
 # Config: the paper's thresholds s_L = 3, s_U = 15; half the cluster is slower (0.8x and 0.6x). With a
 # 4x-slower worker the gap exceeds s_U almost always, and DSSP behaves like SSP (a first quick run showed it).
+# Seeds: 10 (were 5). At 5, "at least as accurate as ASP" was -0.33 [-1.38, +0.71] points (per-seed std 0.85):
+# 10 is about the fewest at which the interval's upper end falls below the 0.5-point margin for a difference
+# of that size, fixed before seeds 5-9 ran. Nothing else changed. With 10 it is held (-0.17 [-0.66, +0.32]);
+# "sooner than SSP" stays inconclusive (-2.1 [-12.3, +8.2] s: the time to the target varies by a few evaluation
+# intervals from seed to seed).
 SCALES = {
     "quick": dict(data="digits", model="mlp", hidden=128, steps=1200, batch=32, lr=0.05, momentum=0.5,
                   speeds=[1.0, 1.0, 1.0, 1.0, 0.8, 0.8, 0.6, 0.6], compute="gamma", s_lower=3, s_upper=15,
-                  target_accuracy=0.95, seeds=5, eval_every=40),
+                  target_accuracy=0.95, seeds=10, eval_every=40),
     "paper": dict(data="cifar10", model="resnet20", steps=62_500, batch=128, lr=0.1, momentum=0.9,
                   speeds=[1.0, 1.0, 1.0, 1.0, 0.8, 0.8, 0.6, 0.6], compute="gamma", s_lower=3, s_upper=15,
                   target_accuracy=0.85, seeds=1, eval_every=1000),

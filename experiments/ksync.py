@@ -40,10 +40,15 @@ from ._training import shared_chunk_size, simulate_record, task_for, within_time
 # where the paper's error-runtime analysis lives; the test error is in the table. AdaSync is evaluated only
 # at the end of each chunk: with chunks of 1000 updates (125 s at K = 1, past a fifth of the budget) its
 # "early" figure was its initial loss, so chunks are 400 updates.
+# Seeds: 10 (were 5). At 5, three claims were inconclusive with per-seed standard deviations of 0.11-0.15 in log
+# loss around differences of 0.09-0.13; 10 is about the fewest at which t intervals exclude zero for differences
+# of those sizes, fixed before seeds 5-9 ran. Nothing else changed. With 10: K-async K=1 is behind K-sync K=8 at a
+# fifth of the budget (+0.12 [+0.013, +0.23]: not held), the error-runtime trade-off is held, and AdaSync's
+# "within 5% of the best K" stays inconclusive (+0.030 [-0.012, +0.072] against log 1.05 = 0.049).
 SCALES = {
     "quick": dict(data="digits", model="mlp", hidden=[], label_noise=0.2, workers=8, ks=[1, 2, 4, 8],
                   async_ks=[1], time_budget=600.0, batch=4, lr=0.5, adasync_k0=1, adasync_chunk=400,
-                  compute="exponential", seeds=5, eval_points=40, steps=0),
+                  compute="exponential", seeds=10, eval_points=40, steps=0),
     "paper": dict(data="cifar10", model="resnet20", workers=8, ks=[1, 2, 4, 8], async_ks=[1, 2, 4, 8],
                   time_budget=20_000.0, batch=128, lr=0.05, adasync_k0=1, adasync_chunk=2000, compute="exponential",
                   seeds=1, eval_points=40, steps=0),
