@@ -423,3 +423,13 @@ def test_wrapped_by_inject_hyperparams_and_multisteps():
   ref, _ = plain.update(g, plain.init(g), worker=jnp.int32(0))
   for x, y in zip(jax.tree.leaves(out), jax.tree.leaves(ref)):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-7)
+
+
+def test_simulate_refuses_per_worker_tables_smaller_than_the_cluster():
+  data, loss_fn, params = regression_problem()
+  schedule = dj.cluster.simulate(dj.cluster.asp(), dj.cluster.workers(4), num_updates=5, seed=0)
+  for comp in (dj.error_feedback(dj.top_k(1), num_workers=3), dj.powersgd(1, num_workers=3)):
+    assert dj.worker_capacity(comp.init(params)) == 3
+    tx = optax.chain(dj.per_contribution(comp), optax.sgd(0.1))
+    with pytest.raises(ValueError, match="worker"):
+      dj.simulate(loss_fn, tx, params, data, schedule, sampling=dj.Sampling(batch_size=4))
