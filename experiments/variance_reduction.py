@@ -15,39 +15,45 @@ Three methods take the same constant step ``eta = step_scale / L_max``
 per-sample smoothness constant): SGD, SVRG in the AsySVRG form and SAGA in
 the ASAGA form (``dj.svrg`` and ``dj.saga`` chained with ``optax.sgd(eta)``).
 
-Asynchrony is simulated by stale reads, in a hand-written loop specialized
-to these linear models (about four times faster here than ``dj.simulate``,
-whose general per-example gradients and minibatch machinery a batch of one
-does not need; ``tests/runtime/test_simulate_variance_reduction.py`` shows
-the same convergence through ``dj.simulate``): update ``t`` computes its
-gradient at the parameters of version ``t - d_t`` and applies it to version
-``t``. The
-delays ``d_t`` are i.i.d. uniform on ``{0, ..., tau}`` (``delay="uniform"``,
-the default) or always ``tau`` (``delay="constant"``), capped at ``t``. For
-AsySVRG the workers synchronize at each epoch's full gradient (Zhao & Li), so
-reads never precede the epoch's snapshot (``d_t`` is also capped at the
-update's position in the epoch); SGD and SAGA have no barrier. Reads are
-consistent copies of an earlier version: the inconsistent (partially
-written) reads of lock-free Hogwild-style updates are not modelled. SAGA's
-table holds the per-sample data-fit gradients (the exact L2 term passes
-through untabled) and starts at zero; each SAGA entry is the gradient at the
-stale read, as in ASAGA. An SVRG epoch is ``n`` updates whose snapshot is the
-last iterate (option I), with the full gradient computed there; it costs
-``3n`` gradient evaluations (``n`` for the full gradient, two per update)
-where SGD and SAGA cost ``n``, so the table also reports gradient evaluations.
+Every run is one ``dj.simulate`` call with batches of one example
+(``dj.Sampling(batch_size=1)``, uniform with replacement): update ``t``
+computes its gradient at the parameters of version ``t - d_t`` and applies
+it to version ``t``. The delays ``d_t`` are ``dj.delays.uniform(tau)``'s,
+i.i.d. on ``{0, ..., tau}`` (``delay="uniform"``, the default), or
+``dj.delays.constant(tau)``'s (``delay="constant"``), capped at ``t``, drawn
+as ``dj.simulate`` draws a delay model's; :func:`stale_reads` makes them a
+``dj.cluster.Schedule`` of round-robin workers, as many at every tau as the
+largest tau needs, so that a seed draws the same examples at every tau and
+the comparison across tau is paired. For AsySVRG the workers synchronize at
+each epoch's full gradient (Zhao & Li), so reads never precede the epoch's
+snapshot (``d_t`` is also capped at the update's position in the epoch); SGD
+and SAGA have no barrier. Reads are consistent copies of an earlier version:
+the inconsistent (partially written) reads of lock-free Hogwild-style
+updates are not modelled.
+
+The variance-reduced inputs come from ``dj.simulate``'s default worker
+plug-in, ``dj.workers.Gradient``. SVRG: ``snapshot_every=n``, so an epoch is
+``n`` updates whose snapshot is the last iterate (option I), with the full
+gradient computed there, and each update's snapshot gradient is taken on its
+own example; an epoch costs ``3n`` gradient evaluations (``n`` for the full
+gradient, two per update) where SGD and SAGA cost ``n``, so the table also
+reports gradient evaluations. SAGA: ``dj.saga(n, table="scalars")`` with
+``sample_terms=FiniteSum.per_sample``, so the table holds the data-fit
+scalars :math:`s_i` of :math:`\\nabla f_i(w) = s_i x_i + \\lambda w` at the
+stale read, as in ASAGA, starting at zero, and the exact L2 term passes
+through untabled. The table is float32 (``dj.saga``'s scalar table): the
+estimator stays unbiased, and the rounding of the stored scalars sets SAGA's
+floor on least squares near 2e-17 (a float64 table reaches about 1e-18), far
+below the target. ``tests/experiments/test_variance_reduction.py`` checks
+the runs against a float64 NumPy re-implementation of these rules.
 
 Precision: everything runs in float64 (``jax.enable_x64`` as a context
 manager inside :func:`run` only, never globally), since suboptimality below
 1e-8 on an objective of order 1 is beyond float32. The problems, ``f*`` and
 ``f(w) - f*`` come from ``dj.problems`` (damped Newton in float64 NumPy to a
 gradient norm of 1e-12, cached on disk; for least squares ``f(w) - f*`` is
-``(w - w*)' H (w - w*) / 2``, without cancellation). Each run is one compiled ``lax.scan`` over an epoch's updates,
-called once per epoch (one compile per problem, method and tau).
-
-Cost: ``dj.saga`` writes its ``[n, d]`` table in place inside the scan, so
-an update costs about twice an SGD update whatever ``n``
-(``python -m experiments.bench_tables``); ``dj.saga(n, table="scalars")``
-would keep ``n`` numbers instead (its table is float32, not used here).
+``(w - w*)' H (w - w*) / 2``, without cancellation), at the iterates
+``dj.simulate`` records at every epoch end (``dj.Record(every=n)``).
 
 Claims (thresholds in the config): (1) SVRG and SAGA reach suboptimality
 below ``target`` (1e-8) within the epoch budget at every tau; (2) SGD with
@@ -94,6 +100,10 @@ PROBLEMS = ("digits_logreg", "least_squares")
 METHODS = ("sgd", "svrg", "saga")
 LABELS = {"sgd": "SGD", "svrg": "SVRG (AsySVRG)", "saga": "SAGA (ASAGA)"}
 GRAD_EVALS_PER_EPOCH = {"sgd": 1, "svrg": 3, "saga": 1}  # in units of n
+# dj.simulate's steps per compiled chunk: an update costs a few microseconds, so the default 256 would spend
+# about half of a run sending each chunk's tables; one length for all runs (a shorter run: the power of two
+# at or above its updates) keeps one program per plan.
+CHUNK = 4096
 
 
 # ---------------------------------------------------------------- problems and their optimum (float64, NumPy)
@@ -111,60 +121,65 @@ def problem(config: dict[str, Any], name: str) -> dj.problems.FiniteSum:
   raise ValueError(f"problem must be one of {PROBLEMS}, got {name!r}.")
 
 
-# ---------------------------------------------------------------- one run: stale reads in a compiled lax.scan
+# ---------------------------------------------------------------- one run: dj.simulate under stale reads
 
 
-_EPOCH_FNS: dict[tuple[Any, ...], Any] = {}
+def stale_reads(model: dj.delays.DelayModel, num_updates: int, seed: int, workers: int,
+                epoch: int | None = None) -> dj.cluster.Schedule:
+  """Stale reads of ``model``'s delays by ``workers`` round-robin workers, with AsySVRG's barrier every ``epoch``.
 
-
-def _epoch_fn(name: str, method: str, tau: int, constant: bool, x: jax.Array, y: jax.Array, lam: float, eta: float):
-  """The compiled epoch: ``(w, state, buf, t, key) -> (w, state, buf, t)`` after n updates with stale reads.
-
-  ``buf`` is a ring of the last ``tau + 1`` versions: version ``v`` sits at ``v % (tau + 1)``.
+  Update ``t`` has one contribution, from worker ``t mod workers`` (its ``t div workers``-th, so
+  ``dj.simulate`` draws its example from ``(seed, t)`` alone: the same examples at every delay bound, whose
+  comparison is then paired), read at version ``t - min(d_t, c_t)``. ``d_t`` is the delay
+  ``dj.simulate(..., model, seed=seed)`` draws (``model.sample`` on the key ``fold_in(fold_in(key(seed), 0),
+  t)``); ``c_t`` is ``t``, or with ``epoch`` the update's position in its epoch, so that no read precedes the
+  snapshot of its epoch (AsySVRG's workers meet at each full gradient). With ``workers = max_delay + 1`` and no
+  ``epoch`` it is the schedule ``dj.simulate`` runs for ``model`` itself.
   """
-  n, d = x.shape
-  ring = tau + 1
-  tx = optax.chain({"sgd": optax.identity(), "svrg": dj.svrg(), "saga": dj.saga(n)}[method], optax.sgd(eta))
+  if workers < model.max_delay + 1:
+    raise ValueError(f"workers must be at least max_delay + 1 = {model.max_delay + 1} (one gradient in flight per "
+                     f"worker), got {workers}.")
+  key = jax.random.fold_in(jax.random.key(seed), 0)
+  t = np.arange(num_updates)
+  draw = jax.jit(jax.vmap(lambda u: model.sample(jax.random.fold_in(key, u), u)))
+  delays = np.asarray(draw(jnp.arange(num_updates, dtype=jnp.int32)), np.int64)
+  contributes = np.zeros((num_updates, workers), bool)
+  read_version = np.full((num_updates, workers), -1, np.int64)
+  contributes[t, t % workers] = True
+  read_version[t, t % workers] = t - np.minimum(delays, t if epoch is None else t % epoch)
+  barrier = "" if epoch is None else f", barrier every {epoch}"
+  return dj.cluster.Schedule(time=t.astype(np.float64), contributes=contributes, read_version=read_version,
+                             wait=np.zeros(workers), paradigm=f"stale read, {model!r}{barrier}")
 
-  def fit_scalar(w, i):  # grad f_i(w) = fit_scalar * x_i + lam w
-    z = x[i] @ w
-    return z - y[i] if name == "least_squares" else -y[i] * jax.nn.sigmoid(-y[i] * z)
 
-  def full_grad(w):
-    z = x @ w
-    s = z - y if name == "least_squares" else -y * jax.nn.sigmoid(-y * z)
-    return x.T @ s / n + lam * w
+def delay_model(config: dict[str, Any], tau: int) -> dj.delays.DelayModel:
+  """``dj.delays.uniform(tau)`` (``delay="uniform"``) or ``dj.delays.constant(tau)`` (``delay="constant"``)."""
+  if config["delay"] == "uniform":
+    return dj.delays.uniform(tau)
+  if config["delay"] == "constant":
+    return dj.delays.constant(tau)
+  raise ValueError(f"delay must be 'uniform' or 'constant', got {config['delay']!r}.")
 
-  def epoch(w, state, buf, t, key):
-    picks = jax.random.randint(jax.random.fold_in(key, 0), (n,), 0, n)
-    if constant:
-      delays = jnp.full((n,), tau)
-    else:
-      delays = jax.random.randint(jax.random.fold_in(key, 1), (n,), 0, tau + 1)
-    snapshot, mu = w, full_grad(w)
 
-    def step(carry, k):
-      w, state, buf, t = carry
-      i = picks[k]
-      # AsySVRG's workers meet at the full gradient, so its reads never precede the epoch's snapshot.
-      cap = k if method == "svrg" else t
-      read = buf[(t - jnp.minimum(delays[k], cap)) % ring]
-      s = fit_scalar(read, i)
-      g = s * x[i] + lam * read
-      if method == "svrg":
-        u, state = tx.update(g, state, w, snapshot_grad=fit_scalar(snapshot, i) * x[i] + lam * snapshot,
-                             full_grad=mu, refresh=k == 0)
-      elif method == "saga":  # the table holds the data-fit gradients s_i x_i at the reads; the L2 term is exact
-        u, state = tx.update(g, state, w, sample_indices=i[None], sample_grads=(s * x[i])[None])
-      else:
-        u, state = tx.update(g, state, w)
-      w = optax.apply_updates(w, u)
-      return (w, state, buf.at[(t + 1) % ring].set(w), t + 1), None
+def optimizer(finite_sum: dj.problems.FiniteSum, method: str,
+              eta: float) -> tuple[optax.GradientTransformation, dj.workers.Gradient | None]:
+  """``(tx, worker)`` of ``method``: the estimator chained with ``optax.sgd(eta)``, and the worker plug-in that
+  computes what it requests (SVRG: epochs of n updates; SAGA: the data-fit scalars of its table)."""
+  n = finite_sum.num_samples
+  if method == "sgd":
+    return optax.sgd(eta), None
+  if method == "svrg":
+    return optax.chain(dj.svrg(), optax.sgd(eta)), dj.workers.Gradient(snapshot_every=n)
+  if method == "saga":
+    # grad f_i = s_i x_i + lam w: the table holds s_i (x_i is the data), the L2 term passes through untabled.
+    return (optax.chain(dj.saga(n, table="scalars"), optax.sgd(eta)),
+            dj.workers.Gradient(sample_terms=finite_sum.per_sample))
+  raise ValueError(f"method must be one of {METHODS}, got {method!r}.")
 
-    (w, state, buf, t), _ = jax.lax.scan(step, (w, state, buf, t), jnp.arange(n))
-    return w, state, buf, t
 
-  return jax.jit(epoch), tx
+def _iterate(w: jax.Array) -> jax.Array:
+  """What each evaluation records: the parameters themselves (the suboptimality is computed in NumPy)."""
+  return w
 
 
 def specs(config: dict[str, Any]) -> list[dict[str, Any]]:
@@ -194,30 +209,28 @@ def epochs_to(curve: np.ndarray, target: float) -> float:
 def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
   name, method, tau = spec["problem"], spec["method"], int(spec["tau"])
   finite_sum = problem(config, name)
-  x_np, y_np, lam = finite_sum.features, finite_sum.targets, finite_sum.lam
+  n = finite_sum.num_samples
   solution = dj.problems.optimum(finite_sum)
   l_max = finite_sum.smoothness().l_max
   eta = config["step_scale"] / l_max
   epochs = _epochs(config)
-  if config["delay"] not in ("uniform", "constant"):
-    raise ValueError(f"delay must be 'uniform' or 'constant', got {config['delay']!r}.")
-  iterates = []
+  model = delay_model(config, tau)
+  tx, worker = optimizer(finite_sum, method, eta)
+
+  def callback(info: dict[str, Any]) -> None:
+    progress(info["updates_done"], info["num_updates"])
+
   with jax.enable_x64(True):
-    x, y = jnp.asarray(x_np, jnp.float64), jnp.asarray(y_np, jnp.float64)
-    # One compilation per problem, method and tau, shared by every seed (the key is an argument).
-    cache_key = (name, method, tau, config["delay"], lam, eta, x_np.shape, float(np.sum(x_np)), float(np.sum(y_np)))
-    if cache_key not in _EPOCH_FNS:
-      _EPOCH_FNS[cache_key] = _epoch_fn(name, method, tau, config["delay"] == "constant", x, y, lam, eta)
-    epoch, tx = _EPOCH_FNS[cache_key]
-    w = jnp.zeros(x.shape[1], jnp.float64)
-    state, buf, t = tx.init(w), jnp.zeros((tau + 1, x.shape[1]), jnp.float64).at[0].set(w), jnp.int64(0)
-    key = jax.random.key(seed)
-    iterates.append(np.asarray(w))
-    for e in range(epochs):
-      w, state, buf, t = epoch(w, state, buf, t, jax.random.fold_in(key, e))
-      iterates.append(np.asarray(w, np.float64))
-      progress(e + 1, epochs)
-  curve = np.array([dj.problems.suboptimality(finite_sum, v, solution=solution) for v in iterates])
+    # As many workers at every tau as the largest needs: each tau then sees the same examples.
+    source = stale_reads(model, epochs * n, seed, workers=max(config["taus"]) + 1,
+                         epoch=n if method == "svrg" else None)
+    result = dj.simulate(finite_sum.loss_fn, tx, jnp.zeros(finite_sum.num_features, jnp.float64),
+                         finite_sum.data(jnp.float64), source, seed=seed, sampling=dj.Sampling(batch_size=1),
+                         worker=worker,
+                         record=dj.Record(eval_fn=_iterate, every=n, history="evaluations", callback=callback),
+                         execution=dj.Execution(chunk_size=min(CHUNK, 1 << (epochs * n - 1).bit_length())))
+    iterates = np.asarray(result.history.eval_metrics, np.float64)  # one per epoch end, from epoch 0
+  curve = np.array([dj.problems.suboptimality(finite_sum, w, solution=solution) for w in iterates])
   curve = np.where(np.isfinite(curve), np.maximum(curve, 0.0), np.nan)
   to_target = epochs_to(curve, config["target"])
   tail = curve[len(curve) // 2:]
@@ -230,7 +243,7 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> di
           "grad_evals_to_target": to_target * GRAD_EVALS_PER_EPOCH[method],
           "step": eta, "l_max": l_max, "mu": float(np.linalg.eigvalsh(finite_sum.hessian(solution.w))[0]),
           "f_star": solution.value,
-          "n": int(x_np.shape[0]), "d": int(x_np.shape[1]),
+          "n": n, "d": int(finite_sum.num_features),
       },
       "curves": {"epoch": list(range(epochs + 1)), "suboptimality": curve.tolist()},
   }
@@ -366,6 +379,10 @@ def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict
   return [path]
 
 
+# No paper_numbers: both papers measure wall-clock speed-ups of lock-free threads on a multi-core machine
+# (AsySVRG against Hogwild! and over thread counts; ASAGA on a 40-core machine, per their abstracts) on data sets
+# of their own, and neither reports suboptimality per epoch against a delay bound on these two problems, which
+# is what each row here estimates.
 REPRODUCTION = Reproduction(
     name="variance_reduction",
     paper="Zhao, Li: Fast asynchronous parallel SGD: a lock-free approach with convergence guarantee (AsySVRG), "
