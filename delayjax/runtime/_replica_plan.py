@@ -49,24 +49,42 @@ DENSE_WIDTH = 8
 MAX_SHIFTS = 4
 
 
-def mixing_form(schedule: Any) -> tuple[str, tuple[int, ...]]:
+def mixing_form(schedule: Any, *like: Any) -> tuple[str, tuple[int, ...]]:
   """How the runtime combines messages: ``("shift", offsets)`` when every nonzero weight of every mix
   sits at one of at most ``MAX_SHIFTS`` offsets ``(b - a) mod M`` and no message is late (rolls, or
   ``lax.ppermute`` on a mesh); else ``("gather", ())`` for groups of at most ``DENSE_WIDTH`` and
-  ``("dense", ())`` (an ``[M, M]`` matrix per slot) for wider ones."""
+  ``("dense", ())`` (an ``[M, M]`` matrix per slot) for wider ones. With ``like`` (more schedules of the
+  same replicas), the form that fits every one of them."""
   m = schedule.num_workers
-  members = np.asarray(schedule.members)
-  weights = np.asarray(schedule.weights)
-  if members.shape[0] == 0:
-    return "shift", (0,)
-  valid = members >= 0
-  used = (weights != 0) & valid[:, :, None] & valid[:, None, :] & np.asarray(schedule.receives)[:, :, None]
-  offsets = (members[:, None, :] - members[:, :, None]) % m
-  found = set(np.unique(offsets[used]).tolist()) | {0}
-  lags = np.asarray(schedule.lag)
-  if len(found) <= MAX_SHIFTS and not np.any(lags[np.asarray(schedule.mixes) != GRADS] > 0):
+  found, late, widest = {0}, False, 0
+  for s in (schedule, *like):
+    members = np.asarray(s.members)
+    if members.shape[0] == 0:
+      continue
+    weights = np.asarray(s.weights)
+    valid = members >= 0
+    used = (weights != 0) & valid[:, :, None] & valid[:, None, :] & np.asarray(s.receives)[:, :, None]
+    offsets = (members[:, None, :] - members[:, :, None]) % m
+    found |= set(np.unique(offsets[used]).tolist())
+    late |= bool(np.any(np.asarray(s.lag)[np.asarray(s.mixes) != GRADS] > 0))
+    widest = max(widest, members.shape[1])
+  if len(found) <= MAX_SHIFTS and not late:
     return "shift", tuple(sorted(found))
-  return ("dense" if members.shape[1] > DENSE_WIDTH else "gather"), ()
+  return ("dense" if widest > DENSE_WIDTH else "gather"), ()
+
+
+def _program_choices(schedule: Any) -> tuple[bool, bool, int, int]:
+  """What a schedule asks of the compiled step beyond its mixing form: whether it has mixes of parameters
+  and of gradients, the messages each replica keeps (the largest lag of a mix of parameters, plus one) and
+  the most minibatches of one gradient."""
+  kind, mix, mixes = np.asarray(schedule.kind), np.asarray(schedule.mix), np.asarray(schedule.mixes)
+  event_mixes = mixes[mix[kind == MIX]] if mixes.size else np.zeros(0, np.int64)
+  has_pmix, has_gmix = bool(np.any(event_mixes != GRADS)), bool(np.any(event_mixes == GRADS))
+  lags = np.asarray(schedule.lag)
+  history = int(lags[mixes != GRADS].max()) + 1 if has_pmix and lags.size else 1
+  reads = kind == READ
+  max_batches = int(np.asarray(schedule.num_batches)[reads].max()) if np.any(reads) else 1
+  return has_pmix, has_gmix, history, max_batches
 
 
 def needed_reads(kind: np.ndarray, worker: np.ndarray, mix: np.ndarray, members: np.ndarray, mixes: np.ndarray,
@@ -190,9 +208,11 @@ def _placement_cost(slots: np.ndarray, lane_step: np.ndarray, phases: int, lanes
   return steps * (lanes * num_devices / num_workers + _SLOT_COST * _slot_passes(_used_slots(slots, phases))), steps
 
 
-def choose_placement(kind, worker, mix, members, mixes, needed, num_workers, num_devices, phases=None):
+def choose_placement(kind, worker, mix, members, mixes, needed, num_workers, num_devices, phases=None,
+                     every_lane=False):
   """The phases per step and lanes per device that minimize ``steps * (lanes / M + slot cost * slot
-  passes)`` (first the phases with a lane for every replica, then fewer lanes), and the placement."""
+  passes)`` (first the phases with a lane for every replica, then fewer lanes; only the first with
+  ``every_lane``), and the placement."""
   per_device = num_workers // num_devices
   args = (kind, worker, mix, members, mixes, needed, num_workers)
   events = _event_lists(kind, worker, mix, members, mixes)
@@ -203,7 +223,7 @@ def choose_placement(kind, worker, mix, members, mixes, needed, num_workers, num
     if best is None or cost < best[0] - 1e-9:
       best = (cost, p, per_device, slots, lane_step)
   p = best[1]
-  for fraction in _LANE_FRACTIONS:
+  for fraction in () if every_lane else _LANE_FRACTIONS:
     lanes = max(1, -(-per_device * fraction // 100))
     if lanes >= per_device:
       continue
@@ -274,8 +294,15 @@ class ReplicaPlan(NamedTuple):
   lane_utilization: float
 
 
-def make_plan(schedule: Any, *, phases: int | None = None, num_devices: int = 1) -> ReplicaPlan:
-  """Packs ``schedule`` (a ``GossipSchedule``) into steps for ``num_devices`` (see the module docstring)."""
+def make_plan(schedule: Any, *, phases: int | None = None, num_devices: int = 1, like: tuple[Any, ...] = ()
+              ) -> ReplicaPlan:
+  """Packs ``schedule`` (a ``GossipSchedule``) into steps for ``num_devices`` (see the module docstring).
+
+  ``like``: more schedules of the same replicas whose plans are to compile to the same step. The choices
+  that shape the step then fit all of them rather than ``schedule`` alone: the mixing form and its width,
+  the mixes present, the messages kept, the minibatches per gradient; every slot kind is compiled and
+  every replica has a lane (``phases`` is still chosen per schedule unless given).
+  """
   kind = np.asarray(schedule.kind)
   worker = np.asarray(schedule.worker)
   mix = np.asarray(schedule.mix)
@@ -285,10 +312,10 @@ def make_plan(schedule: Any, *, phases: int | None = None, num_devices: int = 1)
   m = schedule.num_workers
   needed = needed_reads(kind, worker, mix, members, mixes, m)
   phases, lanes, slots, lane_step = choose_placement(kind, worker, mix, members, mixes, needed, m, num_devices,
-                                                     phases)
+                                                     phases, every_lane=bool(like))
   block = _SLOTS * phases
   num_steps = max(int(slots.max()) // block, int(lane_step.max())) + 1 if slots.size else 1
-  used = _used_slots(slots, phases)
+  used = np.ones((phases, _SLOTS), bool) if like else _used_slots(slots, phases)
   step_of = slots // block
   phase_of = (slots % block) // _SLOTS
 
@@ -296,15 +323,15 @@ def make_plan(schedule: Any, *, phases: int | None = None, num_devices: int = 1)
   event_mixes = np.where(is_mix, mixes[np.maximum(mix, 0)] if mixes.size else -1, -1)
   pmix = is_mix & (event_mixes != GRADS)
   gmix = is_mix & (event_mixes == GRADS)
-  group = max(1, members.shape[1])
-  mixing, shifts = mixing_form(schedule)
+  group = max(1, members.shape[1], *(np.asarray(s.members).shape[1] for s in like))
+  mixing, shifts = mixing_form(schedule, *like)
   width = {"shift": len(shifts), "gather": group, "dense": m}[mixing]
-  lags = np.asarray(schedule.lag)
-  history = int(lags[mixes != GRADS].max()) + 1 if pmix.any() and lags.size else 1
-  batches = np.asarray(schedule.num_batches)
-  max_batches = int(batches[kind == READ].max()) if np.any(kind == READ) else 1
+  choices = [_program_choices(s) for s in (schedule, *like)]
+  has_pmix, has_gmix = any(c[0] for c in choices), any(c[1] for c in choices)
+  history = max(c[2] for c in choices)
+  max_batches = max(c[3] for c in choices)
 
-  t = _empty_tables(num_steps, phases, m, width, mixing, bool(pmix.any()), bool(gmix.any()))
+  t = _empty_tables(num_steps, phases, m, width, mixing, has_pmix, has_gmix)
   _fill_reads(t, schedule, kind, worker, needed, lane_step, step_of, phase_of, m)
   before = _fill_updates(t, schedule, kind, worker, mix, members, mixes, step_of, phase_of, history,
                          gather=mixing == "gather")
@@ -318,8 +345,8 @@ def make_plan(schedule: Any, *, phases: int | None = None, num_devices: int = 1)
   step_events = np.cumsum(np.bincount(step_of, minlength=num_steps)).astype(np.int64)
   step_grads = np.cumsum(np.bincount(step_of[kind == GRAD], minlength=num_steps)).astype(np.int64)
   t["step_time"], t["step_events"], t["step_grads"] = step_time, step_events, step_grads
-  return ReplicaPlan(num_steps, phases, lanes, used, mixing, shifts, width, history, bool(pmix.any()),
-                     bool(gmix.any()), max_batches, t,
+  return ReplicaPlan(num_steps, phases, lanes, used, mixing, shifts, width, history, has_pmix, has_gmix,
+                     max_batches, t,
                      float(t["lane_active"].sum()) / (num_steps * lanes * num_devices))
 
 

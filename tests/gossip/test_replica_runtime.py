@@ -102,6 +102,37 @@ def test_runs_of_one_program_compile_once():
                      sampling=dj.Sampling(batch_size=BATCH), seed=3)
   assert engine.cache_info()["misses"] == misses + 1
 
+def test_schedules_given_as_like_share_one_program_and_each_matches_the_reference():
+  """Four paradigms, whose own plans differ (gradient mixes on all 8 replicas, fixed ring offsets, random pairs,
+  an 8-member exponential graph), each run with the others as ``like``: one compiled chunk for the four, and each
+  run is still its schedule's sequential reference."""
+  from delayjax.runtime import _engine as engine
+
+  m = 8
+  workers = dj.cluster.workers(m, compute="exponential", speed=[1.0] * (m - 1) + [0.25], seed=0)
+  paradigms = [dj.cluster.allreduce(), dj.cluster.d_psgd(dj.topology.ring(m)), dj.cluster.ad_psgd(),
+               dj.cluster.d_psgd(dj.topology.exponential(m))]
+  schedules = [dj.cluster.simulate_gossip(p, workers, num_steps=4, seed=1) for p in paradigms]
+  assert len({(r.stats["mixing"], r.stats["lanes"]) for r in (_run(s, execution=dj.Execution(phases=2))
+                                                               for s in schedules)}) > 1
+  data, loss_fn, params = regression()
+
+  def grad_fn(z, replica, batch_index):
+    idx = np.asarray(dj.runtime.minibatch_indices(0, 0, replica, batch_index, num_examples=40, batch_size=BATCH))
+    return grad(z, data, idx)
+
+  engine.clear_cache()
+  for i, schedule in enumerate(schedules):
+    result = _run(schedule, execution=dj.Execution(phases=2), like=[s for s in schedules if s is not schedule])
+    if i == 0:
+      misses = engine.cache_info()["misses"]
+    assert (result.stats["mixing"], result.stats["lanes"], result.stats["slots"]) == ("gather", m, 3)
+    ref = gossip_reference.run(schedule, grad_fn, flat(params), lr=LR, momentum=BETA)
+    np.testing.assert_allclose(_stacked(result.params), ref["x"], rtol=2e-5, atol=2e-6)
+    assert result.history.events[-1] == schedule.num_events
+  assert engine.cache_info()["misses"] == misses
+
+
 # One mixing path each: 1 device and 8 devices must agree bit for bit (plain sgd: nothing but the mixes
 # and the gradient steps between them). Exponential graph: more than four offsets, the all-gather path;
 # SGP with a 2-step overlap: late messages, gathered with every replica's kept past messages. (The dense path,
@@ -286,6 +317,12 @@ def test_bad_arguments_name_themselves():
                        execution=dj.Execution(mesh=jax.make_mesh((8,), ("workers",))))
   with pytest.raises(ValueError, match="mixes gradients"):
     dj.simulate_gossip(loss_fn, tx, dj.gossip.gossip_grad(), params, data, schedule)
+  with pytest.raises(TypeError, match="like must be a list or tuple of dj.cluster.GossipSchedule, got GossipSchedule"):
+    dj.simulate_gossip(loss_fn, tx, dj.gossip.d_psgd(), params, data, schedule, like=schedule)
+  with pytest.raises(TypeError, match="like\\[1\\] must be a dj.cluster.GossipSchedule, got str"):
+    dj.simulate_gossip(loss_fn, tx, dj.gossip.d_psgd(), params, data, schedule, like=[schedule, "ring"])
+  with pytest.raises(ValueError, match="like\\[0\\] has 6 replicas, but schedule has 4"):
+    dj.simulate_gossip(loss_fn, tx, dj.gossip.d_psgd(), params, data, schedule, like=[random_schedule(6, 20, seed=0)])
   # The same standard as dj.simulate: seeds in [0, 2**32), bools that are bools, a writable checkpoint directory,
   # options that are option objects. The options are made inside the check: each is checked when it is made.
   cases = [(lambda: dict(seed=-1), ValueError, "seed must be an integer >= 0, got -1"),
@@ -302,3 +339,34 @@ def test_bad_arguments_name_themselves():
   for kwargs, error, message in cases:
     with pytest.raises(error, match=message):
       dj.simulate_gossip(loss_fn, tx, dj.gossip.d_psgd(), params, data, schedule, **kwargs())
+
+
+@pytest.mark.parametrize("sampling", ["iid", "shard", "epoch"])
+def test_minibatches_drawn_in_blocks_are_minibatch_indices(sampling, monkeypatch):
+  """The host draws a chunk's minibatches in fixed blocks (the last one padded); every lane's are still
+  ``minibatch_indices`` of its replica and draw, across block boundaries."""
+  from delayjax.runtime import _replicas
+  from delayjax.runtime._sampling import shard_table
+
+  monkeypatch.setattr(_replicas, "_DRAW_BLOCK", 8)
+  rng = np.random.default_rng(0)
+  steps, lanes, max_batches, n, batch = 5, 4, 3, 40, 4
+  active = rng.random((steps, lanes)) < 0.7
+  batches = np.where(active, rng.integers(1, max_batches + 1, size=(steps, lanes)), 0).astype(np.int32)
+  first = rng.integers(0, 50, size=(steps, lanes)).astype(np.int32)
+  worker = rng.integers(0, 6, size=(steps, lanes)).astype(np.int32)
+  shards = [np.arange(q, n, 6) for q in range(6)]
+  rows, sizes = shard_table(shards, n, 6, 6) if sampling == "shard" else (np.zeros((6, 1), np.int32),
+                                                                          np.ones(6, np.int32))
+  assert batches.sum() > 2 * 8  # several blocks, the last one partial
+  got = _replicas._lane_examples(active, batches, first, worker, max_batches, seed=7, num_examples=n,
+                                 batch_size=batch, sampling=sampling, shard_rows=rows, shard_sizes=sizes)
+  for s, lane in zip(*np.nonzero(active)):
+    for b in range(max_batches):
+      if b < batches[s, lane]:
+        i = int(worker[s, lane])
+        want = dj.runtime.minibatch_indices(7, 0, i, int(first[s, lane]) + b, num_examples=n, batch_size=batch,
+                                            sampling=sampling, shard=rows[i], shard_size=sizes[i])
+        np.testing.assert_array_equal(got[s, lane, b], np.asarray(want))
+      else:
+        np.testing.assert_array_equal(got[s, lane, b], 0)
