@@ -1,24 +1,25 @@
-"""Decentralized training for the gossip reproductions: softmax regression on digits, executed from a gossip schedule.
-
-:func:`run_schedule` executes a ``dj.cluster.GossipSchedule`` event by event
-on ``M`` replicas held as one ``[M, d]`` NumPy array (the rules of the
-schedule's format; ``tests/gossip`` pins it to the sequential reference), with
-per-replica SGD with momentum and, for SGP, the push-sum weight (gradients
-at ``z_i = x_i / w_i``). Every ``eval_every`` applied gradients it records
-the training loss and test error of the average model ``z_bar``, the mean of
-the replicas' own losses, and the consensus distance
-``mean_i ||z_i - z_bar||^2``, against applied gradients and simulated time.
+"""Decentralized training for the gossip reproductions: softmax regression on digits, run by ``dj.simulate_gossip``.
 
 The model is multinomial logistic regression on the 8x8 digits (64 pixels
-and a bias, 10 classes): small enough that a few thousand events run in well
-under a second, so the reproductions run in the test suite. With
-``--set runtime=dj`` the same runs go through ``dj.simulate_gossip``, the
-compiled replica runtime (float32, its own minibatch draws; slower at this
-size because it compiles).
+and a bias, 10 classes). :func:`run_spec` simulates a spec's gossip schedule
+and trains on it with ``dj.simulate_gossip`` (float32, minibatches drawn by
+the library's ``minibatch_indices``), recording the training loss and test
+error of the average model ``z_bar``, the mean of the replicas' own losses,
+and the consensus distance ``mean_i ||z_i - z_bar||^2`` against applied
+gradients and simulated time.
+
+At this size a run is mostly compilation, so the runs of a reproduction
+share compiled programs: with ``specs`` (the reproduction's own), each run
+passes the schedules of the other specs that run the same method, for the
+same seed, as ``like``, and every run uses the same chunk and phases, so a
+reproduction compiles one program per method (a form of mixing that fits
+every topology; see ``dj.simulate_gossip``'s ``like``) instead of one per
+topology or paradigm.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -43,9 +44,9 @@ _TASKS: dict[tuple[int, str], GossipTask] = {}
 
 
 def digits_task(num_workers: int, shards: str = "iid") -> GossipTask:
-  """The digits split (built once per arguments), with ``shards="iid"`` (every replica samples the whole training set) or ``"label"``
-  (training examples sorted by label and cut into ``M`` contiguous shards: each replica sees one or two classes,
-  the heterogeneous setting where gossip's consensus matters most)."""
+  """The digits split (built once per arguments), with ``shards="iid"`` (every replica samples the whole training
+  set) or ``"label"`` (training examples sorted by label and cut into ``M`` contiguous shards: each replica sees one
+  or two classes, the heterogeneous setting where gossip's consensus matters most)."""
   from .data import digits
 
   if (num_workers, shards) in _TASKS:
@@ -64,147 +65,28 @@ def digits_task(num_workers: int, shards: str = "iid") -> GossipTask:
   return task
 
 
-def _softmax(logits: np.ndarray) -> np.ndarray:
-  z = logits - logits.max(axis=-1, keepdims=True)
-  e = np.exp(z)
-  return e / e.sum(axis=-1, keepdims=True)
-
-
-def loss(task: GossipTask, params: np.ndarray) -> np.ndarray:
-  """Mean cross-entropy on the training set of parameters ``[650]`` or ``[M, 650]`` (one value per model)."""
-  stacked = np.atleast_2d(params).reshape(-1, 65, 10)
-  # One [n, 65] x [65, M * 10] product for all models.
-  logits = (task.x @ stacked.transpose(1, 0, 2).reshape(65, -1)).reshape(task.x.shape[0], -1, 10)
-  z = logits - logits.max(axis=-1, keepdims=True)
-  logp = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
-  nll = -logp[np.arange(task.y.shape[0]), :, task.y].mean(axis=0)
-  return nll if params.ndim == 2 else nll[0]
-
-
-def error_rate(task: GossipTask, params: np.ndarray) -> float:
-  w = params.reshape(65, 10)
-  return float(np.mean(np.argmax(task.x_test @ w, axis=1) != task.y_test))
-
-
-def gradient(task: GossipTask, params: np.ndarray, index: np.ndarray) -> np.ndarray:
-  """The mean cross-entropy gradient on the examples ``index``, flat ``[650]``."""
-  xb, yb = task.x[index], task.y[index]
-  p = _softmax(xb @ params.reshape(65, 10))
-  p[np.arange(yb.shape[0]), yb] -= 1.0
-  return (xb.T @ p / yb.shape[0]).ravel()
-
-
-def batches(task: GossipTask, schedule: C.GossipSchedule, batch: int, seed: int) -> list[np.ndarray]:
-  """Per replica, ``[num minibatches, batch]`` example indices drawn from its shard (seeded per replica)."""
-  counts = np.zeros(schedule.num_workers, np.int64)
-  reads = schedule.kind == C.READ
-  np.add.at(counts, schedule.worker[reads], schedule.num_batches[reads])
-  rngs = [np.random.default_rng([seed, i]) for i in range(schedule.num_workers)]
-  return [shard[rng.integers(shard.shape[0], size=(int(n), batch))]
-          for shard, rng, n in zip(task.shards, rngs, counts)]
-
-
-def run_schedule(task: GossipTask, schedule: C.GossipSchedule, *, lr: float, momentum: float = 0.0,
-                 batch: int = 32, seed: int = 0, eval_every: int = 100, push_sum: bool = False,
-                 x0: np.ndarray | None = None) -> dict[str, Any]:
-  """Executes ``schedule`` from the zero model (or ``x0`` ``[M, 650]``) and returns the run record.
-
-  Returns:
-    ``{"metrics": {...}, "curves": {"gradients", "time", "loss", "replica_loss", "consensus", "test_error"}}``
-    plus ``"x"`` (the replicas' final ``z_i``); final metrics are the last evaluation's.
-  """
-  num, dim = schedule.num_workers, 65 * 10
-  x = np.zeros((num, dim)) if x0 is None else np.array(x0, np.float64)
-  w = np.ones(num)
-  v = np.zeros_like(x)
-  pending = np.zeros_like(x)
-  depth = schedule.max_lag + 1
-  # history[i, k % depth]: replica i's (x, w) at version k, kept for the messages that arrive late.
-  hist_x = np.repeat(x[:, None, :], depth, axis=1) if depth > 1 else None
-  hist_w = np.ones((num, depth))
-  version = np.zeros(num, np.int64)
-  idx = batches(task, schedule, batch, seed)
-  used = np.zeros(num, np.int64)
-  curves: dict[str, list[float]] = {k: [] for k in ("gradients", "time", "loss", "replica_loss", "consensus",
-                                                     "test_error")}
-  applied = 0
-
-  def remember(i: int) -> None:
-    version[i] += 1
-    if hist_x is not None:
-      hist_x[i, version[i] % depth] = x[i]
-      hist_w[i, version[i] % depth] = w[i]
-
-  def evaluate(t: float) -> None:
-    z = x / w[:, None]
-    mean = z.mean(axis=0)
-    curves["gradients"].append(applied)
-    curves["time"].append(t)
-    curves["loss"].append(float(loss(task, mean)))
-    curves["replica_loss"].append(float(loss(task, z).mean()))
-    curves["consensus"].append(float(np.mean(np.sum((z - mean) ** 2, axis=1))))
-    curves["test_error"].append(error_rate(task, mean))
-
-  evaluate(0.0)
-  for e in range(schedule.num_events):
-    kind = schedule.kind[e]
-    if kind == C.READ:
-      i, nb = schedule.worker[e], schedule.num_batches[e]
-      rows = idx[i][used[i]:used[i] + nb].ravel()
-      used[i] += nb
-      pending[i] = gradient(task, x[i] / w[i], rows)
-    elif kind == C.GRAD:
-      i = schedule.worker[e]
-      v[i] = momentum * v[i] + pending[i]
-      x[i] -= lr * v[i]
-      remember(i)
-      applied += 1
-      if applied % eval_every == 0:
-        evaluate(float(schedule.time[e]))
-    else:
-      k = schedule.mix[e]
-      members = schedule.members[k][schedule.members[k] >= 0]
-      size = members.shape[0]
-      weights, receives, lag = schedule.weights[k, :size, :size], schedule.receives[k, :size], schedule.lag[k, :size]
-      if schedule.mixes[k] == C.GRADS:
-        pending[members[receives]] = weights[receives] @ pending[members]
-        continue
-      if lag.any():
-        slot = (version[members] - lag) % depth
-        sent_x, sent_w = hist_x[members, slot], hist_w[members, slot]
-      else:
-        sent_x, sent_w = x[members], w[members]
-      new_x = weights[receives] @ sent_x
-      new_w = weights[receives] @ sent_w
-      for i, xi, wi in zip(members[receives], new_x, new_w):
-        x[i] = xi
-        if push_sum:
-          w[i] = wi
-        remember(i)
-  if curves["gradients"][-1] != applied:
-    evaluate(schedule.total_time)
-  final = {k: curves[k][-1] for k in ("loss", "replica_loss", "consensus", "test_error")}
-  final.update(gradients=applied, simulated_time=schedule.total_time,
-               mean_consensus=float(np.mean(curves["consensus"][1:])) if len(curves["consensus"]) > 1 else 0.0,
-               total_wait=float(schedule.wait.sum()), idle_fraction=float(schedule.idle_fraction.mean()),
-               mean_lag=float(np.mean(schedule.message_lags())) if schedule.message_lags().size else 0.0)
-  return {"metrics": final, "curves": curves, "x": x / w[:, None]}
-
-
 def run_replica_runtime(task: GossipTask, schedule: C.GossipSchedule, paradigm: str, *, lr: float,
                         momentum: float, batch: int, seed: int, eval_every: int, shards: str,
-                        method: dj.gossip.GossipMethod | None = None, layers: bool = False) -> dict[str, Any]:
-  """The record of :func:`run_schedule`, computed by ``dj.simulate_gossip`` (the replica runtime).
+                        method: dj.gossip.GossipMethod | None = None, layers: bool = False,
+                        like: tuple[C.GossipSchedule, ...] = (), phases: int | None = None) -> dict[str, Any]:
+  """Trains on ``schedule`` with ``dj.simulate_gossip`` from the zero model and returns the run record.
 
-  ``method``: the ``dj.gossip`` method to run (default: the paradigm's own averaging rule). ``layers``: the
-  same model as two leaves, ``{"b": [10], "w": [64, 10]}`` (bias and weights), for rules that treat layers
-  apart (LayUp); otherwise one flat ``[650]`` vector.
+  ``method``: the ``dj.gossip`` method to run (default: the paradigm's own averaging rule, :data:`METHODS`).
+  ``layers``: the same model as two leaves, ``{"b": [10], "w": [64, 10]}`` (bias and weights), for rules that
+  treat layers apart (LayUp); otherwise one flat ``[650]`` vector. ``like`` and ``phases``: passed on (the
+  schedules whose runs are to share this run's compiled program, and the phases per step).
+
+  Returns:
+    ``{"metrics": {...}, "curves": {"gradients", "time", "loss", "replica_loss", "consensus", "test_error"},
+    "x": the replicas' final models z_i [M, 650] (float64)}``; final metrics are the last evaluation's.
   """
+  import jax
   import jax.numpy as jnp
   import optax
 
-  x, y = jnp.asarray(task.x, jnp.float32), jnp.asarray(task.y, jnp.int32)
-  xt, yt = jnp.asarray(task.x_test, jnp.float32), jnp.asarray(task.y_test, jnp.int32)
+  # NumPy arrays, not JAX ones: converting on a device would compile a program per conversion.
+  x, y = task.x.astype(np.float32), task.y.astype(np.int32)
+  xt, yt = task.x_test.astype(np.float32), task.y_test.astype(np.int32)
 
   def matrix(params):
     # The bias row last: the features' last column is the constant 1.
@@ -218,24 +100,28 @@ def run_replica_runtime(task: GossipTask, schedule: C.GossipSchedule, paradigm: 
             "test_error": jnp.mean(jnp.argmax(xt @ matrix(params), -1) != yt).astype(jnp.float32)}
 
   if method is None:
-    method = {"allreduce": dj.gossip.d_psgd, "d_psgd": dj.gossip.d_psgd, "ad_psgd": dj.gossip.ad_psgd,
-              "sgp": dj.gossip.sgp, "gossipgrad": dj.gossip.gossip_grad}[paradigm]()
+    method = METHODS[paradigm]()
   tx = optax.sgd(lr, momentum=momentum or None)
-  data = {"x": np.asarray(task.x, np.float32), "y": task.y.astype(np.int32)}
+  data = {"x": x, "y": y}
   sampling = (dj.Sampling(batch, scheme="shard", shards=task.shards) if shards == "label"
               else dj.Sampling(batch, scheme="iid"))
-  params = ({"b": jnp.zeros(10, jnp.float32), "w": jnp.zeros((64, 10), jnp.float32)} if layers
-            else jnp.zeros(650, jnp.float32))
+  params = ({"b": np.zeros(10, np.float32), "w": np.zeros((64, 10), np.float32)} if layers
+            else np.zeros(650, np.float32))
   # Chunks of a fixed 256 steps (the runtime's longest default): the seeds of a run, whose schedules differ by a
   # few steps, then share one compiled program; the padding steps change nothing.
   result = dj.simulate_gossip(loss_fn, tx, method, params, data, schedule, seed=seed, sampling=sampling,
                               record=dj.Record(eval_fn=eval_fn, every=eval_every),
-                              execution=dj.Execution(chunk_size=256))
+                              execution=dj.Execution(chunk_size=256, phases=phases), like=like)
   h = result.history
   grads = np.asarray(h.eval_gradients)
-  # The consensus distance after the step at which each evaluation was taken (0 at the start: equal replicas).
-  at = np.searchsorted(np.asarray(h.gradients), grads, side="left")
-  consensus = np.where(grads > 0, np.asarray(h.consensus, np.float64)[np.minimum(at, len(h.gradients) - 1)], 0.0)
+  # The consensus distance after the steps at which the evaluations were taken (dj.Record: the steps in which
+  # another eval_every gradients were applied, and the last; 0 at the start: equal replicas). Not the first step
+  # with as many gradients: mixes in later steps (after a run's last gradient, say) move the replicas.
+  done = np.asarray(h.gradients)
+  evaluated = done // eval_every > np.r_[0, done[:-1]] // eval_every
+  evaluated[-1] = True
+  consensus = np.r_[0.0, np.asarray(h.consensus, np.float64)[evaluated]]
+  assert consensus.shape == grads.shape
   curves = {"gradients": grads.tolist(), "time": np.asarray(h.eval_time).tolist(),
             "loss": np.asarray(h.eval_metrics["loss"], np.float64).tolist(),
             "replica_loss": np.asarray(h.replica_metrics["loss"], np.float64).mean(axis=1).tolist(),
@@ -246,7 +132,10 @@ def run_replica_runtime(task: GossipTask, schedule: C.GossipSchedule, paradigm: 
                mean_consensus=float(np.mean(curves["consensus"][1:])) if len(grads) > 1 else 0.0,
                total_wait=float(schedule.wait.sum()), idle_fraction=float(schedule.idle_fraction.mean()),
                mean_lag=float(np.mean(schedule.message_lags())) if schedule.message_lags().size else 0.0)
-  return {"metrics": final, "curves": curves}
+  z = jax.vmap(method.grad_params)(result.params, result.extra)
+  models = np.concatenate([np.asarray(leaf, np.float64).reshape(schedule.num_workers, -1)
+                           for leaf in jax.tree.leaves(z)], axis=1)
+  return {"metrics": final, "curves": curves, "x": models}
 
 
 def time_to(record: dict[str, Any], target: float, x: str = "time") -> float | None:
@@ -288,45 +177,81 @@ def paradigm_for(spec: dict[str, Any], num: int) -> C.GossipParadigm:
   raise ValueError(f"unknown paradigm {name!r}.")
 
 
+# Each paradigm's rule in dj.gossip; the first three are one rule (D-PSGD's averaging) on different schedules, so
+# their runs share one program.
+METHODS = {"allreduce": dj.gossip.d_psgd, "d_psgd": dj.gossip.d_psgd, "ad_psgd": dj.gossip.ad_psgd,
+           "sgp": dj.gossip.sgp, "gossipgrad": dj.gossip.gossip_grad}
+_PROGRAMS = {"allreduce": "averaging", "d_psgd": "averaging", "ad_psgd": "averaging", "sgp": "push-sum",
+             "gossipgrad": "gradient averaging"}
+# The event phases per step of the runs that share a program (with a lane for every replica). With one phase, a
+# synchronous round (D-PSGD, all-reduce) is one step that ends after the round's gradients, so the evaluations
+# see the iterates; with two it would end after the next round's mix, and the consensus distance evaluated there
+# would be the mixed one (a third of D-PSGD's on a ring). SGP's one-peer pushes pack best into four.
+PHASES = {"averaging": 1, "push-sum": 4, "gradient averaging": 1}
+_SCHEDULES: dict[str, C.GossipSchedule] = {}
+
+
 def schedule_for(config: dict[str, Any], spec: dict[str, Any], seed: int) -> C.GossipSchedule:
   """The gossip schedule of a run: ``config``'s workers (speeds, compute and comm models), the spec's paradigm
-  and failures, ``config["steps"]`` gradients per replica."""
-  num = len(config["speeds"])
-  workers = C.workers(num, compute=config["compute"], comm=config.get("comm"), speed=config["speeds"])
-  down = [C.node_down(*d) for d in spec.get("down", ())]
-  fail = C.failures(spec.get("drop", 0.0), down) if spec.get("drop") or down else None
-  return C.simulate_gossip(paradigm_for(spec, num), workers, config["steps"], seed=seed, failures=fail)
+  and failures, ``config["steps"]`` gradients per replica (simulated once per process: a spec's schedule is
+  also the ``like`` of the other specs' runs)."""
+  key = json.dumps([config, spec, seed], sort_keys=True, default=str)
+  if key not in _SCHEDULES:
+    num = len(config["speeds"])
+    workers = C.workers(num, compute=config["compute"], comm=config.get("comm"), speed=config["speeds"])
+    down = [C.node_down(*d) for d in spec.get("down", ())]
+    fail = C.failures(spec.get("drop", 0.0), down) if spec.get("drop") or down else None
+    if len(_SCHEDULES) >= 64:
+      _SCHEDULES.pop(next(iter(_SCHEDULES)))
+    _SCHEDULES[key] = C.simulate_gossip(paradigm_for(spec, num), workers, config["steps"], seed=seed, failures=fail)
+  return _SCHEDULES[key]
 
 
-def run_spec(config: dict[str, Any], spec: dict[str, Any], seed: int, progress: Any,
-             method: Any = None) -> dict[str, Any]:
-  """One run of a gossip reproduction: simulate the schedule, execute it, add the times to the target loss.
+def eval_every(config: dict[str, Any], schedule: C.GossipSchedule) -> int:
+  """Applied gradients between two evaluations: about ``config["evals"]`` (default 20) over the run."""
+  return max(1, schedule.num_gradients // config.get("evals", 20))
 
-  ``config["runtime"]``: ``"numpy"`` (default: :func:`run_schedule`, fast at this size) or ``"dj"``
-  (``dj.simulate_gossip``, the compiled replica runtime, float32, its own minibatch draws). ``method``, a
-  function of the schedule returning a ``dj.gossip`` method (A2CiD2, DC-S3GD, LayUp: rules the NumPy executor
-  does not have), runs that method on the replica runtime whatever ``config["runtime"]`` says; ``spec["layers"]``
-  gives it the model as two leaves (:func:`run_replica_runtime`).
+
+def run_spec(config: dict[str, Any], spec: dict[str, Any], seed: int, progress: Any, method: Any = None,
+             specs: Any = None) -> dict[str, Any]:
+  """One run of a gossip reproduction: simulate the schedule, train on it with ``dj.simulate_gossip``
+  (:func:`run_replica_runtime`), add the times to the target loss.
+
+  ``specs``: the reproduction's ``specs`` function; the schedules of the other specs whose paradigm runs the
+  same rule (:data:`METHODS`), for this seed, are the run's ``like``, so that they share one compiled program,
+  with the phases per step :data:`PHASES` gives the rule.
+  ``method``: a function of the schedule returning the ``dj.gossip`` method to run instead of the paradigm's
+  own rule (A2CiD2, DC-S3GD, LayUp); ``spec["layers"]`` gives it the model as two leaves.
   """
   schedule = schedule_for(config, spec, seed)
-  task = digits_task(len(config["speeds"]), spec.get("shards", config.get("shards", "iid")))
-  every = max(1, schedule.num_gradients // config.get("evals", 20))
-  if method is not None or config.get("runtime", "numpy") == "dj":
-    record = run_replica_runtime(task, schedule, spec["paradigm"], lr=config["lr"],
-                                 momentum=config.get("momentum", 0.0), batch=config["batch"], seed=seed,
-                                 eval_every=every, shards=spec.get("shards", config.get("shards", "iid")),
-                                 method=None if method is None else method(schedule),
-                                 layers=spec.get("layers", False))
-  else:
-    record = run_schedule(task, schedule, lr=config["lr"], momentum=config.get("momentum", 0.0),
-                          batch=config["batch"], seed=seed, eval_every=every, push_sum=spec["paradigm"] == "sgp")
-    del record["x"]
+  shards = spec.get("shards", config.get("shards", "iid"))
+  task = digits_task(len(config["speeds"]), shards)
+  like: tuple[C.GossipSchedule, ...] = ()
+  group_phases = None
+  if specs is not None:
+    program = _PROGRAMS[spec["paradigm"]]
+    group_phases = PHASES[program]
+    if method is None:
+      like = tuple(schedule_for(config, other, seed) for other in specs(config)
+                   if other["key"] != spec["key"] and _PROGRAMS[other["paradigm"]] == program)
+  record = run_replica_runtime(task, schedule, spec["paradigm"], lr=config["lr"],
+                               momentum=config.get("momentum", 0.0), batch=config["batch"], seed=seed,
+                               eval_every=eval_every(config, schedule), shards=shards,
+                               method=None if method is None else method(schedule),
+                               layers=spec.get("layers", False), like=like, phases=group_phases)
+  del record["x"]
+  progress(1, 1)
+  return finish_record(config, schedule, record)
+
+
+def finish_record(config: dict[str, Any], schedule: C.GossipSchedule, record: dict[str, Any]) -> dict[str, Any]:
+  """A run's record with what every gossip reproduction reports beside its curves: the simulated time and the
+  gradients to ``config["target_loss"]``, the loss at half the run, the staleness histogram."""
   record["metrics"]["time_to_target"] = time_to(record, config["target_loss"])
   record["metrics"]["gradients_to_target"] = time_to(record, config["target_loss"], "gradients")
   half = int(np.argmin(np.abs(np.asarray(record["curves"]["gradients"]) - schedule.num_gradients / 2)))
   record["metrics"]["loss_half"] = record["curves"]["loss"][half]
   record["staleness_hist"] = schedule.staleness_histogram()
-  progress(1, 1)
   return record
 
 

@@ -1,16 +1,19 @@
-"""Side-by-side times of the reproductions that can run on two executors: the library's runtime and the one it
-is measured against.
+"""Side-by-side times of the gossip reproductions on the library's runtime and on the NumPy executor they ran on
+before.
 
 The gossip reproductions (``gossip_adpsgd``, ``gossip_topology``,
-``gossip_failures``) run either on ``dj.simulate_gossip`` (``--set
-runtime=dj``, the compiled replica runtime) or on the NumPy event loop of
-``experiments/_gossip_train.py`` (``runtime=numpy``). Each variant runs as
-``python -m experiments run NAME --set runtime=... --seeds N`` in a fresh
-process (so every compile is counted, as a user's first run pays it) into a
-folder of its own, and the time is the one the CLI prints for its runs
-(start-up and plots left out, which both variants share). The variants of a
-reproduction run one after the other, alternating, and the best of
-``--rounds`` is kept, so background load hits both alike.
+``gossip_failures``) run on ``dj.simulate_gossip``. Until they moved there
+they ran on a NumPy event loop, which now lives on as a test reference in the
+checkout's ``tests/gossip/gossip_numpy_executor.py``; this benchmark loads it
+from there (so it needs a checkout, not an installed wheel) and runs the same
+reproduction with that executor as its ``run``. Each variant runs as
+``python -m experiments run NAME --seeds N`` in a fresh process (so every
+compile is counted, as a user's first run pays it) into a folder of its own.
+Two figures per variant: the wall seconds the CLI prints for its runs
+(start-up and plots left out, which both variants share), and the CPU seconds
+of the whole process (start-up included), which background load on a shared
+machine disturbs less. The variants of a reproduction run one after the
+other, alternating, and the best of ``--rounds`` is kept of each figure.
 
     python -m experiments.bench_reproductions [--names gossip_adpsgd ...] [--seeds 1 3] [--rounds 1]
 """
@@ -18,9 +21,13 @@ reproduction run one after the other, alternating, and the best of
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib
+import importlib.util
 import os
 import platform
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -29,43 +36,72 @@ from ._bench import add_out_argument, publish
 
 NAMES = ("gossip_adpsgd", "gossip_topology", "gossip_failures")
 RUNTIMES = ("numpy", "dj")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXECUTOR = os.path.join(ROOT, "tests", "gossip", "gossip_numpy_executor.py")
 _SECONDS = re.compile(r"(\d+) runs performed, \d+ reused from .*?, ([0-9.]+) s;")
 
 
-def time_runs(name: str, runtime: str, seeds: int, out: str) -> float:
-  """Seconds the runs of ``name`` on ``runtime`` took in a fresh process (the CLI's own figure)."""
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
-  done = subprocess.run([sys.executable, "-m", __package__, "run", name, "--set", f"runtime={runtime}",
-                         "--seeds", str(seeds), "--out", out, "--no-plot"], env=env, capture_output=True, text=True)
+def time_runs(name: str, runtime: str, seeds: int, out: str) -> tuple[float, float]:
+  """``(wall seconds of the runs as the CLI prints them, CPU seconds of the process)`` of ``name`` on
+  ``runtime`` in a fresh process."""
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+  command = ([sys.executable, "-m", f"{__package__}.bench_reproductions", "--child"] if runtime == "numpy"
+             else [sys.executable, "-m", __package__])
+  before = resource.getrusage(resource.RUSAGE_CHILDREN)
+  done = subprocess.run([*command, "run", name, "--seeds", str(seeds), "--out", out, "--no-plot"], env=env,
+                        capture_output=True, text=True)
+  after = resource.getrusage(resource.RUSAGE_CHILDREN)
   if done.returncode != 0:
     raise RuntimeError(f"{name} on {runtime} failed:\n{done.stderr[-2000:]}")
   found = _SECONDS.search(done.stdout)
   if found is None or int(found.group(1)) == 0:
     raise RuntimeError(f"{name} on {runtime}: no runs were timed:\n{done.stdout[-2000:]}")
-  return float(found.group(2))
+  return float(found.group(2)), (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def _run_on_numpy_executor(argv: list[str]) -> int:
+  """The CLI (``argv``: ``run NAME ...``) with the named reproduction's runs done by the NumPy executor."""
+  if not os.path.exists(EXECUTOR):
+    raise SystemExit(f"the NumPy executor is a test module of a checkout ({EXECUTOR}); it is not there.")
+  spec = importlib.util.spec_from_file_location("gossip_numpy_executor", EXECUTOR)
+  executor = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(executor)
+  module = importlib.import_module(f"{__package__}.{argv[1]}")
+  module.REPRODUCTION = dataclasses.replace(module.REPRODUCTION, run=executor.run_spec)
+  from .__main__ import main as cli
+
+  return cli(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
+  argv = sys.argv[1:] if argv is None else argv
+  if argv[:1] == ["--child"]:
+    return _run_on_numpy_executor(argv[1:])
   parser = argparse.ArgumentParser(prog="python -m experiments.bench_reproductions", description=__doc__.split("\n")[0])
   parser.add_argument("--names", nargs="+", default=list(NAMES), choices=NAMES)
   parser.add_argument("--seeds", nargs="+", type=int, default=[1, 3], help="seed counts timed (3: the default)")
   parser.add_argument("--rounds", type=int, default=1)
   add_out_argument(parser, "bench_reproductions")
   args = parser.parse_args(argv)
-  lines = [f"Runs of the gossip reproductions (quick scale), seconds, compile included; best of {args.rounds} "
-           f"round(s); {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
-           f"{'reproduction':<18} {'seeds':>5} {'numpy':>9} {'dj':>9} {'dj / numpy':>10}"]
+  lines = [f"Runs of the gossip reproductions (quick scale) on the NumPy executor (tests/gossip/) and on "
+           f"dj.simulate_gossip, compile included; wall: the CLI's seconds for the runs; CPU: the whole process's "
+           f"CPU seconds, start-up included; best of {args.rounds} round(s); "
+           f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
+           f"{'reproduction':<18} {'seeds':>5} {'numpy wall':>10} {'dj wall':>8} {'dj/numpy':>8} "
+           f"{'numpy CPU':>9} {'dj CPU':>7} {'dj/numpy':>8}"]
   with tempfile.TemporaryDirectory(prefix="bench-reproductions-") as folder:
     for name in args.names:
       for seeds in args.seeds:
-        best = {runtime: float("inf") for runtime in RUNTIMES}
+        wall = {runtime: float("inf") for runtime in RUNTIMES}
+        cpu = dict(wall)
         for round_ in range(args.rounds):
           for runtime in RUNTIMES:
             out = os.path.join(folder, f"{name}-{runtime}-{seeds}-{round_}")
-            best[runtime] = min(best[runtime], time_runs(name, runtime, seeds, out))
-        lines.append(f"{name:<18} {seeds:>5} {best['numpy']:>9.1f} {best['dj']:>9.1f} "
-                     f"{best['dj'] / best['numpy']:>10.2f}")
+            seconds, used = time_runs(name, runtime, seeds, out)
+            wall[runtime], cpu[runtime] = min(wall[runtime], seconds), min(cpu[runtime], used)
+        lines.append(f"{name:<18} {seeds:>5} {wall['numpy']:>10.1f} {wall['dj']:>8.1f} "
+                     f"{wall['dj'] / wall['numpy']:>8.2f} {cpu['numpy']:>9.1f} {cpu['dj']:>7.1f} "
+                     f"{cpu['dj'] / cpu['numpy']:>8.2f}")
         print(lines[-1], file=sys.stderr)
   publish(lines, args.out)
   return 0

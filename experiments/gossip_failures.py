@@ -24,7 +24,7 @@ from ._framework import Claim, ClaimResult, Reproduction, Summary, compare, pair
 
 SCALES = {
     "quick": dict(speeds=[1.0] * 16, compute="exponential", comm=0.05, steps=300, batch=16, lr=0.5,
-                  momentum=0.0, shards="label", target_loss=0.5, evals=20, seeds=3, runtime="numpy"),
+                  momentum=0.0, shards="label", target_loss=0.5, evals=20, seeds=3),
 }
 
 
@@ -38,7 +38,6 @@ def specs(config: dict[str, Any]) -> list[dict[str, Any]]:
           {"key": "drop-0.5", **base, "drop": 0.5},
           {"key": "drop-0.2-outage", **base, "drop": 0.2,
            "down": [[3, quarter, 2 * quarter], [11, quarter, 2 * quarter]]}]
-
 
 
 def _converges(summary: Summary, key: str) -> ClaimResult:
