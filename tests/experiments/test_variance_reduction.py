@@ -134,3 +134,8 @@ def test_without_a_barrier_the_schedule_is_the_one_dj_simulate_makes_of_the_dela
   np.testing.assert_array_equal(np.asarray(by_schedule.params), np.asarray(by_model.params))
   np.testing.assert_array_equal(by_schedule.history.staleness, by_model.history.staleness)
   assert by_model.history.staleness.max() == TAU
+
+
+def test_fewer_workers_than_a_delay_needs_are_refused():
+  with pytest.raises(ValueError, match="workers must be at least max_delay \\+ 1 = 8"):
+    vr.stale_reads(dj.delays.uniform(7), 20, 0, 4)
