@@ -77,10 +77,9 @@ def run_replica_runtime(task: GossipTask, schedule: C.GossipSchedule, paradigm: 
   schedules whose runs are to share this run's compiled program, and the phases per step).
 
   Returns:
-    ``{"metrics": {...}, "curves": {"gradients", "time", "loss", "replica_loss", "consensus", "test_error"},
-    "x": the replicas' final models z_i [M, 650] (float64)}``; final metrics are the last evaluation's.
+    ``{"metrics": {...}, "curves": {"gradients", "time", "loss", "replica_loss", "consensus", "test_error"}}``;
+    final metrics are the last evaluation's.
   """
-  import jax
   import jax.numpy as jnp
   import optax
 
@@ -132,10 +131,7 @@ def run_replica_runtime(task: GossipTask, schedule: C.GossipSchedule, paradigm: 
                mean_consensus=float(np.mean(curves["consensus"][1:])) if len(grads) > 1 else 0.0,
                total_wait=float(schedule.wait.sum()), idle_fraction=float(schedule.idle_fraction.mean()),
                mean_lag=float(np.mean(schedule.message_lags())) if schedule.message_lags().size else 0.0)
-  z = jax.vmap(method.grad_params)(result.params, result.extra)
-  models = np.concatenate([np.asarray(leaf, np.float64).reshape(schedule.num_workers, -1)
-                           for leaf in jax.tree.leaves(z)], axis=1)
-  return {"metrics": final, "curves": curves, "x": models}
+  return {"metrics": final, "curves": curves}
 
 
 def time_to(record: dict[str, Any], target: float, x: str = "time") -> float | None:
@@ -239,7 +235,6 @@ def run_spec(config: dict[str, Any], spec: dict[str, Any], seed: int, progress: 
                                eval_every=eval_every(config, schedule), shards=shards,
                                method=None if method is None else method(schedule),
                                layers=spec.get("layers", False), like=like, phases=group_phases)
-  del record["x"]
   progress(1, 1)
   return finish_record(config, schedule, record)
 

@@ -778,35 +778,54 @@ def _lane_examples(active: np.ndarray, batches: np.ndarray, first: np.ndarray, w
       np.broadcast_to(b[None, :], keep.shape)[keep]
   draws = (first[ss, ii] + bb).astype(np.int32)
   workers = worker[ss, ii].astype(np.int32)
-  # Blocks of one fixed size: every run of the same data, batch size and sampling (any schedule, any seed)
-  # shares one compiled draw; the last block is padded with draws that are thrown away. An "epoch" draw
-  # shuffles the whole data set, so its blocks are no larger than the power of two the draws need.
-  size = _DRAW_BLOCK if sampling != "epoch" else min(_DRAW_BLOCK, 1 << int(np.ceil(np.log2(draws.size))))
+  # "iid" and "shard" draw positions uniform below a size (the data set's, or the worker's shard's) from the same
+  # key, then index the shard on the host: one compiled draw serves both schemes, any data, schedule and seed.
+  # Blocks of one fixed size; the last is padded with draws that are thrown away. An "epoch" draw shuffles the
+  # whole data set, so its blocks are no larger than the power of two the draws need.
+  epoch = sampling == "epoch"
+  size = min(_DRAW_BLOCK, 1 << int(np.ceil(np.log2(draws.size)))) if epoch else _DRAW_BLOCK
+  sizes = (shard_sizes[workers] if sampling == "shard" else np.full(workers.size, num_examples)).astype(np.int32)
   drawn = np.empty((draws.size, batch_size), np.int32)
   for start in range(0, draws.size, size):
     stop = min(start + size, draws.size)
-    block = np.zeros((2, size), np.int32)
-    block[0, :stop - start], block[1, :stop - start] = workers[start:stop], draws[start:stop]
-    drawn[start:stop] = np.asarray(_draw(np.uint32(seed), block[0], block[1], shard_rows, shard_sizes,
-                                         num_examples=num_examples, batch_size=batch_size,
-                                         sampling=sampling))[:stop - start]
+    block = np.zeros((3, size), np.int32)
+    block[:, :stop - start] = workers[start:stop], draws[start:stop], sizes[start:stop]
+    if epoch:
+      got = _draw_epoch(np.uint32(seed), block[0], block[1], num_examples=num_examples, batch_size=batch_size)
+    else:
+      got = _draw_positions(np.uint32(seed), block[0], block[1], np.maximum(block[2], 1), num_examples=num_examples,
+                            batch_size=batch_size)
+    drawn[start:stop] = np.asarray(got)[:stop - start]
+  if sampling == "shard":
+    drawn = shard_rows[workers[:, None], drawn]
   out[ss, ii, bb] = drawn
   return out
 
 
-# Minibatches drawn per dispatch of the compiled draw.
+# Minibatches drawn per dispatch of a compiled draw.
 _DRAW_BLOCK = 4096
 
 
-# The seed is an argument, not a constant of the program: every seed shares one compiled draw. The draw is
-# integer arithmetic only (the key's hash, randint's remainders, a gather), exact whatever the compiler's
-# optimizations, so it is compiled without them: 0.6 CPU s instead of 1.5 for the 8x8 digits, the same indices.
-@functools.partial(jax.jit, static_argnames=("num_examples", "batch_size", "sampling"),
+# The seed is an argument, not a constant of the programs: every seed shares one compiled draw. The draws are
+# integer arithmetic only (the key's hash, randint's remainders), exact whatever the compiler's optimizations, so
+# they are compiled without them: 0.6 CPU s instead of 1.5 for the 8x8 digits, the same indices.
+@functools.partial(jax.jit, static_argnames=("num_examples", "batch_size"),
                    compiler_options={"xla_backend_optimization_level": 0})
-def _draw(seed, workers, draws, shard_rows, shard_sizes, *, num_examples, batch_size, sampling):
+def _draw_positions(seed, workers, draws, sizes, *, num_examples, batch_size):
+  """The positions ``"iid"`` and ``"shard"`` draw, ``randint(key, (batch_size,), 0, size)`` with ``size`` the data
+  set's or the worker's shard's (``"shard"`` then takes those entries of its shard): ``minibatch_indices`` of a
+  shard that is ``0 .. num_examples - 1`` itself. The size is traced, so both schemes share the program."""
+  every = jnp.arange(num_examples, dtype=jnp.int32)
+  return jax.vmap(lambda w, d, size: minibatch_indices(
+      seed, 0, w, d, num_examples=num_examples, batch_size=batch_size, sampling="shard", shard=every,
+      shard_size=size))(workers, draws, sizes)
+
+
+@functools.partial(jax.jit, static_argnames=("num_examples", "batch_size"),
+                   compiler_options={"xla_backend_optimization_level": 0})
+def _draw_epoch(seed, workers, draws, *, num_examples, batch_size):
   return jax.vmap(lambda w, d: minibatch_indices(
-      seed, 0, w, d, num_examples=num_examples, batch_size=batch_size, sampling=sampling, shard=shard_rows[w],
-      shard_size=shard_sizes[w]))(workers, draws)
+      seed, 0, w, d, num_examples=num_examples, batch_size=batch_size, sampling="epoch"))(workers, draws)
 
 
 def _gather_rows(values: Any, weight: jax.Array, src: jax.Array) -> Any:
