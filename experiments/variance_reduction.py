@@ -73,6 +73,7 @@ seed by seed, by the framework's 95% interval of the mean over seeds.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from typing import Any
@@ -124,6 +125,12 @@ def problem(config: dict[str, Any], name: str) -> dj.problems.FiniteSum:
 # ---------------------------------------------------------------- one run: dj.simulate under stale reads
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _draw_delays(model: dj.delays.DelayModel, key: jax.Array, steps: jax.Array) -> jax.Array:
+  """``model.sample(fold_in(key, t), t)`` for every ``t`` in ``steps``; compiled once per model and length."""
+  return jax.vmap(lambda t: model.sample(jax.random.fold_in(key, t), t))(steps)
+
+
 def stale_reads(model: dj.delays.DelayModel, num_updates: int, seed: int, workers: int,
                 epoch: int | None = None) -> dj.cluster.Schedule:
   """Stale reads of ``model``'s delays by ``workers`` round-robin workers, with AsySVRG's barrier every ``epoch``.
@@ -139,10 +146,9 @@ def stale_reads(model: dj.delays.DelayModel, num_updates: int, seed: int, worker
   if workers < model.max_delay + 1:
     raise ValueError(f"workers must be at least max_delay + 1 = {model.max_delay + 1} (one gradient in flight per "
                      f"worker), got {workers}.")
-  key = jax.random.fold_in(jax.random.key(seed), 0)
   t = np.arange(num_updates)
-  draw = jax.jit(jax.vmap(lambda u: model.sample(jax.random.fold_in(key, u), u)))
-  delays = np.asarray(draw(jnp.arange(num_updates, dtype=jnp.int32)), np.int64)
+  delays = np.asarray(_draw_delays(model, jax.random.fold_in(jax.random.key(seed), 0),
+                                   jnp.arange(num_updates, dtype=jnp.int32)), np.int64)
   contributes = np.zeros((num_updates, workers), bool)
   read_version = np.full((num_updates, workers), -1, np.int64)
   contributes[t, t % workers] = True
