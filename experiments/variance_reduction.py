@@ -44,7 +44,7 @@ stale read, as in ASAGA, starting at zero, and the exact L2 term passes
 through untabled. The table is float32 (``dj.saga``'s scalar table): the
 estimator stays unbiased, and the rounding of the stored scalars sets SAGA's
 floor on least squares near 2e-17 (a float64 table reaches about 1e-18), far
-below the target. ``tests/experiments/test_variance_reduction.py`` checks
+below the target. ``tests/experiments/test_reproduction_variance_reduction.py`` checks
 the runs against a float64 NumPy re-implementation of these rules.
 
 Precision: everything runs in float64 (``jax.enable_x64`` as a context
