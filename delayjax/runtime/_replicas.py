@@ -237,6 +237,7 @@ def simulate_gossip(
                  checkpoint=checkpoint, execution=execution, like=like)
   final, records = _engine.run(_program(run), mesh=run.mesh, checkpoint_dir=run.checkpoint_dir,
                                checkpoint_name=_CHECKPOINT_FILE, resume=run.resume, resume_changes=run.resume_changes,
+                               checkpoint_min_interval=_engine.checkpoint_interval(run.checkpoint),
                                callback=run.callback)
   return _results(run, final, records)
 
