@@ -13,7 +13,7 @@ share compiled programs: with ``specs`` (the reproduction's own), each run
 passes the schedules of the other specs that run the same method, for the
 same seed, as ``like``, and every run uses the same chunk and phases, so a
 reproduction compiles one program per method (a form of mixing that fits
-every topology; see ``dj.simulate_gossip``'s ``like``) instead of one per
+every topology; see ``dj.Execution``'s ``like``) instead of one per
 topology or paradigm.
 """
 
@@ -110,7 +110,7 @@ def run_replica_runtime(task: GossipTask, schedule: C.GossipSchedule, paradigm: 
   # few steps, then share one compiled program; the padding steps change nothing.
   result = dj.simulate_gossip(loss_fn, tx, method, params, data, schedule, seed=seed, sampling=sampling,
                               record=dj.Record(eval_fn=eval_fn, every=eval_every),
-                              execution=dj.Execution(chunk_size=256, phases=phases), like=like)
+                              execution=dj.Execution(chunk_size=256, phases=phases, like=like))
   h = result.history
   grads = np.asarray(h.eval_gradients)
   # The consensus distance after the steps at which the evaluations were taken (dj.Record: the steps in which

@@ -251,6 +251,16 @@ class Execution:
       machine has available (``MemAvailable``). The run's state is sized from
       shapes (``jax.eval_shape``) before anything is allocated; a run that
       needs more is a ``ValueError`` naming its largest term.
+    like: ``dj.simulate_gossip`` only: other gossip schedules of the same
+      replicas, so that one compiled program serves all of them (a sweep over
+      topologies, paradigms or failures). The step's shape then fits this
+      run's schedule and every one of ``like`` (the mixing form, the mixes,
+      the messages kept, the minibatches per gradient; every slot kind, a
+      lane for every replica), and runs of any of them with the same
+      functions, shapes, ``chunk_size`` and ``phases`` (give it: it is
+      otherwise chosen per schedule) reuse one program. The mixing form may
+      then add a mix's terms in another order: the result agrees with the run
+      without ``like`` to float rounding, not bit for bit.
   """
 
   mesh: jax.sharding.Mesh | None = None
@@ -258,10 +268,17 @@ class Execution:
   lanes: int | None = None
   phases: int | None = None
   max_memory: int | None = None
+  like: Sequence[Any] | None = None
 
   def __post_init__(self):
     if self.mesh is not None and not isinstance(self.mesh, jax.sharding.Mesh):
       raise TypeError(f"Execution.mesh must be a jax.sharding.Mesh or None, got {type(self.mesh).__name__}.")
+    if self.like is not None:
+      # The schedules' own type is the runtime's to check; a list becomes a tuple so the option stays hashable.
+      if not isinstance(self.like, (list, tuple)):
+        raise TypeError(f"Execution.like must be a list or tuple of dj.cluster.GossipSchedule, got "
+                        f"{type(self.like).__name__}.")
+      object.__setattr__(self, "like", tuple(self.like))
     for name in ("chunk_size", "lanes", "phases", "max_memory"):
       object.__setattr__(self, name, _optional_int(f"Execution.{name}", getattr(self, name)))
 

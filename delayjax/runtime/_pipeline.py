@@ -597,7 +597,7 @@ def _prepare(stage_fns, loss_fn, tx, params, data, schedule, *, seed, sampling, 
   runtime = "dj.simulate_pipeline"
   check_not_traced(runtime, params=params, data=data)
   seed, _, sampling, record, execution = runtime_options(runtime, seed=seed, sampling=sampling, record=record,
-                                                        execution=execution, no_effect=("lanes", "phases"))
+                                                        execution=execution, no_effect=("lanes", "phases", "like"))
   if sampling.scheme != "iid":
     raise ValueError(f"{runtime} draws its micro-batches i.i.d.; got Sampling.scheme={sampling.scheme!r}.")
   mesh, chunk_size = execution.mesh, execution.chunk_size

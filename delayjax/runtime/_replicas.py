@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import types
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -150,7 +150,6 @@ def simulate_gossip(
     record: Record | None = None,
     checkpoint: Checkpoint | None = None,
     execution: Execution | None = None,
-    like: Sequence[GossipSchedule] = (),
 ) -> GossipResult:
   r"""Trains ``M`` replicas by a decentralized method, exactly as a gossip schedule says.
 
@@ -201,17 +200,9 @@ def simulate_gossip(
     checkpoint: ``dj.Checkpoint``, or ``None``.
     execution: ``dj.Execution``: a ``workers`` mesh (``M`` a multiple of its
       size), ``chunk_size``, ``phases`` (slot triples per step; default
-      chosen from the schedule), ``max_memory``.
-    like: other gossip schedules of the same replicas, to compile one program
-      for all of them (a sweep over topologies, paradigms or failures): the
-      step's shape then fits this schedule and every one of ``like`` (the
-      mixing form, the mixes, the messages kept, the minibatches per
-      gradient; every slot kind, a lane for every replica), so runs of any
-      of them with the same functions, shapes, ``chunk_size`` and ``phases``
-      (give it: it is otherwise chosen per schedule) reuse one compiled
-      program. The mixing form may then add a mix's terms in another order:
-      the result agrees with the run without ``like`` to float rounding.
-
+      chosen from the schedule), ``max_memory``, and ``like``: other gossip
+      schedules whose runs share this run's compiled program (a sweep over
+      topologies, paradigms or failures), to float rounding.
   Returns:
     A :class:`GossipResult`.
 
@@ -234,7 +225,7 @@ def simulate_gossip(
     ((4, 4), 'shift', True)
   """
   run = _prepare(loss_fn, tx, method, params, data, schedule, seed=seed, sampling=sampling, record=record,
-                 checkpoint=checkpoint, execution=execution, like=like)
+                 checkpoint=checkpoint, execution=execution)
   final, records = _engine.run(_program(run), mesh=run.mesh, checkpoint_dir=run.checkpoint_dir,
                                checkpoint_name=_CHECKPOINT_FILE, resume=run.resume, resume_changes=run.resume_changes,
                                checkpoint_min_interval=_engine.checkpoint_interval(run.checkpoint),
@@ -243,15 +234,16 @@ def simulate_gossip(
 
 
 def _check_like(like: Any, schedule: GossipSchedule) -> tuple[GossipSchedule, ...]:
-  """``simulate_gossip``'s ``like``, checked: a sequence of gossip schedules of ``schedule``'s replicas."""
+  """``Execution.like``, checked: a sequence of gossip schedules of ``schedule``'s replicas."""
   if isinstance(like, GossipSchedule) or not isinstance(like, (list, tuple)):
-    raise TypeError(f"like must be a list or tuple of dj.cluster.GossipSchedule, got {type(like).__name__}.")
+    raise TypeError(
+        f"Execution.like must be a list or tuple of dj.cluster.GossipSchedule, got {type(like).__name__}.")
   for i, other in enumerate(like):
     if not isinstance(other, GossipSchedule):
-      raise TypeError(f"like[{i}] must be a dj.cluster.GossipSchedule, got {type(other).__name__}.")
+      raise TypeError(f"Execution.like[{i}] must be a dj.cluster.GossipSchedule, got {type(other).__name__}.")
     if other.num_workers != schedule.num_workers:
-      raise ValueError(f"like[{i}] has {other.num_workers} replicas, but schedule has {schedule.num_workers}; "
-                       f"one program serves schedules of the same replicas only.")
+      raise ValueError(f"Execution.like[{i}] has {other.num_workers} replicas, but schedule has "
+                       f"{schedule.num_workers}; one program serves schedules of the same replicas only.")
   return tuple(like)
 
 
@@ -274,7 +266,7 @@ class _ReplicaRun(types.SimpleNamespace):
 
 
 def _prepare(loss_fn, tx, method, params, data, schedule, *, seed, sampling, record, checkpoint,
-             execution, like=()) -> _ReplicaRun:
+             execution) -> _ReplicaRun:
   """``dj.simulate_gossip``'s arguments checked against the schedule, its events planned, its carry made."""
   runtime = "dj.simulate_gossip"
   check_not_traced(runtime, params=params, data=data)
@@ -289,7 +281,7 @@ def _prepare(loss_fn, tx, method, params, data, schedule, *, seed, sampling, rec
                     f"{type(method).__name__}.")
   if not isinstance(schedule, GossipSchedule):
     raise TypeError(f"schedule must be a dj.cluster.GossipSchedule, got {type(schedule).__name__}.")
-  like = _check_like(like, schedule)
+  like = _check_like(execution.like or (), schedule)
   batch_size, num_examples = check_sampling(data, sampling.batch_size, sampling.scheme, sampling.shards)
   check_params(params)
   sampling, shards = sampling.scheme, sampling.shards

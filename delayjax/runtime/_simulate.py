@@ -751,7 +751,7 @@ def _prepare(loss_fn, tx, params, data, source, *, num_updates, seed, sampling, 
   runtime = "dj.simulate"
   check_not_traced(runtime, params=params, data=data)
   seed, runs_option, sampling, record, execution = runtime_options(
-      runtime, seed=seed, sampling=sampling, record=record, execution=execution, no_effect=("phases",), server=True)
+      runtime, seed=seed, sampling=sampling, record=record, execution=execution, no_effect=("phases", "like"), server=True)
   worker = check_worker(worker)
   if not callable(loss_fn):
     raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}.")

@@ -123,7 +123,7 @@ def test_schedules_given_as_like_share_one_program_and_each_matches_the_referenc
 
   engine.clear_cache()
   for i, schedule in enumerate(schedules):
-    result = _run(schedule, execution=dj.Execution(phases=2), like=[s for s in schedules if s is not schedule])
+    result = _run(schedule, execution=dj.Execution(phases=2, like=[s for s in schedules if s is not schedule]))
     if i == 0:
       misses = engine.cache_info()["misses"]
     assert (result.stats["mixing"], result.stats["lanes"], result.stats["slots"]) == ("gather", m, 3)
@@ -317,12 +317,19 @@ def test_bad_arguments_name_themselves():
                        execution=dj.Execution(mesh=jax.make_mesh((8,), ("workers",))))
   with pytest.raises(ValueError, match="mixes gradients"):
     dj.simulate_gossip(loss_fn, tx, dj.gossip.gossip_grad(), params, data, schedule)
-  with pytest.raises(TypeError, match="like must be a list or tuple of dj.cluster.GossipSchedule, got GossipSchedule"):
-    dj.simulate_gossip(loss_fn, tx, dj.gossip.d_psgd(), params, data, schedule, like=schedule)
-  with pytest.raises(TypeError, match="like\\[1\\] must be a dj.cluster.GossipSchedule, got str"):
-    dj.simulate_gossip(loss_fn, tx, dj.gossip.d_psgd(), params, data, schedule, like=[schedule, "ring"])
-  with pytest.raises(ValueError, match="like\\[0\\] has 6 replicas, but schedule has 4"):
-    dj.simulate_gossip(loss_fn, tx, dj.gossip.d_psgd(), params, data, schedule, like=[random_schedule(6, 20, seed=0)])
+  with pytest.raises(TypeError, match="Execution.like must be a list or tuple of dj.cluster.GossipSchedule, got "
+                                      "GossipSchedule"):
+    dj.simulate_gossip(loss_fn, tx, dj.gossip.d_psgd(), params, data, schedule,
+                       execution=dj.Execution(like=schedule))
+  with pytest.raises(TypeError, match="Execution.like\\[1\\] must be a dj.cluster.GossipSchedule, got str"):
+    dj.simulate_gossip(loss_fn, tx, dj.gossip.d_psgd(), params, data, schedule,
+                       execution=dj.Execution(like=[schedule, "ring"]))
+  with pytest.raises(ValueError, match="Execution.like\\[0\\] has 6 replicas, but schedule has 4"):
+    dj.simulate_gossip(loss_fn, tx, dj.gossip.d_psgd(), params, data, schedule,
+                       execution=dj.Execution(like=[random_schedule(6, 20, seed=0)]))
+  with pytest.raises(ValueError, match="Execution.like=.* has no effect in dj.simulate"):
+    dj.simulate(lambda w, b: (w * w).sum(), optax.sgd(0.1), np.zeros(2, np.float32), {"x": np.zeros((4, 1))},
+                dj.delays.constant(0), num_updates=1, execution=dj.Execution(like=[schedule]))
   # The same standard as dj.simulate: seeds in [0, 2**32), bools that are bools, a writable checkpoint directory,
   # options that are option objects. The options are made inside the check: each is checked when it is made.
   cases = [(lambda: dict(seed=-1), ValueError, "seed must be an integer >= 0, got -1"),
