@@ -374,7 +374,7 @@ class Torn(DelayModel):
 
   @property
   def num_blocks(self) -> int:
-    """Blocks over all leaves: ``ceil(leaf size / block_size)`` per leaf (a block never spans two leaves)."""
+    """The number of blocks over all leaves, ``ceil(leaf size / block_size)`` per leaf, none spanning two leaves."""
     return sum(-(-int(np.prod(shape, dtype=np.int64)) // self.block_size) for shape in self.shapes)
 
   def block_ids(self) -> list[np.ndarray]:

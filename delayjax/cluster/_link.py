@@ -30,7 +30,7 @@ class Link(TimeModel):
 
   @property
   def transfer(self) -> float:
-    """Seconds to send one message: ``message_bytes / bandwidth``."""
+    """The seconds to send one message, ``message_bytes / bandwidth``."""
     return 0.0 if math.isinf(self.bandwidth) else float(self.message_bytes) / float(self.bandwidth)
 
   @property

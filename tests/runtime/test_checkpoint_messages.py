@@ -22,7 +22,10 @@ from experiments import _framework
 from experiments.__main__ import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ARGV = ["run", "dc_asgd", "--smoke", "--only", "sequential", "--steps", "768", "--set", "eval_every=256", "--no-plot"]
+# A checkpoint after every chunk (--checkpoint-every 0): the tests damage, replace or fill the disk under the
+# checkpoints of a short run, which the CLI's default interval of 10 s would not write.
+ARGV = ["run", "dc_asgd", "--smoke", "--only", "sequential", "--steps", "768", "--set", "eval_every=256", "--no-plot",
+        "--checkpoint-every", "0"]
 CHUNK = 256
 
 pytestmark = pytest.mark.standard_promotion  # the reproductions run optax code that mixes int and float
