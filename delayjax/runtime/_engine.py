@@ -70,7 +70,7 @@ The interface is :class:`Program`, a ``NamedTuple`` a runtime fills in:
   component a digest of one thing that changes the run's numbers
   (``_checkpoint.digest`` and ``tree_digest`` make them). Resuming from a
   checkpoint of another fingerprint is refused, naming the components that
-  differ, unless ``run``'s ``resume_changes`` names them (a knowingly
+  differ, unless ``run``'s ``checkpoint.changes`` names them (a knowingly
   changed run).
 ``check(carry) -> bool scalar`` or ``None``
   a health check of the carry (e.g. "the parameters and optimizer state are
@@ -303,23 +303,26 @@ def check_mesh(mesh: Any, axis: str = AXIS) -> int:
   return int(mesh.shape[axis])
 
 
-def checkpoint_arguments(checkpoint: Any) -> tuple[str | None, bool, tuple[str, ...]]:
-  """``(directory, resume, changes)`` of a runtime's ``checkpoint`` option (``(None, True, ())`` without
-  one); the directory is created and checked to be writable before anything compiles."""
+class CheckpointArguments(NamedTuple):
+  """A runtime's ``checkpoint`` option as the engine reads it (:func:`checkpoint_arguments`)."""
+
+  directory: str | None = None  # where to write (``None``: no checkpoints)
+  resume: bool = True  # whether to continue from a checkpoint found there
+  changes: tuple[str, ...] = ()  # fingerprint components allowed to differ on resume
+  min_interval: float = 0.0  # seconds of wall time at least between two writes (``0``: after every chunk)
+
+
+def checkpoint_arguments(checkpoint: Any) -> CheckpointArguments:
+  """A runtime's ``checkpoint`` option (a ``dj.Checkpoint`` or ``None``) read once, for the engine; the
+  directory is created and checked to be writable before anything compiles."""
   if checkpoint is None:
-    return None, True, ()
+    return CheckpointArguments()
   if not isinstance(checkpoint, Checkpoint):
     raise TypeError(
         f"checkpoint must be a dj.Checkpoint (e.g. checkpoint=dj.Checkpoint('runs/a')) or None, got "
         f"{type(checkpoint).__name__} {checkpoint!r}.")
   directory = _checkpoint.check_directory("Checkpoint.directory", checkpoint.directory)
-  return directory, checkpoint.resume, checkpoint.changes
-
-
-def checkpoint_interval(checkpoint: Any) -> float:
-  """The minimum seconds between two writes of a runtime's ``checkpoint`` option (``Checkpoint.min_interval``;
-  ``0.0`` without one); ``checkpoint`` has been checked by :func:`checkpoint_arguments`."""
-  return 0.0 if checkpoint is None else checkpoint.min_interval
+  return CheckpointArguments(directory, checkpoint.resume, checkpoint.changes, checkpoint.min_interval)
 
 
 def memory_terms(parts: dict[str, tuple[Any, bool]], data: Any, num_devices: int) -> dict[str, int]:
@@ -483,9 +486,8 @@ def _chunk_function(program: Program, mesh: Any) -> Callable[[Any, Any, Any], tu
   return jax.jit(chunk, donate_argnums=0)
 
 
-def run(program: Program, *, mesh: Any = None, checkpoint_dir: str | os.PathLike[str] | None = None,
-        checkpoint_name: str = "checkpoint", resume: bool = True, resume_changes: tuple[str, ...] = (),
-        checkpoint_min_interval: float = 0.0,
+def run(program: Program, *, mesh: Any = None, checkpoint: CheckpointArguments = CheckpointArguments(),
+        checkpoint_name: str = "checkpoint",
         callback: Callable[[dict[str, Any]], None] | None = None) -> tuple[Any, dict[str, Any]]:
   """Runs ``program`` chunk by chunk; returns the final carry (on the devices) and the records.
 
@@ -493,13 +495,12 @@ def run(program: Program, *, mesh: Any = None, checkpoint_dir: str | os.PathLike
     program: the runtime's :class:`Program`.
     mesh: a mesh whose one spread axis the program's specs name (see :func:`check_mesh`), or ``None`` for one
       device.
-    checkpoint_dir: where to write a checkpoint after every chunk, or fewer (``None``: never).
-    checkpoint_min_interval: seconds of wall time (read from :data:`clock`) at least between two writes: a
-      chunk's end writes only once that long has passed since the run started or since its last write (``0``:
-      after every chunk). A mesh in a multi-process run needs ``0``: every process must write at the same chunk.
-    checkpoint_name: the checkpoint's name inside ``checkpoint_dir`` (see ``_checkpoint.Checkpoint``).
-    resume: whether to continue from a checkpoint found there.
-    resume_changes: fingerprint components allowed to differ from the checkpoint's on resume.
+    checkpoint: where to write a checkpoint after every chunk, or fewer (``directory=None``: never), whether
+      to resume from one found there, and which fingerprint components may differ on resume. ``min_interval``
+      is the seconds of wall time (read from :data:`clock`) at least between two writes: a chunk's end writes
+      only once that long has passed since the run started or since its last write (``0``: after every
+      chunk). A mesh in a multi-process run needs ``0``: every process must write at the same chunk.
+    checkpoint_name: the checkpoint's name inside ``checkpoint.directory`` (see ``_checkpoint.Checkpoint``).
     callback: called on the host after every chunk with ``program.progress(chunk)`` and, as ``"rows"``,
       the chunk's records (``program.collect``'s rows).
 
@@ -508,6 +509,7 @@ def run(program: Program, *, mesh: Any = None, checkpoint_dir: str | os.PathLike
     structure).
   """
   inspect = _inspectors[-1] if _inspectors else None
+  checkpoint_dir, resume, resume_changes, checkpoint_min_interval = checkpoint
   if checkpoint_dir is None:
     return _run(program, mesh, None, checkpoint_name, resume, resume_changes, 0.0, callback, inspect)
   if checkpoint_min_interval > 0 and mesh is not None and jax.process_count() > 1:

@@ -580,10 +580,8 @@ def simulate_pipeline(
   run = _prepare(stage_fns, loss_fn, tx, params, data, schedule, seed=seed, sampling=sampling, record=record,
                  checkpoint=checkpoint, execution=execution, backward=backward)
   run.step, run.carry, run.carry_specs, run.params_at, run.current_params, run.state_packing = _stage_program(run)
-  carry, records = engine.run(_program(run), mesh=run.mesh, checkpoint_dir=run.checkpoint_dir,
-                              checkpoint_name=_CHECKPOINT_FILE, resume=run.resume, resume_changes=run.resume_changes,
-                              checkpoint_min_interval=engine.checkpoint_interval(run.checkpoint),
-                              callback=run.callback)
+  carry, records = engine.run(_program(run), mesh=run.mesh, checkpoint=run.checkpoint,
+                              checkpoint_name=_CHECKPOINT_FILE, callback=run.callback)
   return _results(run, carry, records)
 
 
@@ -622,7 +620,8 @@ def _prepare(stage_fns, loss_fn, tx, params, data, schedule, *, seed, sampling, 
                        f"places one model stage per device.")
   batch_size = sampling.batch_size
   keep_updates = record.keeps_updates
-  checkpoint_dir, resume, resume_changes = engine.checkpoint_arguments(checkpoint)
+  checkpoint = engine.checkpoint_arguments(checkpoint)
+  checkpoint_dir = checkpoint.directory
   eval_fn, eval_every, callback = record.eval_fn, record.every, record.callback
   chunk_size = min(U, 256) if chunk_size is None else min(chunk_size, U)
   if not isinstance(data, dict) or "x" not in data:

@@ -226,10 +226,8 @@ def simulate_gossip(
   """
   run = _prepare(loss_fn, tx, method, params, data, schedule, seed=seed, sampling=sampling, record=record,
                  checkpoint=checkpoint, execution=execution)
-  final, records = _engine.run(_program(run), mesh=run.mesh, checkpoint_dir=run.checkpoint_dir,
-                               checkpoint_name=_CHECKPOINT_FILE, resume=run.resume, resume_changes=run.resume_changes,
-                               checkpoint_min_interval=_engine.checkpoint_interval(run.checkpoint),
-                               callback=run.callback)
+  final, records = _engine.run(_program(run), mesh=run.mesh, checkpoint=run.checkpoint,
+                               checkpoint_name=_CHECKPOINT_FILE, callback=run.callback)
   return _results(run, final, records)
 
 
@@ -286,7 +284,8 @@ def _prepare(loss_fn, tx, method, params, data, schedule, *, seed, sampling, rec
   check_params(params)
   sampling, shards = sampling.scheme, sampling.shards
   keep_steps = record.keeps_updates
-  checkpoint_dir, resume, resume_changes = _engine.checkpoint_arguments(checkpoint)
+  checkpoint = _engine.checkpoint_arguments(checkpoint)
+  checkpoint_dir = checkpoint.directory
   eval_fn, eval_every, callback = record.eval_fn, record.every, record.callback
   mesh, chunk_size, phases = execution.mesh, execution.chunk_size, execution.phases
   num_devices = _engine.check_mesh(mesh)

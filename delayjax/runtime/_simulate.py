@@ -689,10 +689,8 @@ def simulate(
   """
   run = _prepare(loss_fn, tx, params, data, source, num_updates=num_updates, seed=seed, sampling=sampling,
                  worker=worker, record=record, checkpoint=checkpoint, execution=execution)
-  carry, records = engine.run(_program(run), mesh=run.mesh, checkpoint_dir=run.checkpoint_dir,
-                              checkpoint_name=_CHECKPOINT_FILE, resume=run.resume, resume_changes=run.resume_changes,
-                              checkpoint_min_interval=engine.checkpoint_interval(run.checkpoint),
-                              callback=run.callback)
+  carry, records = engine.run(_program(run), mesh=run.mesh, checkpoint=run.checkpoint,
+                              checkpoint_name=_CHECKPOINT_FILE, callback=run.callback)
   return _results(run, carry, records)
 
 
@@ -757,7 +755,8 @@ def _prepare(loss_fn, tx, params, data, source, *, num_updates, seed, sampling, 
     raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}.")
   if not isinstance(tx, optax.GradientTransformation):
     raise TypeError(f"tx must be an optax.GradientTransformation, got {type(tx).__name__}.")
-  checkpoint_dir, resume, resume_changes = engine.checkpoint_arguments(checkpoint)
+  checkpoint = engine.checkpoint_arguments(checkpoint)
+  checkpoint_dir = checkpoint.directory
   batch_size, num_examples = check_sampling(data, sampling.batch_size, sampling.scheme, sampling.shards)
   check_params(params)
   eval_fn, eval_every, callback = _evaluation(record), record.every, record.callback
