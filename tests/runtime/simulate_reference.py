@@ -47,6 +47,44 @@ def regression_problem(num_examples: int = 48, dim: int = 3, seed: int = 0):
   return {"x": x, "y": y}, loss_fn, params
 
 
+def numpy_per_contribution(data, schedule, push, *, lr, batch_size, seed):
+  """The server loop of a per-contribution rule on :func:`regression_problem`, in float64 NumPy.
+
+  For each update, the contributions in the runtime's order (the stalest read first, then the lowest worker):
+  worker ``m``'s mean gradient over its ``num_batches`` minibatches (drawn through ``minibatch_indices``) at the
+  version ``w_read`` it read, turned into its push by ``push(m, g, w, w_read)`` (which keeps whatever per-worker
+  state the rule has), averaged with the ``num_batches`` weights and applied as ``w - lr * step``. Returns the final
+  parameters, ``w`` then ``b`` in one vector.
+  """
+  x, y = data["x"].astype(np.float64), data["y"].astype(np.float64)
+  n, dim = x.shape
+  versions = [np.zeros(dim + 1)]
+  drawn = np.zeros(schedule.num_workers, np.int64)  # minibatches each worker drew so far
+
+  def gradient(w, u, m):
+    grads = []
+    for _ in range(schedule.num_batches[u, m]):
+      idx = np.asarray(minibatch_indices(seed, u, int(m), int(drawn[m]), num_examples=n, batch_size=batch_size))
+      drawn[m] += 1
+      err = x[idx] @ w[:dim] + w[dim] - y[idx]
+      grads.append(np.concatenate([2 * x[idx].T @ err / batch_size, [2 * err.mean()]]))
+    return np.mean(grads, axis=0)
+
+  for u in range(schedule.num_updates):
+    w = versions[-1]
+    workers = np.flatnonzero(schedule.contributes[u])
+    reads = schedule.read_version[u, workers]
+    order = np.lexsort((workers, reads))
+    weights = schedule.num_batches[u, workers][order].astype(np.float64)
+    weights /= weights.sum()
+    step = np.zeros_like(w)
+    for k, j in enumerate(order):
+      m, w_read = workers[j], versions[reads[j]]
+      step += weights[k] * push(m, gradient(w_read, u, m), w, w_read)
+    versions.append(w - lr * step)
+  return versions[-1]
+
+
 class ProbeState(NamedTuple):
   count: jax.Array  # int32 (): updates applied
   last: Any  # like params: the last update, which the read hook looks ahead by

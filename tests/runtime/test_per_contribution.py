@@ -8,8 +8,7 @@ import numpy as np
 import optax
 
 import delayjax as dj
-from delayjax.runtime._sampling import minibatch_indices
-from tests.runtime.simulate_reference import regression_problem
+from tests.runtime.simulate_reference import numpy_per_contribution, regression_problem
 
 
 def _two_gradient_schedule() -> dj.cluster.Schedule:
@@ -61,38 +60,14 @@ def test_one_contribution_per_update_is_the_plain_rule_bit_for_bit():
 
 def _numpy_dc_a_per_contribution(data, schedule, *, lr, lam, mu, eps, batch_size, seed):
   """DC-ASGD-a (Zheng et al. 2017) applied to each gradient with its worker's mean square, then averaged
-  with the num_batches weights; contributions in the runtime's order (stalest first, then by worker)."""
-  x, y = data["x"].astype(np.float64), data["y"].astype(np.float64)
-  n, dim = x.shape
-  versions = [np.zeros(dim + 1)]  # w then b
-  ms = np.zeros((schedule.num_workers, dim + 1))
-  drawn = np.zeros(schedule.num_workers, np.int64)  # minibatches each worker drew so far
+  with the num_batches weights."""
+  ms = np.zeros((schedule.num_workers, data["x"].shape[1] + 1))
 
-  def gradient(w, u, m):
-    grads = []
-    for _ in range(schedule.num_batches[u, m]):
-      idx = np.asarray(minibatch_indices(seed, u, int(m), int(drawn[m]), num_examples=n, batch_size=batch_size))
-      drawn[m] += 1
-      err = x[idx] @ w[:dim] + w[dim] - y[idx]
-      grads.append(np.concatenate([2 * x[idx].T @ err / batch_size, [2 * err.mean()]]))
-    return np.mean(grads, axis=0)
+  def push(m, g, w, w_bak):
+    ms[m] = mu * ms[m] + (1 - mu) * g * g
+    return g + lam / np.sqrt(ms[m] + eps) * g * g * (w - w_bak)
 
-  for u in range(schedule.num_updates):
-    w = versions[-1]
-    workers = np.flatnonzero(schedule.contributes[u])
-    reads = schedule.read_version[u, workers]
-    order = np.lexsort((workers, reads))  # earliest read (stalest) first, then lowest worker
-    weights = schedule.num_batches[u, workers][order].astype(np.float64)
-    weights /= weights.sum()
-    step = np.zeros_like(w)
-    for k, j in enumerate(order):
-      m, v = workers[j], reads[j]
-      w_bak = versions[v]
-      g = gradient(w_bak, u, m)
-      ms[m] = mu * ms[m] + (1 - mu) * g * g
-      step += weights[k] * (g + lam / np.sqrt(ms[m] + eps) * g * g * (w - w_bak))
-    versions.append(w - lr * step)
-  return versions[-1]
+  return numpy_per_contribution(data, schedule, push, lr=lr, batch_size=batch_size, seed=seed)
 
 
 def test_dc_asgd_a_per_worker_on_k_async_against_numpy():

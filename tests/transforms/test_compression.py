@@ -12,8 +12,7 @@ import optax
 import pytest
 
 import delayjax as dj
-from delayjax.runtime._sampling import minibatch_indices
-from tests.runtime.simulate_reference import regression_problem
+from tests.runtime.simulate_reference import numpy_per_contribution, regression_problem
 
 
 def _tree(seed=0, dtype=jnp.float32):
@@ -273,38 +272,17 @@ def test_error_feedback_with_an_exact_compressor_is_the_identity():
 
 def _numpy_ef_top_k_per_contribution(data, schedule, *, lr, k, batch_size, seed):
   """Mem-SGD per worker (Stich et al.): each worker's push is top_k(g + e_m), e_m keeps the rest; the server
-  averages the pushes of an update with the num_batches weights (the runtime's order: stalest first)."""
-  x, y = data["x"].astype(np.float64), data["y"].astype(np.float64)
-  n, dim = x.shape
-  versions = [np.zeros(dim + 1)]
+  averages the pushes of an update with the num_batches weights."""
+  dim = data["x"].shape[1]
   memory = np.zeros((schedule.num_workers, dim + 1))
-  drawn = np.zeros(schedule.num_workers, np.int64)
 
-  def gradient(w, u, m):
-    grads = []
-    for _ in range(schedule.num_batches[u, m]):
-      idx = np.asarray(minibatch_indices(seed, u, int(m), int(drawn[m]), num_examples=n, batch_size=batch_size))
-      drawn[m] += 1
-      err = x[idx] @ w[:dim] + w[dim] - y[idx]
-      grads.append(np.concatenate([2 * x[idx].T @ err / batch_size, [2 * err.mean()]]))
-    return np.mean(grads, axis=0)
+  def push(m, g, w, w_read):
+    p = g + memory[m]
+    sent = np.concatenate([numpy_top_k(p[:dim], k), p[dim:]])  # the scalar bias is one coordinate: kept
+    memory[m] = p - sent
+    return sent
 
-  for u in range(schedule.num_updates):
-    w = versions[-1]
-    workers = np.flatnonzero(schedule.contributes[u])
-    reads = schedule.read_version[u, workers]
-    order = np.lexsort((workers, reads))
-    weights = schedule.num_batches[u, workers][order].astype(np.float64)
-    weights /= weights.sum()
-    step = np.zeros_like(w)
-    for kk, j in enumerate(order):
-      m = workers[j]
-      p = gradient(versions[reads[j]], u, m) + memory[m]
-      sent = np.concatenate([numpy_top_k(p[:dim], k), p[dim:]])  # the scalar bias is one coordinate: kept
-      memory[m] = p - sent
-      step += weights[kk] * sent
-    versions.append(w - lr * step)
-  return versions[-1], memory
+  return numpy_per_contribution(data, schedule, push, lr=lr, batch_size=batch_size, seed=seed), memory
 
 
 @pytest.mark.parametrize("paradigm", ["bsp", "k_async"])
