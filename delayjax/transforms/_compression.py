@@ -27,7 +27,7 @@ import optax
 
 from delayjax._checks import check_bool, check_float, check_int, check_seed
 from delayjax._sharding import stacked_zeros
-from delayjax.transforms._extra_args import check_updates_like, check_worker, nan_unless
+from delayjax.transforms._extra_args import check_updates_like, check_worker, nan_unless, stateless_leaf_map
 from delayjax.transforms._hooks import table_rows
 from delayjax.transforms._hyperparams import check_static_int
 
@@ -215,18 +215,11 @@ def top_k(k: int | float) -> Compressor:
     _, index = jax.lax.top_k(jnp.abs(flat), n)
     return jnp.zeros_like(flat).at[index].set(flat[index]).reshape(g.shape)
 
-  def init_fn(params):
-    del params
-    return optax.EmptyState()
-
-  def update_fn(updates, state, params=None, **extra_args):
-    del params, extra_args
-    return jax.tree.map(leaf, updates), state
-
   def nbytes(params):
     return sum(_kept(k, _size(x)) * (_itemsize(x) + _INDEX_BYTES) for x in _leaves(params))
 
-  return _compressor(init_fn, update_fn, nbytes)
+  stateless = stateless_leaf_map(leaf)
+  return _compressor(stateless.init, stateless.update, nbytes)
 
 
 def random_k(k: int | float, *, unbiased: bool = False, seed: int = 0) -> Compressor:

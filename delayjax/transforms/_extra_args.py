@@ -1,4 +1,5 @@
-"""Checks on the extra arguments a transformation receives, shared so every one fails the same way."""
+"""Checks on the extra arguments a transformation receives, shared so every one fails the same way, and the
+stateless per-leaf transformation several of them are."""
 
 from __future__ import annotations
 
@@ -163,3 +164,18 @@ def like_updates(name: str, tree: Any, updates: Any, *, batch: int | None = None
     detail = str(error).split("failed:", 1)[-1].strip()
     raise ValueError(f"{name} leaves must have {what}: {detail}") from None
   return tree
+
+
+def stateless_leaf_map(leaf: Any) -> optax.GradientTransformationExtraArgs:
+  """A transformation with an empty state that maps each update leaf ``g`` to ``leaf(g)`` and ignores the
+  parameters and every extra argument (a quantizer, a deterministic sparsifier)."""
+
+  def init_fn(params):
+    del params
+    return optax.EmptyState()
+
+  def update_fn(updates, state, params=None, **extra_args):
+    del params, extra_args
+    return jax.tree.map(leaf, updates), state
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import optax
 
 from delayjax._checks import check_bool, check_int
+from delayjax.transforms._extra_args import stateless_leaf_map
 
 __all__ = ["quantize_float"]
 
@@ -152,12 +153,4 @@ def quantize_float(exponent_bits: int, mantissa_bits: int, *,
     keep = (amax == 0) | ~jnp.isfinite(amax) if scale_by_max else ~jnp.isfinite(x)
     return jnp.where(keep, x, rounded).astype(g.dtype)
 
-  def init_fn(params):
-    del params
-    return optax.EmptyState()
-
-  def update_fn(updates, state, params=None, **extra_args):
-    del params, extra_args
-    return jax.tree.map(leaf, updates), state
-
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return stateless_leaf_map(leaf)
