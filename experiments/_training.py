@@ -61,8 +61,8 @@ def classification_task(split: Any, apply: Callable[[Any, jax.Array], jax.Array]
 def simulate_record(task: Task, tx: optax.GradientTransformation, source: Any, *, seed: int,
                     batch_size: int, eval_every: int, progress: Progress, num_updates: int | None = None,
                     scheme: str = "iid", shards: Any = None, worker: dj.workers.Worker | None = None,
-                    final_state: Callable[[Any], None] | None = None, chunk_size: int | None = None
-                    ) -> dict[str, Any]:
+                    final_state: Callable[[Any], None] | None = None, chunk_size: int | None = None,
+                    lanes: int | None = None) -> dict[str, Any]:
   """Trains ``task`` with ``tx`` under ``source`` (a Schedule or delay model) and returns the run record.
 
   Record: ``metrics`` (the final value of each of ``eval_fn``'s metrics, ``updates``,
@@ -78,7 +78,9 @@ def simulate_record(task: Task, tx: optax.GradientTransformation, source: Any, *
   update (for statistics a transformation accumulates in its state).
   ``chunk_size`` is ``dj.simulate``'s (steps per compiled chunk; the results
   do not depend on it): :func:`shared_chunk_size` gives runs of different
-  lengths one program.
+  lengths one program. ``lanes`` is ``dj.simulate``'s too (gradients per
+  step; the results do not depend on it): a fixed value gives seeds whose
+  schedules would each choose their own one program.
   """
   def callback(info: dict[str, Any]) -> None:
     progress(info["updates_done"], info["num_updates"])
@@ -92,7 +94,7 @@ def simulate_record(task: Task, tx: optax.GradientTransformation, source: Any, *
                                         nonfinite="report"),
                        checkpoint=None if checkpoint_dir is None else dj.Checkpoint(
                            checkpoint_dir, min_interval=getattr(progress, "checkpoint_every", 0.0)),
-                       execution=dj.Execution(chunk_size=chunk_size))
+                       execution=dj.Execution(chunk_size=chunk_size, lanes=lanes))
   if final_state is not None:
     final_state(result.opt_state)
   h = result.history
