@@ -25,7 +25,7 @@ from delayjax.runtime._engine import AXIS, check_worker_capacity, program_key
 from delayjax.runtime._arguments import batch_like, check_not_traced, check_params, check_sampling, loss_has_aux
 from delayjax.runtime._options import Checkpoint, Execution, Record, Runs, Sampling, runtime_options
 from delayjax.runtime._lanes import Lanes
-from delayjax.runtime._torn import BlockGroups
+from delayjax.runtime._read_groups import BlockGroups, LeafGroups, map_groups
 from delayjax.runtime._workers import Gradient, Worker, check_worker
 from delayjax.runtime._sampling import shard_table
 from delayjax.runtime._waves import StepPlan, plan_steps
@@ -217,10 +217,10 @@ def _stale_read_schedule(model: delays_lib.DelayModel, num_updates: int, seed: i
 
 
 def _leaf_reads(source: Any, versions: np.ndarray | None,
-                params: Any) -> tuple[np.ndarray | None, tuple[int, ...] | BlockGroups | None]:
+                params: Any) -> tuple[np.ndarray | None, LeafGroups | BlockGroups | None]:
   """For a ``per_leaf`` source: each group's read versions (``versions``, ``[U, G]``) and each parameter
-  leaf's group; for a ``torn`` one, the blocks' versions and the coordinates' blocks (``BlockGroups``);
-  ``None, None`` for any other source (or a single group)."""
+  leaf's group (``LeafGroups``); for a ``torn`` one, the blocks' versions and the coordinates' blocks
+  (``BlockGroups``); ``None, None`` for any other source (or a single group)."""
   if isinstance(source, delays_lib.Torn):
     source.check_params(params)
     return (None, None) if source.num_blocks == 1 else (versions, BlockGroups.of(source))
@@ -231,7 +231,7 @@ def _leaf_reads(source: Any, versions: np.ndarray | None,
   if len(models) == 1:
     return None, None
   groups = jax.tree.map(lambda g, sub: jax.tree.map(lambda _: g, sub), treedef.unflatten(range(len(models))), params)
-  return versions, tuple(jax.tree.leaves(groups))
+  return versions, LeafGroups(tuple(jax.tree.leaves(groups)))
 
 
 def _payload_like(params: Any, inputs: tuple[str, ...], samples: int, terms: Any = None) -> dict[str, Any]:
@@ -319,7 +319,7 @@ def _uses_stale_params(tx: optax.GradientTransformationExtraArgs, params: Any, i
 
 
 def _lanes_stale(opt_state: Any, params: Any, slots: Any, rows: jax.Array, workers: jax.Array, slot: jax.Array,
-                fresh: jax.Array, leaf_groups: tuple[int, ...] | None = None) -> Any:
+                fresh: jax.Array, leaf_groups: LeafGroups | BlockGroups | None = None) -> Any:
   """The parameters each lane computes at: read now if ``fresh``, else from its worker's slot.
 
   ``slots`` leaves are ``[rows, num_slots, ...]``; ``rows``, ``workers``,
@@ -328,19 +328,7 @@ def _lanes_stale(opt_state: Any, params: Any, slots: Any, rows: jax.Array, worke
   """
   held = jax.vmap(lambda m, k: jax.tree.map(lambda x: x[m, k], slots))(rows, slot)
   reads = jax.vmap(lambda m: read_params(opt_state, params, m))(workers)
-  return _map_groups(lambda g, r, h: jnp.where(_lead(fresh[:, g], r), r, h), leaf_groups, reads, held)
-
-
-def _map_groups(fn: Callable[..., Any], leaf_groups: tuple[int, ...] | BlockGroups | None, *trees: Any) -> Any:
-  """``jax.tree.map(fn(group, *leaves), *trees)``, with each leaf's group (0 for all without groups; for a torn
-  read, an int32 array of the leaf's shape: each coordinate's block)."""
-  leaves = [jax.tree.leaves(t) for t in trees]
-  if isinstance(leaf_groups, BlockGroups):
-    groups = leaf_groups.ids()
-  else:
-    groups = leaf_groups or (0,) * len(leaves[0])
-  out = [fn(g, *xs) for g, *xs in zip(groups, *leaves, strict=True)]
-  return jax.tree.unflatten(jax.tree.structure(trees[0]), out)
+  return map_groups(lambda g, r, h: jnp.where(_lead(fresh[:, g], r), r, h), leaf_groups, reads, held)
 
 
 def _inexact(tree: Any) -> list[jax.Array]:
@@ -897,7 +885,7 @@ def _keys(run: _ServerRun) -> tuple[Any, Any]:
       **({} if epoch is None else {"snapshot_every": epoch, "full_batch_size": full_batch_size}),
       **({} if group_versions is None else {
           "group_versions": hashlib.sha256(np.ascontiguousarray(group_versions).tobytes()).hexdigest(),
-          "leaf_groups": leaf_groups}))
+          "leaf_groups": leaf_groups.identity()}))
 
   return compile_key, fingerprint
 
@@ -1052,7 +1040,7 @@ def _memory_terms(carry: tuple[Any, ...], data: Any, num_devices: int) -> dict[s
 
 
 def _initial_carry(params: Any, opt_state: Any, plan: StepPlan, size: int, payload: Any,
-                   leaf_groups: tuple[int, ...] | None, worker_state: Any,
+                   leaf_groups: LeafGroups | BlockGroups | None, worker_state: Any,
                    keep_stale: bool, shapes: bool = False) -> tuple[Any, ...]:
   """The server runtime's carry before the first step (host arrays; see ``CARRY_SPECS``).
 
@@ -1138,7 +1126,7 @@ def _fingerprint_shards(shards: Sequence[Any]) -> str:
 def _step_function(*, keep_stale: bool, loss_fn, has_aux, tx, params, opt_state, eval_fn, num_examples, batch_size,
                    sampling, plan: StepPlan, sizes: ProgramSizes, skip_nonfinite, always_applies, distributed: bool,
                    inputs: tuple[str, ...], worker: Worker, max_batches: int, full_batch_size: int | None,
-                   leaf_groups: tuple[int, ...] | None):
+                   leaf_groups: LeafGroups | BlockGroups | None):
   """The server runtime's step (see ``_engine.Program.step``): compute a vector of gradients, then apply,
   in order, the updates whose gradients are all computed. What a lane computes is ``_lanes.Lanes``'."""
   # Only sizes are taken from the plan: the step (kept in the compile cache) must not hold its tables.
@@ -1263,13 +1251,8 @@ def _server_step(c: types.SimpleNamespace, carry: Any, tabs: Any, constants: Any
   def store_read(slots, value, row, slot, group):
     if c.leaf_groups is None:
       return jax.tree.map(lambda s, v: s.at[row, slot].set(v, mode="drop"), slots, value)
-    if isinstance(c.leaf_groups, BlockGroups):
-      # A torn read: only the read block's coordinates are stored.
-      return _map_groups(lambda ids, s, v: BlockGroups.store(s, v, row, slot, group, ids), c.leaf_groups, slots,
-                         value)
-    # Per-leaf delays: only the read group's leaves are stored (the others' row is out of range).
-    return _map_groups(lambda g, s, v: s.at[jnp.where(group == g, row, c.per_device), slot].set(v, mode="drop"),
-                       c.leaf_groups, slots, value)
+    # A read of one group: only that group's leaves (per_leaf) or coordinates (torn) are stored.
+    return c.leaf_groups.store(slots, value, row, slot, group, c.per_device)
 
   def read(i, state):
     params, opt_state, slots = state
@@ -1324,13 +1307,7 @@ def _apply_update(c: types.SimpleNamespace, ctx: _StepContext, i: Any, state: An
   # Without requests the update's index is not even read: the default program is unchanged.
   refresh = (ctx.tab["upd_refresh"][i] | snapshot_due) if "full_grad" in c.inputs else None
   extra = _update_inputs(c, ctx, i, params, positions, staleness, kept, weights, payloads, mixed, refresh, loss)
-  if c.leaf_groups is None:
-    tau = staleness[first, 0]
-  elif isinstance(c.leaf_groups, BlockGroups):
-    # A torn read is one read: its staleness is its stalest block's.
-    tau = jnp.max(staleness[first])
-  else:
-    tau = _map_groups(lambda g, p: staleness[first, g], c.leaf_groups, params)
+  tau = staleness[first, 0] if c.leaf_groups is None else c.leaf_groups.staleness(staleness[first], params)
   updates, new_state = c.tx.update(mixed["grad"], opt_state, params, staleness=tau,
                                    stale_params=stale_params, worker=ctx.tab["upd_worker"][i][first], **extra)
   new_params = optax.apply_updates(params, updates)
@@ -1405,9 +1382,7 @@ def _update_inputs(c: types.SimpleNamespace, ctx: _StepContext, i: Any, params: 
         jax.tree.map(lambda b: b[positions], ctx.stale_buf) if c.keep_stale
         else jax.tree.map(lambda p: jnp.broadcast_to(p, (c.num_contrib,) + p.shape), params))
     extra["contribution_staleness"] = (
-        staleness[:, 0] if c.leaf_groups is None else jnp.max(staleness, axis=1)
-        if isinstance(c.leaf_groups, BlockGroups) else _map_groups(lambda g, p: staleness[:, g], c.leaf_groups,
-                                                                   params))
+        staleness[:, 0] if c.leaf_groups is None else c.leaf_groups.staleness(staleness, params))
     extra["contribution_workers"] = ctx.tab["upd_worker"][i]
     extra["contribution_weights"] = weights
   return extra
