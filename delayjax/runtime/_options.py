@@ -232,10 +232,11 @@ class Checkpoint:
 @dataclasses.dataclass(frozen=True)
 class Execution:
   """How and where the program runs. The results do not depend on ``chunk_size`` or ``phases``, and on ``lanes``
-  only through rounding: the lanes are one ``vmap`` of the gradient, and a ``vmap`` of another width may be
-  compiled with another summation order inside a gradient. The tests' float32 runs are bit-identical across
-  lanes; float64 runs of ``experiments.variance_reduction`` with ``lanes=1`` differed from the default by about
-  1e-15 relative (SGD) and up to 1e-10 (SVRG), so a sweep that compares bits fixes ``lanes``.
+  only through rounding: the lanes are one ``vmap`` of the gradient, which XLA may compile with another summation
+  order inside a gradient for another width (one lane is compiled without it). The tests' float32 runs are
+  bit-identical across lanes; float64 least-squares runs with ``lanes=1`` differed from the default by about
+  1e-15 relative (1e-10 after a run of SVRG in ``experiments.variance_reduction``), so a sweep that compares bits
+  fixes ``lanes``.
 
   Args:
     mesh: ``None`` (one device), or a ``jax.sharding.Mesh`` whose one axis of

@@ -608,8 +608,8 @@ def simulate(
   among equally stale ones) and :math:`\tau_u = u - \text{read\_version}[u,
   m^*]` (int32 scalars). An update without contributions changes nothing.
   On one device the result equals this sequential definition bit for bit,
-  whatever ``Execution.lanes`` and ``chunk_size``; the same seed gives the
-  same result. On a ``workers`` mesh of several devices the gradients are the
+  whatever ``chunk_size`` (and ``Execution.lanes`` up to rounding: see
+  ``dj.Execution``); the same seed gives the same result. On a ``workers`` mesh of several devices the gradients are the
   same computations, but XLA compiles a device's share of a step's lanes
   into another program than all of them on one device: linear models agree
   bit for bit, nonlinear ones to a relative error of a few 1e-7 (4e-7 after
