@@ -23,7 +23,7 @@ possible loss), which the generator knows. Quick scale: a one-block model
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +35,7 @@ from . import _plots
 from ._datasets import markov_corpus
 from ._framework import Claim, ClaimResult, Comparison, Reproduction, Summary, mean_rows, paired
 from ._models import transformer_lm
-from ._training import Task, shared_chunk_size, simulate_record, within_time
+from ._training import Task, simulate_record, within_time
 
 SCALES = {
     "quick": dict(vocab=16, corpus_tokens=40_000, seq_len=32, width=64, depth=1, heads=4, time_budget=100.0,
@@ -44,6 +44,8 @@ SCALES = {
                   batch=64, lr=0.0005, workers=16, sums=[4, 8, 16], compute="gamma", seeds=1, eval_points=40,
                   steps=0),
 }
+# Steps of dj.simulate per compiled chunk (see run).
+CHUNK_STEPS = 8
 
 
 def specs(config: dict[str, Any]) -> list[dict[str, Any]]:
@@ -54,9 +56,21 @@ def specs(config: dict[str, Any]) -> list[dict[str, Any]]:
 _TASKS: dict[tuple[Any, ...], Task] = {}
 
 
-def lm_task(config: dict[str, Any]) -> Task:
-  """Next-token prediction on windows of the corpus; the last 10% of the windows are held out."""
-  key = tuple(config[k] for k in ("vocab", "corpus_tokens", "seq_len", "width", "depth", "heads"))
+def lm_task(config: dict[str, Any], pieces: int = 1) -> Task:
+  """Next-token prediction on windows of the corpus; the last 10% of the windows are held out.
+
+  The parameters are a tuple of ``pieces`` flat vectors: the Flax model's
+  leaves, cut by ``dj.fragment_of_leaves(tree, pieces)`` into runs of
+  consecutive leaves, each run raveled into one vector (``pieces`` is
+  Streaming DiLoCo's fragments, so each vector is one fragment). Every
+  optimizer here is elementwise, so the numbers are those of the Flax tree,
+  bit for bit; but each leaf costs the runtime's compiled program its own
+  kernels (the inner and outer optimizer steps, the buffers, the reads), and
+  the model's 22 leaves made compiling most of a quick-scale run's cost (one
+  vector cut the compilation of ``streaming_diloco``'s DiLoCo program from 45
+  to 17 CPU s, its results unchanged bit for bit).
+  """
+  key = tuple(config[k] for k in ("vocab", "corpus_tokens", "seq_len", "width", "depth", "heads")) + (pieces,)
   if key not in _TASKS:
     tokens = markov_corpus(config["corpus_tokens"], vocab=config["vocab"], seed=0)
     length = config["seq_len"] + 1
@@ -65,9 +79,10 @@ def lm_task(config: dict[str, Any]) -> Task:
     train, test = windows[:split], jnp.asarray(windows[split:])
     init, apply = transformer_lm(config["vocab"], config["width"], config["depth"], config["heads"],
                                  config["seq_len"])
+    pack, unpack = _packing(jax.eval_shape(init, jax.random.PRNGKey(0)), pieces)
 
     def token_loss(params, windows):
-      logits = apply(params, windows[:, :-1])
+      logits = apply(unpack(params), windows[:, :-1])
       return optax.softmax_cross_entropy_with_integer_labels(logits, windows[:, 1:]), logits
 
     def loss_fn(params, batch):
@@ -78,8 +93,33 @@ def lm_task(config: dict[str, Any]) -> Task:
       error = jnp.mean(jnp.argmax(logits, -1) != test[:, 1:])
       return {"test_loss": loss.mean().astype(jnp.float32), "test_error": error.astype(jnp.float32)}
 
-    _TASKS[key] = Task({"tokens": train}, loss_fn, eval_fn, lambda seed: init(jax.random.PRNGKey(seed)))
+    _TASKS[key] = Task({"tokens": train}, loss_fn, eval_fn, lambda seed: pack(init(jax.random.PRNGKey(seed))))
   return _TASKS[key]
+
+
+def _packing(template: Any, pieces: int) -> tuple[Callable[[Any], tuple[jax.Array, ...]],
+                                                   Callable[[tuple[jax.Array, ...]], Any]]:
+  """``(pack, unpack)`` between a parameter tree shaped as ``template`` and ``pieces`` flat vectors (see
+  :func:`lm_task`)."""
+  leaves, treedef = jax.tree.flatten(template)
+  fragments = dj.fragment_of_leaves(template, pieces)
+  groups = [[i for i, f in enumerate(fragments) if f == p] for p in range(pieces)]
+
+  def pack(tree):
+    flat = jax.tree.leaves(tree)
+    return tuple(jnp.concatenate([flat[i].ravel() for i in group]) for group in groups)
+
+  def unpack(vectors):
+    out = [None] * len(leaves)
+    for vector, group in zip(vectors, groups):
+      # lax.split, not slices: its transpose is a concatenation, so the gradient's vector is the leaves'
+      # gradients exactly (slices transpose to padded sums, which turn -0.0 into 0.0).
+      parts = jax.lax.split(vector, [leaves[i].size for i in group])
+      for i, part in zip(group, parts):
+        out[i] = part.reshape(leaves[i].shape)
+    return jax.tree.unflatten(treedef, out)
+
+  return pack, unpack
 
 
 def entropy_rate(config: dict[str, Any]) -> float:
@@ -111,11 +151,13 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> di
   longest = int(budget * config["workers"] * 2) + 10
   paradigm = dj.cluster.bsp() if spec["method"] == "sync" else dj.cluster.asp()
   sched = within_time(dj.cluster.simulate(paradigm, workers, longest, seed=seed), budget)
-  # One chunk length for every seed of a method (their lengths within the budget differ): the Transformer's
-  # compilation is most of a run's cost.
+  # One chunk length for every seed of a method (their lengths within the budget differ, and a length of
+  # their own would compile the Transformer once per seed), and a short one: the last chunk is padded with
+  # steps that compute their lanes' gradients all the same (a chunk of 256 steps ran an async run's 212 steps
+  # as 256, a sync run's 44 to 49 as 64).
   record = simulate_record(lm_task(config), optimizer(config, spec), sched, seed=seed, batch_size=config["batch"],
                            eval_every=max(1, sched.num_updates // config["eval_points"]), progress=progress,
-                           chunk_size=shared_chunk_size(sched.num_updates))
+                           chunk_size=CHUNK_STEPS)
   record["metrics"]["entropy_rate"] = entropy_rate(config)
   record["metrics"]["gradients"] = int(sched.num_updates * (config["workers"] if spec["method"] == "sync" else 1))
   return record

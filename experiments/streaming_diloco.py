@@ -37,10 +37,12 @@ import optax
 import delayjax as dj
 from . import _plots
 from ._framework import COUNT, Claim, ClaimResult, Reproduction, Summary, mean_rows, paired
-from ._training import shared_chunk_size, simulate_record
+from ._training import simulate_record
 
 # Config: H = 8 inner AdamW steps per DiLoCo round on 4 workers, outer Nesterov (lr 0.7, momentum 0.9, as
-# DiLoCo), 2 fragments (H / P = 4 inner steps per fragment sync), 20 rounds.
+# DiLoCo), 2 fragments (H / P = 4 inner steps per fragment sync), 20 rounds. Every run of a spec has the same
+# length, so dj.simulate's own chunk length fits it exactly (a shared power of two padded the async runs' 20
+# steps to 128, each padded step computing its lanes' local steps all the same).
 SCALES = {
     "quick": dict(vocab=16, corpus_tokens=40_000, seq_len=32, width=64, depth=1, heads=4, batch=16, inner_lr=0.003,
                   outer_lr=0.7, outer_momentum=0.9, workers=4, local_steps=8, fragments=2, rounds=20,
@@ -72,8 +74,9 @@ def _rounds(config: dict[str, Any]) -> int:
 def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
   from .accumulation import entropy_rate, lm_task
 
-  task = lm_task(config)
   m, h, p = config["workers"], config["local_steps"], config["fragments"]
+  # The parameters as p flat vectors, one per fragment (see lm_task: the same numbers, far less to compile).
+  task = lm_task(config, p)
   rounds = _rounds(config)
   inner = optax.adamw(config["inner_lr"])
   outer = optax.sgd(config["outer_lr"], momentum=config["outer_momentum"], nesterov=True)
@@ -94,7 +97,7 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> di
                                         alpha=spec["alpha"], eager=outer if spec.get("eager") else None)
   record = simulate_record(task, tx, sched, seed=seed, batch_size=config["batch"],
                            eval_every=max(1, sched.num_updates // config["eval_points"]), progress=progress,
-                           worker=worker, chunk_size=shared_chunk_size(sched.num_updates))
+                           worker=worker)
   record["metrics"]["entropy_rate"] = entropy_rate(config)
   record["metrics"]["inner_steps"] = rounds * h
   record["curves"]["inner_step"] = (np.asarray(record["curves"]["update"], np.float64) + 1) * (

@@ -184,17 +184,6 @@ class StreamingDiLoCo(Worker):
     # Eager: the copy's state and the stand-in's offset e (zero until the first push).
     return state + (self._outer_copy(params).init(params).inner, jax.tree.map(jnp.zeros_like, params))
 
-  def _steps(self, ctx, w, opt_state, acc, first, count, shift=None):
-    def body(carry, h):
-      w, opt_state, acc = carry
-      # Eager: the overlapped steps are taken at the stand-in w + e; their deltas still move the worker's own w.
-      at = w if shift is None else jax.tree.map(jnp.add, w, shift)
-      loss, payload = ctx.gradient(at, h)
-      delta, opt_state = self.optimizer.update(payload["grad"], opt_state, at)
-      return (optax.apply_updates(w, delta), opt_state, jax.tree.map(jnp.add, acc, delta)), loss
-
-    return jax.lax.scan(body, (w, opt_state, acc), first + jnp.arange(count, dtype=jnp.int32))
-
   def contribute(self, ctx, read, state):
     local, opt_state, acc = state[:3]
     shift = None if self.eager is None else state[4]
@@ -203,25 +192,43 @@ class StreamingDiLoCo(Worker):
     structure = jax.tree.structure(read)
     update = jnp.asarray(ctx.update, jnp.int32)
     tau = self.overlap
-    (local, opt_state, acc), early = self._steps(ctx, local, opt_state, acc, 0, tau, shift)
     merging = update >= 1  # update 0 reads the initial parameters: nothing synced yet
     q = (update - 1) % num
 
-    def merge(loc, glob, a, f):
-      on = merging & (q == f)
-      mixed = glob if self.alpha == 0.0 else self.alpha * loc + (1.0 - self.alpha) * glob
-      # a = merged - global: exactly zero for alpha = 0, so the push is -(sum of the steps), as LocalSteps'.
-      fresh = jnp.zeros_like(a) if self.alpha == 0.0 else mixed - glob
-      return jnp.where(on, mixed, loc), jnp.where(on, fresh, a)
+    def merge(local, acc, now=True):
+      def one(loc, glob, a, f):
+        on = now & merging & (q == f)
+        mixed = glob if self.alpha == 0.0 else self.alpha * loc + (1.0 - self.alpha) * glob
+        # a = merged - global: exactly zero for alpha = 0, so the push is -(sum of the steps), as LocalSteps'.
+        fresh = jnp.zeros_like(a) if self.alpha == 0.0 else mixed - glob
+        return jnp.where(on, mixed, loc), jnp.where(on, fresh, a)
 
-    pairs = [merge(lo, g, a, f) for lo, g, a, f in zip(jax.tree.leaves(local), jax.tree.leaves(read),
-                                                         jax.tree.leaves(acc), frag)]
-    local = jax.tree.unflatten(structure, [x for x, _ in pairs])
-    acc = jax.tree.unflatten(structure, [a for _, a in pairs])
-    (local, opt_state, acc), late = self._steps(ctx, local, opt_state, acc, tau, self.steps - tau)
+      pairs = [one(lo, g, a, f) for lo, g, a, f in zip(jax.tree.leaves(local), jax.tree.leaves(read),
+                                                       jax.tree.leaves(acc), frag)]
+      return jax.tree.unflatten(structure, [x for x, _ in pairs]), jax.tree.unflatten(structure, [a for _, a in pairs])
+
+    def body(carry, h):
+      w, opt_state, acc = carry
+      if 0 < tau < self.steps:
+        # The global fragment arrives after tau steps: merged before step tau. One scan for all the steps (not
+        # one before the merge and one after), so the program holds the model's gradient once.
+        w, acc = merge(w, acc, h == tau)
+      # Eager: the overlapped steps (h < tau) are taken at the stand-in w + e; their deltas still move the
+      # worker's own w.
+      at = w if shift is None or tau == 0 else jax.tree.map(lambda x, e: jnp.where(h < tau, x + e, x), w, shift)
+      loss, payload = ctx.gradient(at, h)
+      delta, opt_state = self.optimizer.update(payload["grad"], opt_state, at)
+      return (optax.apply_updates(w, delta), opt_state, jax.tree.map(jnp.add, acc, delta)), loss
+
+    if tau == 0:
+      local, acc = merge(local, acc)
+    (local, opt_state, acc), losses = jax.lax.scan(body, (local, opt_state, acc),
+                                                   jnp.arange(self.steps, dtype=jnp.int32))
+    if tau == self.steps:
+      local, acc = merge(local, acc)
     p = update % num
     push = [jnp.where(p == f, jnp.negative(a), jnp.zeros_like(a)) for a, f in zip(jax.tree.leaves(acc), frag)]
-    loss = early[0] if tau else late[0]
+    loss = losses[0]
     grad = jax.tree.unflatten(structure, push)
     if self.eager is None:
       return loss, {"grad": grad}, (local, opt_state, acc)
