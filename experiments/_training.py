@@ -79,8 +79,9 @@ def simulate_record(task: Task, tx: optax.GradientTransformation, source: Any, *
   ``chunk_size`` is ``dj.simulate``'s (steps per compiled chunk; the results
   do not depend on it): :func:`shared_chunk_size` gives runs of different
   lengths one program. ``lanes`` is ``dj.simulate``'s too (gradients per
-  step; the results do not depend on it): a fixed value gives seeds whose
-  schedules would each choose their own one program.
+  step; the results depend on it only through rounding, see ``dj.Execution``):
+  a fixed value gives seeds whose schedules would each choose their own one
+  program.
   """
   def callback(info: dict[str, Any]) -> None:
     progress(info["updates_done"], info["num_updates"])
