@@ -394,8 +394,10 @@ def _report(root: str, plots: bool = True, tables: bool = True, strict: bool = T
                                verbose=tables)
     for c in result["claims"]:
       verdict = c["verdict"] if c["verdict"] == "held" else f"**{c['verdict']}**"
-      lines.append(f"| {repro.name} ({config.get('scale')}) | {c['statement']} | {verdict} | "
-                   f"{_framework.claim_summary(c)} | {c['figures']} |")
+      # A "|" in a cell (a norm, ||x - x*||) would end it: Markdown tables take it escaped.
+      statement, figures = (str(c[k]).replace("|", "\\|") for k in ("statement", "figures"))
+      lines.append(f"| {repro.name} ({config.get('scale')}) | {statement} | {verdict} | "
+                   f"{_framework.claim_summary(c)} | {figures} |")
   table = "\n".join(lines)
   print("\nclaims\n" + table)
   _framework.write_text(os.path.join(root, "claims.md"), table + "\n")

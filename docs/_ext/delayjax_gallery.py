@@ -34,7 +34,8 @@ def recorded_claims(path: str = CLAIMS) -> tuple[str, dict[str, list[list[str]]]
   for line in text.splitlines():
     if not line.startswith("| ") or line.startswith(("| reproduction", "|---")):
       continue
-    cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+    # Cells are split at the pipes that end them; a "|" inside one (a norm) is written escaped, and read back.
+    cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip()[1:-1])]
     match = re.match(r"^(\w+)", cells[0])
     if match and len(cells) >= 5:
       rows.setdefault(match.group(1), []).append(cells)
@@ -61,6 +62,11 @@ def short_paper(paper: str) -> str:
 
 def _cell(value) -> str:
   return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _text_cell(value) -> str:
+  """A table cell of prose: also its asterisks escaped (``x*``, the optimum, is not emphasis)."""
+  return _cell(value).replace("*", "\\*")
 
 
 def _docstring_intro(module) -> str:
@@ -92,7 +98,7 @@ def page(name: str, rows: list[list[str]], run_note: str) -> str:
   lines += ["## The paper's claims", ""]
   if rows:
     lines += [run_note, "", "| claim | verdict | mean [95% interval], seeds | figures |", "|---|---|---|---|"]
-    lines += [f"| {r[1]} | {r[2]} | {r[3]} | {r[4]} |" for r in rows]
+    lines += [f"| {_text_cell(r[1])} | {r[2]} | {r[3]} | {_text_cell(r[4])} |" for r in rows]
   else:
     lines += ["The last recorded full run has no row for this reproduction; its claims, as the module states "
               "them:", ""]
