@@ -33,11 +33,10 @@ from ._framework import (COUNT, Claim, ClaimResult, Reproduction, Summary, compa
                                     paired, seed_values)
 from ._training import shared_chunk_size, simulate_record, task_for
 
-# lanes: gradients per step by worker count (dj.Execution's; speed only, the results do not depend on it). Left
-# to the planner, seeds of one M chose different lanes or gradient buffers and compiled a program each (12
-# compiles for 6 specs, 108 s of CPU); 3 at M = 4 and 8 at M = 32 give seeds 0-2 one program per spec (6
-# compiles, 64 s), with records identical bit for bit to the planner's. The chunk length is fixed for the same
-# reason.
+# lanes: gradients per step by worker count (dj.Execution's; here speed only: 2 or more lanes give these runs the same
+# bits). Left to the planner, seeds of one M chose different lanes or gradient buffers and compiled a program each (12
+# compiles for 6 specs, 108 s of CPU); 3 at M = 4 and 8 at M = 32 give seeds 0-2 one program per spec (6 compiles, 64
+# s), with records identical bit for bit to the planner's. The chunk length is fixed for the same reason.
 SCALES = {
     "quick": dict(data="digits", model="mlp", hidden=128, steps=1000, batch=32, lr=0.01, momentum=0.9,
                   workers=[4, 32], compute="gamma", seeds=3, eval_every=50, lanes={"4": 3, "32": 8}),

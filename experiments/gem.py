@@ -37,10 +37,10 @@ from .dc_asgd import _loss, _ms
 # 0.18 at M = 32; 3.4% and 4.0%). asgd-unstable held (+2.31 [+2.29, +2.33]), gem-beats-asgd held (-2.21
 # [-2.24, -2.17] at M = 16, -2.15 [-2.17, -2.13] at M = 32); gem-generalizes not held: GEM at M = 16 ends
 # +1.39 [+0.38, +2.41] points above sequential momentum SGD's test error, after the same number of gradients.
-# lanes: gradients per step by worker count (dj.Execution's; speed only, the results do not depend on it). Left
-# to the planner, seeds of one M chose different lanes or gradient buffers and compiled a program each (9
-# compiles for 5 specs, 102 s of CPU); 3 at M = 16 and 8 at M = 32 give seeds 0-5 one program per spec (5
-# compiles), with records identical bit for bit to the planner's.
+# lanes: gradients per step by worker count (dj.Execution's; here speed only: 2 or more lanes give these runs the same
+# bits). Left to the planner, seeds of one M chose different lanes or gradient buffers and compiled a program each (9
+# compiles for 5 specs, 102 s of CPU); 3 at M = 16 and 8 at M = 32 give seeds 0-5 one program per spec (5 compiles),
+# with records identical bit for bit to the planner's.
 SCALES = {
     "quick": dict(data="digits", model="mlp", hidden=128, steps=1000, batch=32, lr=0.05, momentum=0.9,
                   kappa=1.0, workers=[16, 32], compute="gamma", seeds=6, eval_every=50, lanes={"16": 3, "32": 8}),
