@@ -509,19 +509,17 @@ def run(program: Program, *, mesh: Any = None, checkpoint: CheckpointArguments =
     structure).
   """
   inspect = _inspectors[-1] if _inspectors else None
-  checkpoint_dir, resume, resume_changes, checkpoint_min_interval = checkpoint
-  if checkpoint_dir is None:
-    return _run(program, mesh, None, checkpoint_name, resume, resume_changes, 0.0, callback, inspect)
-  if checkpoint_min_interval > 0 and mesh is not None and jax.process_count() > 1:
+  if checkpoint.directory is None:
+    return _run(program, mesh, checkpoint, checkpoint_name, callback, inspect)
+  if checkpoint.min_interval > 0 and mesh is not None and jax.process_count() > 1:
     # Every process must write its shards at the same chunk (a save is a collective), and their clocks may
     # disagree on when the interval has passed.
     raise ValueError(
         f"Checkpoint.min_interval must be 0 with a mesh in a multi-process run ({jax.process_count()} "
-        f"processes), got {checkpoint_min_interval}: every process writes its shards at the same chunk, and "
+        f"processes), got {checkpoint.min_interval}: every process writes its shards at the same chunk, and "
         f"their clocks could disagree on which; use min_interval=0 (a write after every chunk).")
-  with locked(os.fspath(checkpoint_dir), checkpoint_name):
-    return _run(program, mesh, checkpoint_dir, checkpoint_name, resume, resume_changes, checkpoint_min_interval,
-                callback, inspect)
+  with locked(os.fspath(checkpoint.directory), checkpoint_name):
+    return _run(program, mesh, checkpoint, checkpoint_name, callback, inspect)
 
 
 # The wall clock that spaces checkpoint writes (a module attribute, so that tests can drive it).
@@ -543,7 +541,7 @@ def inspecting(fn: Callable[..., None]) -> Iterator[None]:
     _inspectors.remove(fn)
 
 
-def _run(program, mesh, checkpoint_dir, checkpoint_name, resume, resume_changes, min_interval, callback, inspect):
+def _run(program, mesh, checkpoint, checkpoint_name, callback, inspect):
   chunk_fn = chunk_function(program, mesh)
   carry = program.carry
   like = dict(program.records_like)
@@ -551,11 +549,11 @@ def _run(program, mesh, checkpoint_dir, checkpoint_name, resume, resume_changes,
     like["check"] = np.zeros((0,) if program.runs is None else (0, program.runs), bool)
   records: dict[str, list[Any]] = {name: [] for name in like}
   first_chunk = 0
-  saver = (None if checkpoint_dir is None else
-           _checkpoint.Checkpoint(checkpoint_dir, checkpoint_name, program.fingerprint, resume_changes,
+  saver = (None if checkpoint.directory is None else
+           _checkpoint.Checkpoint(checkpoint.directory, checkpoint_name, program.fingerprint, checkpoint.changes,
                                   records=tuple(like)))
   put = placer(mesh)
-  if saver is not None and resume and saver.exists():
+  if saver is not None and checkpoint.resume and saver.exists():
     # Restored straight into its layout: with a mesh each process reads only its own shards.
     carry, restored, first_chunk = saver.restore(carry, shardings(mesh, program.carry_specs, carry), like)
     records = {name: [rows] for name, rows in restored.items()}
@@ -585,7 +583,7 @@ def _run(program, mesh, checkpoint_dir, checkpoint_name, resume, resume_changes,
       rows["check"] = np.asarray(host(healthy))[None]
     rows.update(program.collect(chunk, tables, outputs))
     unsaved.append(rows)
-    if saver is not None and (min_interval == 0 or clock() - last_write >= min_interval):
+    if saver is not None and (checkpoint.min_interval == 0 or clock() - last_write >= checkpoint.min_interval):
       _append(records, unsaved)
       saver.save(carry, unsaved, chunk + 1)
       unsaved = []
