@@ -10,8 +10,10 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
+from jax._src import compiler as _compiler  # noqa: E402
 
 from delayjax.runtime import _engine  # noqa: E402
+from tests import fast_compile  # noqa: E402
 
 # Silent float64/float32 or int/float mixes are bugs in a library; make them fail in tests.
 jax.config.update("jax_numpy_dtype_promotion", "strict")
@@ -55,10 +57,12 @@ class _WorkStealing:
 
 
 # Test directories whose programs compile without backend optimization (``jax_disable_most_optimizations``: LLVM
-# at -O0, no expensive passes), which takes a fifth to a half off a test that is mostly compilation. The
+# at -O0, no expensive passes) and without XLA's CPU fusion emitters (fast_compile.py), which takes a third to a
+# half off a test that is mostly compilation. The
 # runtimes' tests (tests/runtime, tests/gossip, tests/pipeline) are left out: they pin results bit for bit
 # across differently shaped programs (chunkings, lanes, devices, resumes), which depends on the code the
-# backend generates, so they compile as users' programs do.
+# backend generates, so they compile as users' programs do; a test there that compares with a NumPy reference to
+# a tolerance carries the fast_compile marker itself.
 _FAST_COMPILE_DIRS = ("cluster", "experiments", "methods", "transforms")
 
 
@@ -85,6 +89,22 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
   if _OWN_SESSION_CACHE and not hasattr(config, "workerinput"):
     shutil.rmtree(os.environ.pop(_SESSION_CACHE), ignore_errors=True)
+
+
+# A fast_compile test's programs also compile with fast_compile.OVERRIDES (no fusion emitters). JAX has no
+# option for them, so the compile options it builds get them while jax_disable_most_optimizations is on, and
+# never otherwise.
+_compile_options = _compiler.get_compile_options
+
+
+def _fast_compile_options(*args, **kwargs):
+  options = _compile_options(*args, **kwargs)
+  if jax.config.values["jax_disable_most_optimizations"]:
+    options.env_option_overrides = [*options.env_option_overrides, *fast_compile.OVERRIDES]
+  return options
+
+
+_compiler.get_compile_options = _fast_compile_options
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -18,6 +18,8 @@ import zipfile
 
 import pytest
 
+from tests import fast_compile
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = sorted(glob.glob(os.path.join(ROOT, "colab", "*.ipynb")))
 
@@ -119,9 +121,9 @@ def test_every_notebook_runs_from_its_first_cell_on_the_wheel(dist, tmp_path):
       DELAYJAX_NOTEBOOK_SMOKE="1",  # the shortest run that exercises every cell
       MPLBACKEND="Agg",
       PATH=f"{tmp_path / 'venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}",  # the kernel spec's `python`
-      # A smoke-size notebook is almost all compilation, which this halves; what is checked (every cell runs)
-      # does not depend on it.
-      XLA_FLAGS="--xla_backend_optimization_level=0",
+      # A smoke-size notebook is almost all compilation (tests/fast_compile.py); what is checked (every cell
+      # runs) does not depend on the code XLA generates.
+      XLA_FLAGS=fast_compile.FLAGS,
   )
   start = time.perf_counter()
   subprocess.run([python, str(runner), str(report)] + NOTEBOOKS, cwd=work, env=env, check=True)

@@ -13,6 +13,7 @@ import pytest
 
 from experiments import _datasets
 from experiments.__main__ import main
+from tests import fast_compile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -81,10 +82,9 @@ ARGV = ["run", "dc_asgd", "--smoke", "--only", "sequential", "--steps", str(16 *
 
 
 def _env():
-  # Compiled without backend optimization, as the smoke runs of test_reproductions are: the run is mostly
+  # Compiled quickly, as the smoke runs of test_reproductions are (tests/fast_compile.py): the run is mostly
   # compilation and checkpoint writes, and the straight and the interrupted runs compile alike.
-  return dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0",
-              PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+  return fast_compile.child_env(PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
 
 
 def _start(runner, out, slow_first_save=0.0):

@@ -10,6 +10,7 @@ import pytest
 
 from experiments import _registry
 from experiments.__main__ import main
+from tests import fast_compile
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -58,11 +59,10 @@ def test_groups_run_every_reproduction_once():
 def _smoke_run(names: tuple[str, ...], out: str) -> str:
   """``python -m experiments run NAMES... --smoke --out OUT`` in a process of its own; returns what it printed.
 
-  Its XLA compiles without backend optimization: a smoke run is almost all compilation, which this halves,
-  and what is checked here (the pipeline runs, writes, resumes and reports) does not depend on it.
+  Its XLA compiles quickly (tests/fast_compile.py): a smoke run is almost all compilation, and what is
+  checked here (the pipeline runs, writes, resumes and reports) does not depend on the code XLA generates.
   """
-  env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0",
-             PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+  env = fast_compile.child_env(PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
   done = subprocess.run([sys.executable, "-m", "experiments", "run", *names, "--smoke", "--out", out], env=env,
                         capture_output=True, text=True, timeout=1800)
   assert done.returncode == 0, done.stderr[-4000:]

@@ -16,6 +16,7 @@ C = dj.cluster
     (C.allreduce(), False), (C.d_psgd(dj.topology.ring(6)), False), (C.ad_psgd(), False),
     (C.ad_psgd(dj.topology.ring(6)), False), (C.sgp(2), True), (C.gossipgrad(), False),
 ], ids=str)
+@pytest.mark.fast_compile
 def test_executor_matches_the_reference(paradigm, push_sum):
   task = gt.digits_task(6, shards="label")
   w = C.workers(6, compute="exponential", comm=C.exponential(0.7), speed=[1, 1, 1, 1, 1, 0.3])
@@ -34,6 +35,7 @@ def test_executor_matches_the_reference(paradigm, push_sum):
   assert got["metrics"]["loss"] == pytest.approx(float(executor.loss(task, z.mean(0))), rel=1e-9)
 
 
+@pytest.mark.fast_compile
 def test_loss_and_gradient_agree_with_finite_differences():
   task = gt.digits_task(1)
   rng = np.random.default_rng(0)
@@ -61,6 +63,7 @@ def _specs(config):
           {"key": "sgp", "paradigm": "sgp", "overlap": 1}]
 
 
+@pytest.mark.fast_compile
 @pytest.mark.parametrize("seed", [0, 2])
 def test_a_reproductions_runs_on_the_library_match_the_numpy_executor(seed):
   """``gt.run_spec`` with the reproduction's specs (every run shares its rule's program through ``like``) ends at

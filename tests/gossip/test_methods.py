@@ -45,6 +45,7 @@ CASES = [
 _RULE = {"ad_psgd": "d_psgd"}
 
 
+@pytest.mark.fast_compile
 @pytest.mark.parametrize("name,make,schedule_kw,rule_kw", CASES, ids=[c[0] for c in CASES])
 def test_method_matches_numpy_rule(name, make, schedule_kw, rule_kw):
   schedule = random_schedule(4, 60, seed=3, max_batches=2, **schedule_kw)

@@ -45,6 +45,7 @@ PARADIGMS = {
 }
 
 
+@pytest.mark.fast_compile
 @pytest.mark.parametrize("name", list(PARADIGMS))
 def test_paradigm_matches_the_sequential_reference(name):
   paradigm, method, failures = PARADIGMS[name]
@@ -102,6 +103,7 @@ def test_runs_of_one_program_compile_once():
                      sampling=dj.Sampling(batch_size=BATCH), seed=3)
   assert engine.cache_info()["misses"] == misses + 1
 
+@pytest.mark.fast_compile
 def test_schedules_given_as_like_share_one_program_and_each_matches_the_reference():
   """Four paradigms, whose own plans differ (gradient mixes on all 8 replicas, fixed ring offsets, random pairs,
   an 8-member exponential graph), each run with the others as ``like``: one compiled chunk for the four, and each

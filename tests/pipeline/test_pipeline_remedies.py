@@ -103,6 +103,7 @@ def _predicted(rule):
   return read
 
 
+@pytest.mark.fast_compile
 @pytest.mark.parametrize("rule", ["spectrain", "pipemare"])
 def test_reads_through_the_runtime_match_the_rule(rule):
   stages, loss_fn, params, data = mlp_problem(2, seed=3)

@@ -80,6 +80,7 @@ def _numpy_m2po_keep(log_ratio, tau):
   return keep
 
 
+@pytest.mark.fast_compile
 @pytest.mark.parametrize("name", ["none", "is", "tis", "ppo", "m2po"])
 @pytest.mark.parametrize("seed", [0])
 def test_correction_gradients_match_numpy(name, seed):

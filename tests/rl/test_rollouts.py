@@ -67,6 +67,7 @@ def _reference(task, prompts, sched, weight_fn, max_staleness=None, lag_weight=N
     ("tis", dj.truncated_is(1.05), lambda r: np.minimum(r, 1.05), None),
     ("discard", dj.importance_weighting(), lambda r: r, 2),
 ])
+@pytest.mark.fast_compile
 def test_rollouts_in_simulate_match_a_sequential_reference(name, correction, weight, budget):
   task, prompts, sched = _setup()
   assert sched.staleness[sched.contributes].max() > 2  # stale enough for the corrections and the budget to act

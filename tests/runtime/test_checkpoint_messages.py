@@ -61,6 +61,7 @@ def _record(out):
   return record
 
 
+@pytest.mark.fast_compile
 @pytest.mark.slow
 def test_a_checkpoint_of_another_format_version_names_both_versions(tmp_path, monkeypatch, capsys):
   folder = _interrupted_after_one_chunk(tmp_path / "out", monkeypatch, capsys)

@@ -76,6 +76,7 @@ def numpy_constant_delay_momentum(tau, steps, lr=0.1, beta=0.9):
   return np.stack(out)
 
 
+@pytest.mark.fast_compile
 @pytest.mark.parametrize("tau", [1, 2, 5, 8])
 def test_constant_delay_matches_numpy_loop(tau):
   _, _, got = run_loop(dj.delayed(optax.sgd(0.1, momentum=0.9), delays.constant(tau)), 40)
@@ -109,6 +110,7 @@ def delay_draws(model, steps, seed):
   return [int(model.sample(jax.random.fold_in(key, t), t)) for t in range(steps)]
 
 
+@pytest.mark.fast_compile
 @pytest.mark.parametrize("model", [delays.uniform(3), delays.geometric(0.4, 5), delays.trace([2, 0, 0, 3, 1, 0])])
 def test_random_delays_match_numpy_loop_with_the_same_draws(model):
   steps, seed = 40, 7

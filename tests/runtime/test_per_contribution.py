@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 import delayjax as dj
 from tests.runtime.simulate_reference import numpy_per_contribution, regression_problem
@@ -70,6 +71,7 @@ def _numpy_dc_a_per_contribution(data, schedule, *, lr, lam, mu, eps, batch_size
   return numpy_per_contribution(data, schedule, push, lr=lr, batch_size=batch_size, seed=seed)
 
 
+@pytest.mark.fast_compile
 def test_dc_asgd_a_per_worker_on_k_async_against_numpy():
   data, loss_fn, params = regression_problem()
   schedule = dj.cluster.simulate(dj.cluster.k_async(2), dj.cluster.workers(4, compute="exponential"),

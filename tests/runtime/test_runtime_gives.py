@@ -31,6 +31,7 @@ def _tx():
 
 
 # reduce_on_plateau multiplies its int32 count by a float32 average, which the suite's strict promotion refuses.
+@pytest.mark.fast_compile
 @pytest.mark.slow
 @jax.numpy_dtype_promotion("standard")
 def test_the_update_loss_is_passed_as_value_and_matches_the_optax_loop():

@@ -86,6 +86,7 @@ def test_matches_sequential_reference(name):
     assert result.stats["num_slots"] > 1  # the case the slots exist for is exercised
 
 
+@pytest.mark.fast_compile
 @pytest.mark.parametrize("name", ["dana", "dc_asgd_staleness"])
 def test_package_transformations_match_reference(name):
   """DANA's look-ahead reads (read_params) and DC-ASGD's stale_params, as the package defines them."""
@@ -114,6 +115,7 @@ def test_stale_read_schedule_follows_the_delay_model():
   np.testing.assert_array_equal(constant.read_version, rr.read_version)
 
 
+@pytest.mark.fast_compile
 @pytest.mark.parametrize("sampling", ["epoch", "shard"])
 def test_sampling_matches_reference(sampling):
   data, loss_fn, params = regression_problem(num_examples=20)

@@ -41,6 +41,7 @@ CASES = {
 }
 
 
+@pytest.mark.fast_compile
 @pytest.mark.parametrize("name", list(CASES))
 def test_local_steps_match_reference(name):
   make_schedule, steps, make_tx, make_local = CASES[name]
@@ -81,6 +82,7 @@ def test_per_worker_local_steps_on_eight_devices():
     ("ssp_per_worker", lambda: optax.sgd(0.05, momentum=0.9)),
     ("grouped_multibatch_latency", lambda: optax.adam(0.02)),
 ], ids=["ssp_per_worker-momentum", "grouped_multibatch_latency-adam"])
+@pytest.mark.fast_compile
 def test_kept_local_state_matches_reference(name, make_local):
   """Each worker's momentum (and Adam moments) carry over between its contributions, even when it reads
   again before its previous push has landed; a fresh state gives a different run."""

@@ -51,6 +51,7 @@ def _schedule(name, num_updates=40):
   return schedule_from_delays(source, num_updates, 0)
 
 
+@pytest.mark.fast_compile
 @pytest.mark.parametrize("name", sorted(SCHEDULES))
 def test_svrg_matches_the_sequential_reference(name):
   """Snapshot gradients on each contribution's own minibatches at its epoch's snapshot, full
@@ -70,6 +71,7 @@ def test_svrg_matches_the_sequential_reference(name):
   np.testing.assert_allclose(result.history.loss, ref_loss, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.fast_compile
 @pytest.mark.parametrize("name", sorted(SCHEDULES))
 def test_saga_matches_the_sequential_reference(name):
   """The table is written with per-example gradients at the read parameters, for exactly the kept
@@ -86,6 +88,7 @@ def test_saga_matches_the_sequential_reference(name):
   np.testing.assert_allclose(result.history.loss, ref_loss, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.fast_compile
 def test_variance_reduction_passes_the_other_extra_arguments_through():
   """With a probe after the estimator, staleness, stale_params and worker still arrive intact."""
   data, loss_fn, params = regression_problem()
@@ -99,6 +102,7 @@ def test_variance_reduction_passes_the_other_extra_arguments_through():
     assert_trees_close(result.params, ref_params, rtol=2e-5, atol=2e-6)
 
 
+@pytest.mark.fast_compile
 @pytest.mark.parametrize("full_batch_size", [7, 16, 48])
 def test_full_gradient_by_chunks_is_the_full_gradient(full_batch_size):
   """Chunks of 7 (6 of them and a rest of 6), 16 (3, no rest) or all 48 examples give the same run."""
@@ -113,6 +117,7 @@ def test_full_gradient_by_chunks_is_the_full_gradient(full_batch_size):
   assert np.abs(np.asarray(whole.opt_state[0].full_grad["w"])).max() > 1e-3
 
 
+@pytest.mark.fast_compile
 def test_a_snapshot_left_out_with_its_update_is_taken_by_the_next_applied_one():
   """Updates without contributions change nothing, so an epoch start among them cannot take its
   snapshot; the next applied update takes it, at the same parameters, and the lanes in between
@@ -185,6 +190,7 @@ def _finite_sum(n=64, d=5, seed=0):
   return {"x": x, "y": y}, loss_fn, objective, objective(w_star)
 
 
+@pytest.mark.fast_compile
 @pytest.mark.slow
 @pytest.mark.parametrize("tau", [0, 4, 16])
 def test_asynchronous_variance_reduction_converges_where_sgd_stalls(tau):
@@ -206,6 +212,7 @@ def test_asynchronous_variance_reduction_converges_where_sgd_stalls(tau):
   assert gap["svrg"] < 1e-8 and gap["saga"] < 1e-8, gap
 
 
+@pytest.mark.fast_compile
 def test_bad_variance_reduction_arguments():
   data, loss_fn, params = regression_problem()
   source = dj.delays.constant(1)
@@ -246,6 +253,7 @@ def test_bad_variance_reduction_arguments():
     dj.simulate(loss_fn, optax.chain(dj.svrg(), dj.svrg(), optax.sgd(0.1)), params, data, source, num_updates=4)
 
 
+@pytest.mark.fast_compile
 @pytest.mark.slow
 def test_sparse_and_dense_finite_sums_give_the_same_asynchronous_runs():
   """dj.problems' padded-CSR data runs through dj.simulate's per-example inputs like its dense twin."""
@@ -263,6 +271,7 @@ def test_sparse_and_dense_finite_sums_give_the_same_asynchronous_runs():
     assert np.abs(np.asarray(runs[0].params)).max() > 1e-2  # it moved
 
 
+@pytest.mark.fast_compile
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["async", "grouped"])
 def test_saga_scalar_table_matches_the_reference_and_the_gradient_table(name):
@@ -287,6 +296,7 @@ def test_saga_scalar_table_matches_the_reference_and_the_gradient_table(name):
   assert np.abs(np.asarray(full.params)).max() > 0.1
 
 
+@pytest.mark.fast_compile
 @pytest.mark.parametrize("source", ["async", "stale read"])
 def test_sparse_prox_asaga_matches_the_reference(source):
   """ProxASAGA's sparse update, one example per update, at the parameters each worker read."""

@@ -92,6 +92,7 @@ def _reference(data, updates, steps, overlap, alpha, eager=False, quantize=None)
   return glob
 
 
+@pytest.mark.fast_compile
 @pytest.mark.parametrize("overlap, alpha", [(2, 0.5), (4, 0.0)])
 def test_two_fragments_with_overlap_and_merge_match_numpy(overlap, alpha):
   data, params, loss_fn = _problem()
@@ -116,6 +117,7 @@ def _two_fragment_run(overlap, alpha, eager, outer=None, updates=8):
   return data, np.concatenate([np.asarray(result.params["a"]), np.asarray(result.params["b"])])
 
 
+@pytest.mark.fast_compile
 @pytest.mark.parametrize("overlap, alpha", [(2, 0.5), (4, 0.0)])
 def test_eager_updates_match_numpy(overlap, alpha):
   data, got = _two_fragment_run(overlap, alpha, eager=True)
