@@ -76,8 +76,8 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_configure(config):
   config.addinivalue_line(
-      "markers", "fast_compile: the test's programs compile without backend optimization (set by directory, "
-      "see _FAST_COMPILE_DIRS)")
+      "markers", "fast_compile(fusion_emitters=False): the test's programs compile without backend optimization "
+      "and, unless fusion_emitters=True, without XLA's CPU fusion emitters (set by directory, see _FAST_COMPILE_DIRS)")
   config.addinivalue_line(
       "markers",
       "standard_promotion: the test runs third-party code that is not strict-promotion clean (e.g. "
@@ -91,15 +91,16 @@ def pytest_unconfigure(config):
     shutil.rmtree(os.environ.pop(_SESSION_CACHE), ignore_errors=True)
 
 
-# A fast_compile test's programs also compile with fast_compile.OVERRIDES (no fusion emitters). JAX has no
-# option for them, so the compile options it builds get them while jax_disable_most_optimizations is on, and
-# never otherwise.
+# A fast_compile test's programs also compile with fast_compile.OVERRIDES (no fusion emitters) unless it is marked
+# fast_compile(fusion_emitters=True). JAX has no option for them, so the compile options it builds get them while
+# _OVERRIDES_ON says so.
+_OVERRIDES_ON = [False]
 _compile_options = _compiler.get_compile_options
 
 
 def _fast_compile_options(*args, **kwargs):
   options = _compile_options(*args, **kwargs)
-  if jax.config.values["jax_disable_most_optimizations"]:
+  if _OVERRIDES_ON[0]:
     options.env_option_overrides = [*options.env_option_overrides, *fast_compile.OVERRIDES]
   return options
 
@@ -110,14 +111,17 @@ _compiler.get_compile_options = _fast_compile_options
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
   # Before any fixture of the test, so that its module- and session-scoped fixtures compile in its mode too.
-  fast = item.get_closest_marker("fast_compile") is not None
-  if jax.config.values["jax_disable_most_optimizations"] != fast:
+  marker = item.get_closest_marker("fast_compile")
+  fast = marker is not None
+  overrides = fast and not marker.kwargs.get("fusion_emitters", False)
+  if (jax.config.values["jax_disable_most_optimizations"], _OVERRIDES_ON[0]) != (fast, overrides):
     # Compiled programs are cached by what they compute, not by how they were compiled (JAX's caches and
-    # dj.simulate's), and the two modes differ in bits (the optimized backend fuses a * b + c into one
-    # rounding): a test of one mode must not be served a program compiled in the other.
+    # dj.simulate's), and the modes differ in bits (the optimized backend fuses a * b + c into one rounding):
+    # a test of one mode must not be served a program compiled in another.
     jax.clear_caches()
     _engine.clear_cache()
     jax.config.update("jax_disable_most_optimizations", fast)
+    _OVERRIDES_ON[0] = overrides
 
 
 @pytest.fixture(autouse=True)

@@ -128,8 +128,10 @@ def test_ctrl_c_at_any_moment_exits_130_cleanly_and_the_run_resumes_bit_identica
   out = tmp_path / "interrupted"
   rng = random.Random(0)
   resumes_at = 0  # the chunk the next process starts from: the last one whose checkpoint write began
-  for trial in range(10):
-    moment = ("write", "compute", "compile")[trial % 3]
+  # Three Ctrl-Cs during the compile, where Python's shutdown once crashed under XLA (3 of 10 such Ctrl-Cs), two
+  # during a checkpoint write, two during compute: each trial is a process that imports JAX and compiles. The
+  # first writes a checkpoint, so that every trial has one to resume from.
+  for trial, moment in enumerate(("write", "compile", "compute", "compile", "write", "compute", "compile")):
     proc = _start(runner, out, slow_first_save=SLOW if moment == "write" else 0.0)
     lines = []
     try:

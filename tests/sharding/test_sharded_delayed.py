@@ -21,7 +21,9 @@ import delayjax as dj
 
 # optax.adam's bias correction mixes float and int32; the programs compile without backend optimization (as
 # tests/transforms' do), which halves the test's time and does not touch the comparison: both runs compile so.
-pytestmark = [pytest.mark.standard_promotion, pytest.mark.fast_compile]
+# With XLA's CPU fusion emitters, though: without them (as with backend optimization) five of the sharded
+# programs round differently from their one-device twins (by about 1e-9).
+pytestmark = [pytest.mark.standard_promotion, pytest.mark.fast_compile(fusion_emitters=True)]
 
 SPECS = {"embed": P("data", None), "w_in": P("data", "model"), "w_out": P("model", "data"), "bias": P("model")}
 SHAPES = {"embed": (24, 8), "w_in": (8, 16), "w_out": (16, 8), "bias": (16,)}
