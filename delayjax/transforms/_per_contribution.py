@@ -128,9 +128,12 @@ def per_contribution(tx: optax.GradientTransformation) -> optax.GradientTransfor
       extra_args.pop(name, None)
     num = jnp.shape(contribution_weights)[0]
 
-    # A lone contribution keeps tx's own trace (the single-contribution case below is tx itself, bit for bit).
-    step = traced_update if num > 1 and any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(given)) else (
-        contribution_update)
+    # A lone contribution keeps tx's own trace (the single-contribution case below is tx itself, bit for bit). The
+    # jitted step takes the extra arguments as arrays: a Python value among them (a string, a number the rule
+    # branches on) would be refused or traced there, so such a call goes through tx's own trace too.
+    traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(given))
+    arrays = all(isinstance(x, jax.Array) for x in jax.tree.leaves(extra_args))
+    step = traced_update if num > 1 and traced and arrays else contribution_update
 
     def apply(k, inner):
       grad, stale, tau = (jax.tree.map(lambda x: x[k], t) for t in (

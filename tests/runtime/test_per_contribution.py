@@ -112,3 +112,26 @@ def test_delayed_replaying_a_schedule_gives_each_contribution_its_own_staleness(
       params = optax.apply_updates(params, step)
     outs.append(float(params[0]))
   np.testing.assert_allclose(outs, [-(4 + 0.625), -(4 + 0.25)])
+
+
+def test_an_extra_argument_that_is_not_an_array_reaches_each_contribution_under_jit():
+  # An inner rule may take a setting that only makes sense as a Python value (a string here); under a trace the
+  # contributions still go through it, each scaled by that setting's factor, as outside one.
+  def scaled(factors):
+    def update_fn(updates, state, params=None, *, mode="plain", **extra_args):
+      del params, extra_args
+      return jax.tree.map(lambda g: factors[mode] * g, updates), state
+    return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update_fn)
+
+  tx = dj.per_contribution(scaled({"plain": 1.0, "half": 0.5}))
+  grads = {"w": jnp.array([[1.0, 2.0], [3.0, 4.0]])}  # two contributions of a 2-vector
+  given = dict(contribution_grads=grads, contribution_staleness=jnp.array([0, 2]),
+               contribution_stale_params={"w": jnp.zeros((2, 2))}, contribution_workers=jnp.array([0, 1]),
+               contribution_weights=jnp.array([0.5, 0.5]))
+  params = {"w": jnp.zeros(2)}
+  state = tx.init(params)
+  eager, _ = tx.update({"w": jnp.zeros(2)}, state, params, mode="half", **given)
+  traced, _ = jax.jit(lambda s, p, kw: tx.update({"w": jnp.zeros(2)}, s, p, mode="half", **kw))(state, params, given)
+  # 0.5 * (0.5 * [1, 2]) + 0.5 * (0.5 * [3, 4])
+  np.testing.assert_allclose(np.asarray(eager["w"]), [1.0, 1.5])
+  np.testing.assert_allclose(np.asarray(traced["w"]), [1.0, 1.5])
