@@ -58,11 +58,10 @@ class _WorkStealing:
 
 # Test directories whose programs compile without backend optimization (``jax_disable_most_optimizations``: LLVM
 # at -O0, no expensive passes) and without XLA's CPU fusion emitters (fast_compile.py), which takes a third to a
-# half off a test that is mostly compilation. The
-# runtimes' tests (tests/runtime, tests/gossip, tests/pipeline) are left out: they pin results bit for bit
-# across differently shaped programs (chunkings, lanes, devices, resumes), which depends on the code the
-# backend generates, so they compile as users' programs do; a test there that compares with a NumPy reference to
-# a tolerance carries the fast_compile marker itself.
+# half off a test that is mostly compilation. The runtimes' tests (tests/runtime, tests/gossip, tests/pipeline)
+# are left out: they pin results bit for bit across differently shaped programs (chunkings, lanes, devices,
+# resumes), which depends on the code the backend generates, so they compile as users' programs do; a test there
+# that compares with a NumPy reference to a tolerance carries the fast_compile marker itself.
 _FAST_COMPILE_DIRS = ("cluster", "experiments", "methods", "transforms")
 
 
