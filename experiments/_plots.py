@@ -144,7 +144,7 @@ def curves(records: Sequence[dict[str, Any]], out: str, name: str, *, y: str = "
     colors: label -> colour (:func:`palette`), the same in every figure of a reproduction.
   """
   plt = pyplot()
-  percent = y.endswith("error") if percent is None else percent
+  percent = y.endswith("_error") if percent is None else percent
   scale = 100.0 if percent else 1.0
   ylabel = ylabel or y.replace("_", " ")
   if percent and "%" not in ylabel:

@@ -689,3 +689,22 @@ def test_runs_in_worker_processes_equal_runs_here(toy_cli, tmp_path, capsys):
   object.__setattr__(repro, "run", lambda config, spec, seed, progress: {})
   assert main([*argv, "--out", str(tmp_path / "lambda"), "--jobs", "2"]) == 2
   assert "module level" in capsys.readouterr().err
+
+
+def test_curves_draws_an_error_rate_in_percent_and_any_other_curve_as_it_is(tmp_path, monkeypatch):
+  from experiments import _plots
+
+  figures = []
+  monkeypatch.setattr(_plots, "save", lambda fig, out, name: figures.append(fig) or name)
+  # Curves as run records hold them (read back from JSON): lists.
+  records = [{"key": "a", "seed": s, "spec": {"key": "a"}, "metrics": {},
+              "curves": {"update": [0, 1, 2], "test_error": [0.5, 0.25, 0.1], "error": [4.0, 2.0, 1.0]}}
+             for s in (0, 1)]
+  for y in ("test_error", "error"):
+    _plots.curves(records, str(tmp_path), y, y=y, xs=("update",))
+  rate, distance = (fig.axes[0] for fig in figures)
+  # test_error is a rate (*_error): drawn x100 with '(%)'; a curve named `error` (consistency's ||x - x*||^2) is not.
+  np.testing.assert_allclose(rate.lines[0].get_ydata(), [50.0, 25.0, 10.0])
+  assert rate.get_ylabel() == "test error (%)"
+  np.testing.assert_allclose(distance.lines[0].get_ydata(), [4.0, 2.0, 1.0])
+  assert distance.get_ylabel() == "error"
