@@ -279,7 +279,7 @@ def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict
   colors = _plots.palette([s["key"] for s in specs(config)])
   return [
       _plots.curves(torn, out, "torn_error", y="error", ylabel="||x - x*||^2", xs=("update",), log_y=True,
-                    colors=colors, percent=False),
+                    colors=colors),
       _plots.curves(elastic, out, "elastic_gap", y="gap_steps", ylabel="||x_t - v_t|| / eta", xs=("update",),
                     colors=colors),
   ]
