@@ -213,6 +213,18 @@ def test_the_gallery_shows_every_reproduction_with_its_recorded_claims(site):
   assert sum(len(v) for v in rows.values()) >= 20  # the claims file was read
 
 
+def test_the_references_authors_are_names_not_the_notes_before_them():
+  # A docstring's bold note ("... as later work restates it.**") once ran into the authors' column of QSGD,
+  # top-k and PowerSGD; the authors are what follows the last sentence before the citation.
+  _require_docs_extra()
+  from delayjax_references import collect
+
+  refs = {r["link"]: r for r in collect()}
+  assert refs["https://arxiv.org/abs/1610.02132"]["authors"] == "Alistarh, Grubic, Li, Tomioka, Vojnovic"
+  for r in refs.values():
+    assert not re.search(r"[*`]|:math:|\b(?:the|only|here)\b", r["authors"]), (r["link"], r["authors"])
+
+
 @pytest.mark.slow
 def test_the_references_page_lists_every_cited_paper(site):
   html_dir, _, _ = site

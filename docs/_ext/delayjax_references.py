@@ -88,7 +88,8 @@ def collect() -> list[dict]:
     flat = re.sub(r"\s+", " ", doc)
     for match in _CITATION.finditer(flat):
       title, link = match.group(1).strip(), match.group(2).rstrip(".,")
-      before = flat[:match.start()]
+      # A bold note ends its sentence with ".**": without the markers, the authors start after its ". ".
+      before = flat[:match.start()].replace("**", "")
       authors = re.split(r"(?:References:|Reference:|\. |; |: |\(|\bsee\b)", before)[-1].strip(" ,")
       after = re.split(r"(?:; |\. (?=[A-Z])|\)|$)", flat[match.end():], maxsplit=1)[0].strip(" ,.")
       after = after.split(" (")[0] if after.count("(") > after.count(")") else after
