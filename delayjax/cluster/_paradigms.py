@@ -170,11 +170,25 @@ class DSSP(Paradigm):
 class PSP(Paradigm):
   """Probabilistic synchronous parallel: the SSP barrier checked on a random sample of workers.
 
-  Rule: as ``SSP(staleness)``, but after each push worker ``p`` at clock
-  ``c`` draws ``sample_size`` distinct workers uniformly from all ``M`` (itself
-  included) and may continue only if the smallest clock in that sample is
-  ``>= c - staleness``; otherwise it waits on that sample. With
-  ``sample_size = M`` the sample is everyone and PSP is exactly SSP.
+  Rule: a worker's clock ``c`` counts its pushes; each push is applied at
+  once as one update. After a push, worker ``p`` at clock ``c`` draws a
+  sample of ``beta = sample_size`` distinct workers uniformly, without
+  replacement, from all ``M`` (itself included) and may start its next
+  iteration only if no worker of the sample lags more than ``s = staleness``
+  clocks behind it (the smallest clock in the sample is ``>= c - s``);
+  otherwise it waits, on that same sample, until that holds, and then reads
+  the version of that moment. ``s = 0`` is the authors' pBSP and ``s > 0`` their
+  pSSP; with ``beta = M`` the sample is everyone and PSP is exactly
+  ``ssp(s)``. A small sample rarely holds a straggler, so fast workers wait
+  less than under SSP, at the price of a staleness that SSP's bound no
+  longer limits.
+
+  The sample of the ``k``-th push that draws one (every push but the last
+  update's; none when ``beta = M``) is the ``beta`` workers with the smallest
+  of ``M`` uniform keys, the ``k``-th ``M`` draws of ``numpy.random.default_rng``
+  on the second of the two streams ``SeedSequence(seed)`` (``[seed,
+  workers.seed]`` when the workers have a seed) spawns; the durations come
+  from the first.
 
   Attributes:
     sample_size: ``1 <= beta <= M``.
@@ -182,7 +196,17 @@ class PSP(Paradigm):
 
   References:
     Wang, Catterall, Mortier, `Probabilistic Synchronous Parallel
-    <https://arxiv.org/abs/1709.07772>`_, arXiv 2017
+    <https://arxiv.org/abs/1709.07772>`_, arXiv 2017. **Only the paper's
+    abstract (and the opening of its introduction) could be read here**: a
+    sampling primitive added to the BSP and SSP barriers improves the
+    convergence speed and scalability of SGD. The rule above is the authors'
+    formal statement in the Distributed Computing chapter of their Owl book
+    (ocaml.xyz/book/distributed.html):
+    "at the barrier control point, a worker samples beta out of P workers
+    without replacement. If a single one of these lags more than s steps
+    behind the current worker then it waits". That a waiting worker keeps
+    its sample, rather than drawing a new one at each check, is this
+    library's reading.
   """
 
   sample_size: int

@@ -36,7 +36,7 @@ SOURCES = {
 }
 
 _ABSTRACT_WORDS = re.compile(
-    r"only the abstract|abstract only|from (?:the|its|their) (?:paper's )?abstract|abstract-level|"
+    r"only the (?:paper's )?abstract|abstract only|from (?:the|its|their) (?:paper's )?abstract|abstract-level|"
     r"the library's construction|delayjax's construction|could not be (?:confirmed|read|verified)", re.I)
 _CODE_WORDS = re.compile(r"authors' (?:reference |simulator )?code|the reference code|checked against the authors",
                          re.I)
@@ -71,7 +71,7 @@ def _public_name(obj, fallback: str) -> str:
 
 
 def _source(docs: list[str]) -> str:
-  text = " ".join(docs)
+  text = re.sub(r"\s+", " ", " ".join(docs))  # a statement may break across the docstring's lines
   kinds = []
   if _ABSTRACT_WORDS.search(text):
     kinds.append(ABSTRACT)
