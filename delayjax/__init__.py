@@ -34,6 +34,7 @@ from delayjax.transforms import block_coordinate as block_coordinate
 from delayjax.transforms import dana as dana
 from delayjax.transforms import dana_slim as dana_slim
 from delayjax.transforms import dap_sgd as dap_sgd
+from delayjax.transforms import dap_svrg as dap_svrg
 from delayjax.transforms import delay_adaptive_sgd as delay_adaptive_sgd
 from delayjax.transforms import delay_compensated as delay_compensated
 from delayjax.transforms import delay_compensation as delay_compensation
@@ -42,6 +43,7 @@ from delayjax.transforms import explicit_momentum as explicit_momentum
 from delayjax.transforms import fed_async as fed_async
 from delayjax.transforms import fed_buff as fed_buff
 from delayjax.transforms import gem as gem
+from delayjax.transforms import hsag as hsag
 from delayjax.transforms import implicit_momentum as implicit_momentum
 from delayjax.transforms import mindthestep as mindthestep
 from delayjax.transforms import mindthestep_weight as mindthestep_weight
@@ -99,6 +101,7 @@ __all__ = [
     "dana",
     "dana_slim",
     "dap_sgd",
+    "dap_svrg",
     "delay_adaptive_sgd",
     "delay_compensated",
     "delay_compensation",
@@ -113,6 +116,7 @@ __all__ = [
     "gem",
     "gossip",
     "growing_batches",
+    "hsag",
     "implicit_momentum",
     "mindthestep",
     "mindthestep_weight",

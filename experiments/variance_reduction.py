@@ -233,22 +233,24 @@ def problem_facts(config: dict[str, Any], name: str) -> tuple[dj.problems.Finite
   return _FACTS[key]
 
 
-def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
-  name, method, tau = spec["problem"], spec["method"], int(spec["tau"])
-  finite_sum, solution, l_max, mu = problem_facts(config, name)
+def stale_read_curve(config: dict[str, Any], finite_sum: dj.problems.FiniteSum, solution: dj.problems.Optimum,
+                     tx: optax.GradientTransformation, worker: Any, tau: int, seed: int, progress,
+                     barrier: bool) -> np.ndarray:
+  """``f(w) - f*`` at every epoch end (from epoch 0) of one ``dj.simulate`` run under :func:`stale_reads`.
+
+  Batches of one example, ``config``'s epochs of ``n`` updates, float64; ``barrier``: no read precedes its
+  epoch's snapshot (AsySVRG). Clamped at 0 (rounding), NaN where not finite.
+  """
   n = finite_sum.num_samples
-  eta = config["step_scale"] / l_max
   epochs = _epochs(config)
-  model = delay_model(config, tau)
-  tx, worker = optimizer(finite_sum, method, eta)
 
   def callback(info: dict[str, Any]) -> None:
     progress(info["updates_done"], info["num_updates"])
 
   with jax.enable_x64(True):
     # As many workers at every tau as the largest needs: each tau then sees the same examples.
-    source = stale_reads(model, epochs * n, seed, workers=max(config["taus"]) + 1,
-                         epoch=n if method == "svrg" else None)
+    source = stale_reads(delay_model(config, tau), epochs * n, seed, workers=max(config["taus"]) + 1,
+                         epoch=n if barrier else None)
     result = dj.simulate(finite_sum.loss_fn, tx, jnp.zeros(finite_sum.num_features, jnp.float64),
                          finite_sum.data(jnp.float64), source, seed=seed, sampling=dj.Sampling(batch_size=1),
                          worker=worker,
@@ -256,8 +258,13 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> di
                          execution=dj.Execution(chunk_size=min(CHUNK, 1 << (epochs * n - 1).bit_length())))
     iterates = np.asarray(result.history.eval_metrics, np.float64)  # one per epoch end, from epoch 0
   curve = np.array([dj.problems.suboptimality(finite_sum, w, solution=solution) for w in iterates])
-  curve = np.where(np.isfinite(curve), np.maximum(curve, 0.0), np.nan)
-  to_target = epochs_to(curve, config["target"])
+  return np.where(np.isfinite(curve), np.maximum(curve, 0.0), np.nan)
+
+
+def curve_record(curve: np.ndarray, target: float, grad_evals_per_epoch: float, **metrics: Any) -> dict[str, Any]:
+  """A run's record from its suboptimality ``curve``: final and second-half lowest values, epochs and gradient
+  evaluations (in units of n) to ``target``, and ``metrics``."""
+  to_target = epochs_to(curve, target)
   tail = curve[len(curve) // 2:]
   return {
       "diverged": not bool(np.isfinite(curve[-1])),
@@ -265,13 +272,21 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> di
           "final_subopt": float(curve[-1]),
           "tail_min_subopt": float(np.min(tail)) if np.all(np.isfinite(tail)) else float("nan"),
           "epochs_to_target": to_target,
-          "grad_evals_to_target": to_target * GRAD_EVALS_PER_EPOCH[method],
-          "step": eta, "l_max": l_max, "mu": mu,
-          "f_star": solution.value,
-          "n": n, "d": int(finite_sum.num_features),
+          "grad_evals_to_target": to_target * grad_evals_per_epoch,
+          **metrics,
       },
-      "curves": {"epoch": list(range(epochs + 1)), "suboptimality": curve.tolist()},
+      "curves": {"epoch": list(range(len(curve))), "suboptimality": curve.tolist()},
   }
+
+
+def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
+  name, method, tau = spec["problem"], spec["method"], int(spec["tau"])
+  finite_sum, solution, l_max, mu = problem_facts(config, name)
+  eta = config["step_scale"] / l_max
+  tx, worker = optimizer(finite_sum, method, eta)
+  curve = stale_read_curve(config, finite_sum, solution, tx, worker, tau, seed, progress, barrier=method == "svrg")
+  return curve_record(curve, config["target"], GRAD_EVALS_PER_EPOCH[method], step=eta, l_max=l_max, mu=mu,
+                      f_star=solution.value, n=finite_sum.num_samples, d=int(finite_sum.num_features))
 
 
 # ---------------------------------------------------------------- table, claims, plots
@@ -300,11 +315,13 @@ def _config_of(summary: Summary) -> tuple[list[str], list[int]]:
   return problems, taus
 
 
-def _threshold(summary: Summary, name: str, default: float) -> float:
+def threshold(summary: Summary, name: str, default: float) -> float:
+  """The setting ``name`` the rows carry (the run's config), else ``default``."""
   return float(next(iter(summary.values()), {}).get(name, default))
 
 
-def _log10(summary: Summary, key: str, metric: str) -> dict[Any, float]:
+def log10_values(summary: Summary, key: str, metric: str) -> dict[Any, float]:
+  """``{seed: log10 value}`` of ``metric`` for the row ``key``."""
   # Suboptimality is clamped at 0 (rounding); 1e-300 keeps its logarithm finite.
   return {s: math.log10(max(v, 1e-300)) if math.isfinite(v) else v
           for s, v in seed_values(summary, key, metric).items()}
@@ -313,9 +330,9 @@ def _log10(summary: Summary, key: str, metric: str) -> dict[Any, float]:
 def _vr_below(default: float):
   def check(summary: Summary) -> ClaimResult:
     problems, taus = _config_of(summary)
-    target = _threshold(summary, "target", default)
+    target = threshold(summary, "target", default)
     return ClaimResult.decide([
-        compare(_log10(summary, f"{p}/{m}/tau={tau}", "final_subopt"), claim="less", margin=math.log10(target),
+        compare(log10_values(summary, f"{p}/{m}/tau={tau}", "final_subopt"), claim="less", margin=math.log10(target),
                 what=f"log10 final suboptimality {p} {m} tau={tau} (claimed < {math.log10(target):g})")
         for p in problems for m in ("svrg", "saga") for tau in taus])
   return check
@@ -324,9 +341,10 @@ def _vr_below(default: float):
 def _sgd_floor(default: float):
   def check(summary: Summary) -> ClaimResult:
     problems, taus = _config_of(summary)
-    floor = _threshold(summary, "sgd_floor", default)
+    floor = threshold(summary, "sgd_floor", default)
     return ClaimResult.decide([
-        compare(_log10(summary, f"{p}/sgd/tau={tau}", "tail_min_subopt"), claim="greater", margin=math.log10(floor),
+        compare(log10_values(summary, f"{p}/sgd/tau={tau}", "tail_min_subopt"), claim="greater",
+                margin=math.log10(floor),
                 what=f"log10 lowest suboptimality of SGD's second half {p} tau={tau} (claimed > {math.log10(floor):g})")
         for p in problems for tau in taus])
   return check
@@ -335,7 +353,7 @@ def _sgd_floor(default: float):
 def _mild(default: float):
   def check(summary: Summary) -> ClaimResult:
     problems, taus = _config_of(summary)
-    factor = _threshold(summary, "mild_factor", default)
+    factor = threshold(summary, "mild_factor", default)
     if len(taus) < 2 or taus[0] != 0:
       return ClaimResult(None, f"needs tau = 0 and a larger tau; this run has taus {taus}")
     comparisons = []
@@ -367,26 +385,28 @@ def claims_for(config: dict[str, Any]) -> list[Claim]:
 CLAIMS = claims_for(SCALES["quick"])
 
 
-def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict[str, Any]], out: str) -> list[str]:
-  """``suboptimality.png``: f(w) - f* (log) against epochs (top) and gradient evaluations / n (bottom), per problem.
+def suboptimality_plot(config: dict[str, Any], records: list[dict[str, Any]], out: str, *, colors: dict[str, str],
+                      labels: dict[str, str], evals_per_epoch: Any, title: Any) -> list[str]:
+  """``suboptimality.png``: f(w) - f* (log) against epochs (top) and gradient evaluations / n (bottom), one column
+  per problem (a spec's ``"problem"``; one column without), one line style per tau.
 
   Curves are means over seeds, drawn down to 1e-17 (float64's resolution of an objective of order 1).
+  ``evals_per_epoch(method)``: the bottom row's scale; ``title(problem)``: each column's title.
   """
   plt = _plots.pyplot()
   by_key = _plots.group(records)
-  problems = list(dict.fromkeys(recs[0]["spec"]["problem"] for recs in by_key.values()))
+  problems = list(dict.fromkeys(recs[0]["spec"].get("problem", "") for recs in by_key.values()))
   taus = sorted({recs[0]["spec"]["tau"] for recs in by_key.values()})
   styles = ["-", "--", ":", "-."]
-  colors = {"sgd": "tab:gray", "svrg": "tab:blue", "saga": "tab:red"}
   fig, axes = plt.subplots(2, len(problems), figsize=(5.2 * len(problems), 7.0), squeeze=False)
   for recs in by_key.values():
     spec = recs[0]["spec"]
-    col = problems.index(spec["problem"])
+    col = problems.index(spec.get("problem", ""))
     epochs, sub = _plots.mean_curve(recs, "epoch", "suboptimality")  # mean over seeds
-    for row, scale in enumerate((1, GRAD_EVALS_PER_EPOCH[spec["method"]])):
+    for row, scale in enumerate((1, evals_per_epoch(spec["method"]))):
       axes[row, col].plot(epochs * scale, np.maximum(sub, 1e-17), color=colors.get(spec["method"]),
                           linestyle=styles[taus.index(spec["tau"]) % len(styles)],
-                          label=f"{LABELS.get(spec['method'], spec['method'])}, tau={spec['tau']}")
+                          label=f"{labels.get(spec['method'], spec['method'])}, tau={spec['tau']}")
   for col, p in enumerate(problems):
     for row, xlabel in enumerate(("epochs (n updates each)", "gradient evaluations / n")):
       ax = axes[row, col]
@@ -394,7 +414,7 @@ def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict
       ax.set_yscale("log")
       ax.set_xlabel(xlabel)
       ax.set_ylabel("f(w) - f*")
-      ax.set_title(f"{p} ({config['delay']} delays on 0..tau)", fontsize=10)
+      ax.set_title(title(p), fontsize=10)
       ax.grid(alpha=0.3)
     axes[0, col].legend(fontsize=7, ncol=2)
   fig.tight_layout()
@@ -402,6 +422,13 @@ def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict
   fig.savefig(path, dpi=110)
   plt.close(fig)
   return [path]
+
+
+def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict[str, Any]], out: str) -> list[str]:
+  """``suboptimality.png`` (:func:`suboptimality_plot`), per problem."""
+  return suboptimality_plot(config, records, out, colors={"sgd": "tab:gray", "svrg": "tab:blue", "saga": "tab:red"},
+                            labels=LABELS, evals_per_epoch=GRAD_EVALS_PER_EPOCH.__getitem__,
+                            title=lambda p: f"{p} ({config['delay']} delays on 0..tau)")
 
 
 # No paper_numbers: both papers measure wall-clock speed-ups of lock-free threads on a multi-core machine

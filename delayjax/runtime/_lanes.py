@@ -53,25 +53,51 @@ class Lanes:
     loss = out[0] if self.has_aux else out
     return jnp.asarray(loss).astype(jnp.float32), grad
 
-  def full_gradient(self, w: Any, data: Any) -> Any:
-    """The gradient of ``loss_fn`` over all the data: at once, or by ``full_batch_size`` examples."""
+  def full_gradient(self, w: Any, data: Any, weights: Any = None) -> Any:
+    r"""The gradient of ``loss_fn`` over all the data: at once, or by ``full_batch_size`` examples.
+
+    With ``weights`` (``[num_examples]``), :math:`\frac1n \sum_i c_i \nabla f_i(w)`, :math:`f_i` the loss on
+    example :math:`i` alone (``dj.hsag``'s sum over the examples outside its SAGA set).
+    """
     n, size = self.num_examples, self.full_batch_size
     if size is None or size >= n:
-      return self.grad(w, data)
+      return self.grad(w, data) if weights is None else self._weighted_grad(w, data, weights, n)
     # Chunks of the mean loss, weighted by their share of the examples: the mean over all of them.
     whole, rest = divmod(n, size)
     chunks = jax.tree.map(lambda x: x[:whole * size].reshape((whole, size) + x.shape[1:]), data)
-    total = jax.lax.map(lambda chunk: self.grad(w, chunk), chunks)
-    total = jax.tree.map(lambda g: jnp.sum(g, axis=0) * jnp.asarray(size / n, g.dtype), total)
+    if weights is None:
+      total = jax.lax.map(lambda chunk: self.grad(w, chunk), chunks)
+      total = jax.tree.map(lambda g: jnp.sum(g, axis=0) * jnp.asarray(size / n, g.dtype), total)
+    else:
+      parts = (chunks, weights[:whole * size].reshape(whole, size))
+      total = jax.tree.map(lambda g: jnp.sum(g, axis=0),
+                           jax.lax.map(lambda part: self._weighted_grad(w, part[0], part[1], n), parts))
     if rest:
-      tail = self.grad(w, jax.tree.map(lambda x: x[whole * size:], data))
-      total = jax.tree.map(lambda t, g: t + g * jnp.asarray(rest / n, g.dtype), total, tail)
+      tail_data = jax.tree.map(lambda x: x[whole * size:], data)
+      if weights is None:
+        tail = jax.tree.map(lambda g: g * jnp.asarray(rest / n, g.dtype), self.grad(w, tail_data))
+      else:
+        tail = self._weighted_grad(w, tail_data, weights[whole * size:], n)
+      total = jax.tree.map(lambda t, g: t + g, total, tail)
     return total
 
-  def server_inputs(self, data: Any, seed: Any, params: Any, update: Any, refresh: Any) -> dict[str, Any]:
+  def _weighted_grad(self, w: Any, batch: Any, weights: Any, n: int) -> Any:
+    r""":math:`\frac1n \sum_j c_j \nabla f_j(w)` over the examples of ``batch``: one backward pass of the
+    per-example losses (each example a batch of one), weighted."""
+    def total(p):
+      def one(ex):
+        out = self.loss_fn(p, jax.tree.map(lambda x: x[None], ex))
+        return out[0] if self.has_aux else out
+      losses = jax.vmap(one)(batch)
+      return jnp.sum(weights.astype(losses.dtype) * losses) / jnp.asarray(n, losses.dtype)
+    return jax.grad(total)(w)
+
+  def server_inputs(self, data: Any, seed: Any, params: Any, update: Any, refresh: Any,
+                    full_weights: Any = None) -> dict[str, Any]:
     """The server inputs ``tx`` requested, at the server parameters ``params`` of ``update``.
 
-    Every input that needs a minibatch uses the update's one server minibatch.
+    Every input that needs a minibatch uses the update's one server minibatch. ``full_weights``: per-example
+    weights of the full gradient (``None``: the plain mean; see :meth:`full_gradient`).
     """
     out = {}
     if "zeno_grad" in self.inputs:
@@ -80,7 +106,7 @@ class Lanes:
     if "full_grad" in self.inputs:
       # A cond, not a where: the full gradient costs a pass over the data and is due once an epoch;
       # its predicate comes from the host tables, the same on every device.
-      out["full_grad"] = jax.lax.cond(refresh, lambda p: self.full_gradient(p, data),
+      out["full_grad"] = jax.lax.cond(refresh, lambda p: self.full_gradient(p, data, full_weights),
                                       lambda p: jax.tree.map(jnp.zeros_like, p), params)
       out["refresh"] = refresh
     return out

@@ -46,9 +46,12 @@ SERVER_INPUTS = ("full_grad", "zeno_grad")
 # Per-contribution inputs (dj.per_contribution): each contribution of an update on a leading axis.
 CONTRIBUTION_INPUTS = ("contribution_grads", "contribution_stale_params", "contribution_staleness",
                        "contribution_weights", "contribution_workers")
-LANE_INPUTS = ("sample_features", "sample_grads", "sample_indices", "sample_mask", "sample_scalars", "snapshot_grad")
+LANE_INPUTS = ("sample_features", "sample_grads", "sample_indices", "sample_mask", "sample_scalars",
+               "sample_snapshot_grads", "snapshot_grad")
 # Per-example payload entries: one row per example a contribution draws.
-_PER_EXAMPLE = ("sample_features", "sample_grads", "sample_scalars")
+_PER_EXAMPLE = ("sample_features", "sample_grads", "sample_scalars", "sample_snapshot_grads")
+# Lane inputs taken at an SVRG-style snapshot (dj.svrg: the minibatch mean; dj.hsag: per example).
+_SNAPSHOT_INPUTS = ("snapshot_grad", "sample_snapshot_grads")
 RUNTIME_INPUTS = tuple(sorted(SERVER_INPUTS + LANE_INPUTS + CONTRIBUTION_INPUTS))
 # Payload entries that are averaged over an update's contributions like the gradient.
 _MIXED = ("grad", "snapshot_grad")
@@ -360,7 +363,7 @@ def _check_runtime_inputs(opt_state: Any, local: bool, has_terms: bool) -> tuple
     raise ValueError(
         f"local_steps: tx requests per-contribution inputs {per_contribution} (variance reduction), which "
         f"are defined for gradients, not for local-SGD pseudo-gradients; pass local_steps=None.")
-  unmasked = [type(x).__name__ for name in ("sample_grads", "sample_scalars")
+  unmasked = [type(x).__name__ for name in ("sample_grads", "sample_scalars", "sample_snapshot_grads")
               for x in requesting_states(opt_state, name) if "sample_mask" not in x.runtime_inputs()]
   if unmasked:
     raise ValueError(
@@ -372,19 +375,40 @@ def _check_runtime_inputs(opt_state: Any, local: bool, has_terms: bool) -> tuple
         "sample_terms is required when tx requests sample_scalars (dj.saga(table='scalars')), and only "
         f"then; tx requests {list(inputs) or 'no runtime inputs'} and sample_terms is "
         f"{'given' if has_terms else 'None'}.")
-  if "snapshot_grad" in inputs and "full_grad" not in inputs:
-    raise ValueError("tx requests snapshot_grad without full_grad; an SVRG snapshot needs both (see dj.svrg).")
-  snapshot_states = requesting_states(opt_state, "snapshot_grad")
+  for name in _SNAPSHOT_INPUTS:
+    if name in inputs and "full_grad" not in inputs:
+      raise ValueError(f"tx requests {name} without full_grad; an SVRG snapshot needs both (see dj.svrg).")
+  snapshot_states = _snapshot_states(opt_state)
   if len(snapshot_states) > 1:
     raise ValueError(
-        f"tx: at most one transformation in a chain may request snapshot_grad (one SVRG snapshot); found "
-        f"{len(snapshot_states)}.")
+        f"tx: at most one transformation in a chain may request {' or '.join(_SNAPSHOT_INPUTS)} (one SVRG "
+        f"snapshot); found {len(snapshot_states)}.")
   return inputs
 
 
+def _wants_snapshot(inputs: tuple[str, ...]) -> bool:
+  """Whether a lane input is taken at the snapshot (so lanes need the snapshot parameters)."""
+  return any(name in inputs for name in _SNAPSHOT_INPUTS)
+
+
+def _snapshot_states(opt_state: Any) -> list[Any]:
+  """The states requesting a snapshot input, each once (one may request both)."""
+  found = {}
+  for name in _SNAPSHOT_INPUTS:
+    found.update({id(x): x for x in requesting_states(opt_state, name)})
+  return list(found.values())
+
+
 def _snapshot_params(opt_state: Any) -> Any:
-  """The SVRG snapshot held in ``opt_state`` (see ``dj.svrg``)."""
-  return requesting_states(opt_state, "snapshot_grad")[0].snapshot_params()
+  """The SVRG snapshot held in ``opt_state`` (see ``dj.svrg``, ``dj.hsag``)."""
+  return _snapshot_states(opt_state)[0].snapshot_params()
+
+
+def _full_grad_weights(opt_state: Any) -> Any:
+  """Per-example weights of the full gradient (``None``: the plain mean), from the state requesting ``full_grad``:
+  ``dj.hsag`` asks only for the examples outside its SAGA set."""
+  states = [x for x in requesting_states(opt_state, "full_grad") if hasattr(x, "full_grad_weights")]
+  return states[0].full_grad_weights() if states else None
 
 
 def _source_schedule(source: Any, num_updates: int | None, seed: int) -> tuple[Schedule, np.ndarray | None]:
@@ -543,7 +567,7 @@ def _compile_key(*, loss_fn: Callable[..., Any], has_aux: bool, tx: Any, params:
       "sample_terms": None if sample_terms is None else program_key(sample_terms, params_spec, batch),
       "local_optimizer": None if local_optimizer is None else program_key(
           local_optimizer.update, params_spec, local_optimizer.init(params), params_spec),
-      "snapshot": program_key(_snapshot_params, state_spec) if "snapshot_grad" in inputs else None,
+      "snapshot": program_key(_snapshot_params, state_spec) if _wants_snapshot(inputs) else None,
       **{name: program_key(fn, *args) for name, (fn, args) in plugin_programs.items()},
   }
   if any(key is False for key in programs.values()):
@@ -1092,7 +1116,7 @@ def _plugin_programs(worker: Worker, loss_fn: Callable[..., Any], has_aux: bool,
                 batch_size=batch_size, sampling=sampling, max_batches=max_batches, full_batch_size=full_batch_size)
   scalar = jax.ShapeDtypeStruct((), np.int32)
   args = (engine.shapes(data), jax.ShapeDtypeStruct((), np.uint32), engine.shapes(params),
-          engine.shapes(params) if "snapshot_grad" in inputs else (), scalar, scalar, scalar, scalar,
+          engine.shapes(params) if _wants_snapshot(inputs) else (), scalar, scalar, scalar, scalar,
           jax.ShapeDtypeStruct(shard_rows.shape[1:], np.int32), scalar, engine.shapes(worker.init_state(params)))
   payload = jax.eval_shape(lanes.push, *args)[1]
   if not isinstance(payload, dict) or "grad" not in payload and not worker.learns_at_update:
@@ -1135,7 +1159,7 @@ def _step_function(*, keep_stale: bool, loss_fn, has_aux, tx, params, opt_state,
   num_contrib = plan.upd_worker.shape[2]
   max_len = sizes.max_len
   metric_shapes = jax.eval_shape(eval_fn, params, opt_state) if eval_fn is not None else ()
-  svrg = "snapshot_grad" in inputs
+  svrg = _wants_snapshot(inputs)
   per_example = "sample_indices" in inputs
   per_contribution = "contribution_grads" in inputs
   keep_local_state = worker.sequential
@@ -1306,7 +1330,8 @@ def _apply_update(c: types.SimpleNamespace, ctx: _StepContext, i: Any, state: An
   stale_params = jax.tree.map(lambda b: b[positions[first]], ctx.stale_buf) if c.keep_stale else params
   # Without requests the update's index is not even read: the default program is unchanged.
   refresh = (ctx.tab["upd_refresh"][i] | snapshot_due) if "full_grad" in c.inputs else None
-  extra = _update_inputs(c, ctx, i, params, positions, staleness, kept, weights, payloads, mixed, refresh, loss)
+  extra = _update_inputs(c, ctx, i, params, opt_state, positions, staleness, kept, weights, payloads, mixed, refresh,
+                         loss)
   tau = staleness[first, 0] if c.leaf_groups is None else c.leaf_groups.staleness(staleness[first], params)
   updates, new_state = c.tx.update(mixed["grad"], opt_state, params, staleness=tau,
                                    stale_params=stale_params, worker=ctx.tab["upd_worker"][i][first], **extra)
@@ -1356,15 +1381,17 @@ def _contributions(c: types.SimpleNamespace, ctx: _StepContext, i: Any, params: 
   return payloads, loss
 
 
-def _update_inputs(c: types.SimpleNamespace, ctx: _StepContext, i: Any, params: Any, positions: Any, staleness: Any,
-                   kept: Any, weights: Any, payloads: list[dict[str, Any]], mixed: dict[str, Any],
+def _update_inputs(c: types.SimpleNamespace, ctx: _StepContext, i: Any, params: Any, opt_state: Any, positions: Any,
+                   staleness: Any, kept: Any, weights: Any, payloads: list[dict[str, Any]], mixed: dict[str, Any],
                    refresh: Any, loss: Any) -> dict[str, Any]:
   """The runtime inputs ``tx`` requested for update ``i`` (``dj.runtime_inputs``), beside its gradient;
   ``value``, the update's loss, for a ``tx`` that needs it."""
-  extra = c.lanes.server_inputs(ctx.data, ctx.seed, params, ctx.tab["upd_index"][i], refresh) if c.inputs else {}
+  full_weights = _full_grad_weights(opt_state) if "full_grad" in c.inputs else None
+  extra = (c.lanes.server_inputs(ctx.data, ctx.seed, params, ctx.tab["upd_index"][i], refresh,
+                                 full_weights=full_weights) if c.inputs else {})
   if "value" in c.inputs:
     extra["value"] = loss
-  if c.svrg:
+  if "snapshot_grad" in c.inputs:
     extra["snapshot_grad"] = mixed["snapshot_grad"]
   if c.per_example:
     # The examples of all contributions, stalest first; those of absent or skipped

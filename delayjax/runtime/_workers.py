@@ -76,8 +76,8 @@ class WorkerContext(NamedTuple):
       ``b``-th minibatch of its first group, as ``dj.Sampling`` draws it.
     inputs: the names of the runtime inputs the transformation requests
       (``dj.runtime_inputs``; static).
-    snapshot: SVRG's snapshot parameters when ``"snapshot_grad"`` is
-      requested, else ``()``.
+    snapshot: SVRG's snapshot parameters when ``"snapshot_grad"`` or
+      ``"sample_snapshot_grads"`` is requested, else ``()``.
   """
 
   gradient: Callable[..., tuple[jax.Array, dict[str, Any]]]
@@ -176,7 +176,8 @@ class Gradient(Worker):
   with the inputs the transformation requests through
   ``dj.runtime_inputs`` computed beside it on the same minibatches:
   SVRG's ``snapshot_grad`` (the same minibatches at the epoch's snapshot),
-  SAGA's per-example ``sample_grads`` and ``sample_indices``, and
+  SAGA's per-example ``sample_grads`` and ``sample_indices``, HSAG's
+  per-example ``sample_snapshot_grads`` (at the snapshot), and
   ``sample_scalars``/``sample_features`` from ``sample_terms``.
 
   Args:
@@ -211,7 +212,8 @@ class Gradient(Worker):
   def _terms(self, ctx: WorkerContext) -> Callable[..., Any] | None:
     """One minibatch's gradient and the inputs the transformation requested (``None``: the gradient alone)."""
     inputs = ctx.inputs
-    if not any(name in inputs for name in ("snapshot_grad", "sample_grads", "sample_scalars", "sample_indices")):
+    if not any(name in inputs for name in ("snapshot_grad", "sample_grads", "sample_scalars", "sample_indices",
+                                           "sample_snapshot_grads")):
       return None
 
     def grad(w, batch):
@@ -226,6 +228,10 @@ class Gradient(Worker):
       if "sample_grads" in inputs:
         # Each example as a batch of one: f_i is the loss on example i alone.
         stacked["sample_grads"] = jax.vmap(lambda ex: grad(w, jax.tree.map(lambda x: x[None], ex)))(batch)
+      if "sample_snapshot_grads" in inputs:
+        # dj.hsag: each example at the snapshot, for the anchors of the examples outside its SAGA set.
+        stacked["sample_snapshot_grads"] = jax.vmap(
+            lambda ex: grad(ctx.snapshot, jax.tree.map(lambda x: x[None], ex)))(batch)
       if "sample_scalars" in inputs:
         stacked["sample_scalars"], stacked["sample_features"] = self.sample_terms(w, batch)
       if "sample_indices" in inputs:
@@ -241,6 +247,8 @@ class Gradient(Worker):
       out["snapshot_grad"] = like(params, ())
     if "sample_grads" in inputs:
       out["sample_grads"] = like(params, (samples,))
+    if "sample_snapshot_grads" in inputs:
+      out["sample_snapshot_grads"] = like(params, (samples,))
     if "sample_scalars" in inputs:
       out["sample_scalars"], out["sample_features"] = like(tuple(terms), (samples,))
     if "sample_indices" in inputs:

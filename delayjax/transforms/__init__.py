@@ -15,6 +15,7 @@ from delayjax.transforms._block_coordinate import block_coordinate as block_coor
 from delayjax.transforms._block_coordinate import block_index as block_index
 from delayjax.transforms._dap import DapSgd as DapSgd
 from delayjax.transforms._dap import dap_sgd as dap_sgd
+from delayjax.transforms._dap import dap_svrg as dap_svrg
 from delayjax.transforms._dap import tap_sgd as tap_sgd
 from delayjax.transforms._dana import DanaSlimState as DanaSlimState
 from delayjax.transforms._dana import DanaState as DanaState
@@ -75,6 +76,8 @@ from delayjax.transforms._compression import powersgd as powersgd
 from delayjax.transforms._compression import qsgd as qsgd
 from delayjax.transforms._compression import random_k as random_k
 from delayjax.transforms._compression import top_k as top_k
+from delayjax.transforms._hsag import HsagState as HsagState
+from delayjax.transforms._hsag import hsag as hsag
 from delayjax.transforms._prox_asaga import ProxAsagaState as ProxAsagaState
 from delayjax.transforms._prox_asaga import prox_asaga as prox_asaga
 from delayjax.transforms._proximal import ProximalState as ProximalState
@@ -111,6 +114,7 @@ __all__ = [
     "DanaSlimState",
     "DanaState",
     "dap_sgd",
+    "dap_svrg",
     "DapSgd",
     "delay_adaptive_sgd",
     "delay_compensated",
@@ -126,6 +130,8 @@ __all__ = [
     "gem",
     "GemState",
     "HasWorkerRows",
+    "hsag",
+    "HsagState",
     "implicit_momentum",
     "KeepsDelayWindow",
     "mindthestep",

@@ -147,26 +147,8 @@ def svrg() -> optax.GradientTransformationExtraArgs:
                   "the gradient of the same minibatch at the snapshot parameters, a pytree like the updates",
                   runtime_passes=False)
     snapshot_grad = like_updates("snapshot_grad", snapshot_grad, updates)
-    snapshot, mu, num = state.snapshot, state.full_grad, state.num_snapshots
-    if full_grad is not None:
-      if params is None:
-        raise ValueError("svrg needs params when full_grad= is given: they become the new snapshot.")
-      full_grad = like_updates("full_grad", full_grad, updates)
-      if not isinstance(refresh, (type(None), bool, np.bool_, jax.Array, np.ndarray)):
-        raise TypeError(f"refresh must be a bool scalar (whether this update starts an epoch), got "
-                        f"{type(refresh).__name__} {refresh!r}.")
-      take = jnp.asarray(True if refresh is None else refresh)
-      if take.shape != () or take.dtype != jnp.bool_:
-        raise ValueError(f"refresh must be a bool scalar, got dtype {take.dtype} and shape {take.shape}.")
-      mu = jax.tree.map(lambda new, old: jnp.where(take, new.astype(old.dtype), old), full_grad, mu)
-      snapshot = jax.tree.map(lambda new, old: jnp.where(take, new.astype(old.dtype), old), params, snapshot)
-      num = num + take.astype(jnp.int32)
-    elif refresh is not None:
-      raise ValueError("svrg got refresh= without full_grad=; a snapshot needs the full gradient at params.")
-    if not isinstance(num, jax.core.Tracer) and int(num) == 0:
-      raise ValueError(
-          "svrg has no full gradient yet: the first update must pass full_grad= (the full gradient at params) "
-          "to take the first snapshot.")
+    snapshot, mu, num = snapshot_step("svrg", updates, params, full_grad, refresh, state.snapshot, state.full_grad,
+                                      state.num_snapshots)
     ready = num > 0
     out = jax.tree.map(
         lambda g, gs, m: jnp.where(ready, g - gs.astype(g.dtype) + m.astype(g.dtype), jnp.full_like(g, jnp.nan)),
@@ -176,14 +158,46 @@ def svrg() -> optax.GradientTransformationExtraArgs:
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-def _sample_indices(sample_indices: Any, num_samples: int) -> tuple[jax.Array, bool, jax.Array | None]:
+def snapshot_step(transform: str, updates: Any, params: Any, full_grad: Any, refresh: Any, snapshot: Any, mu: Any,
+                  num: jax.Array) -> tuple[Any, Any, jax.Array]:
+  """An SVRG epoch start: ``(snapshot, mu, num_snapshots)`` after ``full_grad`` (at ``params``) and ``refresh``.
+
+  With ``full_grad`` and ``refresh`` true (the default) the snapshot becomes
+  ``params`` and ``mu`` the full gradient; otherwise both are kept. Eager
+  calls before any snapshot raise (traced ones leave ``num_snapshots`` 0 for
+  the caller to turn into NaN).
+  """
+  if full_grad is not None:
+    if params is None:
+      raise ValueError(f"{transform} needs params when full_grad= is given: they become the new snapshot.")
+    full_grad = like_updates("full_grad", full_grad, updates)
+    if not isinstance(refresh, (type(None), bool, np.bool_, jax.Array, np.ndarray)):
+      raise TypeError(f"refresh must be a bool scalar (whether this update starts an epoch), got "
+                      f"{type(refresh).__name__} {refresh!r}.")
+    take = jnp.asarray(True if refresh is None else refresh)
+    if take.shape != () or take.dtype != jnp.bool_:
+      raise ValueError(f"refresh must be a bool scalar, got dtype {take.dtype} and shape {take.shape}.")
+    mu = jax.tree.map(lambda new, old: jnp.where(take, new.astype(old.dtype), old), full_grad, mu)
+    snapshot = jax.tree.map(lambda new, old: jnp.where(take, new.astype(old.dtype), old), params, snapshot)
+    num = num + take.astype(jnp.int32)
+  elif refresh is not None:
+    raise ValueError(f"{transform} got refresh= without full_grad=; a snapshot needs the full gradient at params.")
+  if not isinstance(num, jax.core.Tracer) and int(num) == 0:
+    raise ValueError(
+        f"{transform} has no full gradient yet: the first update must pass full_grad= (the full gradient at "
+        f"params) to take the first snapshot.")
+  return snapshot, mu, num
+
+
+def sample_indices_of(sample_indices: Any, num_samples: int,
+                      transform: str = "saga") -> tuple[jax.Array, bool, jax.Array | None]:
   """int32 indices of shape [b], whether a scalar (one sample) was given, and which traced ones are in range.
 
   Concrete indices are checked (the third value is then ``None``); traced
   ones out of range are replaced by ``num_samples``, so that their writes are
   dropped instead of wrapping around to another sample's row.
   """
-  require_extra("saga", "sample_indices", sample_indices,
+  require_extra(transform, "sample_indices", sample_indices,
                 "int32 index or indices in [0, num_samples) of the minibatch", runtime_passes=False)
   if not jnp.issubdtype(jnp.result_type(sample_indices), jnp.integer):
     raise TypeError(f"sample_indices must be integers, got dtype {jnp.result_type(sample_indices)}.")
@@ -204,7 +218,7 @@ def _sample_indices(sample_indices: Any, num_samples: int) -> tuple[jax.Array, b
   return jnp.where(valid, idx, jnp.int32(num_samples)), ndim == 0, valid
 
 
-def _sample_mask(sample_mask: Any, batch: int, single: bool) -> jax.Array:
+def sample_mask_of(sample_mask: Any, batch: int, single: bool) -> jax.Array:
   """bool ``[b]``: which minibatch entries count (all of them by default)."""
   if sample_mask is None:
     return jnp.ones((batch,), jnp.bool_)
@@ -216,6 +230,14 @@ def _sample_mask(sample_mask: Any, batch: int, single: bool) -> jax.Array:
   if mask.shape != (batch,):
     raise ValueError(f"sample_mask must have shape [len(sample_indices)] = ({batch},); got {mask.shape}.")
   return mask
+
+
+def last_kept(idx: jax.Array, keep: jax.Array) -> jax.Array:
+  """bool ``[b]``: the last kept occurrence of each index, the only one that writes its table row, so that a
+  table and its sum stay consistent when an index repeats within a minibatch."""
+  b = idx.shape[0]
+  later = jnp.triu(jnp.ones((b, b), jnp.bool_), k=1) & keep[None, :]
+  return keep & ~jnp.any((idx[:, None] == idx[None, :]) & later, axis=1)
 
 
 def saga(num_samples: int, *, table: str = "gradients") -> optax.GradientTransformationExtraArgs:
@@ -318,12 +340,10 @@ def saga(num_samples: int, *, table: str = "gradients") -> optax.GradientTransfo
   def update_fn(updates, state, params=None, *, sample_indices=None, sample_grads=None, sample_scalars=None,
                 sample_features=None, sample_mask=None, **extra_args):
     del params, extra_args
-    idx, single, valid = _sample_indices(sample_indices, n)
+    idx, single, valid = sample_indices_of(sample_indices, n)
     b = idx.shape[0]
-    keep = _sample_mask(sample_mask, b, single)
-    # Only the last kept occurrence of a repeated index writes, so the table and its sum stay consistent.
-    later = jnp.triu(jnp.ones((b, b), jnp.bool_), k=1) & keep[None, :]
-    last = keep & ~jnp.any((idx[:, None] == idx[None, :]) & later, axis=1)
+    keep = sample_mask_of(sample_mask, b, single)
+    last = last_kept(idx, keep)
     # A kept traced index out of range makes the update NaN (see nan_unless) and the tables unchanged.
     in_range = None if valid is None else jnp.all(valid | ~keep)
     if valid is not None:

@@ -37,7 +37,8 @@ def extras(params, step):
           "snapshot_grad": random_like(params, 200 + step),
           "full_grad": random_like(params, 300 + step),
           "sample_indices": jnp.array([step % 4, (step + 1) % 4], jnp.int32),
-          "sample_grads": jax.tree.map(lambda p: jnp.stack([p, -0.5 * p]) + step, params)}
+          "sample_grads": jax.tree.map(lambda p: jnp.stack([p, -0.5 * p]) + step, params),
+          "sample_snapshot_grads": jax.tree.map(lambda p: jnp.stack([0.5 * p, p]) - step, params)}
 
 
 def sub_extras(kwargs):
@@ -53,6 +54,8 @@ DELAYED = {
     "zeno_plus_plus": lambda: dj.zeno_plus_plus(0.1, inner=optax.identity()),
     "svrg": dj.svrg,
     "saga": lambda: dj.saga(4),
+    "hsag": lambda: dj.hsag(4, [1, 3]),
+    "dap_svrg": lambda: dj.dap_svrg(dj.prox_l1(0.1), 0.2, server_rate=0.5),
     "delay_adaptive_sgd": lambda: dj.delay_adaptive_sgd(1.0, 1.5),
 }
 
