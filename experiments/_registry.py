@@ -40,6 +40,10 @@ NAMES = (
     "async_rl",
     "compression",
     "consistency",
+    "psp",
+    "zeno",
+    "hsag",
+    "async_prox",
 )
 
 

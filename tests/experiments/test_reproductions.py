@@ -44,6 +44,7 @@ SLOW_GROUPS = (
     ("sme", "pipeline_stashing", "pipeline_pipemare", "consistency"),
     ("gem", "local_optimizers", "pipeline_2bw", "compression"),
     ("streaming_diloco", "weight_prediction", "async_rl"),
+    ("psp", "zeno", "hsag", "async_prox"),
 )
 
 
