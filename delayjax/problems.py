@@ -22,6 +22,9 @@ The JAX side (:meth:`FiniteSum.data`, :meth:`FiniteSum.loss_fn`,
 :meth:`FiniteSum.per_sample`) feeds ``dj.simulate``, ``dj.saga`` (scalar
 table) and ``dj.prox_asaga``.
 
+:func:`strict_saddle` is the nonconvex one: a quadratic with one direction of negative curvature plus a
+quartic term, whose strict saddle, minima and Hessians are known in closed form (escaping saddle points).
+
 :func:`contextual_bandit` is the reinforcement-learning counterpart: a
 bandit with a known optimum whose contexts take time to answer in proportion
 to their length, for stale data in asynchronous RL (``dj.workers.Rollouts``).
@@ -805,3 +808,106 @@ def contextual_bandit(num_contexts: int = 8, num_actions: int = 4, *, max_length
   means.setflags(write=False)
   lengths.setflags(write=False)
   return ContextualBandit(means, lengths, noise)
+
+
+# ---------------------------------------------------------------- a strict saddle
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class StrictSaddle:
+  r"""A smooth nonconvex function with one strict saddle at the origin and two minima, all in closed form.
+
+  .. math::
+
+    f(x) = \tfrac12 x^\top H x + \tfrac{\lambda}{4} \|x\|^4, \qquad H = \mathrm{diag}(h_0, h_1, \dots, h_{d-1}),
+    \quad h_0 < 0 < h_1, \dots, h_{d-1},
+
+  so :math:`\nabla f(x) = H x + \lambda \|x\|^2 x` and :math:`\nabla^2 f(x) = H + \lambda(\|x\|^2 I + 2 x
+  x^\top)`. The origin is a strict saddle (:math:`\nabla^2 f(0) = H`, smallest eigenvalue :math:`h_0 < 0`); the
+  minima are :math:`x^\star = \pm r e_0` with :math:`r = \sqrt{-h_0/\lambda}`, :math:`f^\star = -h_0^2 /
+  (4\lambda)` and :math:`\nabla^2 f(x^\star) = \mathrm{diag}(-2h_0, h_1 - h_0, \dots, h_{d-1} - h_0)`; there are
+  no other stationary points. It is the standard test function of the saddle-escape literature (a quadratic with
+  one direction of negative curvature, made coercive by the quartic term).
+
+  Attributes:
+    eigenvalues: float64 ``[d]``, the diagonal of :math:`H`.
+    lam: :math:`\lambda > 0`.
+  """
+
+  eigenvalues: np.ndarray
+  lam: float
+
+  @property
+  def dim(self) -> int:
+    return int(self.eigenvalues.shape[0])
+
+  @property
+  def radius(self) -> float:
+    """:math:`r = \\sqrt{-h_0/\\lambda}`: the minima are :math:`\\pm r e_0`."""
+    return float(np.sqrt(-self.eigenvalues[0] / self.lam))
+
+  @property
+  def minima(self) -> np.ndarray:
+    """float64 ``[2, d]``: :math:`+r e_0` and :math:`-r e_0`."""
+    m = np.zeros((2, self.dim))
+    m[:, 0] = (self.radius, -self.radius)
+    return m
+
+  @property
+  def min_value(self) -> float:
+    """:math:`f^\\star = -h_0^2 / (4\\lambda)`."""
+    return float(-self.eigenvalues[0] ** 2 / (4.0 * self.lam))
+
+  @property
+  def min_hessian_eigenvalues(self) -> np.ndarray:
+    """float64 ``[d]``: the eigenvalues of :math:`\\nabla^2 f(x^\\star)`, :math:`(-2h_0, h_i - h_0)`."""
+    h = self.eigenvalues
+    return np.concatenate([[-2.0 * h[0]], h[1:] - h[0]])
+
+  @property
+  def smoothness(self) -> float:
+    """The largest eigenvalue of the Hessian at the saddle and at the minima, :math:`\\max(-2h_0, h_{\\max} -
+    h_0)`: the curvature that bounds a stable step there."""
+    return float(max(np.max(np.abs(self.eigenvalues)), np.max(self.min_hessian_eigenvalues)))
+
+  def value(self, x: Any) -> Any:
+    """:math:`f(x)`; ``x`` a NumPy or JAX array ``[d]``, computed in its own array library and dtype."""
+    xp = jnp if isinstance(x, jax.Array) else np
+    h = xp.asarray(self.eigenvalues, dtype=x.dtype)
+    sq = xp.sum(x * x)
+    return 0.5 * xp.sum(h * x * x) + 0.25 * self.lam * sq * sq
+
+  def grad(self, x: Any) -> Any:
+    """:math:`\\nabla f(x) = H x + \\lambda \\|x\\|^2 x`."""
+    xp = jnp if isinstance(x, jax.Array) else np
+    h = xp.asarray(self.eigenvalues, dtype=x.dtype)
+    return h * x + self.lam * xp.sum(x * x) * x
+
+  def hessian(self, x: Any) -> Any:
+    """:math:`\\nabla^2 f(x) = H + \\lambda(\\|x\\|^2 I + 2 x x^\\top)`, ``[d, d]``."""
+    xp = jnp if isinstance(x, jax.Array) else np
+    h = xp.asarray(self.eigenvalues, dtype=x.dtype)
+    return xp.diag(h + self.lam * xp.sum(x * x)) + 2.0 * self.lam * xp.outer(x, x)
+
+
+def strict_saddle(eigenvalues: Any, *, lam: float = 1.0) -> StrictSaddle:
+  """A :class:`StrictSaddle` with :math:`H = \\mathrm{diag}(` ``eigenvalues`` :math:`)`.
+
+  Args:
+    eigenvalues: ``[d]`` (``d >= 1``), finite; the first negative (the escape direction), every other positive.
+    lam: :math:`\\lambda > 0`, the weight of the quartic term.
+
+  Returns:
+    The problem, its saddle at the origin and its minima at :math:`\\pm\\sqrt{-h_0/\\lambda}\\, e_0`.
+  """
+  h = check_number_array("eigenvalues must be an array of numbers of shape [d]", eigenvalues, kinds="iuf")
+  if h.ndim != 1 or h.shape[0] < 1 or not np.all(np.isfinite(h)):
+    raise ValueError(f"eigenvalues must be a 1-D array of d >= 1 finite numbers, got shape {h.shape} "
+                     f"with values {h.tolist()}.")
+  if not (h[0] < 0 and np.all(h[1:] > 0)):
+    raise ValueError(f"eigenvalues must have a negative first entry (the escape direction) and positive others "
+                     f"(one strict saddle), got {h.tolist()}.")
+  lam = check_float("lam", lam, minimum=0.0, strict_minimum=True)
+  h = h.copy()
+  h.setflags(write=False)
+  return StrictSaddle(h, lam)
