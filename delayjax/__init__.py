@@ -72,6 +72,8 @@ from delayjax.transforms import prox_box as prox_box
 from delayjax.transforms import prox_elastic_net as prox_elastic_net
 from delayjax.transforms import prox_l1 as prox_l1
 from delayjax.transforms import proximal as proximal
+from delayjax.transforms import prox_svrcd as prox_svrcd
+from delayjax.transforms import prox_svrg as prox_svrg
 from delayjax.transforms import read_params as read_params
 from delayjax.transforms import runtime_inputs as runtime_inputs
 from delayjax.transforms import saga as saga
@@ -128,6 +130,8 @@ __all__ = [
     "prox_elastic_net",
     "prox_l1",
     "proximal",
+    "prox_svrcd",
+    "prox_svrg",
     "read_params",
     "Record",
     "Runs",

@@ -85,6 +85,8 @@ from delayjax.transforms._proximal import prox_box as prox_box
 from delayjax.transforms._proximal import prox_elastic_net as prox_elastic_net
 from delayjax.transforms._proximal import prox_l1 as prox_l1
 from delayjax.transforms._proximal import proximal as proximal
+from delayjax.transforms._prox_svrg import prox_svrcd as prox_svrcd
+from delayjax.transforms._prox_svrg import prox_svrg as prox_svrg
 from delayjax.transforms._staleness import scale_by_staleness as scale_by_staleness
 from delayjax.transforms._staleness import staleness_weight as staleness_weight
 from delayjax.transforms._variance_reduction import SagaScalarsState as SagaScalarsState
@@ -149,6 +151,8 @@ __all__ = [
     "prox_l1",
     "ProxAsagaState",
     "proximal",
+    "prox_svrcd",
+    "prox_svrg",
     "ProximalState",
     "quantize_float",
     "Compressor",

@@ -93,6 +93,19 @@ def svrg() -> optax.GradientTransformationExtraArgs:
   that :math:`v` stays unbiased for :math:`\nabla F(\hat w)`; the step is then
   applied to the current parameters by the chained optimizer.
 
+  Parameter-server form (Zhang, Zheng & Kwok's distributed asynchronous
+  semi-stochastic gradient method). **Only the paper's abstract could be read
+  from a reachable source**: distributed asynchronous workers, variance
+  reduction, a constant step and a linear rate. delayjax's reading of that
+  design, under which the rule is AsySVRG's: each stage starts with the full
+  gradient at the snapshot (the last iterate), summed from the workers' data
+  shards; workers then pull the parameters from the servers, compute the
+  variance-reduced gradient of a minibatch of their own shard at that stale
+  copy and push it, and the servers apply it with the constant step. That is
+  this rule with ``optax.sgd(lr)`` chained, ``dj.Sampling(scheme="shard")``
+  and a schedule whose reads never precede their stage's snapshot; a test
+  pins it against a NumPy re-implementation of that loop.
+
   Runtimes: the state requests ``full_grad`` and ``snapshot_grad`` through
   the ``runtime_inputs`` hook, and ``dj.simulate`` computes them with any
   delay source: epochs every ``snapshot_every`` updates, the full gradient
@@ -135,6 +148,9 @@ def svrg() -> optax.GradientTransformationExtraArgs:
 
     Zhao, Li, `Fast Asynchronous Parallel Stochastic Gradient Descent: A Lock-Free
     Approach with Convergence Guarantee <https://doi.org/10.1609/aaai.v30i1.10305>`_, AAAI 2016.
+
+    Zhang, Zheng, Kwok, `Asynchronous Distributed Semi-Stochastic Gradient
+    Optimization <https://arxiv.org/abs/1508.01633>`_, AAAI 2016.
   """
 
   def init_fn(params):

@@ -32,6 +32,9 @@ SOURCES = {
     # Standard methods cited beside a construction: the cited method itself is the published one.
     "https://arxiv.org/abs/1212.0901": PAPER,  # Nesterov momentum as Bengio et al. rewrite it
     "https://arxiv.org/abs/1407.0202": PAPER,  # SAGA
+    # SVRG and AsySVRG, cited by dj.svrg beside a paper it could read only the abstract of (Zhang, Zheng, Kwok).
+    "https://proceedings.neurips.cc/paper_files/paper/2013/hash/ac1dd209cbcc5e5d1c6e28598e8cbbe8-Abstract.html": PAPER,
+    "https://doi.org/10.1609/aaai.v30i1.10305": PAPER,
     "https://openreview.net/forum?id=ryQu7f-RZ": PAPER,  # AMSGrad
 }
 

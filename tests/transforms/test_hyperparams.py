@@ -85,6 +85,10 @@ CASES = {
              ("prox",), None, None),
     "asysbcdvr": (dj.asysbcdvr, dict(learning_rate=0.1, prox=dj.prox_l1(0.1)), dict(learning_rate=0.3), ("prox",),
                   None, svrg_extras),
+    "prox_svrg": (dj.prox_svrg, dict(prox=dj.prox_l1(0.1), learning_rate=0.1), dict(learning_rate=0.3), ("prox",),
+                  None, svrg_extras),
+    "prox_svrcd": (dj.prox_svrcd, dict(prox=dj.prox_l1(0.1), learning_rate=0.1), dict(learning_rate=0.3), ("prox",),
+                   None, svrg_extras),
     "dap_svrg": (dj.dap_svrg, dict(prox=dj.prox_l1(0.1), learning_rate=0.1, server_rate=0.5),
                  dict(learning_rate=0.3, server_rate=0.25), ("prox",), None, svrg_extras),
 }

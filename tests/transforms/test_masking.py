@@ -55,6 +55,7 @@ DELAYED = {
     "svrg": dj.svrg,
     "saga": lambda: dj.saga(4),
     "hsag": lambda: dj.hsag(4, [1, 3]),
+    "prox_svrg": lambda: dj.prox_svrg(dj.prox_l1(0.1), 0.2),
     "dap_svrg": lambda: dj.dap_svrg(dj.prox_l1(0.1), 0.2, server_rate=0.5),
     "delay_adaptive_sgd": lambda: dj.delay_adaptive_sgd(1.0, 1.5),
 }
