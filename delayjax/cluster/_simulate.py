@@ -929,6 +929,8 @@ def _recorded_per_update(paradigm: P.Paradigm, num_workers: int) -> tuple[int, i
     return paradigm.k, paradigm.k  # a pusher waits for the update: k distinct workers
   if isinstance(paradigm, (P.KBatchAsync, P.KBatchSync)):
     return 1, paradigm.k  # one fast worker may push all k minibatches
+  if isinstance(paradigm, P.GBA):
+    return 1, paradigm.global_batch
   if isinstance(paradigm, P.SoftSync):
     return 1, max(m // paradigm.n, 1)
   if isinstance(paradigm, P.BackupWorkers):
@@ -1030,6 +1032,8 @@ def simulate(paradigm: P.Paradigm, workers: Workers, num_updates: int, seed: int
     rec = _run_aggregate(workers, times, num_updates, paradigm.k, wait_for_update=True)
   elif isinstance(paradigm, P.KBatchAsync):
     rec = _run_aggregate(workers, times, num_updates, paradigm.k, wait_for_update=False)
+  elif isinstance(paradigm, P.GBA):
+    rec = _run_aggregate(workers, times, num_updates, paradigm.global_batch, wait_for_update=False)
   elif isinstance(paradigm, P.SoftSync):
     rec = _run_aggregate(workers, times, num_updates, num // paradigm.n, wait_for_update=False)
   elif isinstance(paradigm, P.BackupWorkers):
