@@ -44,6 +44,12 @@ NAMES = (
     "zeno",
     "hsag",
     "async_prox",
+    "saddle_escape",
+    "sketch_project",
+    "gossip_grad",
+    "apam",
+    "gba",
+    "async_svrg_variants",
 )
 
 

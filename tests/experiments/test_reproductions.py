@@ -44,7 +44,8 @@ SLOW_GROUPS = (
     ("sme", "pipeline_stashing", "pipeline_pipemare", "consistency"),
     ("gem", "local_optimizers", "pipeline_2bw", "compression"),
     ("streaming_diloco", "weight_prediction", "async_rl"),
-    ("psp", "zeno", "hsag", "async_prox"),
+    ("psp", "zeno", "hsag", "async_prox", "sketch_project"),
+    ("gba", "apam", "gossip_grad", "async_svrg_variants", "saddle_escape"),
 )
 
 
