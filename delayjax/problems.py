@@ -866,8 +866,10 @@ class StrictSaddle:
 
   @property
   def smoothness(self) -> float:
-    """The largest eigenvalue of the Hessian at the saddle and at the minima, :math:`\\max(-2h_0, h_{\\max} -
-    h_0)`: the curvature that bounds a stable step there."""
+    """The largest eigenvalue of the Hessian at the saddle and at the minima, which bounds a stable step there.
+
+    It is :math:`\\max(|h|_{\\max}, -2h_0, h_{\\max} - h_0)`.
+    """
     return float(max(np.max(np.abs(self.eigenvalues)), np.max(self.min_hessian_eigenvalues)))
 
   def value(self, x: Any) -> Any:

@@ -122,7 +122,7 @@ def hsag(num_samples: int, saga_set: Any) -> optax.GradientTransformationExtraAr
   optimizer. ``dj.simulate`` computes every input with any delay source
   (``dj.workers.Gradient(snapshot_every=m)`` sets the epoch length): the
   per-example gradients in each contribution's lane and the weighted full
-  gradient (:meth:`HsagState.full_grad_weights`) at each epoch start.
+  gradient (``HsagState.full_grad_weights()``) at each epoch start.
   Repeated indices in a minibatch and ``sample_mask`` behave as in
   :func:`saga`; a traced index outside ``[0, num_samples)`` makes the update
   NaN and leaves the table unchanged.
