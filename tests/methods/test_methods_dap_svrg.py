@@ -12,6 +12,7 @@ import optax
 import pytest
 
 import delayjax as dj
+from tests.runtime.simulate_reference import round_robin_stale_reads
 from delayjax.transforms._dap import _step_at_read
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -36,25 +37,12 @@ def test_the_server_side_step_is_dap_sgds_worker():
   assert on_workers.history.staleness.max() == 3
 
 
-def _round_robin(updates, tau, seed):
-  """Update t by worker t mod (tau + 1), read at version t - d_t with d_t <= min(tau, t)."""
-  workers = tau + 1
-  t = np.arange(updates)
-  delays = np.minimum(np.random.default_rng(seed).integers(0, tau + 1, updates), t)
-  contributes = np.zeros((updates, workers), bool)
-  read_version = np.full((updates, workers), -1, np.int64)
-  contributes[t, t % workers] = True
-  read_version[t, t % workers] = t - delays
-  return dj.cluster.Schedule(time=t.astype(np.float64), contributes=contributes, read_version=read_version,
-                             wait=np.zeros(workers), paradigm="round-robin stale reads"), delays
-
-
 def test_the_rule_under_stale_reads_is_the_numpy_reference():
   problem = lasso_problem(n=16, d=4)
   n, tau, seed, gamma = problem.num_samples, 3, 7, 0.1
   x, y, lam = np.asarray(problem.features), np.asarray(problem.targets), problem.lam
   updates = 3 * n
-  schedule, delays = _round_robin(updates, tau, seed=3)
+  schedule, delays = round_robin_stale_reads(updates, tau, seed=3)
   t = jnp.arange(updates)
   picks = np.asarray(jax.vmap(lambda u, m, k: dj.runtime.minibatch_indices(
       seed, u, m, k, num_examples=n, batch_size=1)[0])(t, t % (tau + 1), t // (tau + 1)))

@@ -33,6 +33,20 @@ def assert_trees_close(a, b, **tol):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), **tol)
 
 
+def round_robin_stale_reads(updates: int, tau: int, seed: int) -> tuple[dj.cluster.Schedule, np.ndarray]:
+  """A stale-read schedule and its delays: update ``t`` by worker ``t mod (tau + 1)``, read at version ``t - d_t``,
+  ``d_t`` uniform on ``{0..tau}`` (NumPy, ``seed``) and at most ``t``."""
+  workers = tau + 1
+  t = np.arange(updates)
+  delays = np.minimum(np.random.default_rng(seed).integers(0, tau + 1, updates), t)
+  contributes = np.zeros((updates, workers), bool)
+  read_version = np.full((updates, workers), -1, np.int64)
+  contributes[t, t % workers] = True
+  read_version[t, t % workers] = t - delays
+  return dj.cluster.Schedule(time=t.astype(np.float64), contributes=contributes, read_version=read_version,
+                             wait=np.zeros(workers), paradigm="round-robin stale reads"), delays
+
+
 def regression_problem(num_examples: int = 48, dim: int = 3, seed: int = 0):
   """A tiny linear regression: data, a loss, initial parameters (two leaves)."""
   rng = np.random.default_rng(seed)

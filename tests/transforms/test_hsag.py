@@ -11,6 +11,7 @@ import optax
 import pytest
 
 import delayjax as dj
+from tests.runtime.simulate_reference import round_robin_stale_reads
 
 sys.path.insert(0, os.path.dirname(__file__))
 from remedy_checks import assert_chain_and_unknown_extra_args, assert_jit_traces_once, params_tree  # noqa: E402
@@ -103,19 +104,6 @@ def test_one_snapshot_per_chain():
 # ---------------------------------------------------------------- mixed S: the paper's rule in NumPy
 
 
-def _round_robin(updates, workers, tau, seed):
-  """A stale-read schedule: update t by worker t mod W (W = tau + 1), read at version t - d_t, d_t <= min(tau, t)."""
-  rng = np.random.default_rng(seed)
-  t = np.arange(updates)
-  delays = np.minimum(rng.integers(0, tau + 1, updates), t)
-  contributes = np.zeros((updates, workers), bool)
-  read_version = np.full((updates, workers), -1, np.int64)
-  contributes[t, t % workers] = True
-  read_version[t, t % workers] = t - delays
-  return dj.cluster.Schedule(time=t.astype(np.float64), contributes=contributes, read_version=read_version,
-                             wait=np.zeros(workers), paradigm="round-robin stale reads"), delays
-
-
 def reference(problem, saga_set, epoch, eta, delays, picks):
   """HSAG sequentially in float64 NumPy: anchors alpha_i, SAGA's (the read, after the update) on S, the epoch's
   snapshot (the iterate at its start) elsewhere; v = mean_j [grad f_ij(read) - grad f_ij(alpha_ij)]
@@ -150,7 +138,7 @@ def test_mixed_set_under_stale_reads_is_the_numpy_reference():
   n, tau, batch, epoch, eta, seed = problem.num_samples, 3, 2, 7, 0.05, 9
   updates, workers = 4 * n, tau + 1
   saga_set = [0, 3, 4, 8]
-  schedule, delays = _round_robin(updates, workers, tau, seed=1)
+  schedule, delays = round_robin_stale_reads(updates, tau, seed=1)
   t = jnp.arange(updates)
   picks = np.asarray(jax.vmap(lambda u, m, k: dj.runtime.minibatch_indices(
       seed, u, m, k, num_examples=n, batch_size=batch))(t, t % workers, t // workers))
