@@ -62,7 +62,7 @@ def simulate_record(task: Task, tx: optax.GradientTransformation, source: Any, *
                     batch_size: int, eval_every: int, progress: Progress, num_updates: int | None = None,
                     scheme: str = "iid", shards: Any = None, worker: dj.workers.Worker | None = None,
                     final_state: Callable[[Any], None] | None = None, chunk_size: int | None = None,
-                    lanes: int | None = None) -> dict[str, Any]:
+                    lanes: int | None = None, like: Any = None) -> dict[str, Any]:
   """Trains ``task`` with ``tx`` under ``source`` (a Schedule or delay model) and returns the run record.
 
   Record: ``metrics`` (the final value of each of ``eval_fn``'s metrics, ``updates``,
@@ -81,7 +81,8 @@ def simulate_record(task: Task, tx: optax.GradientTransformation, source: Any, *
   lengths one program. ``lanes`` is ``dj.simulate``'s too (gradients per
   step; the results depend on it only through rounding, see ``dj.Execution``):
   a fixed value gives seeds whose schedules would each choose their own one
-  program.
+  program. ``like``: ``dj.Execution``'s, the other schedules of a sweep, so
+  that one program serves them all (with a fixed ``lanes``).
   """
   def callback(info: dict[str, Any]) -> None:
     progress(info["updates_done"], info["num_updates"])
@@ -95,7 +96,7 @@ def simulate_record(task: Task, tx: optax.GradientTransformation, source: Any, *
                                         nonfinite="report"),
                        checkpoint=None if checkpoint_dir is None else dj.Checkpoint(
                            checkpoint_dir, min_interval=getattr(progress, "checkpoint_every", 0.0)),
-                       execution=dj.Execution(chunk_size=chunk_size, lanes=lanes))
+                       execution=dj.Execution(chunk_size=chunk_size, lanes=lanes, like=like))
   if final_state is not None:
     final_state(result.opt_state)
   h = result.history

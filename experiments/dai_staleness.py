@@ -5,11 +5,11 @@ The paper simulates staleness by computing each gradient at parameters up to
 accuracy, divided by the count without staleness, for models of growing depth
 and for SGD, momentum, Adam and RMSProp. Here update ``t`` reads the
 parameters of version ``t - d_t``, ``d_t`` uniform on ``{0..s}`` (the model
-of ``dj.simulate`` with ``dj.delays.uniform(s)``), in one compiled loop per
-optimizer and depth whose seed and ``s`` are arguments (:func:`train_fn`:
-compilation, not computation, is the cost of these short runs, and this way
-every seed is affordable); the models are MLPs with 1 and 3 hidden layers on
-digits (quick) or MNIST (paper).
+of ``dj.simulate`` with ``dj.delays.uniform(s)``), run by ``dj.simulate`` on
+that model's schedule (:func:`stale_reads`), one compiled program per
+optimizer and depth for every ``s`` and seed (:func:`sweep`: compilation,
+not computation, is the cost of these short runs); the models are MLPs with 1 and 3 hidden
+layers on digits (quick) or MNIST (paper).
 
 Claims are decided per seed on the logarithm of the slowdown (batches at
 ``s`` over batches at ``s = 0``); a run that never reached the target counts
@@ -20,26 +20,27 @@ as reaching it at the end of the run, a lower bound, and the plot marks it.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
+import delayjax as dj
 from . import _plots
-from ._framework import (Claim, ClaimResult, Reproduction, Summary, across_seeds, compare, mean_rows,
-                                    seed_values)
-from ._training import first_reach, task_for
+from ._framework import (COUNT, Claim, ClaimResult, Reproduction, Summary, across_seeds, compare, mean_rows,
+                         seed_values)
+from ._training import first_reach, simulate_record, task_for
 
-# Config: one learning rate per optimizer, the usual defaults for each.
+# Config: one learning rate per optimizer, the usual defaults for each. lanes: gradients per step of
+# dj.simulate, fixed so that every s shares one program (the results depend on it only through rounding).
 SCALES = {
     "quick": dict(data="digits", model="mlp", width=64, depths=[1, 3], staleness=[0, 4, 8, 16], steps=800,
-                  batch=32, target_accuracy=0.92, seeds=5, eval_every=20,
+                  batch=32, target_accuracy=0.92, seeds=5, eval_every=20, lanes=4,
                   optimizers={"sgd": 0.1, "momentum": 0.01, "adam": 0.001, "rmsprop": 0.001}),
     "paper": dict(data="mnist", model="mlp", width=256, depths=[1, 2, 3], staleness=[0, 4, 8, 16],
-                  steps=20_000, batch=32, target_accuracy=0.97, seeds=3, eval_every=100,
+                  steps=20_000, batch=32, target_accuracy=0.97, seeds=3, eval_every=100, lanes=4,
                   optimizers={"sgd": 0.1, "momentum": 0.01, "adam": 0.001, "rmsprop": 0.001}),
 }
 
@@ -54,109 +55,48 @@ def optimizer(name: str, lr: float) -> optax.GradientTransformation:
           "adam": lambda: optax.adam(lr), "rmsprop": lambda: optax.rmsprop(lr)}[name]()
 
 
-_TRAIN_FNS: dict[tuple[Any, ...], Any] = {}
-_DRAW_FNS: dict[tuple[Any, ...], Any] = {}
+def stale_reads(config: dict[str, Any], seed: int) -> dict[int, dj.cluster.Schedule]:
+  """The stale-read schedule of every ``s`` for ``seed``: ``dj.delays.uniform(s)``'s (update ``t`` reads version
+  ``max(0, t - d_t)``, ``d_t`` uniform on ``{0, ..., s}``), all over ``max(staleness) + 1`` round-robin workers,
+  so that they have one shape."""
+  return dict(zip(config["staleness"], _stale_reads(tuple(config["staleness"]), config["steps"], seed)))
 
 
-def draws_fn(steps: int, batch: int, num_examples: int):
-  """The compiled draws ``(seed, s) -> (d, rows)`` of a run: per update ``t``, the delay bound's draw ``d_t``
-  uniform on ``{0, ..., s}`` (before the cap at ``t``) and the ``batch`` example indices, from the key
-  ``split(fold_in(key(seed), 1), steps)[t]``.
+@functools.lru_cache(maxsize=64)
+def _stale_reads(staleness: tuple[int, ...], steps: int, seed: int) -> tuple[dj.cluster.Schedule, ...]:
+  workers = max(staleness) + 1
+  return tuple(dj.runtime.schedule_from_delays(dj.delays.uniform(s), steps, seed, num_workers=workers)
+               for s in staleness)
 
-  Apart from the training loop, and shared by every optimizer and depth: drawn inside the loop's step, the
-  random bits made most of each loop's compilation (8.7 s of CPU for Adam at depth 3, 3.7 s without them),
-  and they do not depend on the model. The draws are the same, bit for bit, either way.
+
+def sweep(config: dict[str, Any], seed: int) -> list[dj.cluster.Schedule]:
+  """Every schedule of the reproduction's sweep (each ``s`` of each configured seed, and of ``seed``), the
+  ``dj.Execution(like=...)`` of each run.
+
+  Its program is then sized for all of them: every ``s`` and seed of an (optimizer, depth) pair runs one
+  compiled program (8 at quick scale for 160 runs), where each ``s`` would compile its own, and seeds
+  often again (the updates applied per step, 8 or 16, depend on the draws). Planning the 20 schedules
+  costs about 3 ms each.
   """
-  key = (steps, batch, num_examples)
-  if key not in _DRAW_FNS:
-    def draws(seed, s):
-      keys = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(seed), 1), steps)
-
-      def draw(k):
-        k_delay, k_batch = jax.random.split(k)
-        return jax.random.randint(k_delay, (), 0, s + 1), jax.random.randint(k_batch, (batch,), 0, num_examples)
-
-      return jax.vmap(draw)(keys)
-
-    _DRAW_FNS[key] = jax.jit(draws)
-  return _DRAW_FNS[key]
-
-
-def train_fn(config: dict[str, Any], opt: str, depth: int):
-  """The run ``(seed, s) -> (test_error, train_loss, delays)`` of one optimizer and depth.
-
-  The stale-read model of ``dj.simulate`` with ``dj.delays.uniform(s)``: update
-  ``t`` computes its minibatch gradient at the parameters of version
-  ``t - d_t``, ``d_t`` uniform on ``{0, ..., s}`` and capped at ``t``, and
-  applies it to version ``t``. Written as one ``lax.scan`` over a ring of the
-  last ``max(staleness) + 1`` versions, whose initial parameters and draws
-  (:func:`draws_fn`) are arguments, so that every seed and every ``s`` of an
-  (optimizer, depth) pair share one compilation: the quick scale's 160 runs
-  compile 8 training loops, 2 initializations and 1 draw, where a
-  ``dj.simulate`` call per run compiles 160 times (compilation dominates these
-  short runs). Test error and training loss are evaluated every
-  ``eval_every`` updates.
-  """
-  key = (opt, config["optimizers"][opt], depth, config["width"], max(config["staleness"]), config["steps"],
-         config["batch"], config["eval_every"], config["data"], config.get("data_dir"))
-  if key not in _TRAIN_FNS:
-    task = task_for(dict(config, hidden=[config["width"]] * depth))
-    tx = optimizer(opt, config["optimizers"][opt])
-    ring, batch, every = max(config["staleness"]) + 1, config["batch"], config["eval_every"]
-    num_examples = task.data["y"].shape[0]
-    data = jax.tree.map(jnp.asarray, task.data)
-    init, draws = jax.jit(task.init), draws_fn(config["steps"], batch, num_examples)
-
-    def loop(params, bounds, rows):
-      buf = jax.tree.map(lambda p: jnp.zeros((ring,) + p.shape, p.dtype).at[0].set(p), params)
-
-      def step(carry, inputs):
-        params, opt_state, buf = carry
-        t, bound, rows = inputs
-        delay = jnp.minimum(bound, t)
-        read = jax.tree.map(lambda b: b[(t - delay) % ring], buf)
-        grads = jax.grad(task.loss_fn)(read, jax.tree.map(lambda x: x[rows], data))
-        updates, opt_state = tx.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        buf = jax.tree.map(lambda b, p: b.at[(t + 1) % ring].set(p), buf, params)
-        return (params, opt_state, buf), delay
-
-      def chunk(carry, inputs):
-        carry, delays = jax.lax.scan(step, carry, inputs)
-        return carry, (task.eval_fn(carry[0]), delays)
-
-      inputs = (jnp.arange(config["steps"], dtype=jnp.int32), bounds, rows)
-      _, (metrics, delays) = jax.lax.scan(chunk, (params, tx.init(params), buf),
-                                          jax.tree.map(lambda x: x.reshape((-1, every) + x.shape[1:]), inputs))
-      first = task.eval_fn(params)
-      return ({k: jnp.concatenate([first[k][None], v]) for k, v in metrics.items()}, delays.reshape(-1))
-
-    loop = jax.jit(loop)
-    _TRAIN_FNS[key] = lambda seed, s: loop(init(seed), *draws(seed, s))
-  return _TRAIN_FNS[key]
+  seeds = sorted(set(range(config["seeds"])) | {seed})
+  return [schedule for s in seeds for schedule in stale_reads(config, s).values()]
 
 
 def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
   if config["steps"] % config["eval_every"]:
     raise ValueError(f"steps ({config['steps']}) must be a multiple of eval_every ({config['eval_every']}).")
-  metrics, delays = train_fn(config, spec["optimizer"], spec["depth"])(jnp.int32(seed), jnp.int32(spec["s"]))
-  progress(config["steps"], config["steps"])
-  metrics = {k: np.asarray(v, np.float64) for k, v in metrics.items()}
-  delays = np.asarray(delays)
-  updates = np.arange(metrics["test_error"].shape[0]) * config["eval_every"]
-  batches = first_reach(updates, metrics["test_error"], 1.0 - config["target_accuracy"])
-  return {
-      "metrics": {
-          "test_error": float(metrics["test_error"][-1]), "train_loss": float(metrics["train_loss"][-1]),
-          "updates": config["steps"], "mean_staleness": float(delays.mean()), "max_staleness": int(delays.max()),
-          "batches_to_target": batches if math.isfinite(batches) else None,
-          # Never reached: at least the whole run (a lower bound, which the claims use).
-          "batches_bound": batches if math.isfinite(batches) else float(config["steps"]),
-      },
-      "curves": {"update": updates, **metrics},
-      "staleness_hist": np.bincount(delays),
-      "diverged": not bool(np.isfinite(metrics["train_loss"][-1])),
-  }
+  task = task_for(dict(config, hidden=[config["width"]] * spec["depth"]))
+  record = simulate_record(task, optimizer(spec["optimizer"], config["optimizers"][spec["optimizer"]]),
+                           stale_reads(config, seed)[spec["s"]], seed=seed, batch_size=config["batch"],
+                           eval_every=config["eval_every"], progress=progress, lanes=config["lanes"],
+                           like=sweep(config, seed))
+  curves = record["curves"]
+  batches = first_reach(curves["update"], curves["test_error"], 1.0 - config["target_accuracy"])
+  record["metrics"].update(
+      batches_to_target=batches if math.isfinite(batches) else None,
+      # Never reached: at least the whole run (a lower bound, which the claims use).
+      batches_bound=batches if math.isfinite(batches) else float(config["steps"]))
+  return record
 
 
 def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -276,7 +216,7 @@ REPRODUCTION = Reproduction(
           "Learning, ICLR 2019",
     description="Batches to reach a target accuracy under stale reads (uniform delays in 0..s), normalized to "
                 "s = 0, by depth and optimizer.",
-    scales=SCALES, specs=specs, run=run, summarize=summarize, claims=CLAIMS, plots=plots,
+    scales=SCALES, specs=specs, run=run, summarize=summarize, claims=CLAIMS, plots=plots, limits={"lanes": COUNT},
     columns=("key", "batches_to_target", "nonfinite_batches", "normalized", "error_pct", "mean_staleness"),
     smoke=dict(steps=40, staleness=[0, 4], depths=[1], eval_every=10, optimizers={"sgd": 0.1, "adam": 0.001},
                seeds=2),

@@ -22,6 +22,7 @@ from delayjax.runtime._sampling import minibatch_indices as minibatch_indices
 from delayjax.runtime._sampling import server_minibatch_indices as server_minibatch_indices
 from delayjax.runtime._simulate import History as History
 from delayjax.runtime._simulate import SimulationResult as SimulationResult
+from delayjax.runtime._simulate import schedule_from_delays as schedule_from_delays
 from delayjax.runtime._simulate import simulate as simulate
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "Record",
     "Runs",
     "Sampling",
+    "schedule_from_delays",
     "server_minibatch_indices",
     "simulate",
     "simulate_gossip",

@@ -75,7 +75,7 @@ def growing_batches(source: Schedule | delays_lib.DelayModel, num_updates: int |
   Args:
     source: a ``dj.cluster.Schedule`` or a delay model (not ``per_leaf``),
       turned into its stale-read schedule with
-      :func:`~delayjax.runtime._simulate.schedule_from_delays` and ``seed``.
+      :func:`~delayjax.runtime.schedule_from_delays` and ``seed``.
     num_updates: the updates to keep (default: all of a schedule; required
       for a delay model).
     initial: :math:`b_0`, see :func:`batch_growth`.

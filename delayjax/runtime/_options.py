@@ -256,16 +256,25 @@ class Execution:
       machine has available (``MemAvailable``). The run's state is sized from
       shapes (``jax.eval_shape``) before anything is allocated; a run that
       needs more is a ``ValueError`` naming its largest term.
-    like: ``dj.simulate_gossip`` only: other gossip schedules of the same
-      replicas, so that one compiled program serves all of them (a sweep over
-      topologies, paradigms or failures). The step's shape then fits this
-      run's schedule and every one of ``like`` (the mixing form, the mixes,
-      the messages kept, the minibatches per gradient; every slot kind, a
-      lane for every replica), and runs of any of them with the same
-      functions, shapes, ``chunk_size`` and ``phases`` (give it: it is
-      otherwise chosen per schedule) reuse one program. The mixing form may
-      then add a mix's terms in another order: the result agrees with the run
-      without ``like`` to float rounding, not bit for bit.
+    like: other schedules of the same workers, so that one compiled program
+      serves all of them (a sweep over paradigms, staleness bounds,
+      topologies or failures).
+      ``dj.simulate_gossip``: gossip schedules of the same replicas. The
+      step's shape then fits this run's schedule and every one of ``like``
+      (the mixing form, the mixes, the messages kept, the minibatches per
+      gradient; every slot kind, a lane for every replica), and runs of any
+      of them with the same functions, shapes, ``chunk_size`` and ``phases``
+      (give it: it is otherwise chosen per schedule) reuse one program. The
+      mixing form may then add a mix's terms in another order: the result
+      agrees with the run without ``like`` to float rounding, not bit for bit.
+      ``dj.simulate``: ``dj.cluster.Schedule`` s of as many workers, with as
+      many contributions per update and minibatches per contribution at
+      most as ``source``. The step's sizes (updates and reads per step, the
+      gradient buffer, the read slots) are the largest any of them needs and
+      the default ``chunk_size`` is chosen for the longest, so runs of any of
+      them with the same functions, shapes and ``lanes`` (give it: it is
+      otherwise chosen per schedule) reuse one program. The sizes only pad:
+      the result equals the run without ``like`` bit for bit.
   """
 
   mesh: jax.sharding.Mesh | None = None
@@ -281,7 +290,8 @@ class Execution:
     if self.like is not None:
       # The schedules' own type is the runtime's to check; a list becomes a tuple so the option stays hashable.
       if not isinstance(self.like, (list, tuple)):
-        raise TypeError(f"Execution.like must be a list or tuple of dj.cluster.GossipSchedule, got "
+        raise TypeError(f"Execution.like must be a list or tuple of schedules (dj.cluster.Schedule for "
+                        f"dj.simulate, dj.cluster.GossipSchedule for dj.simulate_gossip), got "
                         f"{type(self.like).__name__}.")
       object.__setattr__(self, "like", tuple(self.like))
     for name in ("chunk_size", "lanes", "phases", "max_memory"):

@@ -16,7 +16,7 @@ import optax
 from jax.sharding import PartitionSpec as P
 
 from delayjax import delays as delays_lib
-from delayjax._checks import check_int
+from delayjax._checks import check_int, check_seed
 from delayjax.cluster._schedule import Schedule
 from delayjax.runtime import _checkpoint
 from delayjax.runtime import _engine as engine
@@ -184,32 +184,52 @@ def _delay_draws(model: delays_lib.DelayModel) -> Callable[[jax.Array, jax.Array
   return jax.jit(jax.vmap(lambda key, t: model.sample(jax.random.fold_in(key, t), t), in_axes=(None, 0)))
 
 
-def schedule_from_delays(model: delays_lib.DelayModel, num_updates: int, seed: int) -> Schedule:
-  """The stale-read model as a schedule of ``max_delay + 1`` round-robin workers.
+def schedule_from_delays(model: delays_lib.DelayModel, num_updates: int, seed: int,
+                         num_workers: int | None = None) -> Schedule:
+  """The stale-read model as a schedule of round-robin workers: what ``dj.simulate`` runs for a delay model.
 
-  Update ``t`` has one contribution, from worker ``t mod (max_delay + 1)``,
-  computed at version ``max(0, t - d_t)`` with ``d_t = model.sample(fold_in(k,
-  t), t)`` (``k`` derived from ``seed``); its time is ``t``. With
-  ``constant(tau)`` this is the round-robin cluster of ``tau + 1`` workers.
-  With a ``per_leaf`` model, ``d_t`` is the largest of its models' draws (the
+  Update ``t`` has one contribution, from worker ``t mod M``, computed at
+  version ``max(0, t - d_t)`` with ``d_t = model.sample(fold_in(k, t), t)``
+  (``k`` derived from ``seed``); its time is ``t``. ``M = max_delay + 1`` by
+  default, the fewest workers for which every worker has at most one
+  gradient in flight; with ``constant(tau)`` this is the round-robin cluster
+  of ``tau + 1`` workers. A larger ``num_workers`` gives the same reads and
+  updates from more workers, so that schedules of several delay bounds have
+  one shape and share one compiled program (``dj.Execution(like=...)``). With
+  a ``per_leaf`` model, ``d_t`` is the largest of its models' draws (the
   earliest read: ``read_version`` carries the update's largest staleness);
   ``dj.simulate`` reads each model's leaves at their own version. Likewise a
   ``torn`` model's largest block delay; ``dj.simulate`` reads each block at its
   own version.
+
+  Args:
+    model: a delay model from ``dj.delays``.
+    num_updates: updates of the schedule, >= 1.
+    seed: an int in ``[0, 2**32)``, the seed ``dj.simulate`` would draw the delays with.
+    num_workers: ``None`` (``max_delay + 1``) or an int >= ``max_delay + 1``.
   """
-  return _stale_read_schedule(model, num_updates, seed)[0]
+  num_updates = check_int("num_updates", num_updates, minimum=1)
+  return _stale_read_schedule(model, num_updates, check_seed("seed", seed), num_workers)[0]
 
 
-def _stale_read_schedule(model: delays_lib.DelayModel, num_updates: int, seed: int) -> tuple[Schedule, np.ndarray]:
+def _stale_read_schedule(model: delays_lib.DelayModel, num_updates: int, seed: int,
+                         num_workers: int | None = None) -> tuple[Schedule, np.ndarray]:
   """:func:`schedule_from_delays`, and the version each model of ``model`` reads at, ``[num_updates, G]``.
 
   The schedule has one contribution per update, so contributions and
   updates share their order.
   """
   delays_lib.check_model("source", model)
+  if num_workers is None:
+    num_workers = model.max_delay + 1
+  else:
+    num_workers = check_int("num_workers", num_workers)
+    if num_workers < model.max_delay + 1:
+      # Round robin over fewer workers would have a worker read again before its last gradient is applied.
+      raise ValueError(f"num_workers must be None or at least max_delay + 1 = {model.max_delay + 1} for "
+                       f"{model!r}, got {num_workers}.")
   t = np.arange(num_updates)
   versions = np.maximum(0, t[:, None] - _stale_read_delays(model, num_updates, seed))
-  num_workers = model.max_delay + 1
   contributes = np.zeros((num_updates, num_workers), bool)
   read_version = np.full((num_updates, num_workers), -1, np.int64)
   contributes[t, t % num_workers] = True
@@ -482,6 +502,7 @@ class ProgramSizes(NamedTuple):
   max_reads: int  # parameter reads per step
   reads_per_update: int  # reads after one update: unrolled up to 2, a loop beyond (3 stands for any)
   buffer_size: int  # rows of the gradient buffer
+  num_slots: int  # read parameters each worker keeps
 
 
 def _next_power_of_two(n: int) -> int:
@@ -499,12 +520,39 @@ def _program_sizes(plan: StepPlan, rounded: bool = True) -> ProgramSizes:
   reads = int((plan.read_end - plan.read_begin).max()) if plan.read_end.size else 0
   if not rounded:
     return ProgramSizes(max_len=plan.upd_index.shape[1], max_reads=plan.read_width,
-                        reads_per_update=min(reads, 3), buffer_size=plan.buffer_size)
+                        reads_per_update=min(reads, 3), buffer_size=plan.buffer_size, num_slots=plan.num_slots)
   width = plan.lanes * plan.num_devices
   return ProgramSizes(max_len=_next_power_of_two(plan.upd_index.shape[1]),
                       max_reads=_next_power_of_two(plan.read_width),
                       reads_per_update=min(reads, 3),
-                      buffer_size=_next_power_of_two(plan.buffer_size // width + 1) * width)
+                      buffer_size=_next_power_of_two(plan.buffer_size // width + 1) * width,
+                      num_slots=plan.num_slots)
+
+
+def _check_like(like: Any, schedule: Schedule) -> tuple[Schedule, ...]:
+  """``Execution.like`` for ``dj.simulate``, checked: schedules of ``schedule``'s workers."""
+  for i, other in enumerate(like):
+    if not isinstance(other, Schedule):
+      raise TypeError(f"Execution.like[{i}] must be a dj.cluster.Schedule, got {type(other).__name__}.")
+    if other.num_workers != schedule.num_workers:
+      raise ValueError(f"Execution.like[{i}] has {other.num_workers} workers, but source has "
+                       f"{schedule.num_workers}: one program serves schedules of the same workers.")
+  return tuple(like)
+
+
+def _shared_sizes(plan: StepPlan, others: Sequence[StepPlan]) -> ProgramSizes:
+  """The sizes of one program for ``plan`` and every plan of ``others`` (planned with ``plan``'s lanes): the
+  largest of each. The most contributions per update and minibatches per contribution are not padded (they
+  shape what a transformation is given, and the minibatch draws), so they must be equal."""
+  sizes = [_program_sizes(p) for p in (plan, *others)]
+  for i, other in enumerate(others):
+    for what, own, theirs in (("contributions per update", plan.upd_worker.shape[2], other.upd_worker.shape[2]),
+                              ("minibatches per contribution", _max_batches(plan), _max_batches(other))):
+      if theirs != own:
+        raise ValueError(
+            f"Execution.like[{i}] has up to {theirs} {what}, but source up to {own}: schedules that share one "
+            f"program have the same most {what}.")
+  return ProgramSizes(*(max(values) for values in zip(*sizes, strict=True)))
 
 
 # Table fields with a column per update of the step, and per read of the step.
@@ -724,7 +772,7 @@ def _batched_runs(runs: Runs | None, mesh: Any, checkpoint_dir: str | None,
   if isinstance(source, delays_lib.DelayModel) and len(set(seeds)) > 1:
     raise ValueError(
         "several seeds with a delay model as source would draw different delays for every run; pass a "
-        "Schedule (e.g. dj.runtime.schedule_from_delays(model, num_updates, seed)) to share one.")
+        "Schedule (dj.runtime.schedule_from_delays(model, num_updates, seed)) to share one.")
   return seeds, runs.hyperparams, runs.num_runs
 
 
@@ -761,7 +809,7 @@ def _prepare(loss_fn, tx, params, data, source, *, num_updates, seed, sampling, 
   runtime = "dj.simulate"
   check_not_traced(runtime, params=params, data=data)
   seed, runs_option, sampling, record, execution = runtime_options(
-      runtime, seed=seed, sampling=sampling, record=record, execution=execution, no_effect=("phases", "like"), server=True)
+      runtime, seed=seed, sampling=sampling, record=record, execution=execution, no_effect=("phases",), server=True)
   worker = check_worker(worker)
   if not callable(loss_fn):
     raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}.")
@@ -814,9 +862,24 @@ def _prepare(loss_fn, tx, params, data, source, *, num_updates, seed, sampling, 
                       not_before=None if epoch is None else np.arange(num_updates) // epoch * epoch,
                       group_versions=group_versions, sequential_workers=keep_local_state)
   sizes = _program_sizes(plan)
+  always_applies = bool(np.all(np.diff(schedule.offsets) > 0))
+  longest = plan.num_steps
+  like = _check_like(execution.like or (), schedule)
+  if like:
+    if group_versions is not None:
+      raise ValueError(
+          f"Execution.like is defined for a schedule or a delay model read whole; source {source!r} reads its "
+          f"leaves or blocks at versions of their own.")
+    others = [plan_steps(other, num_workers, num_devices, plan.lanes, local_steps=worker_steps,
+                         not_before=None if epoch is None else np.arange(other.num_updates) // epoch * epoch,
+                         sequential_workers=keep_local_state) for other in like]
+    sizes = _shared_sizes(plan, others)
+    # The general step (an update may have no contribution) serves every schedule; the other is shorter.
+    always_applies = always_applies and all(bool(np.all(np.diff(other.offsets) > 0)) for other in like)
+    longest = max(p.num_steps for p in (plan, *others))
   if chunk_size is None:
-    num_chunks = max(1, -(-plan.num_steps // 256))
-    chunk_size = _shared_length(-(-plan.num_steps // num_chunks))
+    num_chunks = max(1, -(-longest // 256))
+    chunk_size = _shared_length(-(-longest // num_chunks))
   num_chunks = -(-plan.num_steps // chunk_size)
 
   if sampling == "shard":
@@ -842,10 +905,10 @@ def _prepare(loss_fn, tx, params, data, source, *, num_updates, seed, sampling, 
 
   def initial(buffer_size: int, shapes: bool = False) -> Any:
     if shapes:
-      one = _initial_carry(params, opt_state, plan, buffer_size, payload, leaf_groups,
+      one = _initial_carry(params, opt_state, plan, buffer_size, sizes.num_slots, payload, leaf_groups,
                            worker.init_state(params) if keep_local_state else None, keep_stale, shapes=True)
       return one if runs is None else jax.tree.map(lambda x: jax.ShapeDtypeStruct((runs,) + x.shape, x.dtype), one)
-    carries = [_initial_carry(params, state, plan, buffer_size, payload, leaf_groups,
+    carries = [_initial_carry(params, state, plan, buffer_size, sizes.num_slots, payload, leaf_groups,
                               worker.init_state(params) if keep_local_state else None, keep_stale)
                for state in ([opt_state] if runs is None else _run_states(opt_state, hyper_values, runs))]
     # Several runs: every leaf of the carry gains a leading run axis.
@@ -866,7 +929,7 @@ def _prepare(loss_fn, tx, params, data, source, *, num_updates, seed, sampling, 
   step = _step_function(
       keep_stale=keep_stale, loss_fn=loss_fn, has_aux=has_aux, tx=tx, params=params, opt_state=opt_state,
       eval_fn=eval_fn, num_examples=num_examples, batch_size=batch_size, sampling=sampling, plan=plan,
-      skip_nonfinite=skip_nonfinite, always_applies=bool(np.all(np.diff(schedule.offsets) > 0)),
+      skip_nonfinite=skip_nonfinite, always_applies=always_applies,
       distributed=mesh is not None, inputs=inputs, sizes=sizes, worker=worker, max_batches=_max_batches(plan),
       full_batch_size=full_batch_size, leaf_groups=leaf_groups)
   carry = initial(sizes.buffer_size)
@@ -892,7 +955,7 @@ def _keys(run: _ServerRun) -> tuple[Any, Any]:
       batch_size=batch_size, eval_fn=eval_fn, sample_terms=sample_terms, local_optimizer=local_optimizer,
       inputs=inputs, terms=terms, plan=plan, sizes=sizes, options=dict(
           keep_stale=keep_stale, num_examples=num_examples, batch_size=batch_size, sampling=sampling,
-          skip_nonfinite=skip_nonfinite, always_applies=bool(np.all(np.diff(schedule.offsets) > 0)),
+          skip_nonfinite=skip_nonfinite, always_applies=run.always_applies,
           inputs=inputs, local_steps=None if worker_steps is None else tuple(worker_steps.tolist()),
           max_batches=_max_batches(plan), terms=str(terms), full_batch_size=full_batch_size,
           leaf_groups=leaf_groups, keep_local_state=keep_local_state), plugin_programs=run.plugin_programs)
@@ -906,6 +969,8 @@ def _keys(run: _ServerRun) -> tuple[Any, Any]:
       # Only when used, so the options of runs without them stay as they were.
       **({} if worker_steps is None else {"local_steps": tuple(worker_steps.tolist())}),
       **({"keep_local_state": True} if keep_local_state else {}),
+      # The carry's buffers are sized for every schedule of Execution.like: a checkpoint holds them at that size.
+      **({"program_sizes": tuple(run.sizes)} if run.like else {}),
       **({} if epoch is None else {"snapshot_every": epoch, "full_batch_size": full_batch_size}),
       **({} if group_versions is None else {
           "group_versions": hashlib.sha256(np.ascontiguousarray(group_versions).tobytes()).hexdigest(),
@@ -1063,7 +1128,7 @@ def _memory_terms(carry: tuple[Any, ...], data: Any, num_devices: int) -> dict[s
       _MEMORY_TERMS, CARRY_SPECS, carry, strict=True)}, data, num_devices)
 
 
-def _initial_carry(params: Any, opt_state: Any, plan: StepPlan, size: int, payload: Any,
+def _initial_carry(params: Any, opt_state: Any, plan: StepPlan, size: int, num_slots: int, payload: Any,
                    leaf_groups: LeafGroups | BlockGroups | None, worker_state: Any,
                    keep_stale: bool, shapes: bool = False) -> tuple[Any, ...]:
   """The server runtime's carry before the first step (host arrays; see ``CARRY_SPECS``).
@@ -1071,7 +1136,8 @@ def _initial_carry(params: Any, opt_state: Any, plan: StepPlan, size: int, paylo
   ``payload``: the shapes of one contribution's payload (``_payload_shapes``).
   ``worker_state``: one worker's own initial state (a sequential worker
   plug-in's ``init_state``), which every worker starts from, or ``None``. ``keep_stale``: whether to buffer the
-  gradients' stale parameters (an empty tuple otherwise). ``size``: rows of the gradient buffer.
+  gradients' stale parameters (an empty tuple otherwise). ``size``: rows of the gradient buffer; ``num_slots``:
+  read parameters kept per worker (the plan's, or more for a program shared with other schedules).
   ``shapes``: only the carry's shapes and dtypes (``jax.ShapeDtypeStruct`` leaves; nothing allocated).
   """
   def dtype(x):
@@ -1082,7 +1148,7 @@ def _initial_carry(params: Any, opt_state: Any, plan: StepPlan, size: int, paylo
       return jax.ShapeDtypeStruct(lead + np.shape(x), dtype(x))
     return np.zeros(lead + np.shape(x), dtype(x))
 
-  slots = jax.tree.map(lambda x: buffer(x, plan.num_workers, plan.num_slots), params)
+  slots = jax.tree.map(lambda x: buffer(x, plan.num_workers, num_slots), params)
   first = plan.tables(0, 1)
   stale_args = (opt_state, params, slots, first["lane_worker"][0], first["lane_worker"][0], first["lane_slot"][0],
                 first["lane_fresh"][0])
