@@ -35,6 +35,7 @@ from delayjax.transforms import dana as dana
 from delayjax.transforms import dana_slim as dana_slim
 from delayjax.transforms import dap_sgd as dap_sgd
 from delayjax.transforms import dap_svrg as dap_svrg
+from delayjax.transforms import decode_gradient_code as decode_gradient_code
 from delayjax.transforms import delay_adaptive_sgd as delay_adaptive_sgd
 from delayjax.transforms import delay_compensated as delay_compensated
 from delayjax.transforms import delay_compensation as delay_compensation
@@ -43,10 +44,12 @@ from delayjax.transforms import explicit_momentum as explicit_momentum
 from delayjax.transforms import fed_async as fed_async
 from delayjax.transforms import fed_buff as fed_buff
 from delayjax.transforms import gem as gem
+from delayjax.transforms import GradientCode as GradientCode
 from delayjax.transforms import hsag as hsag
 from delayjax.transforms import implicit_momentum as implicit_momentum
 from delayjax.transforms import mindthestep as mindthestep
 from delayjax.transforms import mindthestep_weight as mindthestep_weight
+from delayjax.transforms import momentum_compensation as momentum_compensation
 from delayjax.transforms import per_fragment as per_fragment
 from delayjax.transforms import quantize_float as quantize_float
 from delayjax.transforms import Compressor as Compressor
@@ -104,6 +107,7 @@ __all__ = [
     "dana_slim",
     "dap_sgd",
     "dap_svrg",
+    "decode_gradient_code",
     "delay_adaptive_sgd",
     "delay_compensated",
     "delay_compensation",
@@ -117,11 +121,13 @@ __all__ = [
     "fed_buff",
     "gem",
     "gossip",
+    "GradientCode",
     "growing_batches",
     "hsag",
     "implicit_momentum",
     "mindthestep",
     "mindthestep_weight",
+    "momentum_compensation",
     "per_contribution",
     "pipemare",
     "problems",

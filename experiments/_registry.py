@@ -50,6 +50,9 @@ NAMES = (
     "apam",
     "gba",
     "async_svrg_variants",
+    "pisces",
+    "momentum_compensation",
+    "coded_gradients",
 )
 
 

@@ -6,7 +6,7 @@ Describe the workers (``workers``, with time models ``constant``, ``uniform``,
 communication time grow with the message's bytes), pick a paradigm (``bsp``,
 ``asp``, ``ssp``, ``dssp``, ``psp``, ``k_sync``, ``k_async``, ``k_batch_sync``,
 ``k_batch_async``, ``softsync``, ``backup_workers``, ``adasync``,
-``elastic_bsp``, ``predictive_cutoff``, ``gba``) and ``simulate`` it into a ``Schedule``
+``elastic_bsp``, ``predictive_cutoff``, ``gba``, ``pisces``) and ``simulate`` it into a ``Schedule``
 (contributions stored sparsely, with dense ``[updates, workers]`` views)::
 
   >>> import delayjax as dj
@@ -67,6 +67,7 @@ from delayjax.cluster._paradigms import bsp as bsp
 from delayjax.cluster._paradigms import dssp as dssp
 from delayjax.cluster._paradigms import elastic_bsp as elastic_bsp
 from delayjax.cluster._paradigms import gba as gba
+from delayjax.cluster._paradigms import pisces as pisces
 from delayjax.cluster._paradigms import k_async as k_async
 from delayjax.cluster._paradigms import k_batch_async as k_batch_async
 from delayjax.cluster._paradigms import k_batch_sync as k_batch_sync
@@ -126,6 +127,7 @@ __all__ = [
     "PARAMS",
     "pipeline",
     "PipelineSchedule",
+    "pisces",
     "plot_gossip_lags",
     "plot_gossip_timeline",
     "plot_pipeline",

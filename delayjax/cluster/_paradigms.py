@@ -20,14 +20,16 @@ in their docstrings how they stay exact.
 from __future__ import annotations
 
 import dataclasses
+import math
+from typing import Any
 
-from delayjax._checks import check_int
+from delayjax._checks import check_choice, check_float, check_int
 
 __all__ = [
     "Paradigm", "BSP", "ASP", "SSP", "DSSP", "PSP", "KSync", "KAsync", "KBatchSync", "KBatchAsync",
-    "SoftSync", "BackupWorkers", "AdaSync", "ElasticBSP", "PredictiveCutoff", "GBA",
+    "SoftSync", "BackupWorkers", "AdaSync", "ElasticBSP", "PredictiveCutoff", "GBA", "Pisces",
     "bsp", "asp", "ssp", "dssp", "psp", "k_sync", "k_async", "k_batch_sync", "k_batch_async",
-    "softsync", "backup_workers", "adasync", "elastic_bsp", "predictive_cutoff", "gba",
+    "softsync", "backup_workers", "adasync", "elastic_bsp", "predictive_cutoff", "gba", "pisces",
 ]
 
 
@@ -562,11 +564,156 @@ class GBA(Paradigm):
     check_int("global_batch", self.global_batch, minimum=1)
 
 
+@dataclasses.dataclass(frozen=True)
+class Pisces(Paradigm):
+  r"""Pisces: asynchronous federated learning with utility-guided client selection and an adaptive aggregation pace.
+
+  The workers are the ``N`` clients; at most ``C`` (``concurrency``) train at
+  once. A selected client reads the current version, trains (its time model
+  gives how long) and pushes; its update waits in the server's buffer, and the
+  client cannot be selected again until the buffer is applied. The server
+  applies the whole buffer as one update (each client's contribution with its
+  own read version), then and after every push fills the free slots from the
+  idle clients (neither training nor buffered).
+
+  **Selection** (exploration-exploitation, as Oort). A client is *explored*
+  once it has pushed. To select ``n`` clients, draw ``e ~ Binomial(n,
+  \epsilon)``, explore ``min(#unexplored, e)`` and exploit the rest; then
+  :math:`\epsilon \leftarrow \max(\epsilon\,\delta, \epsilon_{\min})`. The
+  exploited clients are the explored idle ones of highest score
+
+  .. math::
+
+     \mathrm{score}_i = \frac{U_i}{(\bar\tau_i + 1)^{\beta}},
+
+  where :math:`U_i` is the client's statistical utility (Oort's
+  :math:`|B_i|\sqrt{\frac{1}{|B_i|}\sum_{k \in B_i} \mathrm{Loss}(k)^2}`) and
+  :math:`\bar\tau_i` the mean staleness of its last ``window`` applied
+  updates (0 before any), so clients likely to be stale are de-prioritized;
+  the explored clients are ordered by a random permutation before the
+  (stable) sort, so ties break at random; the clients to explore are drawn
+  uniformly without replacement from the unexplored idle clients.
+
+  **Pace.** The server applies a non-empty buffer as soon as
+
+  .. math::
+
+     t - t_{\mathrm{last}} \ge I = \frac{\max_{i \in \mathrm{running}} \hat L_i}{b},
+
+  where :math:`\hat L_i` is client ``i``'s last measured latency (read to
+  push) and ``b`` the staleness bound (``C`` by default): while the slowest
+  running client trains, at most about ``b`` updates are applied, which
+  bounds its staleness. With no client running, ``I = 0``. A client not yet
+  measured counts with the largest latency measured so far (the authors'
+  code uses a fixed constant for it, 180 s; this scale-free choice is the
+  library's). ``aggregate_every=K`` replaces the pace with FedBuff's rule
+  (apply the buffer when it holds ``K`` updates) and ``selection="random"``
+  replaces the score with uniform selection among the idle clients: the
+  baselines and ablations of the paper on the same simulator.
+
+  Order of events: pushes are taken in ``(time, worker)`` order; after each
+  push, and at each due time of the pace, the server first applies the
+  buffer if it is due (the pace measured without clients selected at that
+  instant), then selects. Staleness weighting of the aggregated updates is
+  the server's transformation, the artifact's
+  :math:`1/(\tau + 1)^{\beta}` with the contribution's own staleness::
+
+    tx = optax.chain(dj.per_contribution(dj.scale_by_staleness("polynomial", a=0.5)), optax.sgd(server_lr))
+
+  Randomness (the ``seed``'s second stream, ``rng``): per selection of ``n
+  >= 1`` clients, ``rng.binomial(n, epsilon)``, ``rng.permutation`` of the
+  explored idle clients (in worker order), then ``rng.choice(unexplored idle,
+  count, replace=False)`` if any are to be explored; with ``selection="random"``,
+  one ``rng.choice(idle, n, replace=False)``.
+
+  The utilities are given once, for the whole schedule (it is planned
+  before training): the artifact refreshes :math:`U_i` from the losses of
+  each of the client's local trainings. Measure them, e.g., from the initial
+  model's per-example losses on each client's data. Left out: the
+  artifact's optional speed term in the score (off in its configurations)
+  and its robustness filter (DBSCAN on the reported losses).
+
+  Attributes:
+    concurrency: ``C``, clients training at once, ``1 <= C <= N``.
+    utility: ``N`` non-negative statistical utilities, or ``None`` for all 1.
+    beta: the staleness penalty exponent, ``>= 0`` (0.5 in the artifact's runs).
+    staleness_bound: ``b >= 1``, or ``None`` for ``C``.
+    explore: the initial exploration factor :math:`\epsilon` in ``[0, 1]``.
+    explore_decay: :math:`\delta` in ``(0, 1]``.
+    min_explore: :math:`\epsilon_{\min}` in ``[0, 1]``.
+    window: the number of a client's last staleness values averaged, ``>= 1``.
+    selection: ``"pisces"`` (the score) or ``"random"`` (uniform).
+    aggregate_every: ``None`` (Pisces' pace) or ``K >= 1`` (FedBuff's buffer).
+
+  References:
+    Jiang, Wang, Li, Li, `Pisces: Efficient Federated Learning via Guided
+    Asynchronous Training <https://arxiv.org/abs/2206.09264>`_, ACM SoCC 2022.
+    **Only the paper's abstract could be read here**: selection by a score
+    of data utility and staleness, and a pace of aggregation that bounds the
+    gap between the selected clients and the server. The rules above follow
+    the authors' artifact (github.com/SamuelGong/Pisces,
+    ``plato/client_managers/sirius.py``: the score, the exploration, the
+    pacer ``I = max latency / b`` with ``b = C``; defaults ``epsilon = 0.9``,
+    ``delta = 0.98``, ``epsilon_min = 0.3``, ``beta = 0.5``, ``window = 5``
+    from its configurations). The artifact's server wakes up periodically;
+    here the same rules run event by event.
+  """
+
+  concurrency: int
+  utility: Any = None
+  beta: float = 0.5
+  staleness_bound: Any = None
+  explore: float = 0.9
+  explore_decay: float = 0.98
+  min_explore: float = 0.3
+  window: int = 5
+  selection: str = "pisces"
+  aggregate_every: Any = None
+
+  def __post_init__(self):
+    check_int("concurrency", self.concurrency, minimum=1)
+    if self.utility is not None:
+      if isinstance(self.utility, (str, bytes)) or not hasattr(self.utility, "__len__"):
+        raise TypeError(f"utility must be a sequence of non-negative numbers (one per client) or None, "
+                        f"got {self.utility!r}.")
+      values = tuple(check_float(f"utility[{i}]", u, minimum=0.0) for i, u in enumerate(self.utility))
+      object.__setattr__(self, "utility", values)
+    check_float("beta", self.beta, minimum=0.0)
+    if self.staleness_bound is not None:
+      check_int("staleness_bound", self.staleness_bound, minimum=1)
+    check_float("explore", self.explore, minimum=0.0, maximum=1.0)
+    check_float("explore_decay", self.explore_decay, minimum=0.0, maximum=1.0, strict_minimum=True)
+    check_float("min_explore", self.min_explore, minimum=0.0, maximum=1.0)
+    check_int("window", self.window, minimum=1)
+    check_choice("selection", self.selection, ("pisces", "random"))
+    if self.aggregate_every is not None:
+      check_int("aggregate_every", self.aggregate_every, minimum=1)
+
+  @property
+  def bound(self) -> int:
+    """The staleness bound ``b`` the pace uses."""
+    return self.concurrency if self.staleness_bound is None else self.staleness_bound
+
+  def check(self, num_workers: int) -> None:
+    _check_at_most("concurrency", self.concurrency, num_workers, "the number of workers (clients)")
+    if self.utility is not None and len(self.utility) != num_workers:
+      raise ValueError(f"utility must hold one value per worker ({num_workers}), got {len(self.utility)}.")
+    if self.aggregate_every is not None:
+      _check_at_most("aggregate_every", self.aggregate_every, self.concurrency, "the concurrency")
+
+  def __str__(self) -> str:
+    utility = None if self.utility is None else f"[{len(self.utility)} values, sum {math.fsum(self.utility):.6g}]"
+    return (f"pisces(concurrency={self.concurrency}, utility={utility}, beta={self.beta}, "
+            f"staleness_bound={self.staleness_bound}, explore={self.explore}, explore_decay={self.explore_decay}, "
+            f"min_explore={self.min_explore}, window={self.window}, selection={self.selection}, "
+            f"aggregate_every={self.aggregate_every})")
+
+
 _NAMES = {
     BSP: "bsp", ASP: "asp", SSP: "ssp", DSSP: "dssp", PSP: "psp", KSync: "k_sync", KAsync: "k_async",
     KBatchSync: "k_batch_sync", KBatchAsync: "k_batch_async", SoftSync: "softsync",
     BackupWorkers: "backup_workers", AdaSync: "adasync", ElasticBSP: "elastic_bsp",
-    PredictiveCutoff: "predictive_cutoff", GBA: "gba",
+    PredictiveCutoff: "predictive_cutoff", GBA: "gba", Pisces: "pisces",
 }
 
 
@@ -643,3 +790,11 @@ def predictive_cutoff(window: int = 20) -> PredictiveCutoff:
 def gba(global_batch: int) -> GBA:
   """Global batch gradients aggregation: ``global_batch`` asynchronous gradients per update (see :class:`GBA`)."""
   return GBA(global_batch)
+
+
+def pisces(concurrency: int, utility: Any = None, *, beta: float = 0.5, staleness_bound: int | None = None,
+           explore: float = 0.9, explore_decay: float = 0.98, min_explore: float = 0.3, window: int = 5,
+           selection: str = "pisces", aggregate_every: int | None = None) -> Pisces:
+  """Pisces: ``concurrency`` clients at once, chosen by utility and staleness, adaptive pace (see :class:`Pisces`)."""
+  return Pisces(concurrency, utility, beta, staleness_bound, explore, explore_decay, min_explore, window, selection,
+                aggregate_every)

@@ -13,6 +13,9 @@ from delayjax.transforms._block_coordinate import apcd as apcd
 from delayjax.transforms._block_coordinate import asysbcdvr as asysbcdvr
 from delayjax.transforms._block_coordinate import block_coordinate as block_coordinate
 from delayjax.transforms._block_coordinate import block_index as block_index
+from delayjax.transforms._coded import GradientCode as GradientCode
+from delayjax.transforms._coded import GradientCodeState as GradientCodeState
+from delayjax.transforms._coded import decode_gradient_code as decode_gradient_code
 from delayjax.transforms._dap import DapSgd as DapSgd
 from delayjax.transforms._dap import dap_sgd as dap_sgd
 from delayjax.transforms._dap import dap_svrg as dap_svrg
@@ -46,6 +49,8 @@ from delayjax.transforms._mindthestep import mindthestep as mindthestep
 from delayjax.transforms._mindthestep import mindthestep_weight as mindthestep_weight
 from delayjax.transforms._momentum import explicit_momentum as explicit_momentum
 from delayjax.transforms._momentum import implicit_momentum as implicit_momentum
+from delayjax.transforms._momentum_compensation import MomentumCompensationState as MomentumCompensationState
+from delayjax.transforms._momentum_compensation import momentum_compensation as momentum_compensation
 from delayjax.transforms._pipeline_remedies import PipeMareCorrectionState as PipeMareCorrectionState
 from delayjax.transforms._pipeline_remedies import PipeMareState as PipeMareState
 from delayjax.transforms._pipeline_remedies import ReadsStageWeights as ReadsStageWeights
@@ -118,6 +123,7 @@ __all__ = [
     "dap_sgd",
     "dap_svrg",
     "DapSgd",
+    "decode_gradient_code",
     "delay_adaptive_sgd",
     "delay_compensated",
     "DelayCompensatedState",
@@ -131,6 +137,8 @@ __all__ = [
     "fed_buff",
     "gem",
     "GemState",
+    "GradientCode",
+    "GradientCodeState",
     "HasWorkerRows",
     "hsag",
     "HsagState",
@@ -138,6 +146,8 @@ __all__ = [
     "KeepsDelayWindow",
     "mindthestep",
     "mindthestep_weight",
+    "momentum_compensation",
+    "MomentumCompensationState",
     "NeedsRuntimeInputs",
     "per_contribution",
     "PerContributionState",

@@ -46,6 +46,7 @@ SLOW_GROUPS = (
     ("streaming_diloco", "weight_prediction", "async_rl"),
     ("psp", "zeno", "hsag", "async_prox", "sketch_project"),
     ("gba", "apam", "gossip_grad", "async_svrg_variants", "saddle_escape"),
+    ("pisces", "momentum_compensation", "coded_gradients"),
 )
 
 
