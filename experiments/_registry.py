@@ -53,6 +53,12 @@ NAMES = (
     "pisces",
     "momentum_compensation",
     "coded_gradients",
+    "crossbow",
+    "hpsgd",
+    "lasgd",
+    "asap",
+    "aet_sgd",
+    "gossip_unreliable",
 )
 
 

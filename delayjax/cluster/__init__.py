@@ -47,6 +47,7 @@ from delayjax.cluster._gossip import GossipParadigm as GossipParadigm
 from delayjax.cluster._gossip import GossipSchedule as GossipSchedule
 from delayjax.cluster._gossip import ad_psgd as ad_psgd
 from delayjax.cluster._gossip import allreduce as allreduce
+from delayjax.cluster._gossip import asap as asap
 from delayjax.cluster._gossip import d_psgd as d_psgd
 from delayjax.cluster._gossip import failures as failures
 from delayjax.cluster._gossip import gossipgrad as gossipgrad
@@ -55,6 +56,8 @@ from delayjax.cluster._gossip import sgp as sgp
 from delayjax.cluster._gossip_plot import plot_gossip_lags as plot_gossip_lags
 from delayjax.cluster._gossip_plot import plot_gossip_timeline as plot_gossip_timeline
 from delayjax.cluster._gossip import simulate_gossip as simulate_gossip
+from delayjax.cluster._lasgd import LASGD as LASGD
+from delayjax.cluster._lasgd import lasgd as lasgd
 from delayjax.cluster._link import Link as Link
 from delayjax.cluster._link import link as link
 from delayjax.cluster._admission import VersionBudget as VersionBudget
@@ -96,6 +99,7 @@ __all__ = [
     "ad_psgd",
     "adasync",
     "allreduce",
+    "asap",
     "asp",
     "backup_workers",
     "bsp",
@@ -118,6 +122,8 @@ __all__ = [
     "k_batch_async",
     "k_batch_sync",
     "k_sync",
+    "LASGD",
+    "lasgd",
     "Link",
     "link",
     "lognormal",

@@ -62,8 +62,10 @@ with ``W``, applies), ``gossipgrad`` (rounds: reads, one ``GRADS`` mix with the
 rotating partner, applies), ``ad_psgd`` (asynchronous: each gradient's read,
 one two-member ``PARAMS`` mix of weight 1/2, its apply), ``sgp`` (asynchronous:
 read, apply, a one-member halving mix, later one two-member receive mix per
-message, possibly late); ``failures`` drop messages (``receives`` false, or no
-mix) and take nodes out for windows.
+message, possibly late), ``asap`` (asynchronous: read, apply, one
+``PARAMS`` reduce of the messages notified since, send once the receivers
+have ACKed the previous message); ``failures`` drop messages (``receives`` false, or no
+mix; with ``on_failure="reuse"``, a late message: the last one that arrived) and take nodes out for windows.
 """
 
 from __future__ import annotations
@@ -84,8 +86,8 @@ from delayjax.cluster._workers import Workers
 
 __all__ = [
     "GossipSchedule", "READ", "GRAD", "MIX", "PARAMS", "GRADS",
-    "GossipParadigm", "AllReduce", "DPSGD", "ADPSGD", "SGP", "GossipGraD", "Failures", "NodeDown",
-    "allreduce", "d_psgd", "ad_psgd", "sgp", "gossipgrad", "failures", "node_down", "simulate_gossip",
+    "GossipParadigm", "AllReduce", "DPSGD", "ADPSGD", "SGP", "GossipGraD", "ASAP", "Failures", "NodeDown",
+    "allreduce", "d_psgd", "ad_psgd", "sgp", "gossipgrad", "asap", "failures", "node_down", "simulate_gossip",
 ]
 
 READ, GRAD, MIX = 0, 1, 2
@@ -562,6 +564,16 @@ class GossipParadigm:
   def check(self, num_workers: int) -> None:
     """Raises a ``ValueError`` if the paradigm cannot run on ``num_workers`` replicas."""
 
+  def events(self, workers: Workers, times: Any, total: int, seed_sequence: Any) -> Any:
+    """The event loop of a paradigm defined outside this module (a plug-in, e.g. ``dj.cluster.lasgd``).
+
+    ``times``: the workers' compute and comm draws (the stream every paradigm shares); ``total``: the
+    gradients to apply; ``seed_sequence``: a ``numpy.random.SeedSequence`` of the seed's own, for any
+    further randomness. Returns the filled event builder. The paradigms of this module are dispatched by
+    ``simulate_gossip`` itself.
+    """
+    raise TypeError(f"paradigm {self!r} is not supported by simulate_gossip.")
+
   def __str__(self) -> str:
     parts = []
     for f in dataclasses.fields(self):  # type: ignore[arg-type]
@@ -799,6 +811,73 @@ class GossipGraD(GossipParadigm):
       raise ValueError(f"gossipgrad needs at least 2 workers, got {num_workers}.")
 
 
+@dataclasses.dataclass(frozen=True)
+class ASAP(GossipParadigm):
+  """ASAP: a stochastic reduce over a sparse graph, with NOTIFY-ACK synchronization on each link.
+
+  **Only the paper's abstract could be read here** (arXiv 1612.08608; the full
+  text was not reachable): it names the two primitives, a *stochastic reduce*
+  (each worker reduces with a few others instead of all, with a convergence
+  guarantee to the all-reduce's result) and *fine-grained NOTIFY-ACK worker
+  synchronization* (independent workers run asynchronously), and claims 2-10x
+  faster convergence than synchronous reduce. The event rules below are the
+  library's construction of those two primitives: NOTIFY-ACK is read as a
+  sender notifying its receivers that a new model is ready and sending its
+  next one only once they have ACKed consuming the previous one; the reduce
+  weights, the ACK latency and the receive side of a blocked worker are the
+  library's choices.
+
+  Rule, node ``i`` with out-neighbours ``N_out(i)`` (it sends to them) and
+  in-neighbours ``N_in(i)`` in ``topology``, ``W = mixing_matrix(topology,
+  rule)``, in a loop:
+
+  1. ``READ`` ``x_i``, compute the gradient (``compute`` seconds), ``GRAD``:
+     apply it to the current ``x_i`` through the replica's optimizer.
+  2. *Stochastic reduce*: consume every notified, not yet consumed message
+     ``x_j^{(sent)}`` (set ``R`` of senders) in one ``PARAMS`` mix
+
+     .. math::
+
+        x_i \\leftarrow \\Bigl(1 - \\sum_{j \\in R} W_{ij}\\Bigr) x_i
+        + \\sum_{j \\in R} W_{ij}\\, x_j^{(\\text{sent})}
+
+     (with every in-neighbour's message this is one row of ``W``; a missing
+     message's weight stays on ``x_i``, as a lost message in
+     :func:`failures`), ``lag`` = the sender's changes since it sent. Each
+     consumed message is ACKed; the ACK reaches its sender ``comm`` seconds of
+     the receiver later.
+  3. *NOTIFY*: once every out-neighbour has ACKed ``i``'s previous message,
+     send the current ``x_i`` to all of them (arriving ``comm`` seconds later)
+     and go to 1. Until then ``i`` is blocked, and while blocked it consumes
+     each message the moment it arrives (a one-sender reduce, ACKed as in 2):
+     a blocked worker still serves its receive side, otherwise two neighbours
+     waiting on each other's ACKs would never move.
+
+  So a sender is at most one unconsumed message ahead of each receiver (no
+  update is overwritten, reads are at most about one iteration of the sender
+  old), a fast node waits only for its own out-neighbours, never for the whole
+  cluster, and no barrier exists. ``sync="none"`` is the unsynchronized sparse
+  averaging the paper sets against it: a node sends after every reduce without
+  waiting, and a message overwrites its sender's previous one still unconsumed
+  in the receiver's buffer (lost; counted per receiver in
+  ``extras["overwritten"]``).
+
+  References:
+    Kadav, Kruus, `ASAP: Asynchronous Approximate Data-Parallel Computation
+    <https://arxiv.org/abs/1612.08608>`_, arXiv 2016.
+  """
+
+  topology: topo.Topology
+  rule: str = "uniform"
+  sync: str = "notify_ack"
+  _name = "asap"
+
+  def check(self, num_workers: int) -> None:
+    if self.topology.num_nodes != num_workers:
+      raise ValueError(f"topology has {self.topology.num_nodes} nodes but the workers are {num_workers}; "
+                       "they must match.")
+
+
 _AVERAGING_POINTS = ("completion", "read")
 
 
@@ -832,6 +911,25 @@ def gossipgrad(seed: int | None = None) -> GossipGraD:
   return GossipGraD(None if seed is None else check_seed("seed", seed))
 
 
+_ASAP_SYNCS = ("notify_ack", "none")
+
+
+def asap(topology: topo.Topology, rule: str = "uniform", sync: str = "notify_ack") -> ASAP:
+  """ASAP's stochastic reduce over ``topology`` with ``rule``'s weights (see :class:`ASAP`); ``sync`` is
+  ``"notify_ack"`` (a node sends its next model once its receivers have consumed the previous one) or ``"none"``
+  (it sends after every gradient; an unconsumed message is overwritten)."""
+  if not isinstance(topology, topo.Topology):
+    raise TypeError(f"topology must be a dj.topology.Topology (e.g. dj.topology.random_regular(16, 3)), "
+                    f"got {topology!r}.")
+  check_choice("rule", rule, topo.MIXING_RULES)
+  check_choice("sync", sync, _ASAP_SYNCS)
+  if topology.num_nodes < 2:
+    raise ValueError(f"asap needs a topology of at least 2 nodes, got {topology.num_nodes}.")
+  w = topo.mixing_matrix(topology, rule)
+  topo.check_mixing(w, doubly=True, name=f"the {rule} weights of {topology.name}")
+  return ASAP(topology, rule, sync)
+
+
 @dataclasses.dataclass(frozen=True)
 class NodeDown:
   """Node ``node`` is gone during ``[start, stop)`` simulated seconds: it neither computes nor communicates."""
@@ -848,10 +946,14 @@ class Failures:
   Attributes:
     drop: probability that one message (one direction of one exchange) is lost.
     down: the windows in which nodes are gone.
+    on_failure: what a receiver does with a failed link's term: ``"drop"`` (leave it out, its weight moved to
+      the receiver's own model) or ``"reuse"`` (use the last message that did arrive from that neighbour, the
+      weights those of the full topology); see :func:`failures`.
   """
 
   drop: float = 0.0
   down: tuple[NodeDown, ...] = ()
+  on_failure: str = "drop"
 
   def is_down(self, node: int, t: float) -> bool:
     return any(d.node == node and d.start <= t < d.stop for d in self.down)
@@ -877,25 +979,109 @@ def node_down(node: int, start: float, stop: float) -> NodeDown:
   return NodeDown(node, start, stop)
 
 
-def failures(drop: float = 0.0, down: NodeDown | Sequence[NodeDown] = ()) -> Failures:
-  """Message loss with probability ``drop`` and node outages ``down`` (``node_down(...)`` windows).
+def failures(drop: float = 0.0, down: NodeDown | Sequence[NodeDown] = (), on_failure: str = "drop") -> Failures:
+  r"""Message loss with probability ``drop`` and node outages ``down`` (``node_down(...)`` windows).
 
-  Supported by ``d_psgd`` (a lost message ``j -> i`` moves ``W[i, j]`` to ``W[i, i]``;
-  a node down at a round's start sits the round out, its weights moved to
-  the others' diagonals) and ``ad_psgd`` (each direction of an averaging is
-  lost independently: a member whose incoming message is lost keeps its
-  model; a node down skips averagings, and its reads and applies wait until
-  it is back). This is the setting of asynchronous decentralized SGD at the
-  wireless edge, where links drop packets and devices come and go.
+  Supported by ``d_psgd`` (a node down at a round's start sits the round out:
+  it neither computes nor sends nor receives) and ``ad_psgd`` (each direction
+  of an averaging is lost independently; a node down skips averagings, and
+  its reads and applies wait until it is back). This is the setting of
+  asynchronous decentralized SGD at the wireless edge, where links drop
+  packets and devices come and go. ``on_failure`` says what a receiver does
+  with the term of a neighbour whose message did not arrive (lost, or the
+  neighbour down):
+
+  - ``"drop"`` (default): leave it out. In ``d_psgd`` a lost message
+    ``j -> i`` moves ``W[i, j]`` to ``W[i, i]`` and a node down has its
+    weights moved to the others' diagonals; in ``ad_psgd`` a member whose
+    incoming message is lost keeps its model (no mix when both are lost).
+  - ``"reuse"``: use the last message that did arrive from that neighbour,
+    with the weights of the full topology. Receiver ``i`` of a ``d_psgd``
+    round, with ``s_{ij}`` the round in which ``j``'s message last reached
+    ``i``,
+
+    .. math::  x_i \leftarrow W_{ii}\, x_i + \sum_{j \ne i} W_{ij}\,
+       x_j^{(s_{ij})} - \gamma\, g_i
+
+    where ``x_j^{(s)}`` is the model ``j`` sent in round ``s``; ``s_{ij}`` is
+    the current round when the message arrives. In ``ad_psgd`` a lost
+    direction of the averaging ``i <-> j`` becomes ``x_i \leftarrow (x_i +
+    x_j^{(s_{ij})}) / 2`` with ``j``'s last message to arrive at ``i``, and an
+    averaging with a peer that is down averages with that stored copy (the
+    peer does not receive); a node that is down itself does nothing. Before
+    any message from ``j`` has arrived, the common initial model
+    (``j``'s version 0) stands in for it. In the schedule, a stored message
+    is a late message (``lag`` = the sender's changes since it sent); since a
+    mix's ``lag`` is one per sender, a round whose receivers need different
+    versions of one sender is split into several ``PARAMS`` mixes at the same
+    second, of at most 8 members each (their lags counting the changes of
+    the mixes before), which together equal the rule above.
+
+  For a given ``seed``, ``"drop"`` and ``"reuse"`` see the same losses,
+  outages, peers and times: only what the failed terms mix differs.
+
+  References:
+    Jeong, Zecchin, Kountouris, `Asynchronous Decentralized Learning over
+    Unreliable Wireless Networks <https://arxiv.org/abs/2202.00955>`_, IEEE
+    ICC 2022 (the ``"reuse"`` rule). **Only the paper's abstract could be
+    read here**: it proposes asynchronous decentralized SGD robust to
+    computation and communication failures at the wireless edge and reports
+    the benefit of "outdated gradient information reuse". That a receiver
+    reuses the neighbour's last received *model* with unchanged weights, the
+    per-link independent loss, the stand-in before a first arrival and the
+    handling of nodes that are down are the library's construction, checked
+    against a NumPy simulation of this docstring
+    (``tests/gossip/test_unreliable_links.py``).
   """
   drop = check_float("drop", drop, minimum=0.0, maximum=1.0)
+  check_choice("on_failure", on_failure, _ON_FAILURE)
   if isinstance(down, NodeDown):
     down = (down,)
   down = tuple(down)
   for d in down:
     if not isinstance(d, NodeDown):
       raise TypeError(f"down must hold node_down(...) windows, got {d!r}.")
-  return Failures(drop, down)
+  return Failures(drop, down, on_failure)
+
+
+_ON_FAILURE = ("drop", "reuse")
+# The largest mix of a reuse round split into several (dj.simulate_gossip runs late messages in mixes of at most 8).
+_REUSE_GROUP = 8
+
+
+def _mix_reusing(b: _Builder, t: float, weights: np.ndarray, receivers: Sequence[int], sent: dict[int, dict[int, int]],
+                 version: list[int]) -> None:
+  """``PARAMS`` mixes at ``t`` in which receiver ``i`` gets ``sum_j weights[i, j] x_j^(sent[i][j])`` (absolute
+  versions; ``sent[i][i]`` is ``i``'s current one), all from the values before the first of them.
+
+  One mix carries one version per member, so receivers are grouped greedily (in order) into mixes whose receivers
+  agree on the version of every member they share, of at most :data:`_REUSE_GROUP` members (the replica
+  runtime's limit for mixes with late messages); a member replaced by an earlier group is reached through one
+  more version of lag. ``version`` (current versions) is updated for the receivers.
+  """
+  groups: list[tuple[dict[int, int], list[int]]] = []
+  for i in receivers:
+    need = sent[i]
+    for want, rows in groups:
+      fits = len(want.keys() | need.keys()) <= _REUSE_GROUP
+      if fits and all(want.get(j, v) == v for j, v in need.items()):
+        want.update(need)
+        rows.append(i)
+        break
+    else:
+      groups.append((dict(need), [i]))
+  replaced: set[int] = set()
+  for want, rows in groups:
+    members = sorted(want)
+    lag = [version[j] + (j in replaced) - want[j] for j in members]
+    w = np.zeros((len(members), len(members)))
+    for a, i in enumerate(members):
+      if i in rows:
+        w[a] = weights[i, members]
+    b.mix(t, members, w, lag=lag, receives=[i in rows for i in members])
+    replaced.update(rows)
+  for i in receivers:
+    version[i] += 1
 
 
 # ---- the simulator ------------------------------------------------------------------------------------------
@@ -929,6 +1115,9 @@ def _round_engine(paradigm: GossipParadigm, workers: Workers, times: _Times, num
     w_params = topo.mixing_matrix(paradigm.topology, paradigm.rule)
   if isinstance(paradigm, GossipGraD):
     partners = topo.gossipgrad_partners(num, num_rounds, paradigm.seed) if num > 1 else None
+  # Under on_failure="reuse": each replica's version, and the version of j's last message to arrive at i.
+  version = [0] * num
+  last: dict[tuple[int, int], int] = {}
   t = 0.0
   for r in range(num_rounds):
     up = np.array([not fail.is_down(m, t) for m in range(num)])
@@ -949,6 +1138,18 @@ def _round_engine(paradigm: GossipParadigm, workers: Workers, times: _Times, num
       w = 0.5 * np.eye(num)
       w[np.arange(num), source] += 0.5
       b.mix(end, live, w[np.ix_(live, live)], mixes=GRADS)
+    elif fail.on_failure == "reuse":
+      # The draw of "drop" (same shape, same stream), so that both rules see the same losses.
+      arrived = np.zeros((num, num), bool)
+      arrived[np.ix_(live, live)] = rng.random((live.size, live.size)) >= fail.drop if fail.drop > 0 else True
+      sent = {}
+      for i in live.tolist():
+        sent[i] = {j: version[j] if arrived[i, j] else last.get((i, j), 0)
+                   for j in np.flatnonzero(w_params[i]).tolist()}
+        sent[i][i] = version[i]
+      for i, j in zip(*np.nonzero(arrived & (w_params > 0))):
+        last[int(i), int(j)] = version[j]
+      _mix_reusing(b, end, w_params, live.tolist(), sent, version)
     else:
       w = w_params[np.ix_(live, live)].copy()
       if fail.drop > 0:
@@ -959,6 +1160,7 @@ def _round_engine(paradigm: GossipParadigm, workers: Workers, times: _Times, num
       b.mix(end, live, w)
     for m in live:
       b.grad(int(m), end, t + float(duration[m]))
+      version[m] += 1
     t = end
   return b
 
@@ -984,6 +1186,12 @@ def _ad_psgd_engine(paradigm: ADPSGD, workers: Workers, times: _Durations, total
   seq = 0
   count = [0] * num
   compute_end = [0.0] * num
+  # Under on_failure="reuse": each replica's version, the version of j's last message to arrive at i, and the
+  # pairwise weights (every pair averages with 1/2, whatever arrived).
+  reuse = fail.on_failure == "reuse"
+  version = [0] * num
+  last: dict[tuple[int, int], int] = {}
+  half = np.full((num, num), 0.5)
 
   def start(m: int, t: float) -> None:
     nonlocal seq
@@ -1009,13 +1217,24 @@ def _ad_psgd_engine(paradigm: ADPSGD, workers: Workers, times: _Durations, total
 
   def average(t: float, m: int, peer: int) -> None:
     if fail.is_down(m, t) or fail.is_down(peer, t):
+      if reuse and not fail.is_down(m, t):
+        # The peer is gone: m averages with its stored copy of the peer's model.
+        _mix_reusing(b, t, half, [m], {m: {m: version[m], peer: last.get((m, peer), 0)}}, version)
       return
     if fail.drop > 0:
       draw = rng.random(2)
       to_m, to_peer = bool(draw[0] >= fail.drop), bool(draw[1] >= fail.drop)
     else:
       to_m = to_peer = True
-    if to_m or to_peer:
+    if reuse:
+      sent = {m: {m: version[m], peer: version[peer] if to_m else last.get((m, peer), 0)},
+              peer: {peer: version[peer], m: version[m] if to_peer else last.get((peer, m), 0)}}
+      if to_m:
+        last[m, peer] = version[peer]
+      if to_peer:
+        last[peer, m] = version[m]
+      _mix_reusing(b, t, half, [m, peer], sent, version)
+    elif to_m or to_peer:
       b.mix(t, (m, peer), ((0.5, 0.5) if to_m else (0.0, 0.0), (0.5, 0.5) if to_peer else (0.0, 0.0)),
             receives=(to_m, to_peer))
 
@@ -1028,6 +1247,7 @@ def _ad_psgd_engine(paradigm: ADPSGD, workers: Workers, times: _Durations, total
       average(t, m, peer)
     else:
       b.grad(m, t, compute_end[m])
+      version[m] += 1
       applied += 1
       if applied < total:
         start(m, t)
@@ -1115,6 +1335,89 @@ def _sgp_engine(paradigm: SGP, workers: Workers, times: _Durations, total: int) 
   return b
 
 
+def _asap_engine(paradigm: ASAP, workers: Workers, times: _Durations, total: int) -> _Builder:
+  """ASAP as an event loop: compute, apply, reduce the notified messages, send once the receivers have ACKed."""
+  num = workers.num_workers
+  b = _Builder(num)
+  w = topo.mixing_matrix(paradigm.topology, paradigm.rule)
+  receivers = [paradigm.topology.neighbors(m).tolist() for m in range(num)]
+  notify_ack = paradigm.sync == "notify_ack"
+  heap: list[tuple[float, int, str, int, int]] = []
+  seq = 0
+  version = [0] * num
+  comm = [0.0] * num
+  compute_end = [0.0] * num
+  buffer: list[dict[int, int]] = [{} for _ in range(num)]   # sender -> its version when it sent
+  unacked = [0] * num          # out-neighbours that have not yet ACKed the node's last message
+  blocked = [False] * num
+  overwritten = np.zeros(num, np.int64)
+
+  def push(t: float, what: str, m: int, data: int) -> None:
+    nonlocal seq
+    heapq.heappush(heap, (t, seq, what, m, data))
+    seq += 1
+
+  def start(m: int, t: float) -> None:
+    b.read(m, t)
+    c, comm[m] = times.take_split(m, t)
+    compute_end[m] = t + c
+    b.computing(m, t, t + c)
+    push(t + c, "done", m, 0)
+
+  def reduce(m: int, t: float) -> None:
+    if not buffer[m]:
+      return
+    senders = sorted(buffer[m])
+    size = len(senders) + 1
+    weights = np.zeros((size, size))
+    weights[0, 1:] = w[m, senders]
+    weights[0, 0] = 1.0 - weights[0, 1:].sum()
+    lag = [0] + [version[s] - buffer[m][s] for s in senders]
+    b.mix(t, [m] + senders, weights, lag=lag, receives=[True] + [False] * len(senders))
+    version[m] += 1
+    buffer[m].clear()
+    if notify_ack:
+      for s in senders:
+        push(t + comm[m], "ack", s, m)
+
+  def send(m: int, t: float) -> None:
+    for r in receivers[m]:
+      push(t + comm[m], "arrive", r, m * (total + 1) + version[m])
+    unacked[m] = len(receivers[m]) if notify_ack else 0
+    start(m, t)
+
+  for m in range(num):
+    start(m, 0.0)
+  applied = 0
+  while applied < total:
+    t, _, what, m, data = heapq.heappop(heap)
+    if what == "done":
+      b.grad(m, t, compute_end[m])
+      version[m] += 1
+      applied += 1
+      if applied == total:
+        break
+      reduce(m, t)
+      if unacked[m]:
+        blocked[m] = True
+      else:
+        send(m, t)
+    elif what == "arrive":
+      sender, sent = divmod(data, total + 1)
+      if sender in buffer[m]:
+        overwritten[m] += 1   # only without NOTIFY-ACK: a sender never has two unconsumed messages with it
+      buffer[m][sender] = sent
+      if blocked[m]:
+        reduce(m, t)
+    else:
+      unacked[m] -= 1
+      if blocked[m] and not unacked[m]:
+        blocked[m] = False
+        send(m, t)
+  b.extras["overwritten"] = overwritten
+  return b
+
+
 def simulate_gossip(paradigm: GossipParadigm, workers: Workers, num_steps: int, seed: int = 0,
                     failures: Failures | None = None) -> GossipSchedule:
   """Simulates decentralized training of ``paradigm`` on ``workers`` and returns its :class:`GossipSchedule`.
@@ -1126,7 +1429,7 @@ def simulate_gossip(paradigm: GossipParadigm, workers: Workers, num_steps: int, 
 
   Args:
     paradigm: ``allreduce()``, ``d_psgd(topology)``, ``ad_psgd(...)``,
-      ``sgp(overlap)`` or ``gossipgrad()``.
+      ``sgp(overlap)``, ``gossipgrad()``, ``asap(topology)`` or ``lasgd()``.
     workers: the cluster, from ``dj.cluster.workers(...)``; one replica per worker.
     num_steps: gradients per replica on average: the run ends when
       ``num_steps * M`` gradients have been applied (``num_steps`` rounds for
@@ -1134,7 +1437,7 @@ def simulate_gossip(paradigm: GossipParadigm, workers: Workers, num_steps: int, 
       gradients where failed nodes sit rounds out). One whose record cannot
       fit in the available memory is refused before anything is simulated.
     seed: the same seed gives a bit-identical schedule.
-    failures: optional ``failures(drop, down)``, for ``d_psgd`` and ``ad_psgd``.
+    failures: optional ``failures(drop, down, on_failure)``, for ``d_psgd`` and ``ad_psgd``.
 
   Returns:
     The schedule.
@@ -1178,6 +1481,8 @@ def simulate_gossip(paradigm: GossipParadigm, workers: Workers, num_steps: int, 
     builder = _ad_psgd_engine(paradigm, workers, times, total, failures, rng)
   elif isinstance(paradigm, SGP):
     builder = _sgp_engine(paradigm, workers, times, total)
+  elif isinstance(paradigm, ASAP):
+    builder = _asap_engine(paradigm, workers, times, total)
   else:
-    raise TypeError(f"paradigm {paradigm!r} is not supported by simulate_gossip.")
+    builder = paradigm.events(workers, times, total, gossip_seq)
   return builder.build(str(paradigm))

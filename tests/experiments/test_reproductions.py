@@ -47,6 +47,8 @@ SLOW_GROUPS = (
     ("psp", "zeno", "hsag", "async_prox", "sketch_project"),
     ("gba", "apam", "gossip_grad", "async_svrg_variants", "saddle_escape"),
     ("pisces", "momentum_compensation", "coded_gradients"),
+    ("crossbow", "aet_sgd", "gossip_unreliable"),
+    ("hpsgd", "lasgd", "asap"),
 )
 
 
