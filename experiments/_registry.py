@@ -59,6 +59,8 @@ NAMES = (
     "asap",
     "aet_sgd",
     "gossip_unreliable",
+    "pipeline_dapple",
+    "pipeline_decoupled",
 )
 
 

@@ -49,6 +49,7 @@ SLOW_GROUPS = (
     ("pisces", "momentum_compensation", "coded_gradients"),
     ("crossbow", "aet_sgd", "gossip_unreliable"),
     ("hpsgd", "lasgd", "asap"),
+    ("pipeline_dapple", "pipeline_decoupled"),
 )
 
 
