@@ -61,10 +61,21 @@ by a factor that tends to 1 only as :math:`\tau` grows (1.47 at
 
 What is confirmed and what is delayjax's: An, Lu and Ying model ASGD by a
 stochastic modified equation "of Langevin type" and derive an optimal
-mini-batching from it (their abstract, reachable on arXiv); their SME's
-exact form could not be read from a reachable source, and it is not the
-one used here. The delayed SDE above, its moments as computed here, the
-exact discrete-time moments and the two optimal steps are delayjax's
+mini-batching from it by solving an optimal control problem of that SME;
+**only the paper's abstract and the opening of its introduction could be
+read here** (the copies of arXiv 1805.08244 reachable here stop there), so their SME's
+exact form and their batch schedule are not implemented, and the SME used
+here is not theirs. Modelling ASGD by a *stochastic delay* differential
+equation, as above, is He, Meng, Chen, Ma and Liu's approach: they write
+ASGD as :math:`x_{k+1} = x_k - \eta_k\, g_{M_k}(b, x_{k - l_k})` (a
+mini-batch gradient of size :math:`b` read :math:`l_k` updates late),
+approximate it by such an equation, bound the approximation error in the
+number of updates and the mini-batch size, and derive convergence rates
+from its moments; only their introduction's opening and a summary of the
+paper could be read here, so the equation's form above (a constant delay,
+additive noise :math:`\sqrt{\eta}\,\sigma\, dW_t`) is delayjax's, not
+checked against theirs. The delayed SDE above, its moments as computed
+here, the exact discrete-time moments and the two optimal steps are delayjax's
 derivation (the stationary variance of the linear delayed SDE is Küchler
 and Mensch's result); every formula is checked in
 ``tests/methods/test_methods_analysis.py`` against an independent
@@ -87,6 +98,9 @@ References:
   An, Lu, Ying, `Stochastic Modified Equations for the Asynchronous
   Stochastic Gradient Descent <https://arxiv.org/abs/1805.08244>`_,
   Information and Inference 2020.
+
+  He, Meng, Chen, Ma, Liu, `Differential Equations for Modeling
+  Asynchronous Algorithms <https://arxiv.org/abs/1805.02991>`_, IJCAI 2018.
 
   Küchler, Mensch, Langevin's stochastic differential equation extended by
   a time-delayed term, Stochastics and Stochastic Reports 40, 1992.
