@@ -1254,35 +1254,48 @@ def _ad_psgd_engine(paradigm: ADPSGD, workers: Workers, times: _Durations, total
   return b
 
 
+class _NodeLoop:
+  """The event heap of the node-by-node engines (SGP, ASAP): events in (time, insertion) order, and a node's
+  gradient started as both time it (read, compute for its worker's draw, a ``"done"`` event at the end)."""
+
+  def __init__(self, b: _Builder, times: _Durations, num: int):
+    self.b, self.times = b, times
+    self.heap: list[tuple[float, int, str, int, int]] = []
+    self.seq = 0
+    self.comm = [0.0] * num          # the latency of the messages each node's current iteration sends
+    self.compute_end = [0.0] * num
+
+  def push(self, t: float, what: str, m: int, data: int) -> None:
+    heapq.heappush(self.heap, (t, self.seq, what, m, data))
+    self.seq += 1
+
+  def pop(self) -> tuple[float, str, int, int]:
+    t, _, what, m, data = heapq.heappop(self.heap)
+    return t, what, m, data
+
+  def start(self, m: int, t: float) -> None:
+    self.b.read(m, t)
+    c, self.comm[m] = self.times.take_split(m, t)
+    self.compute_end[m] = t + c
+    self.b.computing(m, t, t + c)
+    self.push(t + c, "done", m, 0)
+
+
 def _sgp_engine(paradigm: SGP, workers: Workers, times: _Durations, total: int) -> _Builder:
   """SGP as an event loop: compute, apply, halve and send; add arrived messages; wait for late ones."""
   num = workers.num_workers
   b = _Builder(num)
   offsets = topo.one_peer_exponential(num, 2 * num, paradigm.forward_only)[:, 0]   # every node's offsets
   period = len(dict.fromkeys(offsets.tolist()))
-  heap: list[tuple[float, int, str, int, int]] = []
-  seq = 0
+  loop = _NodeLoop(b, times, num)
+  push, start, comm, compute_end = loop.push, loop.start, loop.comm, loop.compute_end
   version = [0] * num
   iteration = [0] * num            # the iteration each node is in (or about to start)
-  comm = [0.0] * num
-  compute_end = [0.0] * num
   sent_version: dict[tuple[int, int], int] = {}
   inbox: list[list[tuple[float, int, int]]] = [[] for _ in range(num)]   # (arrival, iteration, sender)
   got = [set() for _ in range(num)]   # iterations whose message has arrived
   complete = [-1] * num               # every message of iterations <= complete[m] has arrived at m
   waiting = [False] * num
-
-  def push(t: float, what: str, m: int, data: int) -> None:
-    nonlocal seq
-    heapq.heappush(heap, (t, seq, what, m, data))
-    seq += 1
-
-  def start(m: int, t: float) -> None:
-    b.read(m, t)
-    c, comm[m] = times.take_split(m, t)
-    compute_end[m] = t + c
-    b.computing(m, t, t + c)
-    push(t + c, "done", m, 0)
 
   def try_start(m: int, t: float) -> None:
     # Iteration k may start once the messages of iterations <= k - 1 - overlap have arrived.
@@ -1311,7 +1324,7 @@ def _sgp_engine(paradigm: SGP, workers: Workers, times: _Durations, total: int) 
     start(m, 0.0)
   applied = 0
   while applied < total:
-    t, _, what, m, data = heapq.heappop(heap)
+    t, what, m, data = loop.pop()
     if what == "done":
       b.grad(m, t, compute_end[m])
       version[m] += 1
@@ -1342,27 +1355,13 @@ def _asap_engine(paradigm: ASAP, workers: Workers, times: _Durations, total: int
   w = topo.mixing_matrix(paradigm.topology, paradigm.rule)
   receivers = [paradigm.topology.neighbors(m).tolist() for m in range(num)]
   notify_ack = paradigm.sync == "notify_ack"
-  heap: list[tuple[float, int, str, int, int]] = []
-  seq = 0
+  loop = _NodeLoop(b, times, num)
+  push, start, comm, compute_end = loop.push, loop.start, loop.comm, loop.compute_end
   version = [0] * num
-  comm = [0.0] * num
-  compute_end = [0.0] * num
   buffer: list[dict[int, int]] = [{} for _ in range(num)]   # sender -> its version when it sent
   unacked = [0] * num          # out-neighbours that have not yet ACKed the node's last message
   blocked = [False] * num
   overwritten = np.zeros(num, np.int64)
-
-  def push(t: float, what: str, m: int, data: int) -> None:
-    nonlocal seq
-    heapq.heappush(heap, (t, seq, what, m, data))
-    seq += 1
-
-  def start(m: int, t: float) -> None:
-    b.read(m, t)
-    c, comm[m] = times.take_split(m, t)
-    compute_end[m] = t + c
-    b.computing(m, t, t + c)
-    push(t + c, "done", m, 0)
 
   def reduce(m: int, t: float) -> None:
     if not buffer[m]:
@@ -1390,7 +1389,7 @@ def _asap_engine(paradigm: ASAP, workers: Workers, times: _Durations, total: int
     start(m, 0.0)
   applied = 0
   while applied < total:
-    t, _, what, m, data = heapq.heappop(heap)
+    t, what, m, data = loop.pop()
     if what == "done":
       b.grad(m, t, compute_end[m])
       version[m] += 1
