@@ -61,6 +61,8 @@ NAMES = (
     "gossip_unreliable",
     "pipeline_dapple",
     "pipeline_decoupled",
+    "digest",
+    "gpu_asgd",
 )
 
 

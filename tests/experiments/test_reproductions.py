@@ -47,9 +47,9 @@ SLOW_GROUPS = (
     ("psp", "zeno", "hsag", "async_prox", "sketch_project"),
     ("gba", "apam", "gossip_grad", "async_svrg_variants", "saddle_escape"),
     ("pisces", "momentum_compensation", "coded_gradients"),
-    ("crossbow", "aet_sgd", "gossip_unreliable"),
+    ("crossbow", "aet_sgd", "gossip_unreliable", "gpu_asgd"),
     ("hpsgd", "lasgd", "asap"),
-    ("pipeline_dapple", "pipeline_decoupled"),
+    ("pipeline_dapple", "pipeline_decoupled", "digest"),
 )
 
 
