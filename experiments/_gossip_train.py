@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 import delayjax as dj
-from ._framework import mean_rows
+from ._framework import ClaimResult, Summary, mean_rows, paired
 
 C = dj.cluster
 
@@ -279,3 +279,17 @@ def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict
     paths.append(_plots.curves(gossip, out, "consensus", y="consensus", ylabel="consensus distance", log_y=True,
                                xs=("gradients", "time")))
   return paths
+
+
+def matches_accuracy(key: str, name: str, base: str, base_name: str) -> Any:
+  """The claim that run ``key`` (shown as ``name``) matches ``base``'s accuracy after the same gradients: test error
+  within 2 points and training loss within 5% of ``base``'s, both paired over seeds."""
+  def check(summary: Summary) -> ClaimResult:
+    g, a = summary[key], summary[base]
+    return ClaimResult.decide(
+        [paired(summary, key, base, "test_error_pct", claim="within", margin=2.0),
+         paired(summary, key, base, "loss", claim="within", margin=0.05 * a["loss"])],
+        f"after {int(g['gradients'])} gradients: test error {name} {g['test_error_pct']:.2f}%, {base_name} "
+        f"{a['test_error_pct']:.2f}% (band +-2 points); training loss {g['loss']:.4f} and {a['loss']:.4f} (band "
+        f"+-{0.05 * a['loss']:.4f})")
+  return check

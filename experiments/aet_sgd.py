@@ -143,16 +143,6 @@ def _fewer(summary: Summary) -> ClaimResult:
       f"{a['message_fraction']:.3f}; claim below 0.5)")
 
 
-def _accuracy(summary: Summary) -> ClaimResult:
-  a, d = summary["aet_sgd"], summary["d_psgd"]
-  return ClaimResult.decide(
-      [paired(summary, "aet_sgd", "d_psgd", "test_error_pct", claim="within", margin=2.0),
-       paired(summary, "aet_sgd", "d_psgd", "loss", claim="within", margin=0.05 * d["loss"])],
-      f"after {int(a['gradients'])} gradients: test error AET-SGD {a['test_error_pct']:.2f}%, D-PSGD "
-      f"{d['test_error_pct']:.2f}% (band +-2 points); training loss {a['loss']:.4f} and {d['loss']:.4f} (band "
-      f"+-{0.05 * d['loss']:.4f})")
-
-
 def _sooner(summary: Summary) -> ClaimResult:
   a, d = summary["aet_sgd"], summary["d_psgd"]
   return ClaimResult.decide(
@@ -165,7 +155,7 @@ CLAIMS = [
     Claim("aet-fewer-messages", "AET-SGD sends fewer than half of D-PSGD's messages over the same gradients",
           _fewer),
     Claim("aet-accuracy", "AET-SGD matches D-PSGD's accuracy at the same number of gradients (test error within 2 "
-          "points, training loss within 5%)", _accuracy),
+          "points, training loss within 5%)", gt.matches_accuracy("aet_sgd", "AET-SGD", "d_psgd", "D-PSGD")),
     Claim("aet-sooner-when-messages-cost", "With messages priced at half a gradient's compute time, AET-SGD "
           "completes the same gradients in less simulated time than D-PSGD", _sooner),
 ]

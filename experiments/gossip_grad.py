@@ -96,16 +96,6 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress: Any) 
   return record
 
 
-def _accuracy(summary: Summary) -> ClaimResult:
-  g, a = summary["gossipgrad"], summary["allreduce"]
-  return ClaimResult.decide(
-      [paired(summary, "gossipgrad", "allreduce", "test_error_pct", claim="within", margin=2.0),
-       paired(summary, "gossipgrad", "allreduce", "loss", claim="within", margin=0.05 * a["loss"])],
-      f"after {int(g['gradients'])} gradients: test error GossipGraD {g['test_error_pct']:.2f}%, all-reduce "
-      f"{a['test_error_pct']:.2f}% (band +-2 points); training loss {g['loss']:.4f} and {a['loss']:.4f} (band "
-      f"+-{0.05 * a['loss']:.4f})")
-
-
 def _sooner(other: str):
   def check(summary: Summary) -> ClaimResult:
     # A target never reached counts as the run's simulated length (a lower bound): conservative.
@@ -121,7 +111,8 @@ def _sooner(other: str):
 
 CLAIMS = [
     Claim("gossipgrad-accuracy", "GossipGraD matches all-reduce SGD's accuracy at the same number of gradients "
-          "(test error within 2 points, training loss within 5%)", _accuracy),
+          "(test error within 2 points, training loss within 5%)",
+          gt.matches_accuracy("gossipgrad", "GossipGraD", "allreduce", "all-reduce")),
     Claim("gossipgrad-faster-than-allreduce", "With one message's cost O(1) a step against all-reduce's log2 M, "
           "GossipGraD reaches the target training loss sooner in simulated time than all-reduce SGD",
           _sooner("allreduce")),

@@ -125,16 +125,6 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress: Any) 
   return record
 
 
-def _accuracy(summary: Summary) -> ClaimResult:
-  g, a = summary["lasgd"], summary["allreduce"]
-  return ClaimResult.decide(
-      [paired(summary, "lasgd", "allreduce", "test_error_pct", claim="within", margin=2.0),
-       paired(summary, "lasgd", "allreduce", "loss", claim="within", margin=0.05 * a["loss"])],
-      f"after {int(g['gradients'])} gradients: test error LASGD {g['test_error_pct']:.2f}%, all-reduce "
-      f"{a['test_error_pct']:.2f}% (band +-2 points); training loss {g['loss']:.4f} and {a['loss']:.4f} (band "
-      f"+-{0.05 * a['loss']:.4f})")
-
-
 def _sooner(other: str):
   def check(summary: Summary) -> ClaimResult:
     # A target never reached counts as the run's simulated length (a lower bound): conservative.
@@ -161,7 +151,8 @@ CLAIMS = [
     Claim("lasgd-faster-than-adpsgd", "LASGD reaches the target training loss sooner in simulated time than "
           "AD-PSGD gossip", _sooner("ad_psgd")),
     Claim("lasgd-accuracy", "LASGD matches all-reduce SGD's accuracy at the same number of gradients (test error "
-          "within 2 points, training loss within 5%)", _accuracy),
+          "within 2 points, training loss within 5%)",
+          gt.matches_accuracy("lasgd", "LASGD", "allreduce", "all-reduce")),
     Claim("lasgd-exact-averaging", "All-reduce averaging keeps LASGD's replicas closer together than AD-PSGD's "
           "sparse pairwise averaging (a lower consensus distance over the run)", _closer),
 ]
