@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import hashlib
+import itertools
 import json
 import math
 import numbers
@@ -769,7 +770,8 @@ def execute_many(plan: Sequence[tuple[Reproduction, Mapping[str, Any], str]], *,
         spec = (job.index, job.spec["key"])
         (later if spec in seen else firsts).append(job)
         seen.add(spec)
-      tasks = [(plan[job.index][0].run, plan[job.index][1], job, checkpoint_every) for job in firsts + later]
+      tasks = [(plan[job.index][0].run, plan[job.index][1], job, checkpoint_every)
+               for job in spread_firsts(firsts) + later]
       for repro, _, _ in plan:
         try:
           pickle.dumps(repro.run)
@@ -791,6 +793,26 @@ def execute_many(plan: Sequence[tuple[Reproduction, Mapping[str, Any], str]], *,
   finally:
     bar.close()
   return results
+
+
+def spread_firsts(firsts: Sequence[_Job]) -> list[_Job]:
+  """The first run of every spec, ordered so that runs started together rarely compile the same program.
+
+  Neighbouring specs of a reproduction often share one program (a sweep over a setting the program does not
+  depend on, or ``dj.Execution(like=...)``), and two workers that take them at once would both compile it:
+  the compilation cache hands a program on only once it is written. So the reproductions take turns, and
+  within one the first half of its specs alternates with the second half: ``[a0, b0, a1, b1, ...]`` for
+  reproductions ``a`` and ``b``, and ``[s0, s4, s1, s5, ...]`` for eight specs of one. The order changes only
+  when runs are performed, never a record.
+  """
+  by_repro: dict[int, list[_Job]] = {}
+  for job in firsts:
+    by_repro.setdefault(job.index, []).append(job)
+  queues = []
+  for jobs in by_repro.values():
+    half = -(-len(jobs) // 2)
+    queues.append([job for pair in itertools.zip_longest(jobs[:half], jobs[half:]) for job in pair if job is not None])
+  return [job for turn in itertools.zip_longest(*queues) for job in turn if job is not None]
 
 
 def check_checkpoint_every(seconds: Any) -> float:
