@@ -540,19 +540,50 @@ def _check_like(like: Any, schedule: Schedule) -> tuple[Schedule, ...]:
   return tuple(like)
 
 
-def _shared_sizes(plan: StepPlan, others: Sequence[StepPlan]) -> ProgramSizes:
-  """The sizes of one program for ``plan`` and every plan of ``others`` (planned with ``plan``'s lanes): the
-  largest of each. The most contributions per update and minibatches per contribution are not padded (they
-  shape what a transformation is given, and the minibatch draws), so they must be equal."""
-  sizes = [_program_sizes(p) for p in (plan, *others)]
+class _PlanSummary(NamedTuple):
+  """What a schedule of ``Execution.like`` contributes to the shared program: its plan's sizes, not its tables."""
+  sizes: ProgramSizes
+  contributions: int  # most contributions per update
+  batches: int  # most minibatches per contribution
+  num_steps: int
+
+
+def _summary(plan: StepPlan) -> _PlanSummary:
+  return _PlanSummary(_program_sizes(plan), plan.upd_worker.shape[2], _max_batches(plan), plan.num_steps)
+
+
+# The summaries of recent Execution.like schedules, by their plan arguments' digest: every run of a sweep names
+# the same schedules, which are then planned once in a process, not once per run. Small tuples, so many.
+_SUMMARIES_KEPT = 1024
+_summaries: collections.OrderedDict[str, _PlanSummary] = collections.OrderedDict()
+
+
+def _cached_summary(schedule: Schedule, *args: Any, **kwargs: Any) -> _PlanSummary:
+  """``_summary(plan_steps(schedule, *args, **kwargs))``, planned once for equal arguments among the last many."""
+  named = [part for name, value in sorted(kwargs.items()) for part in (name, value)]
+  key = _checkpoint.digest(_schedule_digest(schedule), *args, *named)
+  if key in _summaries:
+    _summaries.move_to_end(key)
+    return _summaries[key]
+  summary = _summaries[key] = _summary(plan_steps(schedule, *args, **kwargs))
+  while len(_summaries) > _SUMMARIES_KEPT:
+    _summaries.popitem(last=False)
+  return summary
+
+
+def _shared_sizes(plan: StepPlan, others: Sequence[_PlanSummary]) -> ProgramSizes:
+  """The sizes of one program for ``plan`` and every plan summarized in ``others`` (planned with ``plan``'s
+  lanes): the largest of each. The most contributions per update and minibatches per contribution are not
+  padded (they shape what a transformation is given, and the minibatch draws), so they must be equal."""
+  own = _summary(plan)
   for i, other in enumerate(others):
-    for what, own, theirs in (("contributions per update", plan.upd_worker.shape[2], other.upd_worker.shape[2]),
-                              ("minibatches per contribution", _max_batches(plan), _max_batches(other))):
-      if theirs != own:
+    for what, mine, theirs in (("contributions per update", own.contributions, other.contributions),
+                               ("minibatches per contribution", own.batches, other.batches)):
+      if theirs != mine:
         raise ValueError(
-            f"Execution.like[{i}] has up to {theirs} {what}, but source up to {own}: schedules that share one "
+            f"Execution.like[{i}] has up to {theirs} {what}, but source up to {mine}: schedules that share one "
             f"program have the same most {what}.")
-  return ProgramSizes(*(max(values) for values in zip(*sizes, strict=True)))
+  return ProgramSizes(*(max(values) for values in zip(own.sizes, *(o.sizes for o in others), strict=True)))
 
 
 # Table fields with a column per update of the step, and per read of the step.
@@ -870,13 +901,13 @@ def _prepare(loss_fn, tx, params, data, source, *, num_updates, seed, sampling, 
       raise ValueError(
           f"Execution.like is defined for a schedule or a delay model read whole; source {source!r} reads its "
           f"leaves or blocks at versions of their own.")
-    others = [plan_steps(other, num_workers, num_devices, plan.lanes, local_steps=worker_steps,
-                         not_before=None if epoch is None else np.arange(other.num_updates) // epoch * epoch,
-                         sequential_workers=keep_local_state) for other in like]
+    others = [_cached_summary(other, num_workers, num_devices, plan.lanes, local_steps=worker_steps,
+                              not_before=None if epoch is None else np.arange(other.num_updates) // epoch * epoch,
+                              sequential_workers=keep_local_state) for other in like]
     sizes = _shared_sizes(plan, others)
     # The general step (an update may have no contribution) serves every schedule; the other is shorter.
     always_applies = always_applies and all(bool(np.all(np.diff(other.offsets) > 0)) for other in like)
-    longest = max(p.num_steps for p in (plan, *others))
+    longest = max(plan.num_steps, *(other.num_steps for other in others))
   if chunk_size is None:
     num_chunks = max(1, -(-longest // 256))
     chunk_size = _shared_length(-(-longest // num_chunks))
