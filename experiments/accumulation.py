@@ -215,6 +215,10 @@ def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict
                                       colors=colors)]
 
 
+# No paper_numbers: only the abstract and the opening of the paper (arXiv 1906.03496) were reachable. Their one
+# figure, a near-converged BLEU reached 1.36x faster in single-node multi-GPU translation training, is a speed-up
+# to a quality that this table does not measure (it compares losses at equal simulated time), and the abstract
+# does not tie it to a number of summed gradients.
 REPRODUCTION = Reproduction(
     name="accumulation",
     paper="Aji, Heafield: Making Asynchronous Stochastic Gradient Descent Work for Transformers, WNGT 2019",

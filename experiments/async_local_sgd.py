@@ -121,6 +121,8 @@ def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict
                                       label=label, colors=colors)]
 
 
+# No paper_numbers: only the abstract and the opening of the paper (arXiv 2401.09135) were reachable; the abstract
+# states no figure, and the perplexities on C4 could not be read.
 REPRODUCTION = Reproduction(
     name="async_local_sgd",
     paper="Liu, Chhaparia, Douillard, Kale, Rusu, Shen, Szlam, Ranzato: Asynchronous Local-SGD Training for "

@@ -231,6 +231,8 @@ def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict
           _plots.staleness_histograms([r for r in records if r["seed"] == records[0]["seed"]], out, label=label)]
 
 
+# No paper_numbers: only the abstract and the introduction were reachable; the abstract gives the O(1/sqrt(K)) rate
+# and a "near-linear speedup" on a real-world data set, no figure.
 REPRODUCTION = Reproduction(
     name="async_prox",
     paper="Zhu, Niu, Li: Asynchronous Stochastic Proximal Methods for Nonconvex Nonsmooth Optimization, "

@@ -138,6 +138,7 @@ def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict
           _plots.staleness_histograms(records[:1], out, label=lambda spec: "heavy-tailed delays")]
 
 
+# No paper_numbers: only the abstract was reachable; it gives rates (o(1/sqrt(k)), o(1/k)), no figure.
 REPRODUCTION = Reproduction(
     name="async_sgdi",
     paper="Zhang, Liu, Zhu: Taming Convergence for Asynchronous Stochastic Gradient Descent with Unbounded Delay "

@@ -118,6 +118,9 @@ CLAIMS = [
 ]
 
 
+# No paper_numbers: only the abstract was reachable. Its figure, a training time 1.3-4x shorter than TensorFlow's on
+# an 8-GPU server, is wall-clock time and includes the hardware efficiency (several learners per GPU) that this table
+# does not model; the epochs to a target could not be read.
 REPRODUCTION = Reproduction(
     name="crossbow",
     paper="Koliousis, Watcharapichat, Weidlich, Mai, Costa, Pietzuch: Crossbow: Scaling Deep Learning with Small "

@@ -210,6 +210,8 @@ def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict
                               label=lambda spec: f"s={spec['s']}", xs=("update",), colors=s_colors, log_y=True)]
 
 
+# No paper_numbers: only the abstract and the introduction (arXiv 1810.03264) were reachable; they state no figure,
+# and the normalized batch counts by depth and optimizer could not be read.
 REPRODUCTION = Reproduction(
     name="dai_staleness",
     paper="Dai, Zhou, Dai, Ho, Xing: Toward Understanding the Impact of Staleness in Distributed Machine "

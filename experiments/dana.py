@@ -161,6 +161,8 @@ def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict
                               label=lambda spec: spec["method"], colors=colors, log_y=True)]
 
 
+# No paper_numbers: only the abstract and the opening of the paper (arXiv 1907.11612) were reachable; the abstract
+# states no error, only the scale reached (a total batch of 16K on 64 asynchronous workers).
 REPRODUCTION = Reproduction(
     name="dana",
     paper="Hakimi, Barkai, Gabel, Schuster: Taming Momentum in a Distributed Asynchronous Environment, arXiv 2019",

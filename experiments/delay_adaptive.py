@@ -124,6 +124,8 @@ def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict
           _plots.staleness_histograms(records[:1], out, label=lambda spec: "replayed trace (ASP)")]
 
 
+# No paper_numbers: only the abstract and the introduction (arXiv 2202.08550) were reachable, and they state no
+# figure.
 REPRODUCTION = Reproduction(
     name="delay_adaptive",
     paper="Wu, Magnusson, Feyzmahdavian, Johansson: Delay-adaptive step-sizes for asynchronous learning, "

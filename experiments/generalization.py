@@ -136,6 +136,8 @@ def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict
                               label=lambda spec: spec["key"], xs=("update",))]
 
 
+# No paper_numbers: only the abstract and the introduction (arXiv 2308.09430) were reachable; they give the bounds in
+# order only and no measured gap.
 REPRODUCTION = Reproduction(
     name="generalization",
     paper="Deng, Shen, Li, Sun, Li, Tao: Towards Understanding the Generalizability of Delayed Stochastic "

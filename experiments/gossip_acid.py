@@ -85,7 +85,8 @@ CLAIMS = [
 ]
 
 
-
+# No paper_numbers: only the abstract was reachable, and it states no figure (its ImageNet results with up to 64
+# workers are in the full text).
 REPRODUCTION = Reproduction(
     name="gossip_acid",
     paper="Nabli, Belilovsky, Oyallon: A2CiD2: Accelerating Asynchronous Communication in Decentralized Deep "

@@ -92,7 +92,8 @@ CLAIMS = [
 ]
 
 
-
+# No paper_numbers: only the abstract was reachable, and it states no figure ("state-of-the-art results" with
+# large batches, no value).
 REPRODUCTION = Reproduction(
     name="gossip_dcs3gd",
     paper="Rigazzi: DC-S3GD: Delay-Compensated Stale-Synchronous SGD for Large-Scale Decentralized Neural Network "

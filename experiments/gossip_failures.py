@@ -63,7 +63,8 @@ CLAIMS = [
 ]
 
 
-
+# No paper_numbers: the claim is the literature's, not one paper's experiment, and the rule's paper (Lian et al.,
+# ICML 2018) has no run with lost messages or nodes.
 REPRODUCTION = Reproduction(
     name="gossip_failures",
     paper="Asynchronous decentralized SGD under link and node failures (the wireless-edge setting); rule of "

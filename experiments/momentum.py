@@ -141,6 +141,8 @@ def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict
                                       label=lambda spec: f"M = {spec['workers']}", colors=colors)]
 
 
+# No paper_numbers: only the abstract and the introduction (arXiv 1605.09774) were reachable, and they state no
+# figure.
 REPRODUCTION = Reproduction(
     name="momentum",
     paper="Mitliagkas, Zhang, Hadjis, Re: Asynchrony begets Momentum, with an Application to Deep Learning, "

@@ -109,6 +109,9 @@ def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict
   return [_plots.curves(records, out, "error_vs_time", xs=("update", "time")), path]
 
 
+# No paper_numbers: only the two abstracts were reachable. GPipe's figures are model results (84.4% top-1 on
+# ImageNet with a 557M-parameter AmoebaNet, a 6B-parameter Transformer), PipeDream's a speed-up (up to 5.3x) over
+# intra-batch parallelism, which no row runs; neither gives a bubble fraction or a time to accuracy for these rows.
 REPRODUCTION = Reproduction(
     name="pipeline_bubbles",
     paper="Huang et al.: GPipe, NeurIPS 2019; Narayanan et al.: PipeDream, SOSP 2019",

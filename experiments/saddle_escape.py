@@ -224,6 +224,8 @@ def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict
   return paths + [path]
 
 
+# No paper_numbers: only the abstracts (arXiv 1910.06000) were reachable; they give the bound on the number of
+# workers in order only (shown as paper_order), no figure.
 REPRODUCTION = Reproduction(
     name="saddle_escape",
     paper="Wang, Shen, Zhao: Second-Order Convergence of Asynchronous Parallel Stochastic Gradient Descent: When Is "

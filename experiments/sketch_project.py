@@ -178,6 +178,8 @@ def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict
                         label=lambda spec: spec["key"], xs=("update",))]
 
 
+# No paper_numbers: only the abstract and the theorem's statement were reachable; the paper's figure for these rows
+# is its rate bound, computed here for this system (paper_bound), and the paper has no asynchronous counterpart.
 REPRODUCTION = Reproduction(
     name="sketch_project",
     paper="Richtarik, Takac: Stochastic Reformulations of Linear Systems: Algorithms and Convergence Theory, SIAM "

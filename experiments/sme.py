@@ -187,6 +187,8 @@ def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict
   return [path]
 
 
+# No paper_numbers: only the abstract and introduction were reachable, and they state no figure; the model checked
+# here is dj.analysis's delayed SDE, not the paper's Langevin-type SME, so no row stands for one of its results.
 REPRODUCTION = Reproduction(
     name="sme",
     paper="An, Lu, Ying: Stochastic Modified Equations for the Asynchronous Stochastic Gradient Descent, "

@@ -154,6 +154,7 @@ def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict
   ]
 
 
+# No paper_numbers: of the paper's text only the abstract was reachable, and it states no figure.
 REPRODUCTION = Reproduction(
     name="zeno",
     paper="Xie, Koyejo, Gupta: Zeno++: Robust Fully Asynchronous SGD, ICML 2020",
