@@ -118,6 +118,7 @@ def plots(config: dict[str, Any], records: list[dict[str, Any]], rows: list[dict
           _plots.staleness_histograms(records, out, label=label, colors=colors), path]
 
 
+# No paper_numbers: only the abstract was reachable, and it states no figure (accuracy, time or speed-up).
 REPRODUCTION = Reproduction(
     name="dssp",
     paper="Zhao, An, Liu, Chen: Dynamic Stale Synchronous Parallel Distributed Training for Deep Learning, "

@@ -58,9 +58,13 @@ from ._training import shared_chunk_size, simulate_record, task_for
 # BSP's 96.4%: +3.8 points of test error [-0.2, +7.8], not within the 1.5 claimed, and not clearly worse either.
 # Its staleness of about 1 under momentum 0.5 at this step costs accuracy that the synchronous job does not pay
 # (pilot seeds 100-101 at 1200 gradients: 96.5% against 96.1%); the paper's "tuning-free" is not shown here.
+# Seeds at quick scale: 12 (issue 28; were 5), fixed before seeds 5-11 ran, nothing else changed: the 5-seed run's
+# GBA - BSP test error had a per-seed standard deviation of 3.2 points around +3.8; deciding the 1.5-point margin
+# from there takes a half-width under 2.3, which t_{N-1} 3.2 / sqrt(N) gives from 11 seeds (2.15) and 12 (2.03).
+# The mean sits above the margin, so if it stays there gba-tuning-free becomes "not held" rather than held.
 SCALES = {
     "quick": dict(data="digits", model="mlp", hidden=32, steps=960, batch=32, lr=0.5, momentum=0.5, workers=8,
-                  compute="gamma", straggle_probability=0.05, straggle_slowdown=10.0, iota=2, seeds=5,
+                  compute="gamma", straggle_probability=0.05, straggle_slowdown=10.0, iota=2, seeds=12,
                   eval_every=40, lanes=8),
     "paper": dict(data="cifar10", model="resnet20", steps=62_500, batch=128, lr=0.1, momentum=0.9, workers=8,
                   compute="gamma", straggle_probability=0.05, straggle_slowdown=10.0, iota=2, seeds=1,
