@@ -560,15 +560,8 @@ _summaries: collections.OrderedDict[str, _PlanSummary] = collections.OrderedDict
 
 def _cached_summary(schedule: Schedule, *args: Any, **kwargs: Any) -> _PlanSummary:
   """``_summary(plan_steps(schedule, *args, **kwargs))``, planned once for equal arguments among the last many."""
-  named = [part for name, value in sorted(kwargs.items()) for part in (name, value)]
-  key = _checkpoint.digest(_schedule_digest(schedule), *args, *named)
-  if key in _summaries:
-    _summaries.move_to_end(key)
-    return _summaries[key]
-  summary = _summaries[key] = _summary(plan_steps(schedule, *args, **kwargs))
-  while len(_summaries) > _SUMMARIES_KEPT:
-    _summaries.popitem(last=False)
-  return summary
+  return _kept(_summaries, _SUMMARIES_KEPT, _plan_digest(schedule, args, kwargs),
+               lambda: _summary(plan_steps(schedule, *args, **kwargs)))
 
 
 def _shared_sizes(plan: StepPlan, others: Sequence[_PlanSummary]) -> ProgramSizes:
@@ -606,18 +599,27 @@ def _padded_tables(rows: dict[str, np.ndarray], sizes: ProgramSizes, num_workers
   return out
 
 
+def _plan_digest(schedule: Schedule, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+  """A digest of ``plan_steps``'s arguments. Arrays go in whole: digest reads their bytes, where a repr would elide
+  long ones."""
+  named = [part for name, value in sorted(kwargs.items()) for part in (name, value)]
+  return _checkpoint.digest(_schedule_digest(schedule), *args, *named)
+
+
+def _kept(store: collections.OrderedDict[str, Any], kept: int, key: str, make: Callable[[], Any]) -> Any:
+  """``store[key]``, made by ``make()`` if absent; ``store`` keeps the ``kept`` most recently used."""
+  if key in store:
+    store.move_to_end(key)
+    return store[key]
+  value = store[key] = make()
+  while len(store) > kept:
+    store.popitem(last=False)
+  return value
+
+
 def _cached_plan(schedule: Schedule, *args: Any, **kwargs: Any) -> StepPlan:
   """``plan_steps(schedule, *args, **kwargs)``, planned once for equal arguments among the last few."""
-  # Arrays go in whole: digest reads their bytes, where a repr would elide long ones.
-  named = [part for name, value in sorted(kwargs.items()) for part in (name, value)]
-  key = _checkpoint.digest(_schedule_digest(schedule), *args, *named)
-  if key in _plans:
-    _plans.move_to_end(key)
-    return _plans[key]
-  plan = _plans[key] = plan_steps(schedule, *args, **kwargs)
-  while len(_plans) > _PLANS_KEPT:
-    _plans.popitem(last=False)
-  return plan
+  return _kept(_plans, _PLANS_KEPT, _plan_digest(schedule, args, kwargs), lambda: plan_steps(schedule, *args, **kwargs))
 
 
 def _compile_key(*, loss_fn: Callable[..., Any], has_aux: bool, tx: Any, params: Any, opt_state: Any, data: Any,
