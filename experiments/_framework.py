@@ -800,19 +800,20 @@ def spread_firsts(firsts: Sequence[_Job]) -> list[_Job]:
 
   Neighbouring specs of a reproduction often share one program (a sweep over a setting the program does not
   depend on, or ``dj.Execution(like=...)``), and two workers that take them at once would both compile it:
-  the compilation cache hands a program on only once it is written. So the reproductions take turns, and
-  within one the first half of its specs alternates with the second half: ``[a0, b0, a1, b1, ...]`` for
-  reproductions ``a`` and ``b``, and ``[s0, s4, s1, s5, ...]`` for eight specs of one. The order changes only
-  when runs are performed, never a record.
+  the compilation cache hands a program on only once it is written. So within each reproduction the first half
+  of its specs alternates with the second half (``[s0, s4, s1, s5, ...]`` for eight specs). The reproductions
+  keep their order: a worker keeps only its few most recent programs (``dj.runtime`` compiles each once among
+  them), which taking turns across reproductions would evict before a reproduction's next spec needs them. The
+  order changes only when runs are performed, never a record.
   """
   by_repro: dict[int, list[_Job]] = {}
   for job in firsts:
     by_repro.setdefault(job.index, []).append(job)
-  queues = []
+  out = []
   for jobs in by_repro.values():
     half = -(-len(jobs) // 2)
-    queues.append([job for pair in itertools.zip_longest(jobs[:half], jobs[half:]) for job in pair if job is not None])
-  return [job for turn in itertools.zip_longest(*queues) for job in turn if job is not None]
+    out += [job for pair in itertools.zip_longest(jobs[:half], jobs[half:]) for job in pair if job is not None]
+  return out
 
 
 def check_checkpoint_every(seconds: Any) -> float:

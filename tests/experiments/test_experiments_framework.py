@@ -714,12 +714,12 @@ def _job(index, key):
   return fw._Job(index, {"key": key}, 0, f"{index}-{key}", "", "")
 
 
-def test_first_runs_take_turns_across_reproductions_and_halves():
+def test_first_runs_alternate_between_the_halves_of_each_reproduction():
   # Neighbouring specs often share a program: two workers starting them together would both compile it.
   one = [_job(0, f"s{i}") for i in range(8)]
   assert [j.spec["key"] for j in fw.spread_firsts(one)] == ["s0", "s4", "s1", "s5", "s2", "s6", "s3", "s7"]
   odd = [_job(0, f"s{i}") for i in range(5)]
   assert [j.spec["key"] for j in fw.spread_firsts(odd)] == ["s0", "s3", "s1", "s4", "s2"]
   mixed = [_job(0, "a0"), _job(0, "a1"), _job(1, "b0"), _job(1, "b1"), _job(1, "b2"), _job(1, "b3"), _job(2, "c0")]
-  assert [j.spec["key"] for j in fw.spread_firsts(mixed)] == ["a0", "b0", "c0", "a1", "b2", "b1", "b3"]
+  assert [j.spec["key"] for j in fw.spread_firsts(mixed)] == ["a0", "a1", "b0", "b2", "b1", "b3", "c0"]
   assert fw.spread_firsts([]) == []
