@@ -60,6 +60,22 @@ class RunProgress:
     self.bar.total = total
     self.bar.n = done
     self.bar.refresh()
+
+
+def remembered(store: dict[Any, Any], key: Any, make: Callable[[], Any], kept: int | None = None) -> Any:
+  """``store[key]``, made by ``make()`` the first time it is asked for; with ``kept``, the oldest entries are
+  dropped so that at most ``kept`` remain.
+
+  What a run builds once per process and its neighbours reuse: a reproduction's schedules, which are each run's
+  own and the ``dj.Execution(like=...)`` of the others.
+  """
+  if key not in store:
+    while kept is not None and len(store) >= kept:
+      store.pop(next(iter(store)))
+    store[key] = make()
+  return store[key]
+
+
 Summary = Mapping[str, Mapping[str, Any]]  # row key -> that row's numbers (means over seeds)
 
 

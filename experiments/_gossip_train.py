@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 import delayjax as dj
-from ._framework import ClaimResult, Summary, mean_rows, paired
+from ._framework import ClaimResult, Summary, mean_rows, paired, remembered
 
 C = dj.cluster
 
@@ -192,16 +192,14 @@ def schedule_for(config: dict[str, Any], spec: dict[str, Any], seed: int) -> C.G
   """The gossip schedule of a run: ``config``'s workers (speeds, compute and comm models), the spec's paradigm
   and failures, ``config["steps"]`` gradients per replica (simulated once per process: a spec's schedule is
   also the ``like`` of the other specs' runs)."""
-  key = json.dumps([config, spec, seed], sort_keys=True, default=str)
-  if key not in _SCHEDULES:
+  def make() -> C.GossipSchedule:
     num = len(config["speeds"])
     workers = C.workers(num, compute=config["compute"], comm=config.get("comm"), speed=config["speeds"])
     down = [C.node_down(*d) for d in spec.get("down", ())]
     fail = C.failures(spec.get("drop", 0.0), down) if spec.get("drop") or down else None
-    if len(_SCHEDULES) >= 64:
-      _SCHEDULES.pop(next(iter(_SCHEDULES)))
-    _SCHEDULES[key] = C.simulate_gossip(paradigm_for(spec, num), workers, config["steps"], seed=seed, failures=fail)
-  return _SCHEDULES[key]
+    return C.simulate_gossip(paradigm_for(spec, num), workers, config["steps"], seed=seed, failures=fail)
+
+  return remembered(_SCHEDULES, json.dumps([config, spec, seed], sort_keys=True, default=str), make, kept=64)
 
 
 def eval_every(config: dict[str, Any], schedule: C.GossipSchedule) -> int:

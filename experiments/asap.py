@@ -30,7 +30,8 @@ import numpy as np
 
 import delayjax as dj
 from . import _gossip_train as gt
-from ._framework import COUNT, NON_NEGATIVE_INT, POSITIVE, Claim, ClaimResult, Reproduction, Summary, paired
+from ._framework import (COUNT, NON_NEGATIVE_INT, POSITIVE, Claim, ClaimResult, Reproduction, Summary, paired,
+                         remembered)
 
 C = dj.cluster
 
@@ -94,12 +95,12 @@ _SCHEDULES: dict[tuple[str, int, str], C.GossipSchedule] = {}
 
 def schedule(config: dict[str, Any], spec: dict[str, Any], seed: int) -> C.GossipSchedule:
   """A spec's schedule (simulated once per process: it is also the ``like`` of the other specs' runs)."""
-  key = (repr(sorted(config.items())), seed, spec["key"])
-  if key not in _SCHEDULES:
+  def make() -> C.GossipSchedule:
     workers = C.workers(len(config["speeds"]), compute=config["compute"], comm=config["comm"],
                         speed=config["speeds"])
-    _SCHEDULES[key] = C.simulate_gossip(paradigm(config, spec), workers, config["steps"], seed=seed)
-  return _SCHEDULES[key]
+    return C.simulate_gossip(paradigm(config, spec), workers, config["steps"], seed=seed)
+
+  return remembered(_SCHEDULES, (repr(sorted(config.items())), seed, spec["key"]), make)
 
 
 def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress: Any) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from ._framework import (
   Reproduction,
   Summary,
   paired,
+  remembered,
 )
 
 C = dj.cluster
@@ -86,17 +87,14 @@ _SCHEDULES: dict[tuple[str, int, str], C.GossipSchedule] = {}
 
 def schedule(config: dict[str, Any], spec: dict[str, Any], seed: int) -> C.GossipSchedule:
   """A spec's schedule on a ring of the replicas (simulated once per process: it is also the others' ``like``)."""
-  key = (repr(sorted(config.items())), seed, spec["key"])
-  if key not in _SCHEDULES:
+  def make() -> C.GossipSchedule:
     num = len(config["speeds"])
     workers = C.workers(num, compute=config["compute"], comm=config["comm"], speed=config["speeds"])
     ring = dj.topology.ring(num)
     paradigm = C.d_psgd(ring) if spec["paradigm"] == "d_psgd" else C.ad_psgd(ring)
-    if len(_SCHEDULES) >= 32:
-      _SCHEDULES.pop(next(iter(_SCHEDULES)))
-    _SCHEDULES[key] = C.simulate_gossip(paradigm, workers, config["steps"], seed=seed,
-                                        failures=failures(config, spec))
-  return _SCHEDULES[key]
+    return C.simulate_gossip(paradigm, workers, config["steps"], seed=seed, failures=failures(config, spec))
+
+  return remembered(_SCHEDULES, (repr(sorted(config.items())), seed, spec["key"]), make, kept=32)
 
 
 def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress: Any) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from typing import Any
 
 import delayjax as dj
 from . import _gossip_train as gt
-from ._framework import POSITIVE, Claim, ClaimResult, Reproduction, Summary, paired
+from ._framework import POSITIVE, Claim, ClaimResult, Reproduction, Summary, paired, remembered
 
 # Config: the gossip reproductions' task (16 replicas, 200 gradients each, batch 16, lr 0.5, iid data, exponential
 # compute of mean 1 s) with four replicas four times slower (the heterogeneous cluster where waiting for everyone
@@ -92,13 +92,12 @@ def schedule_for(config: dict[str, Any], spec: dict[str, Any], seed: int) -> dj.
   spec_config = _spec_config(config, spec)
   if spec["paradigm"] != "lasgd":
     return gt.schedule_for(spec_config, spec, seed)
-  key = (repr(sorted(spec_config.items())), seed)
-  if key not in _LASGD_SCHEDULES:
+  def make() -> dj.cluster.GossipSchedule:
     num = len(config["speeds"])
     workers = dj.cluster.workers(num, compute=config["compute"], comm=spec_config["comm"], speed=config["speeds"])
-    _LASGD_SCHEDULES.clear()
-    _LASGD_SCHEDULES[key] = dj.cluster.simulate_gossip(dj.cluster.lasgd(), workers, config["steps"], seed=seed)
-  return _LASGD_SCHEDULES[key]
+    return dj.cluster.simulate_gossip(dj.cluster.lasgd(), workers, config["steps"], seed=seed)
+
+  return remembered(_LASGD_SCHEDULES, (repr(sorted(spec_config.items())), seed), make, kept=1)
 
 
 def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress: Any) -> dict[str, Any]:

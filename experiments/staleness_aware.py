@@ -26,7 +26,7 @@ import optax
 import delayjax as dj
 from . import _plots
 from ._framework import (Claim, ClaimResult, Reproduction, Summary, across_seeds, compare, mean_rows,
-                                    paired, seed_values)
+                                    paired, remembered, seed_values)
 from ._training import learning_rate, simulate_record, task_for
 
 # Config. The paper: CIFAR-10, 30 learners, minibatch 4 (lambda = 30, mu = 4), one alpha_0 for all n.
@@ -76,11 +76,10 @@ _SCHEDULES: dict[str, dj.cluster.Schedule] = {}
 
 def schedule(n: int, learners: int, compute: Any, updates: int, seed: int) -> dj.cluster.Schedule:
   """n-softsync's schedule (simulated once per process: it is also the ``like`` of the other seeds' runs)."""
-  key = repr((n, learners, compute, updates, seed))  # compute may be a list (--set), which a dict key cannot be
-  if key not in _SCHEDULES:
-    _SCHEDULES[key] = dj.cluster.simulate(dj.cluster.softsync(n), dj.cluster.workers(learners, compute=compute),
-                                          updates, seed=seed)
-  return _SCHEDULES[key]
+  # compute may be a list (--set), which a dict key cannot be: the key is its repr.
+  return remembered(_SCHEDULES, repr((n, learners, compute, updates, seed)),
+                    lambda: dj.cluster.simulate(dj.cluster.softsync(n), dj.cluster.workers(learners, compute=compute),
+                                                updates, seed=seed))
 
 
 def _most_minibatches(sched: dj.cluster.Schedule) -> int:

@@ -723,3 +723,18 @@ def test_first_runs_alternate_between_the_halves_of_each_reproduction():
   mixed = [_job(0, "a0"), _job(0, "a1"), _job(1, "b0"), _job(1, "b1"), _job(1, "b2"), _job(1, "b3"), _job(2, "c0")]
   assert [j.spec["key"] for j in fw.spread_firsts(mixed)] == ["a0", "a1", "b0", "b2", "b1", "b3", "c0"]
   assert fw.spread_firsts([]) == []
+
+
+def test_remembered_makes_once_and_keeps_the_newest():
+  made = []
+
+  def make(v):
+    return lambda: made.append(v) or v * 10
+
+  store = {}
+  assert [fw.remembered(store, k, make(k), kept=2) for k in (1, 1, 2, 3, 2)] == [10, 10, 20, 30, 20]
+  assert made == [1, 2, 3] and list(store) == [2, 3]  # 1, the oldest, went when 3 came; 2 was not made again
+  unbounded = {}
+  for k in range(5):
+    fw.remembered(unbounded, k, make(k))
+  assert list(unbounded) == [0, 1, 2, 3, 4]
