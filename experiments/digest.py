@@ -85,10 +85,20 @@ from ._framework import COUNT, FRACTION, POSITIVE, Claim, ClaimResult, Range, Re
 # Result (16 seeds, 30 CPU s): DIGEST - partition-based held at every period (k = 16: -3.5 [-5.8, -1.1]); DIGEST -
 # full graph +1.07 [+0.09, +2.06] (k = 1) and +0.94 [+0.04, +1.84] (k = 4) and k = 64 - k = 1 +0.14 [-0.65, +0.92]
 # stay inconclusive.
+# Seeds at quick scale: 32 (second raise, issue 28; was 16). The 16-seed run's spread of DIGEST - full graph: mean
+# +1.07 points, sd 1.85 (k = 1) and +0.94, sd 1.69 (k = 4), 0.93 and 1.06 under the 2-point margin. The half-width
+# t s / sqrt(N) at 32 seeds is 0.67 (k = 1) and 0.61 (k = 4), enough to decide the margin if the means stay under
+# 1.33 and 1.39 (k = 1 alone needs 18 seeds from a mean of 1.07, at which the half-width is 0.92). k = 64 - k = 1
+# (+0.14 over 0) is not what the seeds were chosen for; it is re-decided on the 32. 32 seeds took 67 CPU s (user) on
+# seeds 1000-1031 (a timing run, its claims not used), within the 80 s allowed this reproduction.
+# Result (32 seeds, 60 CPU s user; seeds 0-15 the same, bit for bit, as the 16-seed run's): DIGEST - full graph
+# +1.33 [+0.74, +1.92] (k = 1) and +1.20 [+0.64, +1.76] (k = 4) points, under the 2-point margin: held; DIGEST -
+# partition-based held at every period (k = 16: -3.0 [-4.5, -1.6]); traffic held; k = 64 - k = 1 -0.26 [-0.71,
+# +0.18]: inconclusive, no sign of degradation at this scale.
 SCALES = {
     "quick": dict(nodes=400, classes=4, degree=8.0, homophily=0.7, feature_dim=16, feature_noise=2.5,
                   train_fraction=0.2, parts=4, hidden=16, lr=0.01, steps=200, periods=[1, 4, 16, 64],
-                  seeds=16, eval_every=10),
+                  seeds=32, eval_every=10),
 }
 LIMITS = {"nodes": COUNT, "classes": Range(2, integer=True), "degree": POSITIVE, "homophily": FRACTION,
           "feature_dim": COUNT, "feature_noise": Range(0.0), "train_fraction": FRACTION, "parts": COUNT,
