@@ -64,9 +64,26 @@ from .pipeline_common import pipeline_record
 # Result (16 seeds, 111 CPU s): K=8 SGD diverged on 16 of 16, K=2 on 2 of 16 (0.125 [-0.057, +0.31]): held;
 # PipeMare diverged on 13 of 16 (0.81 [0.60, 1.03]): rescheduling does not make the deep pipeline train, not held;
 # correction lowered the loss on 8 of the 10 seeds without a tie (sign test p = 0.055, 6 ties): inconclusive.
+# Seeds at quick scale: 24 (issue 28; were 16), nothing else changed, fixed before seeds 16-23 ran. This is a second
+# look at correction-helps, taken because the first came out near 0.05: its p-value is not that of one test planned
+# in advance (looking again because the first look was close raises the chance of a false "held"), so the count is
+# fixed here, once, and seeds 0-23 are all reported whatever they show. The 6 ties (seeds 2, 3, 5, 12, 13, 15) are
+# seeds on which PipeMare diverged both with and without correction (each counts as an infinite loss, so neither
+# lowers it). Of the 10 other seeds, correction trained where plain PipeMare diverged on 7 and ended lower where both
+# trained on 1; it ended higher where both trained on 1 and diverged where plain PipeMare trained on 1. If the
+# recorded proportions held (10 of 16 seeds untied, 8 of 10 of those on the claimed side), 24 seeds give 15 untied
+# with 12 on the claimed side: one-sided p = 0.018. 20 seeds is the smallest count whose expected tallies (12.5
+# untied, 10 on the claimed side) fall under 0.05 however they are rounded, but only just (p = 0.019 for 10 of 12,
+# 0.046 for 10 of 13); 24 is the next count at which they are whole numbers and clears it. The 16-seed run's later
+# seeds took about 4 CPU s for the four specs, so 24 seeds should take near 135 CPU s, within the 220 allowed.
+# Result (24 seeds, 138 CPU s; seeds 0-15 as before): K=8 SGD diverged on 24 of 24, K=2 on 3 of 24 (0.125 [-0.018,
+# +0.27]): held; PipeMare diverged on 20 of 24 (0.83 [0.67, 0.99]): not held; correction lowered the loss on 13 of
+# the 16 seeds without a tie (sign test p = 0.011, 8 ties, both runs diverged on each): held, at a second look.
+# Two looks were taken at this claim; split the 0.05 between them (0.025 each, a Bonferroni bound that holds
+# however the second look was chosen) and the second look's p = 0.011 still clears it (worked out after the run).
 SCALES = {
     "quick": dict(layers=8, width=32, shallow=2, deep=8, steps=300, batch=32, lr=0.8, warmup=3000,
-                  discrepancy_decay=0.1, eval_every=50, seeds=16),
+                  discrepancy_decay=0.1, eval_every=50, seeds=24),
     "paper": dict(layers=16, width=128, shallow=2, deep=16, steps=5000, batch=64, lr=0.5, warmup=2500,
                   discrepancy_decay=0.1, eval_every=250, seeds=3),
 }
