@@ -1,5 +1,6 @@
 """experiments.hpsgd: the all-reduce's price, the loss at a fixed time, and every spec's gradients."""
 
+import numpy as np
 import pytest
 
 from experiments import hpsgd
@@ -27,3 +28,13 @@ def test_every_spec_applies_the_same_gradients():
     assert schedule.num_gradients == 6 * len(config["speeds"]), spec["key"]
     if spec["paradigm"] == "lasgd":
       assert float(schedule.wait.sum()) == 0.0  # nobody waits: the all-reduce runs behind the local steps
+
+
+def test_hpsgd_and_lasgd_share_each_seeds_schedule():
+  # hpsgd-merge-vs-lasgd pairs their final losses seed by seed: only the merge rule may differ between them.
+  config = dict(CONFIG, steps=6)
+  by_key = {spec["key"]: spec for spec in hpsgd.specs(config)}
+  for seed in (0, 1):
+    a, b = (hpsgd.schedule_for(config, by_key[key], seed) for key in ("hpsgd", "lasgd"))
+    for field in ("time", "kind", "worker", "mix", "members", "weights", "lag"):
+      np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
