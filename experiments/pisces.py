@@ -63,10 +63,19 @@ from .federated import non_iid_shards
 # +12.7]; final accuracy Pisces 75.4%, FedBuff 79.4%, FedAsync 72.7%. Pisces applied 99 updates (FedBuff 38,
 # FedAsync 110) of more client updates than either and gave the slow half 11% of them (the uniform ones 42-43%): it
 # is the faster to apply updates, but with the utilities fixed it keeps away from the slow clients' classes.
+# Seeds at quick scale: 20 (issue 28; was 5). The 5-seed run's per-seed spread, with a miss counted as the 60 s
+# budget (see _sooner): Pisces - FedBuff mean +5.8 s, sd 10.6 s, gives a half-width near 5.0 s at 20 seeds (5.7 s
+# at 16, the fewest that would clear), enough to decide the 0 margin from that mean if it stays there (on the
+# side opposite the claim). Pisces - FedAsync, mean -2.7 s, sd 11.9 s, would need about 80 seeds, well past this
+# reproduction's 200 CPU s: more seeds cannot decide it here, and none are added for it. Cost: one Pisces program
+# per largest buffer size (five sizes on seeds 0-19), one per uniform method, so near 130 CPU s for 20 seeds.
+# Result (seeds 0-19): Pisces - FedBuff +7.0 s [+0.2, +13.8], not held (FedBuff reached 80% sooner); Pisces -
+# FedAsync -4.3 s [-9.8, +1.2], inconclusive. Final accuracy Pisces 77.6%, FedBuff 81.0%, FedAsync 75.0%; the slow
+# half's share of the updates Pisces 10%, the uniform ones 42%. The quick run took 174 CPU s (148 s wall).
 SCALES = {
     "quick": dict(data="digits", model="mlp", hidden=32, clients=20, classes_per_client=2, slow_fraction=0.5,
                   slow_factor=5.0, compute="lognormal", concurrency=5, buffer=3, local_steps=5, batch=16,
-                  client_lr=0.3, server_lr=1.0, beta=0.5, time_budget=60.0, target_accuracy=0.8, seeds=5,
+                  client_lr=0.3, server_lr=1.0, beta=0.5, time_budget=60.0, target_accuracy=0.8, seeds=20,
                   eval_points=20, lanes=5),
     "paper": dict(data="mnist", model="mlp", hidden=200, clients=200, classes_per_client=2, slow_fraction=0.5,
                   slow_factor=5.0, compute="lognormal", concurrency=20, buffer=10, local_steps=20, batch=32,
@@ -159,6 +168,8 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> di
   contributions = sched.contributes
   slow = len(speeds(config)) - speeds(config).count(1.0)
   record["metrics"]["slow_share"] = float(contributions[:, len(speeds(config)) - slow:].sum() / contributions.sum())
+  # The claims count a target never reached as the whole budget (see _sooner).
+  record["metrics"]["time_budget"] = float(config["time_budget"])
   return with_time_to_target(record, config["target_accuracy"])
 
 
@@ -172,8 +183,14 @@ def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dic
 
 
 def _sooner(baseline: str):
+  # A run that never reaches the target counts the whole time budget (issue 28; it counted the time of its last
+  # update, which differs by method and seed by up to 2 s, so two runs that both missed the target were scored as
+  # different). Its model is unchanged from that last update to the end of the budget, so the target is not reached
+  # within the budget either: the budget is the lower bound of its time that every method shares, and a seed on
+  # which neither reached it is a tie.
   def check(summary: Summary) -> ClaimResult:
-    return ClaimResult.decide(paired(summary, "pisces", baseline, "time_to_target_bound",
+    return ClaimResult.decide(paired(summary, "pisces", baseline, "time_to_target",
+                                     censor=summary["pisces"]["time_budget"],
                                      what=f"seconds to the target accuracy, pisces - {baseline}"))
   return check
 
