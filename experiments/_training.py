@@ -138,14 +138,29 @@ def within_time(schedule: dj.cluster.Schedule, budget: float) -> dj.cluster.Sche
   return schedule[:max(1, int(np.searchsorted(schedule.time, budget, side="right")))]
 
 
-def with_time_to_target(record: dict[str, Any], target_accuracy: float) -> dict[str, Any]:
+def time_horizon(schedule: dj.cluster.Schedule, budget: float) -> float:
+  """How long a run of ``within_time(schedule, budget)`` shows whether it reached a target: ``budget`` if
+  ``schedule`` runs past it (from the last update within the budget to its end the model does not change, so the
+  target is not reached within it either), else ``schedule``'s last update (nothing is known after it).
+  :func:`with_time_to_target`'s ``horizon``."""
+  return float(min(budget, schedule.time[-1]))
+
+
+def with_time_to_target(record: dict[str, Any], target_accuracy: float,
+                        horizon: float | None = None) -> dict[str, Any]:
   """Adds ``time_to_target``: the simulated seconds until the test accuracy first reached the target
-  (``None``, which the tables show as NaN, if it never did), and ``time_to_target_bound``: the same, or the
-  run's whole simulated time if it never reached it (a lower bound of the time it would have taken, which
-  the claims compare: conservative for either side)."""
+  (``None``, which the tables show as NaN, if it never did), and ``time_to_target_bound``: the same, or, if it
+  never reached it, ``horizon`` (:func:`time_horizon`; the run's last evaluation if ``None``): a lower bound of
+  the time it would have taken, which the claims compare, conservative for either side.
+
+  Runs cut at one time budget need the budget as their horizon: their last updates fall at different times
+  before it (a synchronous round may end seconds earlier than an asynchronous update), so two runs that both
+  missed the target would be scored as different, the one whose last update came earlier favoured. With the
+  budget, a seed on which neither reached the target is a tie."""
   reach = first_reach(record["curves"]["time"], record["curves"]["test_error"], 1.0 - target_accuracy)
+  miss = float(record["curves"]["time"][-1]) if horizon is None else float(horizon)
   record["metrics"]["time_to_target"] = reach if np.isfinite(reach) else None
-  record["metrics"]["time_to_target_bound"] = reach if np.isfinite(reach) else float(record["curves"]["time"][-1])
+  record["metrics"]["time_to_target_bound"] = reach if np.isfinite(reach) else miss
   return record
 
 

@@ -20,7 +20,8 @@ an update and takes an SGD step:
 
 at a high bandwidth (the dense push takes about a tenth of a gradient's compute) and a low one (about ten
 gradients' compute). Reported: simulated seconds to a target test accuracy (a run that never reaches it counts
-its whole simulated time, a lower bound), updates, message bytes.
+the time budget where the budget cut it, its last update where max_updates ended it: a lower bound), updates,
+message bytes.
 
     python -m experiments run compression
 """
@@ -34,7 +35,7 @@ import optax
 import delayjax as dj
 from . import _plots
 from ._framework import COUNT, POSITIVE, Claim, ClaimResult, Reproduction, Summary, mean_rows, paired
-from ._training import shared_chunk_size, simulate_record, task_for, with_time_to_target, within_time
+from ._training import shared_chunk_size, simulate_record, task_for, time_horizon, with_time_to_target, within_time
 
 # Config, fixed before the first run. The MLP on digits has 9,610 float32 parameters, 38,440 bytes a dense
 # push; bandwidths 4e5 and 4e3 bytes/s make that push 0.096 s and 9.6 s against a 1 s mean compute. Top-k
@@ -68,6 +69,9 @@ from ._training import shared_chunk_size, simulate_record, task_for, with_time_t
 # async-high-no-gain hung on PowerSGD's ASP excess at high bandwidth, +2.8 s [-0.9, +6.6], per-seed standard
 # deviation 4.5 s; t_{N-1} 4.5 / sqrt(N) falls under the 2.8 s of that mean from 13 seeds (2.70), 2.38 at 16, which
 # leaves room for the mean to move. The seeds apply to every spec; 8 more cost about 40 s of CPU (111 s at 8).
+# Issue 28: a target never reached counts the budget where the budget cut the run, its last update where max_updates
+# ended it first (see _training.with_time_to_target). No run of the quick scale missed the 90% target: the rerun's
+# records (bit for bit) and verdicts are unchanged. It took 167 CPU s (134 s wall).
 SCALES = {
     "quick": dict(data="digits", model="mlp", hidden=128, workers=8, compute="gamma", batch=32,
                   lr_sync=0.2, lr_async=0.05, bandwidths={"high": 4e5, "low": 4e3},
@@ -106,8 +110,9 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> di
                                comm=dj.cluster.link(bandwidth, nbytes, latency=latency))
   sync = spec["paradigm"] == "bsp"
   most = config["steps"] or config["max_updates"][spec["paradigm"]]
-  sched = within_time(dj.cluster.simulate(dj.cluster.bsp() if sync else dj.cluster.asp(), workers, most,
-                                          seed=seed), config["time_budgets"][spec["bandwidth"]])
+  budget = config["time_budgets"][spec["bandwidth"]]
+  full = dj.cluster.simulate(dj.cluster.bsp() if sync else dj.cluster.asp(), workers, most, seed=seed)
+  sched = within_time(full, budget)
   lr = config["lr_sync"] if sync else config["lr_async"]
   tx = optax.sgd(lr) if comp is None else optax.chain(dj.per_contribution(comp), optax.sgd(lr))
   # The chunk length follows the run's bound, not its length (which the time budget sets seed by seed), and ASP
@@ -116,7 +121,9 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> di
                            eval_every=max(1, sched.num_updates // config["eval_points"]), progress=progress,
                            chunk_size=shared_chunk_size(most), lanes=None if sync else config.get("lanes"))
   record["metrics"]["message_bytes"] = nbytes
-  return with_time_to_target(record, config["target_accuracy"])
+  # A miss counts the budget where the budget cut the run (BSP at high bandwidth, dense pushes at low), its last
+  # update where max_updates ended it first (ASP at high bandwidth, compressed pushes at low).
+  return with_time_to_target(record, config["target_accuracy"], time_horizon(full, budget))
 
 
 def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:

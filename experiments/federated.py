@@ -27,7 +27,7 @@ import optax
 import delayjax as dj
 from . import _plots
 from ._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, paired
-from ._training import simulate_record, task_for, with_time_to_target, within_time
+from ._training import simulate_record, task_for, time_horizon, with_time_to_target, within_time
 
 # Config: FedAsync's mixing 0.6 with the polynomial rule a = 0.5; FedBuff's K = 5 of 10 clients. Six seeds:
 # with two, FedAsync against FedAvg was one win each; six also let a sign test decide when a method never
@@ -36,6 +36,9 @@ from ._training import simulate_record, task_for, with_time_to_target, within_ti
 # left fedasync-faster inconclusive (FedAsync - FedAvg seconds to the target -9.0 [-25.8, +7.8]) with a per-seed
 # standard deviation of 16.0 s; t_{N-1} 16.0 / sqrt(N) falls under the 9.0 s of that mean from 15 seeds (8.85),
 # 8.5 at 16, so 16 decide it if the mean stays where it is.
+# Issue 28: a target never reached counts the 120 s budget, not the run's last update (see
+# _training.with_time_to_target). No run of the quick scale missed the 90% target: the rerun's records (bit for bit) and
+# verdicts are unchanged. It took 118 CPU s (174 s wall).
 SCALES = {
     "quick": dict(data="digits", model="mlp", hidden=128, clients=10, classes_per_client=2, local_steps=5,
                   batch=16, client_lr=0.05, time_budget=120.0, mixing=0.6, poly_a=0.5, buffer=5, server_lr=1.0,
@@ -89,12 +92,13 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> di
   paradigm = dj.cluster.bsp() if spec["method"] == "fedavg" else dj.cluster.asp()
   # Enough updates to pass the budget (ASP applies about `clients` per second with mean-1 s times).
   longest = int(budget * config["clients"] * 2) + 10
-  sched = within_time(dj.cluster.simulate(paradigm, workers, longest, seed=seed), budget)
+  full = dj.cluster.simulate(paradigm, workers, longest, seed=seed)
+  sched = within_time(full, budget)
   record = simulate_record(task, server(config, spec["method"]), sched, seed=seed, batch_size=config["batch"],
                            eval_every=max(1, sched.num_updates // config["eval_points"]), progress=progress,
                            scheme="shard", shards=shards,
                            worker=dj.workers.LocalSteps(config["local_steps"], optax.sgd(config["client_lr"])))
-  return with_time_to_target(record, config["target_accuracy"])
+  return with_time_to_target(record, config["target_accuracy"], time_horizon(full, budget))
 
 
 def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -8,6 +8,7 @@ import os
 import numpy as np
 import pytest
 
+import delayjax as dj
 from experiments import _framework as fw
 from experiments import dc_asgd
 
@@ -305,6 +306,26 @@ def test_infinite_values_take_the_sign_test_or_the_censor():
   c = fw.compare(never[:5], reached[:5], claim="greater", censor=120.0)
   assert (c.verdict, c.test) == ("held", "paired t") and c.mean == pytest.approx(120 - np.mean(reached[:5]))
   assert fw.compare([float("inf")] * 4, [float("inf")] * 4).note == "all 4 seeds tie"
+
+
+def test_a_target_never_reached_counts_the_horizon_the_budget_sets():
+  from experiments._training import time_horizon, with_time_to_target, within_time
+
+  full = dj.cluster.simulate(dj.cluster.bsp(), dj.cluster.workers(4, compute="exponential"), 50, seed=0)
+  budget = float(full.time[20] + full.time[21]) / 2
+  assert within_time(full, budget).num_updates == 21
+  # Cut by the budget: the model is unchanged from update 20 to the budget's end, so a miss counts the budget.
+  assert time_horizon(full, budget) == budget
+  # Ended by its updates before the budget: nothing is known past its last update.
+  assert time_horizon(full, 1e9) == float(full.time[-1])
+
+  def metrics(errors, horizon=None):
+    record = {"metrics": {}, "curves": {"time": [1.0, 2.0, 2.9], "test_error": errors}}
+    return with_time_to_target(record, 0.9, horizon)["metrics"]
+
+  assert metrics([0.5, 0.4, 0.3], horizon=3.0) == {"time_to_target": None, "time_to_target_bound": 3.0}
+  assert metrics([0.5, 0.4, 0.3])["time_to_target_bound"] == 2.9  # no horizon: the last evaluation
+  assert metrics([0.5, 0.05, 0.3], horizon=3.0) == {"time_to_target": 2.0, "time_to_target_bound": 2.0}
 
 
 def test_decide_combines_comparisons():
