@@ -42,7 +42,8 @@ import optax
 
 import delayjax as dj
 from . import _plots
-from ._framework import COUNT, FRACTION, POSITIVE, Claim, ClaimResult, Range, Reproduction, Summary, mean_rows, paired
+from ._framework import (COUNT, FRACTION, POSITIVE, Claim, ClaimResult, Range, Reproduction, Summary, mean_rows,
+                         paired, remembered)
 from ._training import (Task, shared_chunk_size, simulate_record, task_for, time_horizon, with_time_to_target,
                         within_time)
 from .federated import non_iid_shards
@@ -140,8 +141,7 @@ _SCHEDULES: dict[str, tuple[dj.cluster.Schedule, list[np.ndarray], float]] = {}
 def schedule(config: dict[str, Any], method: str, seed: int) -> tuple[dj.cluster.Schedule, list[np.ndarray], float]:
   """The run's schedule (cut to the time budget), the clients' shards and the run's horizon (the budget, as a miss
   counts: see ``_training.time_horizon``); kept for the other runs' ``like``."""
-  key = _key(config, method, seed)
-  if key not in _SCHEDULES:
+  def make() -> tuple[dj.cluster.Schedule, list[np.ndarray], float]:
     task = task_for(config)
     shards = non_iid_shards(task.data["y"], config["clients"], config["classes_per_client"], seed)
     utility = statistical_utility(task, task.init(seed), shards) if method == "pisces" else None
@@ -151,8 +151,9 @@ def schedule(config: dict[str, Any], method: str, seed: int) -> tuple[dj.cluster
     longest = int(budget * config["concurrency"] * 3) + 10
     rule = paradigm(config, method, utility)
     full = dj.cluster.simulate(rule, workers, longest, seed=seed)
-    _SCHEDULES[key] = (within_time(full, budget), shards, time_horizon(full, budget))
-  return _SCHEDULES[key]
+    return within_time(full, budget), shards, time_horizon(full, budget)
+
+  return remembered(_SCHEDULES, _key(config, method, seed), make)
 
 
 def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
