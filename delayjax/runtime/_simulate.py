@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import hashlib
 import math
@@ -135,9 +136,10 @@ class SimulationResult(NamedTuple):
 _INJECTED = (optax.InjectHyperparamsState, optax.InjectStatefulHyperparamsState)
 
 
-def _run_states(opt_state: Any, values: dict[str, list[Any]], num_runs: int) -> list[Any]:
-  """``opt_state`` for each run: the ``optax.inject_hyperparams`` hyper-parameters set to the run's values."""
-  states = [x for x in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, _INJECTED))
+def _run_states(opt_states: list[Any], values: dict[str, list[Any]]) -> list[Any]:
+  """Each run's optimizer state (``opt_states[r]``) with its ``optax.inject_hyperparams`` hyper-parameters set to
+  the run's values."""
+  states = [x for x in jax.tree.leaves(opt_states[0], is_leaf=lambda x: isinstance(x, _INJECTED))
             if isinstance(x, _INJECTED)]
   known = sorted({name for state in states for name in state.hyperparams})
   unknown = [name for name in values if name not in known]
@@ -146,7 +148,7 @@ def _run_states(opt_state: Any, values: dict[str, list[Any]], num_runs: int) -> 
         f"hyperparams names {unknown}, but tx's state holds hyper-parameters {known or 'none'} (only those "
         f"of an optax.inject_hyperparams transformation can differ between runs).")
 
-  def with_run(r):
+  def with_run(r, opt_state):
     def set_values(x):
       if not isinstance(x, _INJECTED):
         return x
@@ -161,7 +163,19 @@ def _run_states(opt_state: Any, values: dict[str, list[Any]], num_runs: int) -> 
       return x._replace(hyperparams=hyper)
     return jax.tree.map(set_values, opt_state, is_leaf=lambda x: isinstance(x, _INJECTED))
 
-  return [with_run(r) for r in range(num_runs)]
+  return [with_run(r, state) for r, state in enumerate(opt_states)]
+
+
+def _check_run_params(given: tuple[Any, ...], params: Any) -> list[Any]:
+  """``Runs.params`` checked against ``params``: each of its structure, shapes and dtypes."""
+  like = jax.tree.structure(params), [(np.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(params)]
+  for i, own in enumerate(given):
+    theirs = jax.tree.structure(own), [(np.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(own)]
+    if theirs != like:
+      raise ValueError(
+          f"Runs.params[{i}] must have params' structure, shapes and dtypes {like[0]} {like[1]}; got "
+          f"{theirs[0]} {theirs[1]}.")
+  return list(given)
 
 
 def _stale_read_delays(model: delays_lib.DelayModel, num_updates: int, seed: int) -> np.ndarray:
@@ -540,6 +554,17 @@ def _check_like(like: Any, schedule: Schedule) -> tuple[Schedule, ...]:
   return tuple(like)
 
 
+def _check_sources(sources: tuple[Any, ...]) -> tuple[Schedule, ...]:
+  """``Runs.sources`` for ``dj.simulate``, checked: schedules of one set of workers."""
+  for i, other in enumerate(sources):
+    if not isinstance(other, Schedule):
+      raise TypeError(f"Runs.sources[{i}] must be a dj.cluster.Schedule, got {type(other).__name__}.")
+    if other.num_workers != sources[0].num_workers:
+      raise ValueError(f"Runs.sources[{i}] has {other.num_workers} workers, but Runs.sources[0] has "
+                       f"{sources[0].num_workers}: runs in one program follow schedules of the same workers.")
+  return sources
+
+
 class _PlanSummary(NamedTuple):
   """What a schedule of ``Execution.like`` contributes to the shared program: its plan's sizes, not its tables."""
   sizes: ProgramSizes
@@ -564,17 +589,19 @@ def _cached_summary(schedule: Schedule, *args: Any, **kwargs: Any) -> _PlanSumma
                lambda: _summary(plan_steps(schedule, *args, **kwargs)))
 
 
-def _shared_sizes(plan: StepPlan, others: Sequence[_PlanSummary]) -> ProgramSizes:
-  """The sizes of one program for ``plan`` and every plan summarized in ``others`` (planned with ``plan``'s
-  lanes): the largest of each. The most contributions per update and minibatches per contribution are not
-  padded (they shape what a transformation is given, and the minibatch draws), so they must be equal."""
+def _shared_sizes(plan: StepPlan, others: Sequence[_PlanSummary], names: Sequence[str],
+                  own_name: str = "source") -> ProgramSizes:
+  """The sizes of one program for ``plan`` (``own_name``'s) and every plan summarized in ``others`` (planned
+  with ``plan``'s lanes; ``names`` says where each came from): the largest of each. The most contributions per
+  update and minibatches per contribution are not padded (they shape what a transformation is given, and the
+  minibatch draws), so they must be equal."""
   own = _summary(plan)
-  for i, other in enumerate(others):
+  for name, other in zip(names, others, strict=True):
     for what, mine, theirs in (("contributions per update", own.contributions, other.contributions),
                                ("minibatches per contribution", own.batches, other.batches)):
       if theirs != mine:
         raise ValueError(
-            f"Execution.like[{i}] has up to {theirs} {what}, but source up to {mine}: schedules that share one "
+            f"{name} has up to {theirs} {what}, but {own_name} up to {mine}: schedules that share one "
             f"program have the same most {what}.")
   return ProgramSizes(*(max(values) for values in zip(own.sizes, *(o.sizes for o in others), strict=True)))
 
@@ -751,7 +778,8 @@ def simulate(
     params: the initial parameters (version 0).
     data: a pytree of arrays sharing a leading dimension (the examples), kept
       on every device.
-    source: a ``dj.cluster.Schedule``, or a delay model from ``dj.delays``.
+    source: a ``dj.cluster.Schedule``, or a delay model from ``dj.delays``;
+      ``None`` with ``seed=dj.Runs(sources=...)`` (a schedule per run).
     num_updates: updates to run; a schedule's first ``num_updates`` (default:
       all of it); required for a delay model.
     seed: an int in ``[0, 2**32)`` seeding the minibatches (and a delay
@@ -780,8 +808,25 @@ def simulate(
     ValueError, TypeError: on bad arguments, naming the argument, before
     anything is allocated or compiled.
   """
-  run = _prepare(loss_fn, tx, params, data, source, num_updates=num_updates, seed=seed, sampling=sampling,
-                 worker=worker, record=record, checkpoint=checkpoint, execution=execution)
+  try:
+    run = _prepare(loss_fn, tx, params, data, source, num_updates=num_updates, seed=seed, sampling=sampling,
+                   worker=worker, record=record, checkpoint=checkpoint, execution=execution)
+  except _LanesDiffer as differ:
+    # Runs of their own schedules whose plans choose different lanes: one program per lane count, each run
+    # planned as its separate call would be.
+    results: list[Any] = [None] * seed.num_runs
+    for lanes in sorted(set(differ.lanes)):
+      group = [r for r, own in enumerate(differ.lanes) if own == lanes]
+      part = Runs(seeds=[seed.seeds[r] for r in group],
+                  hyperparams={name: [values[r] for r in group] for name, values in seed.hyperparams.items()} or None,
+                  sources=[seed.sources[r] for r in group],
+                  params=None if seed.params is None else [seed.params[r] for r in group])
+      for r, result in zip(group, simulate(
+          loss_fn, tx, params, data, None, num_updates=num_updates, seed=part, sampling=sampling, worker=worker,
+          record=record, checkpoint=checkpoint, execution=dataclasses.replace(execution or Execution(),
+                                                                              lanes=lanes)), strict=True):
+        results[r] = result
+    return results
   carry, records = engine.run(_program(run), mesh=run.mesh, checkpoint=run.checkpoint,
                               checkpoint_name=_CHECKPOINT_FILE, callback=run.callback)
   return _results(run, carry, records)
@@ -802,11 +847,25 @@ def _batched_runs(runs: Runs | None, mesh: Any, checkpoint_dir: str | None,
         f"several runs (seed={runs!r}) are computed on one device and without checkpoints; got "
         f"{'Execution.mesh' if mesh is not None else f'checkpoint=dj.Checkpoint({checkpoint_dir!r})'}.")
   seeds = list(runs.seeds)
+  if runs.sources is not None and source is not None:
+    raise ValueError(
+        f"with seed=dj.Runs(sources=[...]) every run follows its own schedule: pass source=None, got "
+        f"{type(source).__name__}.")
   if isinstance(source, delays_lib.DelayModel) and len(set(seeds)) > 1:
     raise ValueError(
         "several seeds with a delay model as source would draw different delays for every run; pass a "
         "Schedule (dj.runtime.schedule_from_delays(model, num_updates, seed)) to share one.")
   return seeds, runs.hyperparams, runs.num_runs
+
+
+class _LanesDiffer(Exception):
+  """Raised by ``_prepare`` for runs of their own schedules (``dj.Runs(sources=...)``) without
+  ``Execution.lanes`` whose plans choose different lanes (``lanes``: each run's); ``simulate`` then computes each
+  lane count's runs by a program of its own."""
+
+  def __init__(self, lanes: list[int]):
+    super().__init__(lanes)
+    self.lanes = lanes
 
 
 class _ServerRun(types.SimpleNamespace):
@@ -863,9 +922,14 @@ def _prepare(loss_fn, tx, params, data, source, *, num_updates, seed, sampling, 
     num_updates = check_int("num_updates", num_updates, minimum=1)
   num_devices = engine.check_mesh(mesh)
   seeds, hyper_values, runs = _batched_runs(runs_option, mesh, checkpoint_dir, source)
+  # Runs of schedules of their own (dj.Runs(sources=...)): the first one's plan fixes the lanes, all of them the
+  # program's sizes; each run's tables come from its own plan.
+  run_sources = None if runs_option is None or runs_option.sources is None else _check_sources(runs_option.sources)
+  if run_sources is not None:
+    source = run_sources[0]
   schedule, model_versions = _source_schedule(source, num_updates, seed)
   group_versions, leaf_groups = _leaf_reads(source, model_versions, params)
-  num_updates = schedule.num_updates
+  requested_updates, num_updates = num_updates, schedule.num_updates
   num_workers = -(-schedule.num_workers // num_devices) * num_devices
   worker = worker.bind(schedule.num_workers, num_workers)
   worker_steps, keep_local_state = worker.local_steps, worker.sequential
@@ -895,34 +959,56 @@ def _prepare(loss_fn, tx, params, data, source, *, num_updates, seed, sampling, 
                       not_before=None if epoch is None else np.arange(num_updates) // epoch * epoch,
                       group_versions=group_versions, sequential_workers=keep_local_state)
   sizes = _program_sizes(plan)
-  always_applies = bool(np.all(np.diff(schedule.offsets) > 0))
-  longest = plan.num_steps
+  schedules, plans = [schedule], [plan]
+  if run_sources is not None:
+    schedules += [_source_schedule(other, requested_updates, seed)[0] for other in run_sources[1:]]
+    for other in schedules[1:]:
+      check_schedule(opt_state, max_staleness=int(other.max_staleness.max()) if other.num_updates else 0,
+                     num_contributions=other.num_contributions if "contribution_grads" in inputs else int(
+                         np.count_nonzero(np.diff(other.offsets))))
+    # Each planned as its separate call would be: with Execution.lanes, or with the lanes its plan chooses.
+    plans += [_cached_plan(other, num_workers, num_devices, lanes, local_steps=worker_steps,
+                           not_before=None if epoch is None else np.arange(other.num_updates) // epoch * epoch,
+                           sequential_workers=keep_local_state) for other in schedules[1:]]
+    if len({own.lanes for own in plans}) > 1:
+      raise _LanesDiffer([own.lanes for own in plans])
   like = _check_like(execution.like or (), schedule)
-  if like:
-    if group_versions is not None:
-      raise ValueError(
-          f"Execution.like is defined for a schedule or a delay model read whole; source {source!r} reads its "
-          f"leaves or blocks at versions of their own.")
-    others = [_cached_summary(other, num_workers, num_devices, plan.lanes, local_steps=worker_steps,
-                              not_before=None if epoch is None else np.arange(other.num_updates) // epoch * epoch,
-                              sequential_workers=keep_local_state) for other in like]
-    sizes = _shared_sizes(plan, others)
-    # The general step (an update may have no contribution) serves every schedule; the other is shorter.
-    always_applies = always_applies and all(bool(np.all(np.diff(other.offsets) > 0)) for other in like)
-    longest = max(plan.num_steps, *(other.num_steps for other in others))
+  if group_versions is not None and like:
+    raise ValueError(
+        f"Execution.like is defined for a schedule or a delay model read whole; source {source!r} reads its "
+        f"leaves or blocks at versions of their own.")
+  others = [_cached_summary(other, num_workers, num_devices, plan.lanes, local_steps=worker_steps,
+                            not_before=None if epoch is None else np.arange(other.num_updates) // epoch * epoch,
+                            sequential_workers=keep_local_state) for other in like]
+  others += [_summary(other) for other in plans[1:]]
+  if others:
+    sizes = _shared_sizes(plan, others, [f"Execution.like[{i}]" for i in range(len(like))] + [
+        f"Runs.sources[{i}]" for i in range(1, len(plans))], "source" if run_sources is None else "Runs.sources[0]")
+  # The general step (an update may have no contribution) serves every schedule; the other is shorter.
+  always_applies = all(bool(np.all(np.diff(other.offsets) > 0)) for other in (*schedules, *like))
+  longest = max([plan.num_steps] + [other.num_steps for other in others])
   if chunk_size is None:
     num_chunks = max(1, -(-longest // 256))
     chunk_size = _shared_length(-(-longest // num_chunks))
-  num_chunks = -(-plan.num_steps // chunk_size)
+  # Runs of their own schedules run until the longest plan's last step.
+  num_chunks = -(-max(other.num_steps for other in plans) // chunk_size)
 
   if sampling == "shard":
     shard_rows, shard_sizes = shard_table(shards, num_examples, schedule.num_workers, num_workers)
   else:
     shard_rows, shard_sizes = np.zeros((num_workers, 1), np.int32), np.ones(num_workers, np.int32)
 
-  eval_points = history_lib.eval_points(num_updates, eval_every) if eval_fn is not None else np.zeros(0, np.int64)
-  eval_flag = np.zeros(num_updates, bool)
-  eval_flag[eval_points[eval_points > 0] - 1] = True
+  def evaluated(updates: int) -> tuple[np.ndarray, np.ndarray]:
+    """The evaluation points of a run of ``updates`` updates, and whether each update ends at one."""
+    points = history_lib.eval_points(updates, eval_every) if eval_fn is not None else np.zeros(0, np.int64)
+    flag = np.zeros(updates, bool)
+    flag[points[points > 0] - 1] = True
+    return points, flag
+
+  eval_points, eval_flag = evaluated(num_updates)
+  run_evals = [evaluated(other.num_updates) for other in schedules]
+  run_params = [params] * (runs or 1) if runs_option is None or runs_option.params is None else _check_run_params(
+      runs_option.params, params)
 
   # The gradients' stale parameters are buffered only for a tx whose result depends on them.
   keep_stale = _uses_stale_params(tx, params, inputs, plan.upd_worker.shape[2] * _max_batches(plan) * batch_size,
@@ -941,9 +1027,11 @@ def _prepare(loss_fn, tx, params, data, source, *, num_updates, seed, sampling, 
       one = _initial_carry(params, opt_state, plan, buffer_size, sizes.num_slots, payload, leaf_groups,
                            worker.init_state(params) if keep_local_state else None, keep_stale, shapes=True)
       return one if runs is None else jax.tree.map(lambda x: jax.ShapeDtypeStruct((runs,) + x.shape, x.dtype), one)
-    carries = [_initial_carry(params, state, plan, buffer_size, sizes.num_slots, payload, leaf_groups,
-                              worker.init_state(params) if keep_local_state else None, keep_stale)
-               for state in ([opt_state] if runs is None else _run_states(opt_state, hyper_values, runs))]
+    states = [tx.init(own) for own in run_params] if runs_option and runs_option.params else [opt_state] * len(
+        run_params)
+    carries = [_initial_carry(own, state, plans[r % len(plans)], buffer_size, sizes.num_slots, payload, leaf_groups,
+                              worker.init_state(own) if keep_local_state else None, keep_stale)
+               for r, (own, state) in enumerate(zip(run_params, _run_states(states, hyper_values), strict=True))]
     # Several runs: every leaf of the carry gains a leading run axis.
     return carries[0] if runs is None else jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *carries)
 
@@ -1021,15 +1109,45 @@ def _program(run: _ServerRun) -> engine.Program:
        "skip_nonfinite", "eval_fn", "params", "num_updates", "num_chunks", "compile_key", "carry", "data",
        "shard_rows", "shard_sizes", "seed", "seeds", "step", "fingerprint"))
 
-  def tables(chunk: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+  plans, run_evals = run.plans, run.run_evals
+  own_tables = run.run_sources is not None
+
+  def plan_tables(plan: StepPlan, eval_flag: np.ndarray, chunk: int) -> dict[str, np.ndarray]:
     rows = _padded_tables(plan.tables(chunk * chunk_size, chunk_size), sizes, num_workers)
     valid = np.arange(sizes.max_len) < rows["upd_count"][:, None]
     rows["upd_eval"] = eval_flag[rows["upd_index"]] & valid
     if epoch is not None:
       rows["upd_refresh"] = (rows["upd_index"] % epoch == 0) & valid
       rows["snap_fresh"] = plan.version_of_step(chunk * chunk_size, chunk_size) % epoch == 0
+    return rows
+
+  def tables(chunk: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    if own_tables:
+      # Each run's rows from its own plan, stacked on a leading run axis.
+      rows = jax.tree.map(lambda *xs: np.stack(xs), *(
+          plan_tables(own, flag, chunk) for own, (_, flag) in zip(plans, run_evals, strict=True)))
+    else:
+      rows = plan_tables(plan, eval_flag, chunk)
     return ({k: v for k, v in rows.items() if k.startswith("lane_")},
             {k: v for k, v in rows.items() if not k.startswith("lane_")})
+
+  def collect_own(tables: Any, outputs: Any) -> dict[str, Any]:
+    """A chunk's rows for runs of their own tables: the lists as ``(run, update, worker)`` triples, and the
+    losses and metrics as one array (pytree) per run, as their plans' updates differ in number."""
+    (lane, tab), (loss, metrics, finite, rejected) = tables, jax.tree.map(engine.host, outputs)
+    valid = np.arange(sizes.max_len) < tab["upd_count"][..., None]
+    run_of, step_of, lane_of = np.nonzero(lane["lane_active"] & ~finite)
+    rows = {"nonfinite": np.stack([run_of, lane["lane_update"][run_of, step_of, lane_of],
+                                   lane["lane_worker"][run_of, step_of, lane_of]], axis=1).astype(np.int64)}
+    if keep_updates:
+      rows["loss"] = tuple(loss[r][valid[r]] for r in range(runs))
+    if skip_nonfinite:
+      run_of, step_of, row_of = np.nonzero(valid & (rejected >= 0))
+      rows["skipped"] = np.stack([run_of, tab["upd_index"][run_of, step_of, row_of],
+                                  rejected[run_of, step_of, row_of]], axis=1).astype(np.int64)
+    if eval_fn is not None:
+      rows["metrics"] = tuple(jax.tree.map(lambda x: x[r][tab["upd_eval"][r]], metrics) for r in range(runs))
+    return rows
 
   def collect(chunk: int, tables: Any, outputs: Any) -> dict[str, Any]:
     """The chunk's rows, each with a run axis after the row axis (``(run, update, worker)`` triples for the
@@ -1037,6 +1155,8 @@ def _program(run: _ServerRun) -> engine.Program:
     if not keep_updates:
       # The chunk's per-update losses stay on the device, unread: the host keeps no per-update rows.
       outputs = ((), *outputs[1:])
+    if own_tables:
+      return collect_own(tables, outputs)
     (lane, tab), outputs = tables, jax.tree.map(
         lambda x: engine.host(x) if runs else engine.host(x)[None], outputs)
     loss, metrics, finite, rejected = outputs
@@ -1055,26 +1175,46 @@ def _program(run: _ServerRun) -> engine.Program:
     return rows
 
   num_runs = runs or 1
+  metric_shapes = None if eval_fn is None else jax.eval_shape(eval_fn, params, run.opt_state)
   records_like = {"nonfinite": np.zeros((0, 3), np.int64)}
   if keep_updates:
-    records_like["loss"] = np.zeros((0, num_runs), np.float32)
+    records_like["loss"] = tuple(np.zeros(0, np.float32) for _ in range(runs)) if own_tables else np.zeros(
+        (0, num_runs), np.float32)
   if skip_nonfinite:
     records_like["skipped"] = np.zeros((0, 3), np.int64)
   if eval_fn is not None:
-    records_like["metrics"] = jax.tree.map(lambda s: np.zeros((0, num_runs) + s.shape, s.dtype),
-                                           jax.eval_shape(eval_fn, params, run.opt_state))
+    records_like["metrics"] = tuple(jax.tree.map(lambda s: np.zeros((0,) + s.shape, s.dtype), metric_shapes)
+                                    for _ in range(runs)) if own_tables else jax.tree.map(
+        lambda s: np.zeros((0, num_runs) + s.shape, s.dtype), metric_shapes)
 
   def progress(chunk: int) -> dict[str, Any]:
-    done = int(np.sum(plan.upd_count[:(chunk + 1) * chunk_size]))
-    return {"updates_done": done, "num_updates": num_updates, "chunk": chunk, "num_chunks": num_chunks}
+    # Runs of their own schedules: the updates of all of them.
+    done = sum(int(np.sum(own.upd_count[:(chunk + 1) * chunk_size])) for own in plans)
+    total = sum(other.num_updates for other in run.schedules) if own_tables else num_updates
+    return {"updates_done": done, "num_updates": total, "chunk": chunk, "num_chunks": num_chunks}
+
+  def initial_rows(carry: Any) -> dict[str, Any]:
+    metrics = jitted_eval(carry[0], carry[1])
+    if own_tables:
+      return {"metrics": tuple(jax.tree.map(lambda x: engine.host(x)[r][None], metrics) for r in range(runs))}
+    return {"metrics": jax.tree.map(lambda x: engine.host(x)[None] if runs else engine.host(x)[None, None], metrics)}
+
+  def evaluate_runs() -> Callable[[Any, Any], Any]:
+    if runs is None:
+      return eval_fn
+    if own_tables:
+      # One run after the other, as their chunks are: each equals the separate run's evaluation bit for bit.
+      return lambda params, opt_state: jax.lax.map(lambda run: eval_fn(*run), (params, opt_state))
+    return jax.vmap(eval_fn)
 
   jitted_eval = None if eval_fn is None else engine.cached(
-      None if compile_key is None else ("eval", compile_key["eval_fn"], runs),
-      lambda: jax.jit(eval_fn if runs is None else jax.vmap(eval_fn)))
+      None if compile_key is None else ("eval", compile_key["eval_fn"], runs, own_tables),
+      lambda: jax.jit(evaluate_runs()))
   return engine.Program(
       carry=carry, carry_specs=CARRY_SPECS,
       constants=(data, (shard_rows, shard_sizes), np.uint32(seed) if runs is None else np.asarray(seeds, np.uint32)),
-      constant_specs=(P(), (P(AXIS), P(AXIS)), P()), runs=runs, constant_run_axes=(None, (None, None), 0), step=step, table_specs=(P(None, AXIS), P()),
+      constant_specs=(P(), (P(AXIS), P(AXIS)), P()), runs=runs, constant_run_axes=(None, (None, None), 0),
+      table_run_axes=0 if own_tables else None, step=step, table_specs=(P(None, AXIS), P()),
       output_specs=(P(), P(), P(), P()), num_chunks=num_chunks, tables=tables, collect=collect,
       records_like=records_like, progress=progress, fingerprint=fingerprint,
       check=lambda carry: _all_finite(_inexact(carry[:2])),
@@ -1082,33 +1222,40 @@ def _program(run: _ServerRun) -> engine.Program:
       # A single run's rows, as its history has them (no run axis); batched runs keep theirs.
       rows_view=None if runs else lambda rows: {k: v if k == "nonfinite" else jax.tree.map(lambda x: x[:, 0], v)
                                                 for k, v in rows.items()},
-      initial=None if eval_fn is None else (
-          lambda carry: {"metrics": jax.tree.map(lambda x: engine.host(x)[None] if runs else engine.host(x)[None, None],
-                                                 jitted_eval(carry[0], carry[1]))}))
+      initial=None if eval_fn is None else initial_rows)
 
 
 def _results(run: _ServerRun, carry: Any, records: dict[str, Any]) -> SimulationResult | list[SimulationResult]:
   """A finished run's result (or one per run of ``dj.Runs``): its final state, history and statistics."""
-  (schedule, plan, chunk_size, num_updates, keep_updates, eval_points, eval_fn, skip_nonfinite, runs, seeds,
-   num_workers, num_devices, num_chunks, memory, epoch) = (getattr(run, name) for name in (
-       "schedule", "plan", "chunk_size", "num_updates", "keep_updates", "eval_points", "eval_fn",
-       "skip_nonfinite", "runs", "seeds", "num_workers", "num_devices", "num_chunks", "memory", "epoch"))
-
-  times = np.asarray(schedule.time)
-  updates_per_chunk = np.add.reduceat(plan.upd_count, np.arange(0, plan.num_steps, chunk_size))
+  (chunk_size, keep_updates, eval_fn, skip_nonfinite, runs, seeds, num_workers, num_devices, num_chunks, memory,
+   epoch, schedules, plans, run_evals) = (getattr(run, name) for name in (
+       "chunk_size", "keep_updates", "eval_fn", "skip_nonfinite", "runs", "seeds", "num_workers", "num_devices",
+       "num_chunks", "memory", "epoch", "schedules", "plans", "run_evals"))
+  own_tables = run.run_sources is not None
 
   def run_history(r: int) -> History:
+    # Runs of their own schedules keep their own rows; batched runs of one schedule a column each.
+    schedule, plan, (eval_points, _) = (schedules[r], plans[r], run_evals[r]) if own_tables else (
+        schedules[0], plans[0], run_evals[0])
+    num_updates, times = schedule.num_updates, np.asarray(schedule.time)
+    steps = np.zeros(num_chunks * chunk_size, np.int64)
+    steps[:plan.num_steps] = plan.upd_count
+    updates_per_chunk = steps.reshape(num_chunks, chunk_size).sum(axis=1)
+
     def of_run(pairs):
       return history_lib.sorted_pairs(pairs[pairs[:, 0] == r][:, 1:])
+
+    def column(record):
+      return record[r] if own_tables else jax.tree.map(lambda x: x[:, r], record)
 
     hist = History(
         update=np.arange(num_updates if keep_updates else 0, dtype=np.int64),
         time=times.copy() if keep_updates else np.zeros(0, np.float64),
-        loss=records["loss"][:, r].astype(np.float32) if keep_updates else np.zeros(0, np.float32),
+        loss=column(records["loss"]).astype(np.float32) if keep_updates else np.zeros(0, np.float32),
         staleness=schedule.max_staleness if keep_updates else np.zeros(0, np.int64),
         eval_update=eval_points,
         eval_time=np.where(eval_points > 0, times[np.maximum(eval_points - 1, 0)], 0.0),
-        eval_metrics=None if eval_fn is None else jax.tree.map(lambda x: x[:, r], records["metrics"]),
+        eval_metrics=None if eval_fn is None else column(records["metrics"]),
         nonfinite=of_run(records["nonfinite"]),
         skipped=of_run(records["skipped"]) if skip_nonfinite else np.zeros((0, 2), np.int64),
         nonfinite_state=history_lib.chunk_span(
@@ -1119,24 +1266,28 @@ def _results(run: _ServerRun, carry: Any, records: dict[str, Any]) -> Simulation
                                  can_skip=not skip_nonfinite)
     return hist
 
-  stats = {
-      "num_waves": plan.num_waves,
-      "mean_wave_length": num_updates / plan.num_waves,
-      "num_steps": plan.num_steps,
-      "lanes": plan.lanes,
-      "lane_utilization": plan.lane_utilization(),
-      "num_slots": plan.num_slots,
-      "num_workers": num_workers,
-      "num_devices": num_devices,
-      "chunk_size": chunk_size,
-      "num_chunks": num_chunks,
-  }
-  stats["memory"] = {**memory, "total": sum(memory.values())}
-  if epoch is not None:
-    stats["snapshot_every"] = epoch
+  def run_stats(r: int) -> dict[str, Any]:
+    plan, schedule = (plans[r], schedules[r]) if own_tables else (plans[0], schedules[0])
+    stats = {
+        "num_waves": plan.num_waves,
+        "mean_wave_length": schedule.num_updates / plan.num_waves,
+        "num_steps": plan.num_steps,
+        "lanes": plan.lanes,
+        "lane_utilization": plan.lane_utilization(),
+        "num_slots": plan.num_slots,
+        "num_workers": num_workers,
+        "num_devices": num_devices,
+        "chunk_size": chunk_size,
+        "num_chunks": num_chunks,
+        "memory": {**memory, "total": sum(memory.values())},
+    }
+    if epoch is not None:
+      stats["snapshot_every"] = epoch
+    return stats
+
   if runs is None:
-    return SimulationResult(carry[0], carry[1], run_history(0), stats)
-  return [SimulationResult(*jax.tree.map(lambda x: x[r], (carry[0], carry[1])), run_history(r), dict(stats))
+    return SimulationResult(carry[0], carry[1], run_history(0), run_stats(0))
+  return [SimulationResult(*jax.tree.map(lambda x: x[r], (carry[0], carry[1])), run_history(r), run_stats(r))
           for r in range(runs)]
 
 # What each term of the run's memory is, in the carry's order (see CARRY_SPECS), and what shrinks it.
@@ -1307,6 +1458,7 @@ _STEP_CONFIG = (
     "keep_stale", "tx", "eval_fn", "skip_nonfinite", "always_applies", "inputs", "leaf_groups", "num_workers",
     "per_device", "num_contrib", "max_len", "metric_shapes", "svrg", "per_example", "per_contribution",
     "keep_local_state", "learns_at_update", "reads_per_update", "lanes", "gather", "distributed")
+
 
 
 class _StepContext(NamedTuple):

@@ -67,6 +67,15 @@ def test_hyper_parameters_in_one_program_equal_the_separate_calls(problem):
   assert runs[2].history.nonfinite.shape[0] > 0 and runs[0].history.nonfinite.shape[0] == 0
 
 
+def test_initial_parameters_of_their_own_in_one_program_equal_the_separate_calls(problem):
+  data, schedule, params = problem
+  starts = [{"w": jnp.asarray(w, jnp.float32)} for w in ([0.0, 0.0, 0.0], [1.0, -1.0, 2.0])]
+  runs = _run((data, schedule, starts[0]), optax.sgd(0.05), seed=dj.Runs(seeds=[0, 0], params=starts))
+  for start, batched in zip(starts, runs):
+    _assert_same(batched, _run((data, schedule, start), optax.sgd(0.05), seed=0))
+  assert not np.allclose(runs[0].params["w"], runs[1].params["w"])
+
+
 # Runs are checked when they are made: each case builds its seed inside pytest.raises.
 @pytest.mark.parametrize("make, error, match", [
     (lambda: dj.Runs(hyperparams={"momentum": [0.1, 0.2]}), ValueError,

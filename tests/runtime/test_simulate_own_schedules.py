@@ -1,0 +1,175 @@
+"""``dj.Runs(sources=..., params=...)``: runs of schedules and initial parameters of their own, computed by one
+``dj.simulate`` call, equal the separate calls bit for bit."""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import delayjax as dj
+
+BATCH = 4
+
+
+def execution(sources):
+  """Fixed lanes (a separate run would choose its own plan's, and the plans' steps, the rounding, would differ),
+  and the separate runs sized like the call's (one compiled program; results do not depend on it)."""
+  return dj.Execution(chunk_size=8, lanes=2, like=sources)
+
+
+@pytest.fixture(scope="module")
+def problem():
+  rng = np.random.default_rng(7)
+  x = rng.normal(size=(64, 3)).astype(np.float32)
+  data = {"x": x, "y": np.tanh(x @ np.array([1.0, -2.0, 0.5], np.float32))}
+  # Schedules of one set of workers, of different seeds and lengths: the shorter ones' plans end first.
+  sources = [dj.cluster.simulate(dj.cluster.asp(), dj.cluster.workers(4),
+                                 num_updates=n, seed=s) for n, s in ((40, 1), (28, 2), (40, 3))]
+  params = [{"w": jnp.asarray(rng.normal(size=(3, 5)), jnp.float32), "v": jnp.asarray(rng.normal(size=5), jnp.float32)}
+            for _ in sources]
+  return data, sources, params
+
+
+def loss_fn(params, batch):
+  return jnp.mean((jnp.tanh(batch["x"] @ params["w"]) @ params["v"] - batch["y"]) ** 2)
+
+
+def _record():
+  return dj.Record(eval_fn=lambda p: {"norm": jnp.sum(p["v"] ** 2)}, every=6)
+
+
+def _separate(data, tx, params, source, seed, like):
+  return dj.simulate(loss_fn, tx, params, data, source, seed=seed, sampling=dj.Sampling(batch_size=BATCH),
+                     record=_record(), execution=execution(like))
+
+
+def _together(data, tx, params, sources, seeds, **runs):
+  return dj.simulate(loss_fn, tx, params[0], data, None,
+                     seed=dj.Runs(seeds=seeds, sources=sources, params=params, **runs),
+                     sampling=dj.Sampling(batch_size=BATCH), record=_record(), execution=execution(sources))
+
+
+def _assert_identical(together, separate):
+  """Bit for bit: each run of the call runs the separate run's program."""
+  for x, y in zip(jax.tree.leaves((together.params, together.opt_state, together.history)),
+                  jax.tree.leaves((separate.params, separate.opt_state, separate.history)), strict=True):
+    x, y = np.asarray(x), np.asarray(y)
+    assert x.dtype == y.dtype and x.shape == y.shape
+    np.testing.assert_array_equal(x, y)
+  for name in ("num_steps", "num_waves", "lanes", "num_slots"):
+    assert together.stats[name] == separate.stats[name], name
+
+
+@pytest.mark.parametrize("tx", [optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1)),
+                                optax.sgd(0.1, momentum=0.9)], ids=["clipped", "momentum"])
+def test_runs_of_their_own_schedules_and_parameters_equal_the_separate_calls(problem, tx):
+  data, sources, params = problem
+  seeds = [0, 5, 9]
+  together = _together(data, tx, params, sources, seeds)
+  assert len(together) == 3
+  for r, result in enumerate(together):
+    _assert_identical(result, _separate(data, tx, params[r], sources[r], seeds[r], sources))
+  # The shorter schedule's run has its own length of history; the runs differ.
+  assert together[1].history.loss.shape == (28,) and together[0].history.loss.shape == (40,)
+  assert not np.array_equal(together[0].history.loss, together[2].history.loss)
+
+
+def test_a_run_is_the_same_whatever_runs_it_shares_the_call_with(problem):
+  data, sources, params = problem
+  tx = optax.sgd(0.05, momentum=0.9)
+  pair = _together(data, tx, params[:2], sources[:2], [4, 4])
+  triple = _together(data, tx, [params[2], params[1], params[0]], [sources[2], sources[1], sources[0]], [1, 4, 2])
+  _assert_identical(pair[1], triple[1])
+
+
+def test_hyper_parameters_and_own_schedules_together(problem):
+  data, sources, params = problem
+  tx = optax.inject_hyperparams(optax.sgd)(learning_rate=0.1)
+  rates = [0.1, 0.03, 0.2]
+  together = _together(data, tx, params, sources, [0, 1, 2], hyperparams={"learning_rate": rates})
+  for r, rate in enumerate(rates):
+    _assert_identical(together[r], _separate(data, optax.inject_hyperparams(optax.sgd)(learning_rate=rate),
+                                             params[r], sources[r], r, sources))
+
+
+def test_svrg_epochs_of_runs_of_their_own_schedules():
+  """Full gradients at each run's own epoch starts, snapshots at its own versions."""
+  rng = np.random.default_rng(3)
+  x = rng.normal(size=(48, 3)).astype(np.float32)
+  data = {"x": x, "y": x @ np.array([0.5, 1.0, -1.0], np.float32)}
+  linear = lambda p, b: jnp.mean((b["x"] @ p - b["y"]) ** 2)
+  sources = [dj.runtime.schedule_from_delays(dj.delays.uniform(s), 30, seed, num_workers=5)
+             for s, seed in ((2, 0), (4, 1))]
+  tx = optax.chain(dj.svrg(), optax.sgd(0.05))
+  kwargs = dict(sampling=dj.Sampling(batch_size=BATCH), worker=dj.workers.Gradient(snapshot_every=7),
+                execution=execution(sources))
+  together = dj.simulate(linear, tx, jnp.zeros(3), data, None, seed=dj.Runs(seeds=[3, 8], sources=sources), **kwargs)
+  for r, seed in enumerate((3, 8)):
+    _assert_identical(together[r], dj.simulate(linear, tx, jnp.zeros(3), data, sources[r], seed=seed, **kwargs))
+
+
+def test_a_run_that_diverges_is_reported_as_its_own(problem):
+  data, sources, params = problem
+  blown = dict(params[1], v=params[1]["v"] * 1e30)
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    together = _together(data, optax.sgd(0.1), [params[0], blown], sources[:2], [0, 0])
+  assert together[0].history.nonfinite.shape[0] == 0
+  assert together[1].history.nonfinite.shape[0] > 0
+  assert any("run 1" in str(w.message) for w in caught)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", RuntimeWarning)
+    _assert_identical(together[1], _separate(data, optax.sgd(0.1), blown, sources[1], 0, sources[:2]))
+
+
+def test_bad_runs_of_their_own_schedules_are_refused(problem):
+  data, sources, params = problem
+  tx = optax.sgd(0.1)
+
+  def call(source=None, **runs):
+    # Fixed lanes: plans of their own lanes would get programs of their own, which need not agree.
+    return dj.simulate(loss_fn, tx, params[0], data, source, seed=dj.Runs(**runs),
+                       sampling=dj.Sampling(batch_size=BATCH), execution=dj.Execution(lanes=2))
+
+  with pytest.raises(ValueError, match="pass source=None, got Schedule"):
+    call(sources[0], seeds=[0, 1], sources=sources[:2])
+  with pytest.raises(TypeError, match=r"Runs.sources\[1\] must be a dj.cluster.Schedule, got Uniform"):
+    call(seeds=[0, 1], sources=[sources[0], dj.delays.uniform(2)])
+  other = dj.cluster.simulate(dj.cluster.asp(), dj.cluster.workers(3), num_updates=20, seed=0)
+  with pytest.raises(ValueError, match=r"Runs.sources\[1\] has 3 workers, but Runs.sources\[0\] has 4"):
+    call(seeds=[0, 1], sources=[sources[0], other])
+  grouped = dj.cluster.simulate(dj.cluster.bsp(), dj.cluster.workers(4), num_updates=10, seed=0)
+  with pytest.raises(ValueError, match=r"Runs.sources\[1\] has up to 4 contributions per update, but "
+                                       r"Runs.sources\[0\] up to 1"):
+    call(seeds=[0, 1], sources=[sources[0], grouped])
+  with pytest.raises(ValueError, match=r"Runs.params\[1\] must have params' structure, shapes and dtypes"):
+    call(seeds=[0, 1], sources=sources[:2], params=[params[0], {"w": params[0]["w"]}])
+  with pytest.raises(ValueError, match=r"Runs.params\[0\] must have params' structure"):
+    call(seeds=[0, 1], sources=sources[:2], params=[jax.tree.map(lambda x: x.astype(jnp.float16), params[0]),
+                                                    params[1]])
+  with pytest.raises(ValueError, match=r"all of one non-zero length; got lengths .*'sources': 3.*'seeds': 2"):
+    dj.Runs(seeds=[0, 1], sources=sources)
+  with pytest.raises(TypeError, match="Runs.sources must be a list or tuple with one entry per run, or None; got "
+                                      "Schedule"):
+    dj.Runs(seeds=[0], sources=sources[0])
+  with pytest.raises(ValueError, match="one device and without checkpoints"):
+    dj.simulate(loss_fn, tx, params[0], data, None, seed=dj.Runs(seeds=[0, 1], sources=sources[:2]),
+                sampling=dj.Sampling(batch_size=BATCH), checkpoint=dj.Checkpoint("/tmp/never-written"))
+
+
+def test_runs_whose_plans_choose_different_lanes_equal_the_separate_calls(problem):
+  """Without Execution.lanes each plan chooses its own; one program per lane count keeps every run as its separate
+  call plans it."""
+  data, sources, params = problem
+  serial = dj.runtime.schedule_from_delays(dj.delays.constant(0), 30, 0, num_workers=4)
+  mixed = [sources[0], serial, sources[2]]
+  kwargs = dict(sampling=dj.Sampling(batch_size=BATCH), record=_record())
+  separate = [dj.simulate(loss_fn, optax.sgd(0.1), params[r], data, mixed[r], seed=r, **kwargs) for r in range(3)]
+  assert len({result.stats["lanes"] for result in separate}) == 2
+  together = dj.simulate(loss_fn, optax.sgd(0.1), params[0], data, None,
+                         seed=dj.Runs(seeds=[0, 1, 2], sources=mixed, params=params), **kwargs)
+  for result, alone in zip(together, separate, strict=True):
+    _assert_identical(result, alone)
