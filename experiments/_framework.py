@@ -410,6 +410,22 @@ class Reproduction:
     limits: setting -> its allowed values (a :class:`Range` for numbers, a
       tuple for strings), added to :data:`COMMON_LIMITS`; ``--set`` values are
       checked against them and against the type of the scale's own value.
+    batch: ``batch(config, spec, seed) -> key`` (hashable), for a
+      reproduction whose runs are computed several at a time (one
+      ``dj.simulate`` of ``seed=dj.Runs(sources=...)``): the pending runs of
+      one key are computed together by ``run_batch``. A batch is whatever
+      runs of its key are pending (their number depends on ``--seeds``,
+      ``--only`` and what is finished), so ``run_batch`` must give each run
+      the record ``run`` gives it alone, bit for bit: a record depends only on
+      its config, spec and seed (:func:`run_fingerprint`). Runs of
+      ``dj.Runs(sources=...)`` are (``dj.Runs`` of one schedule are not: its
+      runs share a ``vmap``, which rounds otherwise). ``None`` (default): each
+      run is computed alone by ``run``.
+    run_batch: ``run_batch(config, [(spec, seed), ...], progress) ->
+      [record, ...]``, with ``batch``: computes the runs of one batch and
+      returns their records (as ``run`` returns one) in their order.
+      ``progress`` is a :class:`RunProgress` without a checkpoint folder: an
+      interrupted batch is computed again whole.
   """
 
   name: str
@@ -425,6 +441,18 @@ class Reproduction:
   columns: Sequence[str] = ()
   smoke: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   limits: Mapping[str, Range | tuple[str, ...]] = dataclasses.field(default_factory=dict)
+  batch: Callable[[Mapping[str, Any], Mapping[str, Any], int], Sequence[tuple[str, int]]] | None = None
+  run_batch: Callable[[Mapping[str, Any], list[tuple[dict[str, Any], int]], Progress],
+                      list[dict[str, Any]]] | None = None
+
+  def __post_init__(self):
+    if (self.batch is None) != (self.run_batch is None):
+      given, missing = ("batch", "run_batch") if self.run_batch is None else ("run_batch", "batch")
+      raise ValueError(f"{self.name}: batch and run_batch go together (batch names the runs computed together, "
+                       f"run_batch computes them); {given} is given but {missing} is None: give both or neither.")
+    for field in ("batch", "run_batch"):
+      if getattr(self, field) is not None and not callable(getattr(self, field)):
+        raise TypeError(f"{self.name}: {field} must be a function, got {getattr(self, field)!r}.")
 
 
 def config_for(repro: Reproduction, scale: str, steps: int | None = None, seeds: int | None = None,
@@ -710,6 +738,75 @@ def _perform_in_child(task: tuple[Callable[..., dict[str, Any]], Mapping[str, An
   return job, _perform(run, config, job, tqdm(total=1, disable=True), checkpoint_every)
 
 
+class _Batch(NamedTuple):
+  """One batch to perform: reproduction ``index`` of the plan (named ``name``) and its pending runs, in the
+  order they were pending."""
+  index: int
+  name: str
+  jobs: tuple[_Job, ...]
+
+
+def _tasks(plan: Sequence[tuple[Reproduction, Mapping[str, Any], str]], pending: Sequence[_Job]
+           ) -> list[_Job | _Batch]:
+  """The pending runs as the tasks that perform them, in the order of ``pending``: a run of a reproduction
+  without ``batch`` alone; those of a reproduction with ``batch`` together with the pending runs of their key,
+  each batch placed at its first run."""
+  tasks: list[_Job | tuple[int, Any]] = []
+  batches: dict[tuple[int, Any], list[_Job]] = {}
+  for job in pending:
+    repro, config, _ = plan[job.index]
+    if repro.batch is None:
+      tasks.append(job)
+      continue
+    key = repro.batch(config, job.spec, job.seed)
+    try:
+      group = (job.index, key)
+      hash(group)
+    except TypeError:
+      raise ValueError(f"{repro.name}: batch gave run {job.spec['key']!r} seed {job.seed} the key {key!r}, which "
+                       "is not hashable; a batch's key names the runs computed together.") from None
+    if group not in batches:
+      batches[group] = []
+      tasks.append(group)
+    batches[group].append(job)
+  return [task if isinstance(task, _Job) else _Batch(task[0], plan[task[0]][0].name, tuple(batches[task]))
+          for task in tasks]
+
+
+def _perform_batch(run_batch: Callable[..., list[dict[str, Any]]], config: Mapping[str, Any], batch: _Batch,
+                   bar: Any, checkpoint_every: float) -> list[tuple[_Job, dict[str, Any]]]:
+  """Performs one batch; returns its runs with their records (each with its key, seed, fingerprint and seconds:
+  the batch's wall seconds divided by its number of runs)."""
+  t0 = time.perf_counter()
+  records = run_batch(config, [(job.spec, job.seed) for job in batch.jobs], RunProgress(bar, None, checkpoint_every))
+  seconds = (time.perf_counter() - t0) / len(batch.jobs)
+  members = [(job.spec["key"], job.seed) for job in batch.jobs]
+  if not isinstance(records, (list, tuple)) or len(records) != len(members):
+    count = f"{len(records)} records" if isinstance(records, (list, tuple)) else repr(records)
+    raise ValueError(f"{batch.name}: run_batch returned {count} for the batch {members} of {len(members)} runs; "
+                     "it must return a list of one record per run, in the batch's order.")
+  done = []
+  for job, given in zip(batch.jobs, records):
+    if not isinstance(given, Mapping):
+      raise ValueError(f"{batch.name}: run_batch returned {given!r} as the record of run {job.spec['key']!r} seed "
+                       f"{job.seed}; a record is a dict.")
+    record = dict(given)
+    record.update(key=job.spec["key"], spec=job.spec, seed=job.seed, fingerprint=job.stamp, seconds=seconds)
+    done.append((job, record))
+  return done
+
+
+def _perform_task_in_child(task: tuple[Callable[..., Any], Mapping[str, Any], _Job | _Batch, float]
+                           ) -> list[tuple[_Job, dict[str, Any]]]:
+  """A task of the pool: one run or one batch; its pending runs with their records."""
+  from tqdm.auto import tqdm
+
+  if not isinstance(task[2], _Batch):
+    return [_perform_in_child(task)]
+  run_batch, config, batch, checkpoint_every = task
+  return _perform_batch(run_batch, config, batch, tqdm(total=len(batch.jobs), disable=True), checkpoint_every)
+
+
 def execute_many(plan: Sequence[tuple[Reproduction, Mapping[str, Any], str]], *, first_seed: int = 0,
                  only: Sequence[str] | None = None, plots: bool = True, verbose: bool = True,
                  jobs: int = 1, checkpoint_every: float = CHECKPOINT_EVERY) -> list[dict[str, Any]]:
@@ -728,6 +825,17 @@ def execute_many(plan: Sequence[tuple[Reproduction, Mapping[str, Any], str]], *,
   ``run`` must be a module-level function. A run writes its checkpoint at
   most once every ``checkpoint_every`` seconds (``0``: after every chunk);
   the results do not depend on it.
+
+  A reproduction with ``batch`` (see :class:`Reproduction`) has its pending
+  runs grouped by their batch's key, and each batch is performed once by
+  ``run_batch``; its records are saved as single runs' would be (their
+  ``seconds``: the batch's wall seconds divided by its number of runs). A
+  batch is one task (here in the order of its first run; with ``jobs > 1``
+  one task of the pool, sent where its first run would go), so
+  ``run_batch`` must then be a module-level function. It has no checkpoint:
+  an interrupted batch is computed again whole. A key that is not hashable,
+  and a ``run_batch`` that returns a wrong number of records, raise a
+  ``ValueError`` naming the reproduction.
   """
   from tqdm.auto import tqdm
 
@@ -740,6 +848,7 @@ def execute_many(plan: Sequence[tuple[Reproduction, Mapping[str, Any], str]], *,
     todo, done = pending_runs(repro, config, out, index, first_seed, only)
     pending += todo
     reused.append(done)
+  units = _tasks(plan, pending)  # the runs, and the batches of batched reproductions, each performed once
   remaining = [0] * len(plan)
   ran = [0] * len(plan)
   for job in pending:
@@ -764,9 +873,24 @@ def execute_many(plan: Sequence[tuple[Reproduction, Mapping[str, Any], str]], *,
   bar = tqdm(total=len(pending), desc=desc, unit="run", file=sys.stderr, disable=not verbose)
   try:
     finish_ready()
-    if jobs == 1 or len(pending) <= 1:
-      for job in pending:
-        repro, config, _ = plan[job.index]
+    if jobs == 1 or len(units) <= 1:
+      for unit in units:
+        repro, config, _ = plan[unit.index]
+        if isinstance(unit, _Batch):
+          first = unit.jobs[0]
+          bar.set_postfix_str(f"{repro.name} batch of {len(unit.jobs)} runs from {first.spec['key']} seed "
+                              f"{first.seed}")
+          inner = tqdm(total=len(unit.jobs), desc="  batch", unit="run", file=sys.stderr, leave=False,
+                       disable=not verbose)
+          try:
+            done = _perform_batch(repro.run_batch, config, unit, inner, checkpoint_every)
+          finally:
+            inner.close()
+          bar.update(len(done))
+          for job, record in done:
+            saved(job, record)
+          continue
+        job = unit
         bar.set_postfix_str(f"{repro.name} {job.spec['key']} seed {job.seed}")
         inner = tqdm(total=1, desc="  updates", file=sys.stderr, leave=False, disable=not verbose)
         try:
@@ -780,26 +904,35 @@ def execute_many(plan: Sequence[tuple[Reproduction, Mapping[str, Any], str]], *,
 
       # One run of every spec first: the seeds of a spec share compiled programs, which the workers pass on
       # through the compilation cache (see __main__), so a spec's later seeds should not start before one
-      # of its runs has compiled them.
-      firsts, later, seen = [], [], set()
-      for job in pending:
+      # of its runs has compiled them. A batch goes where its first pending run would.
+      firsts, later, seen, unit_of = [], [], set(), {}
+      for unit in units:
+        job = unit if isinstance(unit, _Job) else unit.jobs[0]
+        unit_of[job.index, job.path] = unit
         spec = (job.index, job.spec["key"])
         (later if spec in seen else firsts).append(job)
         seen.add(spec)
-      tasks = [(plan[job.index][0].run, plan[job.index][1], job, checkpoint_every)
-               for job in spread_firsts(firsts) + later]
+      tasks = []
+      for job in spread_firsts(firsts) + later:
+        repro, config, _ = plan[job.index]
+        unit = unit_of[job.index, job.path]
+        tasks.append((repro.run_batch if isinstance(unit, _Batch) else repro.run, config, unit, checkpoint_every))
       for repro, _, _ in plan:
+        what = "run" if repro.batch is None else "run_batch"
         try:
-          pickle.dumps(repro.run)
+          pickle.dumps(getattr(repro, what))
         except (pickle.PicklingError, AttributeError, TypeError) as e:
-          raise UsageError(f"--jobs {jobs}: {repro.name}'s run function cannot be sent to a worker process ({e}); "
-                           "define it at module level, or use --jobs 1.") from None
-      pool = multiprocessing.get_context("spawn").Pool(min(jobs, len(pending)), initializer=_ignore_interrupts)
+          raise UsageError(f"--jobs {jobs}: {repro.name}'s {what} function cannot be sent to a worker process "
+                           f"({e}); define it at module level, or use --jobs 1.") from None
+      pool = multiprocessing.get_context("spawn").Pool(min(jobs, len(units)), initializer=_ignore_interrupts)
       try:
-        for job, record in pool.imap_unordered(_perform_in_child, tasks):
-          bar.update()
-          bar.set_postfix_str(f"{plan[job.index][0].name} {job.spec['key']} seed {job.seed} done")
-          saved(job, record)
+        for done in pool.imap_unordered(_perform_task_in_child, tasks):
+          job = done[0][0]
+          bar.update(len(done))
+          more = f" and {len(done) - 1} more of its batch" if len(done) > 1 else ""
+          bar.set_postfix_str(f"{plan[job.index][0].name} {job.spec['key']} seed {job.seed}{more} done")
+          for member, record in done:
+            saved(member, record)
         pool.close()
       except BaseException:
         pool.terminate()  # Ctrl-C or a failed run: the other runs stop now; their checkpoints stay for a rerun
