@@ -99,6 +99,32 @@ def simulate_record(task: Task, tx: optax.GradientTransformation, source: Any, *
                        execution=dj.Execution(chunk_size=chunk_size, lanes=lanes, like=like))
   if final_state is not None:
     final_state(result.opt_state)
+  return result_record(result, source)
+
+
+def simulate_records(task: Task, tx: optax.GradientTransformation, sources: list[dj.cluster.Schedule], *,
+                     seeds: list[int], batch_size: int, eval_every: int, progress: Progress,
+                     lanes: int | None = None, like: Any = None) -> list[dict[str, Any]]:
+  """:func:`simulate_record` of run ``r`` = ``(sources[r], seeds[r])`` for every ``r``, computed by one
+  ``dj.simulate`` call (``seed=dj.Runs(seeds, sources=..., params=...)``, each run from ``task.init`` of its
+  seed). Each record equals the separate call's bit for bit (the runs share one program and are computed one
+  after the other in it); the batch saves the host's work per call. No checkpoint: an interrupted batch is
+  computed again."""
+  def callback(info: dict[str, Any]) -> None:
+    progress(info["updates_done"], info["num_updates"])
+
+  results = dj.simulate(task.loss_fn, tx, task.init(seeds[0]), task.data, None,
+                        seed=dj.Runs(seeds=list(seeds), sources=list(sources),
+                                     params=[task.init(seed) for seed in seeds]),
+                        sampling=dj.Sampling(batch_size),
+                        record=dj.Record(eval_fn=task.eval_fn, every=eval_every, callback=callback,
+                                         nonfinite="report"),
+                        execution=dj.Execution(lanes=lanes, like=like))
+  return [result_record(result, source) for result, source in zip(results, sources, strict=True)]
+
+
+def result_record(result: dj.SimulationResult, source: Any) -> dict[str, Any]:
+  """The run record (see :func:`simulate_record`) of a ``dj.simulate`` result under ``source``."""
   h = result.history
   metrics = {k: np.asarray(v, np.float64) for k, v in h.eval_metrics.items()}
   schedule = source if isinstance(source, dj.cluster.Schedule) else None

@@ -31,7 +31,7 @@ import delayjax as dj
 from . import _plots
 from ._framework import (COUNT, Claim, ClaimResult, Reproduction, Summary, across_seeds, compare, mean_rows,
                          seed_values)
-from ._training import first_reach, simulate_record, task_for
+from ._training import first_reach, simulate_record, simulate_records, task_for
 
 # Config: one learning rate per optimizer, the usual defaults for each. lanes: gradients per step of
 # dj.simulate, fixed so that every s shares one program (the results depend on it only through rounding).
@@ -69,8 +69,8 @@ def _stale_reads(staleness: tuple[int, ...], steps: int, seed: int) -> tuple[dj.
                for s in staleness)
 
 
-def sweep(config: dict[str, Any], seed: int) -> list[dj.cluster.Schedule]:
-  """Every schedule of the reproduction's sweep (each ``s`` of each configured seed, and of ``seed``), the
+def sweep(config: dict[str, Any], *seeds: int) -> list[dj.cluster.Schedule]:
+  """Every schedule of the reproduction's sweep (each ``s`` of each configured seed, and of ``seeds``), the
   ``dj.Execution(like=...)`` of each run.
 
   Its program is then sized for all of them: every ``s`` and seed of an (optimizer, depth) pair runs one
@@ -78,18 +78,52 @@ def sweep(config: dict[str, Any], seed: int) -> list[dj.cluster.Schedule]:
   often again (the updates applied per step, 8 or 16, depend on the draws). Planning the 20 schedules
   costs about 3 ms each.
   """
-  seeds = sorted(set(range(config["seeds"])) | {seed})
+  seeds = sorted(set(range(config["seeds"])) | set(seeds))
   return [schedule for s in seeds for schedule in stale_reads(config, s).values()]
 
 
+def batch(config: dict[str, Any], spec: dict[str, Any], seed: int) -> str:
+  """The key of the runs computed together, in one ``dj.simulate`` call (:func:`run_batch`): a spec's pending
+  seeds. One call pays the host's work of its runs once (at quick scale, 9% less wall time and about the same
+  CPU: compiling and the steps' computation dominate).
+
+  The seeds of one ``s``, not the ``s`` of one seed: the runs of a call are computed one after the other for
+  as many steps as the longest plan among them, and plans of one ``s`` have nearly one length (``s = 0``'s is
+  four times ``s = 16``'s). Each record equals the separate run's bit for bit.
+  """
+  return spec["key"]
+
+
+def run_batch(config: dict[str, Any], members: list[tuple[dict[str, Any], int]], progress) -> list[dict[str, Any]]:
+  """The records of ``members``, seeds of one spec (:func:`batch`), each equal to :func:`run`'s bit for bit."""
+  spec, seeds = members[0][0], [seed for _, seed in members]
+  _check_steps(config)
+  task = task_for(dict(config, hidden=[config["width"]] * spec["depth"]))
+  records = simulate_records(task, optimizer(spec["optimizer"], config["optimizers"][spec["optimizer"]]),
+                             [stale_reads(config, seed)[spec["s"]] for seed in seeds], seeds=seeds,
+                             batch_size=config["batch"], eval_every=config["eval_every"], progress=progress,
+                             lanes=config["lanes"], like=sweep(config, *seeds))
+  return [_with_target(config, record) for record in records]
+
+
 def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
-  if config["steps"] % config["eval_every"]:
-    raise ValueError(f"steps ({config['steps']}) must be a multiple of eval_every ({config['eval_every']}).")
+  _check_steps(config)
   task = task_for(dict(config, hidden=[config["width"]] * spec["depth"]))
   record = simulate_record(task, optimizer(spec["optimizer"], config["optimizers"][spec["optimizer"]]),
                            stale_reads(config, seed)[spec["s"]], seed=seed, batch_size=config["batch"],
                            eval_every=config["eval_every"], progress=progress, lanes=config["lanes"],
                            like=sweep(config, seed))
+  return _with_target(config, record)
+
+
+def _check_steps(config: dict[str, Any]) -> None:
+  if config["steps"] % config["eval_every"]:
+    raise ValueError(f"steps ({config['steps']}) must be a multiple of eval_every ({config['eval_every']}).")
+
+
+def _with_target(config: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
+  """``record`` with the updates its run took to the target accuracy (``batches_to_target``, ``None`` if never)
+  and their lower bound (the whole run if never)."""
   curves = record["curves"]
   batches = first_reach(curves["update"], curves["test_error"], 1.0 - config["target_accuracy"])
   record["metrics"].update(
@@ -218,7 +252,8 @@ REPRODUCTION = Reproduction(
           "Learning, ICLR 2019",
     description="Batches to reach a target accuracy under stale reads (uniform delays in 0..s), normalized to "
                 "s = 0, by depth and optimizer.",
-    scales=SCALES, specs=specs, run=run, summarize=summarize, claims=CLAIMS, plots=plots, limits={"lanes": COUNT},
+    scales=SCALES, specs=specs, run=run, summarize=summarize, claims=CLAIMS, plots=plots,
+    limits={"lanes": COUNT}, batch=batch, run_batch=run_batch,
     columns=("key", "batches_to_target", "nonfinite_batches", "normalized", "error_pct", "mean_staleness"),
     smoke=dict(steps=40, staleness=[0, 4], depths=[1], eval_every=10, optimizers={"sgd": 0.1, "adam": 0.001},
                seeds=2),

@@ -15,7 +15,7 @@ Three methods take the same constant step ``eta = step_scale / L_max``
 per-sample smoothness constant): SGD, SVRG in the AsySVRG form and SAGA in
 the ASAGA form (``dj.svrg`` and ``dj.saga`` chained with ``optax.sgd(eta)``).
 
-Every run is one ``dj.simulate`` call with batches of one example
+Every run is a ``dj.simulate`` run with batches of one example
 (``dj.Sampling(batch_size=1)``, uniform with replacement): update ``t``
 computes its gradient at the parameters of version ``t - d_t`` and applies
 it to version ``t``. The delays ``d_t`` are ``dj.delays.uniform(tau)``'s,
@@ -69,6 +69,13 @@ seed by seed, by the framework's 95% interval of the mean over seeds.
     python -m experiments run variance_reduction --scale paper
 
 ``--steps N`` sets the number of epochs.
+
+The CLI computes the runs in batches (:func:`batch`, :func:`run_batch`):
+the pending seeds of one spec in one ``dj.simulate`` call of
+``seed=dj.Runs(seeds, sources=...)``, whose runs share one compiled program
+and are computed one after the other in it, so every record equals the
+single run's (:func:`run`) bit for bit; the batch saves the host's work per
+call. A batch has no checkpoint (an interrupted one is computed again whole).
 """
 
 from __future__ import annotations
@@ -76,7 +83,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -86,7 +93,7 @@ import optax
 import delayjax as dj
 from . import _plots
 from ._framework import (Claim, ClaimResult, Reproduction, Summary, compare, log_or_inf, mean_rows,
-                                    seed_values)
+                         seed_values)
 
 # Config. epochs: the budget of every run (an epoch is n updates); lam: the L2 strength of each problem.
 SCALES = {
@@ -233,6 +240,36 @@ def problem_facts(config: dict[str, Any], name: str) -> tuple[dj.problems.Finite
   return _FACTS[key]
 
 
+def _simulate_options(config: dict[str, Any], finite_sum: dj.problems.FiniteSum, worker: Any,
+                      progress) -> dict[str, Any]:
+  """What every run's ``dj.simulate`` call is given besides its seed and schedule: batches of one example, the
+  iterate recorded at every epoch end, one chunk length for all runs of ``config``."""
+  n = finite_sum.num_samples
+
+  def callback(info: dict[str, Any]) -> None:
+    progress(info["updates_done"], info["num_updates"])
+
+  return dict(sampling=dj.Sampling(batch_size=1), worker=worker,
+              record=dj.Record(eval_fn=_iterate, every=n, history="evaluations", callback=callback),
+              execution=dj.Execution(chunk_size=min(CHUNK, 1 << (_epochs(config) * n - 1).bit_length())))
+
+
+def _run_schedule(config: dict[str, Any], finite_sum: dj.problems.FiniteSum, tau: int, seed: int,
+                  barrier: bool) -> dj.cluster.Schedule:
+  """The :func:`stale_reads` schedule of one run (call under ``jax.enable_x64``)."""
+  n = finite_sum.num_samples
+  # As many workers at every tau as the largest needs: each tau then sees the same examples.
+  return stale_reads(delay_model(config, tau), _epochs(config) * n, seed, workers=max(config["taus"]) + 1,
+                     epoch=n if barrier else None)
+
+
+def _suboptimality_curve(finite_sum: dj.problems.FiniteSum, solution: dj.problems.Optimum,
+                         iterates: np.ndarray) -> np.ndarray:
+  """``f(w) - f*`` at each of ``iterates``, clamped at 0 (rounding), NaN where not finite."""
+  curve = np.array([dj.problems.suboptimality(finite_sum, w, solution=solution) for w in iterates])
+  return np.where(np.isfinite(curve), np.maximum(curve, 0.0), np.nan)
+
+
 def stale_read_curve(config: dict[str, Any], finite_sum: dj.problems.FiniteSum, solution: dj.problems.Optimum,
                      tx: optax.GradientTransformation, worker: Any, tau: int, seed: int, progress,
                      barrier: bool) -> np.ndarray:
@@ -241,24 +278,32 @@ def stale_read_curve(config: dict[str, Any], finite_sum: dj.problems.FiniteSum, 
   Batches of one example, ``config``'s epochs of ``n`` updates, float64; ``barrier``: no read precedes its
   epoch's snapshot (AsySVRG). Clamped at 0 (rounding), NaN where not finite.
   """
-  n = finite_sum.num_samples
-  epochs = _epochs(config)
-
-  def callback(info: dict[str, Any]) -> None:
-    progress(info["updates_done"], info["num_updates"])
-
   with jax.enable_x64(True):
-    # As many workers at every tau as the largest needs: each tau then sees the same examples.
-    source = stale_reads(delay_model(config, tau), epochs * n, seed, workers=max(config["taus"]) + 1,
-                         epoch=n if barrier else None)
+    source = _run_schedule(config, finite_sum, tau, seed, barrier)
     result = dj.simulate(finite_sum.loss_fn, tx, jnp.zeros(finite_sum.num_features, jnp.float64),
-                         finite_sum.data(jnp.float64), source, seed=seed, sampling=dj.Sampling(batch_size=1),
-                         worker=worker,
-                         record=dj.Record(eval_fn=_iterate, every=n, history="evaluations", callback=callback),
-                         execution=dj.Execution(chunk_size=min(CHUNK, 1 << (epochs * n - 1).bit_length())))
+                         finite_sum.data(jnp.float64), source, seed=seed,
+                         **_simulate_options(config, finite_sum, worker, progress))
     iterates = np.asarray(result.history.eval_metrics, np.float64)  # one per epoch end, from epoch 0
-  curve = np.array([dj.problems.suboptimality(finite_sum, w, solution=solution) for w in iterates])
-  return np.where(np.isfinite(curve), np.maximum(curve, 0.0), np.nan)
+  return _suboptimality_curve(finite_sum, solution, iterates)
+
+
+def stale_read_curves(config: dict[str, Any], finite_sum: dj.problems.FiniteSum, solution: dj.problems.Optimum,
+                      tx: optax.GradientTransformation, worker: Any, tau: int, seeds: list[int], progress,
+                      barrier: bool) -> list[np.ndarray]:
+  """:func:`stale_read_curve` of every seed of ``seeds``, computed by one ``dj.simulate`` call.
+
+  ``seed=dj.Runs(seeds, sources=...)``, each run under its own seed's :func:`stale_reads`: the runs share one
+  compiled program and are computed one after the other in it, so each curve equals the separate call's bit for
+  bit; the batch saves the host's work per call (tracing for the compile key, planning, placing the data).
+  ``progress`` sees the updates of all the runs together.
+  """
+  with jax.enable_x64(True):
+    sources = [_run_schedule(config, finite_sum, tau, seed, barrier) for seed in seeds]
+    results = dj.simulate(finite_sum.loss_fn, tx, jnp.zeros(finite_sum.num_features, jnp.float64),
+                          finite_sum.data(jnp.float64), None, seed=dj.Runs(seeds=list(seeds), sources=sources),
+                          **_simulate_options(config, finite_sum, worker, progress))
+    iterates = [np.asarray(result.history.eval_metrics, np.float64) for result in results]
+  return [_suboptimality_curve(finite_sum, solution, own) for own in iterates]
 
 
 def curve_record(curve: np.ndarray, target: float, grad_evals_per_epoch: float, **metrics: Any) -> dict[str, Any]:
@@ -279,14 +324,64 @@ def curve_record(curve: np.ndarray, target: float, grad_evals_per_epoch: float, 
   }
 
 
-def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
-  name, method, tau = spec["problem"], spec["method"], int(spec["tau"])
-  finite_sum, solution, l_max, mu = problem_facts(config, name)
+class _SpecRun(NamedTuple):
+  """What every run of one spec shares: its problem, optimum and constants, its step, ``tx`` and worker."""
+  finite_sum: dj.problems.FiniteSum
+  solution: dj.problems.Optimum
+  l_max: float
+  mu: float
+  eta: float
+  tx: optax.GradientTransformation
+  worker: dj.workers.Gradient | None
+
+
+def _spec_run(config: dict[str, Any], spec: dict[str, Any]) -> _SpecRun:
+  finite_sum, solution, l_max, mu = problem_facts(config, spec["problem"])
   eta = config["step_scale"] / l_max
-  tx, worker = optimizer(finite_sum, method, eta)
-  curve = stale_read_curve(config, finite_sum, solution, tx, worker, tau, seed, progress, barrier=method == "svrg")
-  return curve_record(curve, config["target"], GRAD_EVALS_PER_EPOCH[method], step=eta, l_max=l_max, mu=mu,
-                      f_star=solution.value, n=finite_sum.num_samples, d=int(finite_sum.num_features))
+  return _SpecRun(finite_sum, solution, l_max, mu, eta, *optimizer(finite_sum, spec["method"], eta))
+
+
+def _record(config: dict[str, Any], spec: dict[str, Any], facts: _SpecRun, curve: np.ndarray) -> dict[str, Any]:
+  return curve_record(curve, config["target"], GRAD_EVALS_PER_EPOCH[spec["method"]], step=facts.eta,
+                      l_max=facts.l_max, mu=facts.mu, f_star=facts.solution.value, n=facts.finite_sum.num_samples,
+                      d=int(facts.finite_sum.num_features))
+
+
+def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
+  """One run alone (one ``dj.simulate`` call); the CLI computes runs by :func:`run_batch`, to the same record."""
+  facts = _spec_run(config, spec)
+  curve = stale_read_curve(config, facts.finite_sum, facts.solution, facts.tx, facts.worker, int(spec["tau"]), seed,
+                           progress, barrier=spec["method"] == "svrg")
+  return _record(config, spec, facts, curve)
+
+
+# Runs are computed in batches of seeds. A run here is tens of thousands of updates of a few microseconds each
+# (2 to 3 s of CPU at quick scale), and each dj.simulate call adds its host work (tracing for the compile key,
+# planning the schedule, placing the tables), which one call of several runs pays once. The runs of a batch must
+# share the problem (data), the method (tx, worker plug-in) and the workers, and every run scans as many steps as
+# the longest plan among them: the seeds of one spec (one tau) have plans of nearly one length (at quick scale,
+# least squares: 40,000 steps at tau = 0, 20,877 to 20,913 at tau = 4, 10,171 to 10,230 at tau = 16, over seeds
+# 0-2), while those of different taus differ in length 2 to 4 times, so a batch is the pending seeds of one spec.
+def batch(config: dict[str, Any], spec: dict[str, Any], seed: int) -> str:
+  """The key of the runs computed together by :func:`run_batch`: a spec's pending seeds."""
+  return spec["key"]
+
+
+def run_batch(config: dict[str, Any], members: list[tuple[dict[str, Any], int]], progress) -> list[dict[str, Any]]:
+  """The records of ``members`` (``(spec, seed)`` pairs), in their order, each equal to :func:`run`'s bit for
+  bit: one ``dj.simulate`` call (:func:`stale_read_curves`) per spec among them."""
+  records: list[dict[str, Any] | None] = [None] * len(members)
+  by_spec: dict[str, list[int]] = {}
+  for i, (spec, _) in enumerate(members):
+    by_spec.setdefault(spec["key"], []).append(i)
+  for places in by_spec.values():
+    spec = members[places[0]][0]
+    facts = _spec_run(config, spec)
+    curves = stale_read_curves(config, facts.finite_sum, facts.solution, facts.tx, facts.worker, int(spec["tau"]),
+                               [members[i][1] for i in places], progress, barrier=spec["method"] == "svrg")
+    for i, curve in zip(places, curves, strict=True):
+      records[i] = _record(config, spec, facts, curve)
+  return records
 
 
 # ---------------------------------------------------------------- table, claims, plots
@@ -441,7 +536,8 @@ REPRODUCTION = Reproduction(
           "AAAI 2016; Leblond, Pedregosa, Lacoste-Julien: ASAGA: asynchronous parallel SAGA, AISTATS 2017",
     description="SGD, SVRG and SAGA with one constant step under stale reads (tau in 0, 4, 16): suboptimality "
                 "against epochs on L2-regularized logistic regression (digits) and least squares.",
-    scales=SCALES, specs=specs, run=run, summarize=summarize, claims=CLAIMS, plots=plots,
+    scales=SCALES, specs=specs, run=run, summarize=summarize, claims=CLAIMS, plots=plots, 
+    batch=batch, run_batch=run_batch,
     columns=("key", "final_subopt", "lowest_tail_subopt", "epochs_to_target", "worst_epochs_to_target",
              "grad_evals_to_target", "step"),
     smoke=dict(epochs=3, problems=["least_squares"], taus=[0, 4], lsq_n=200, lsq_d=10, seeds=1),

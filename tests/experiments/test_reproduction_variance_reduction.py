@@ -1,6 +1,8 @@
 """experiments.variance_reduction: every run is dj.simulate, and it is the stale-read SGD / AsySVRG / ASAGA of the
 module docstring, checked against a float64 NumPy re-implementation of those rules."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -139,3 +141,17 @@ def test_without_a_barrier_the_schedule_is_the_one_dj_simulate_makes_of_the_dela
 def test_fewer_workers_than_a_delay_needs_are_refused():
   with pytest.raises(ValueError, match="workers must be at least max_delay \\+ 1 = 8"):
     vr.stale_reads(dj.delays.uniform(7), 20, 0, 4)
+
+
+@pytest.mark.parametrize("method", ["svrg", "saga"])
+def test_a_batch_of_seeds_gives_each_run_s_own_record_bit_for_bit(method):
+  """One dj.simulate call of several seeds (each under its own schedule): every record equals the single run's
+  exactly (NaN included, as JSON writes it), whatever its place in the batch."""
+  spec = {"key": f"least_squares/{method}/tau={TAU}", "problem": "least_squares", "method": method, "tau": TAU}
+  config = dict(CONFIG, epochs=2)
+  seeds = [SEED, 2, 11]
+  batched = vr.run_batch(config, [(spec, s) for s in seeds], lambda done, total: None)
+  for seed, record in zip(seeds, batched, strict=True):
+    alone = vr.run(config, spec, seed, lambda done, total: None)
+    assert json.dumps(record, sort_keys=True) == json.dumps(alone, sort_keys=True)
+  assert batched[0]["curves"]["suboptimality"] != batched[1]["curves"]["suboptimality"]
