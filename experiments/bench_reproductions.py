@@ -1,12 +1,15 @@
-"""Side-by-side times of the gossip reproductions on the library's runtime and on the NumPy executor they ran on
-before.
+"""Side-by-side times of reproductions on the library's runtimes and on the loops they ran on before.
 
 The gossip reproductions (``gossip_adpsgd``, ``gossip_topology``,
 ``gossip_failures``) run on ``dj.simulate_gossip``. Until they moved there
 they ran on a NumPy event loop, which now lives on as a test reference in the
 checkout's ``tests/gossip/gossip_numpy_executor.py``; this benchmark loads it
 from there (so it needs a checkout, not an installed wheel) and runs the same
-reproduction with that executor as its ``run``. Each variant runs as
+reproduction with that executor as its ``run``. ``dai_staleness`` and
+``variance_reduction`` run on ``dj.simulate``; until they moved there each ran
+its own compiled loop, which this benchmark runs from the commit before the
+move (:data:`REPLACED`), checked out into a temporary ``git worktree`` (a
+checkout with its history), at the same quick-scale config. Each variant runs as
 ``python -m experiments run NAME --seeds N`` in a fresh process (so every
 compile is counted, as a user's first run pays it) into a folder of its own.
 Two figures per variant: the wall seconds the CLI prints for its runs
@@ -16,11 +19,14 @@ machine disturbs less. The variants of a reproduction run one after the
 other, alternating, and the best of ``--rounds`` is kept of each figure.
 
     python -m experiments.bench_reproductions [--names gossip_adpsgd ...] [--seeds 1 3] [--rounds 1]
+
+Without ``--seeds``, each reproduction is timed at one seed and at its quick scale's seed count.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib
 import importlib.util
@@ -31,25 +37,32 @@ import resource
 import subprocess
 import sys
 import tempfile
+from typing import Iterator
 
 from ._bench import add_out_argument, publish
 
-NAMES = ("gossip_adpsgd", "gossip_topology", "gossip_failures")
-RUNTIMES = ("numpy", "dj")
+NAMES = ("gossip_adpsgd", "gossip_topology", "gossip_failures", "dai_staleness", "variance_reduction")
+RUNTIMES = ("before", "dj")
+# The last commit where each reproduction ran its own loop (the next one moved it onto dj.simulate), at the same
+# quick-scale config as now.
+REPLACED = {"dai_staleness": "87dbf25797aead7bb9027fe786da7064addf5908",
+            "variance_reduction": "9bfea98b7a3ab9fba75da2405dc5bb582bc8dd77"}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXECUTOR = os.path.join(ROOT, "tests", "gossip", "gossip_numpy_executor.py")
 _SECONDS = re.compile(r"(\d+) runs performed, \d+ reused from .*?, ([0-9.]+) s;")
 
 
-def time_runs(name: str, runtime: str, seeds: int, out: str) -> tuple[float, float]:
+def time_runs(name: str, runtime: str, seeds: int, out: str, checkouts: dict[str, str]) -> tuple[float, float]:
   """``(wall seconds of the runs as the CLI prints them, CPU seconds of the process)`` of ``name`` on
-  ``runtime`` in a fresh process."""
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-  command = ([sys.executable, "-m", f"{__package__}.bench_reproductions", "--child"] if runtime == "numpy"
-             else [sys.executable, "-m", __package__])
+  ``runtime`` in a fresh process (``"before"``: the NumPy executor or, for a name of :data:`REPLACED`, the
+  checkout of its commit in ``checkouts``)."""
+  root = checkouts[name] if runtime == "before" and name in REPLACED else ROOT
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+  command = ([sys.executable, "-m", f"{__package__}.bench_reproductions", "--child"]
+             if runtime == "before" and name not in REPLACED else [sys.executable, "-m", __package__])
   before = resource.getrusage(resource.RUSAGE_CHILDREN)
   done = subprocess.run([*command, "run", name, "--seeds", str(seeds), "--out", out, "--no-plot"], env=env,
-                        capture_output=True, text=True)
+                        capture_output=True, text=True, cwd=root)
   after = resource.getrusage(resource.RUSAGE_CHILDREN)
   if done.returncode != 0:
     raise RuntimeError(f"{name} on {runtime} failed:\n{done.stderr[-2000:]}")
@@ -73,35 +86,58 @@ def _run_on_numpy_executor(argv: list[str]) -> int:
   return cli(argv)
 
 
+@contextlib.contextmanager
+def _checkouts(names: list[str], folder: str) -> Iterator[dict[str, str]]:
+  """A ``git worktree`` of each name's :data:`REPLACED` commit under ``folder``, removed afterwards."""
+  made: dict[str, str] = {}
+  try:
+    for name in names:
+      path = os.path.join(folder, f"before-{name}")
+      done = subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", path, REPLACED[name]],
+                            capture_output=True, text=True)
+      if done.returncode != 0:
+        raise SystemExit(f"{name}: cannot check out its loop's commit {REPLACED[name]} (a clone with its history "
+                         f"is needed): {done.stderr.strip()}")
+      made[name] = path
+    yield made
+  finally:
+    for path in made.values():
+      subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", path], capture_output=True)
+
+
 def main(argv: list[str] | None = None) -> int:
   argv = sys.argv[1:] if argv is None else argv
   if argv[:1] == ["--child"]:
     return _run_on_numpy_executor(argv[1:])
   parser = argparse.ArgumentParser(prog="python -m experiments.bench_reproductions", description=__doc__.split("\n")[0])
   parser.add_argument("--names", nargs="+", default=list(NAMES), choices=NAMES)
-  parser.add_argument("--seeds", nargs="+", type=int, default=[1, 3], help="seed counts timed (3: the default)")
+  parser.add_argument("--seeds", nargs="+", type=int, default=None,
+                      help="seed counts timed (default: 1 and the quick scale's)")
   parser.add_argument("--rounds", type=int, default=1)
   add_out_argument(parser, "bench_reproductions")
   args = parser.parse_args(argv)
-  lines = [f"Runs of the gossip reproductions (quick scale) on the NumPy executor (tests/gossip/) and on "
-           f"dj.simulate_gossip, compile included; wall: the CLI's seconds for the runs; CPU: the whole process's "
-           f"CPU seconds, start-up included; best of {args.rounds} round(s); "
+  lines = [f"Runs of reproductions (quick scale, --jobs 1) on what they ran on before (the gossip ones: the NumPy "
+           f"executor of tests/gossip/; the others: their own loops at the commits of REPLACED) and on delayjax's "
+           f"runtimes, compile included; wall: the CLI's seconds for the runs; CPU: the whole process's CPU "
+           f"seconds, start-up included; best of {args.rounds} round(s); "
            f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
-           f"{'reproduction':<18} {'seeds':>5} {'numpy wall':>10} {'dj wall':>8} {'dj/numpy':>8} "
-           f"{'numpy CPU':>9} {'dj CPU':>7} {'dj/numpy':>8}"]
-  with tempfile.TemporaryDirectory(prefix="bench-reproductions-") as folder:
+           f"{'reproduction':<18} {'seeds':>5} {'before wall':>11} {'dj wall':>8} {'dj/before':>9} "
+           f"{'before CPU':>10} {'dj CPU':>7} {'dj/before':>9}"]
+  with tempfile.TemporaryDirectory(prefix="bench-reproductions-") as folder, _checkouts(
+      [name for name in args.names if name in REPLACED], folder) as checkouts:
     for name in args.names:
-      for seeds in args.seeds:
+      default = importlib.import_module(f"{__package__}.{name}").REPRODUCTION.scales["quick"]["seeds"]
+      for seeds in args.seeds or sorted({1, default}):
         wall = {runtime: float("inf") for runtime in RUNTIMES}
         cpu = dict(wall)
         for round_ in range(args.rounds):
           for runtime in RUNTIMES:
             out = os.path.join(folder, f"{name}-{runtime}-{seeds}-{round_}")
-            seconds, used = time_runs(name, runtime, seeds, out)
+            seconds, used = time_runs(name, runtime, seeds, out, checkouts)
             wall[runtime], cpu[runtime] = min(wall[runtime], seconds), min(cpu[runtime], used)
-        lines.append(f"{name:<18} {seeds:>5} {wall['numpy']:>10.1f} {wall['dj']:>8.1f} "
-                     f"{wall['dj'] / wall['numpy']:>8.2f} {cpu['numpy']:>9.1f} {cpu['dj']:>7.1f} "
-                     f"{cpu['dj'] / cpu['numpy']:>8.2f}")
+        lines.append(f"{name:<18} {seeds:>5} {wall['before']:>11.1f} {wall['dj']:>8.1f} "
+                     f"{wall['dj'] / wall['before']:>9.2f} {cpu['before']:>10.1f} {cpu['dj']:>7.1f} "
+                     f"{cpu['dj'] / cpu['before']:>9.2f}")
         print(lines[-1], file=sys.stderr)
   publish(lines, args.out)
   return 0
