@@ -27,7 +27,7 @@ import signal
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Hashable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -441,7 +441,7 @@ class Reproduction:
   columns: Sequence[str] = ()
   smoke: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   limits: Mapping[str, Range | tuple[str, ...]] = dataclasses.field(default_factory=dict)
-  batch: Callable[[Mapping[str, Any], Mapping[str, Any], int], Sequence[tuple[str, int]]] | None = None
+  batch: Callable[[Mapping[str, Any], Mapping[str, Any], int], Hashable] | None = None
   run_batch: Callable[[Mapping[str, Any], list[tuple[dict[str, Any], int]], Progress],
                       list[dict[str, Any]]] | None = None
 
