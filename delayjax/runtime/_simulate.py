@@ -858,6 +858,15 @@ def _batched_runs(runs: Runs | None, mesh: Any, checkpoint_dir: str | None,
   return seeds, runs.hyperparams, runs.num_runs
 
 
+def _evaluated(num_updates: int, every: int | None, evaluates: bool) -> tuple[np.ndarray, np.ndarray]:
+  """The evaluation points of a run of ``num_updates`` updates (``Record.every``'s, if it ``evaluates``; none
+  otherwise), and whether each update ends at one."""
+  points = history_lib.eval_points(num_updates, every) if evaluates else np.zeros(0, np.int64)
+  flag = np.zeros(num_updates, bool)
+  flag[points[points > 0] - 1] = True
+  return points, flag
+
+
 class _LanesDiffer(Exception):
   """Raised by ``_prepare`` for runs of their own schedules (``dj.Runs(sources=...)``) without
   ``Execution.lanes`` whose plans choose different lanes (``lanes``: each run's); ``simulate`` then computes each
@@ -929,7 +938,9 @@ def _prepare(loss_fn, tx, params, data, source, *, num_updates, seed, sampling, 
     source = run_sources[0]
   schedule, model_versions = _source_schedule(source, num_updates, seed)
   group_versions, leaf_groups = _leaf_reads(source, model_versions, params)
-  requested_updates, num_updates = num_updates, schedule.num_updates
+  # Each run's schedule (a run of its own schedule is cut at num_updates as the first is).
+  schedules = [schedule] + [_source_schedule(other, num_updates, seed)[0] for other in (run_sources or ())[1:]]
+  num_updates = schedule.num_updates
   num_workers = -(-schedule.num_workers // num_devices) * num_devices
   worker = worker.bind(schedule.num_workers, num_workers)
   worker_steps, keep_local_state = worker.local_steps, worker.sequential
@@ -941,45 +952,37 @@ def _prepare(loss_fn, tx, params, data, source, *, num_updates, seed, sampling, 
   opt_state = jax.eval_shape(tx.init, params)
   check_worker_capacity(opt_state, schedule.num_workers, "source")
   inputs = _check_runtime_inputs(opt_state, local=not worker.requests_allowed(), has_terms=sample_terms is not None)
-  # A transformation that would do nothing on this schedule (a buffer it never fills, a delay window it never
+  # A transformation that would do nothing on a schedule (a buffer it never fills, a delay window it never
   # reaches) is refused or warned about now. Under dj.per_contribution it counts contributions, else updates.
-  staleness = schedule.max_staleness
-  check_schedule(opt_state, max_staleness=int(staleness.max()) if staleness.size else 0,
-                 num_contributions=schedule.num_contributions if "contribution_grads" in inputs else int(
-                     np.count_nonzero(np.diff(schedule.offsets))))
+  for other in schedules:
+    check_schedule(opt_state, max_staleness=int(other.max_staleness.max()) if other.max_staleness.size else 0,
+                   num_contributions=other.num_contributions if "contribution_grads" in inputs else int(
+                       np.count_nonzero(np.diff(other.offsets))))
   terms = None if sample_terms is None else _terms_spec(sample_terms, params, data, batch_size)
   if engine.takes_value(tx, params, opt_state, {"staleness": jnp.int32(0), "stale_params": params,
                                                  "worker": jnp.int32(0), **_input_examples(params, inputs, 1, terms)}):
     # A transformation that needs the loss (optax.contrib.reduce_on_plateau) is given each update's as value.
     inputs = inputs + ("value",)
   epoch = _svrg_epoch(inputs, snapshot_every, full_batch_size, num_examples, batch_size)
-  # A contribution is computed once its update's epoch has begun, so every lane of a step computes
-  # its snapshot gradient at the step's snapshot.
-  plan = _cached_plan(schedule, num_workers, num_devices, lanes, local_steps=worker_steps,
-                      not_before=None if epoch is None else np.arange(num_updates) // epoch * epoch,
-                      group_versions=group_versions, sequential_workers=keep_local_state)
+  def plan_options(other: Schedule) -> dict[str, Any]:
+    # A contribution is computed once its update's epoch has begun, so every lane of a step computes
+    # its snapshot gradient at the step's snapshot.
+    return dict(local_steps=worker_steps, sequential_workers=keep_local_state,
+                not_before=None if epoch is None else np.arange(other.num_updates) // epoch * epoch)
+
+  # Each run's plan as its separate call would make it: with Execution.lanes, or with the lanes it chooses.
+  plans = [_cached_plan(other, num_workers, num_devices, lanes, group_versions=group_versions, **plan_options(other))
+           for other in schedules]
+  if len({own.lanes for own in plans}) > 1:
+    raise _LanesDiffer([own.lanes for own in plans])
+  plan = plans[0]
   sizes = _program_sizes(plan)
-  schedules, plans = [schedule], [plan]
-  if run_sources is not None:
-    schedules += [_source_schedule(other, requested_updates, seed)[0] for other in run_sources[1:]]
-    for other in schedules[1:]:
-      check_schedule(opt_state, max_staleness=int(other.max_staleness.max()) if other.num_updates else 0,
-                     num_contributions=other.num_contributions if "contribution_grads" in inputs else int(
-                         np.count_nonzero(np.diff(other.offsets))))
-    # Each planned as its separate call would be: with Execution.lanes, or with the lanes its plan chooses.
-    plans += [_cached_plan(other, num_workers, num_devices, lanes, local_steps=worker_steps,
-                           not_before=None if epoch is None else np.arange(other.num_updates) // epoch * epoch,
-                           sequential_workers=keep_local_state) for other in schedules[1:]]
-    if len({own.lanes for own in plans}) > 1:
-      raise _LanesDiffer([own.lanes for own in plans])
   like = _check_like(execution.like or (), schedule)
   if group_versions is not None and like:
     raise ValueError(
         f"Execution.like is defined for a schedule or a delay model read whole; source {source!r} reads its "
         f"leaves or blocks at versions of their own.")
-  others = [_cached_summary(other, num_workers, num_devices, plan.lanes, local_steps=worker_steps,
-                            not_before=None if epoch is None else np.arange(other.num_updates) // epoch * epoch,
-                            sequential_workers=keep_local_state) for other in like]
+  others = [_cached_summary(other, num_workers, num_devices, plan.lanes, **plan_options(other)) for other in like]
   others += [_summary(other) for other in plans[1:]]
   if others:
     sizes = _shared_sizes(plan, others, [f"Execution.like[{i}]" for i in range(len(like))] + [
@@ -998,15 +1001,8 @@ def _prepare(loss_fn, tx, params, data, source, *, num_updates, seed, sampling, 
   else:
     shard_rows, shard_sizes = np.zeros((num_workers, 1), np.int32), np.ones(num_workers, np.int32)
 
-  def evaluated(updates: int) -> tuple[np.ndarray, np.ndarray]:
-    """The evaluation points of a run of ``updates`` updates, and whether each update ends at one."""
-    points = history_lib.eval_points(updates, eval_every) if eval_fn is not None else np.zeros(0, np.int64)
-    flag = np.zeros(updates, bool)
-    flag[points[points > 0] - 1] = True
-    return points, flag
-
-  eval_points, eval_flag = evaluated(num_updates)
-  run_evals = [evaluated(other.num_updates) for other in schedules]
+  run_evals = [_evaluated(other.num_updates, eval_every, eval_fn is not None) for other in schedules]
+  eval_points, eval_flag = run_evals[0]
   run_params = [params] * (runs or 1) if runs_option is None or runs_option.params is None else _check_run_params(
       runs_option.params, params)
 

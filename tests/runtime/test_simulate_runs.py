@@ -99,3 +99,12 @@ def test_runs_with_a_delay_model_need_one_schedule(problem):
   with pytest.raises(ValueError, match="pass a Schedule"):
     dj.simulate(loss_fn, optax.sgd(0.1), params, data, dj.delays.uniform(3), num_updates=10,
                 seed=dj.Runs(seeds=[0, 1]))
+
+
+def test_an_evaluation_without_every_is_made_at_the_start_and_the_end(problem):
+  data, schedule, params = problem
+  result = dj.simulate(loss_fn, optax.sgd(0.05), params, data, schedule, sampling=dj.Sampling(batch_size=BATCH),
+                       record=dj.Record(eval_fn=lambda p: {"norm": jnp.sum(p["w"] ** 2)}))
+  np.testing.assert_array_equal(result.history.eval_update, [0, schedule.num_updates])
+  np.testing.assert_array_equal(result.history.eval_metrics["norm"],
+                                [0.0, np.asarray(jnp.sum(result.params["w"] ** 2))])
