@@ -84,15 +84,12 @@ def simulate_record(task: Task, tx: optax.GradientTransformation, source: Any, *
   program. ``like``: ``dj.Execution``'s, the other schedules of a sweep, so
   that one program serves them all (with a fixed ``lanes``).
   """
-  def callback(info: dict[str, Any]) -> None:
-    progress(info["updates_done"], info["num_updates"])
-
   # The framework's RunProgress names a per-run folder (and how often to write it): an interrupted run resumes
   # from its last checkpoint.
   checkpoint_dir = getattr(progress, "checkpoint_dir", None)
   result = dj.simulate(task.loss_fn, tx, task.init(seed), task.data, source, num_updates=num_updates, seed=seed,
                        sampling=dj.Sampling(batch_size, scheme=scheme, shards=shards), worker=worker,
-                       record=dj.Record(eval_fn=task.eval_fn, every=eval_every, callback=callback,
+                       record=dj.Record(eval_fn=task.eval_fn, every=eval_every, callback=_reporting(progress),
                                         nonfinite="report"),
                        checkpoint=None if checkpoint_dir is None else dj.Checkpoint(
                            checkpoint_dir, min_interval=getattr(progress, "checkpoint_every", 0.0)),
@@ -110,17 +107,22 @@ def simulate_records(task: Task, tx: optax.GradientTransformation, sources: list
   seed). Each record equals the separate call's bit for bit (the runs share one program and are computed one
   after the other in it); the batch saves the host's work per call. No checkpoint: an interrupted batch is
   computed again."""
-  def callback(info: dict[str, Any]) -> None:
-    progress(info["updates_done"], info["num_updates"])
-
   results = dj.simulate(task.loss_fn, tx, task.init(seeds[0]), task.data, None,
                         seed=dj.Runs(seeds=list(seeds), sources=list(sources),
                                      params=[task.init(seed) for seed in seeds]),
                         sampling=dj.Sampling(batch_size),
-                        record=dj.Record(eval_fn=task.eval_fn, every=eval_every, callback=callback,
+                        record=dj.Record(eval_fn=task.eval_fn, every=eval_every, callback=_reporting(progress),
                                          nonfinite="report"),
                         execution=dj.Execution(lanes=lanes, like=like))
   return [result_record(result, source) for result, source in zip(results, sources, strict=True)]
+
+
+def _reporting(progress: Progress) -> Callable[[dict[str, Any]], None]:
+  """A ``dj.Record`` callback that tells ``progress`` the updates done."""
+  def callback(info: dict[str, Any]) -> None:
+    progress(info["updates_done"], info["num_updates"])
+
+  return callback
 
 
 def result_record(result: dj.SimulationResult, source: Any) -> dict[str, Any]:
