@@ -83,10 +83,13 @@ The interface is :class:`Program`, a ``NamedTuple`` a runtime fills in:
   (a prefix of ``constants``, ``0`` or ``None`` per part, as ``vmap``'s
   ``in_axes``) says which constants do, ``table_run_axes`` (``None``: the
   runs share the tables; ``0``: each has its own, stacked before the
-  chunk's step axis) which tables do, and the chunk is ``vmap``-ed over the
-  run axis (with tables of their own, mapped: one run after the other, see
-  :func:`_one_run_at_a_time`): its outputs and the ``"check"`` record gain
-  a run axis (the outputs' first, the record's second). One device only.
+  chunk's step axis) which tables do. Runs that share the tables are one
+  program, ``vmap``-ed over the run axis. Runs with tables of their own are
+  computed one after the other, each by the single run's compiled chunk
+  (see :class:`_Separately`); ``initial`` then gets the list of the runs'
+  carries. Either way the outputs and the ``"check"`` record gain a run
+  axis (the outputs' first, the record's second). One device only, and no
+  checkpoint for runs with tables of their own.
 ``cache_key``
   a hashable identity of the compiled program, or ``None`` (compile afresh).
   Programs with equal keys (and meshes) share one jitted chunk function, so
@@ -460,8 +463,13 @@ def chunk_function(program: Program, mesh: Any) -> Callable[[Any, Any, Any], tup
   """``chunk(carry, constants, tables) -> (carry, outputs)``: a ``lax.scan`` of ``program.step`` over the
   chunk's steps, jitted with the carry donated (inside ``shard_map`` with a ``mesh``); the one already
   made for an equal ``program.cache_key`` and mesh, if any."""
+  if program.table_run_axes is not None:
+    if mesh is not None:
+      raise ValueError("several runs in one program need a single device; got a mesh.")
+    single = program._replace(runs=None, constant_run_axes=None, table_run_axes=None)
+    return _Separately(chunk_function(single, None), program)
   return cached(None if program.cache_key is None else (
-      "chunk", program.cache_key, mesh, program.runs, str(program.constant_run_axes), str(program.table_run_axes)),
+      "chunk", program.cache_key, mesh, program.runs, str(program.constant_run_axes)),
       lambda: _chunk_function(program, mesh))
 
 
@@ -477,8 +485,7 @@ def _chunk_function(program: Program, mesh: Any) -> Callable[[Any, Any, Any], tu
   if program.runs is not None:
     if mesh is not None:
       raise ValueError("several runs in one program need a single device; got a mesh.")
-    chunk = (jax.vmap(chunk, in_axes=(0, program.constant_run_axes, None)) if program.table_run_axes is None
-             else _one_run_at_a_time(chunk, program.constant_run_axes))
+    chunk = jax.vmap(chunk, in_axes=(0, program.constant_run_axes, None))
   if mesh is not None:
     chunk = jax.shard_map(
         chunk, mesh=mesh,
@@ -490,31 +497,55 @@ def _chunk_function(program: Program, mesh: Any) -> Callable[[Any, Any, Any], tu
   return jax.jit(chunk, donate_argnums=0)
 
 
-def _one_run_at_a_time(chunk: Callable[..., Any], constant_axes: Any) -> Callable[..., Any]:
-  """``chunk`` over runs whose tables are their own, computed one run after the other (``lax.map``).
+class _Separately:
+  """The chunk of runs whose tables are their own: each run's part computed by the single run's compiled chunk,
+  one run after the other.
 
-  ``vmap`` would batch their tables too: every index the tables give (a loop's count, a ``cond``'s predicate, a
-  buffer row) would differ between runs, and the batched loops and ``cond``s compute every pass and branch for
-  every run (about 4x the separate runs' time, measured on ``experiments/dai_staleness``). One run at a time, each
-  runs the single run's program: the result equals the separate run's, and what the batch saves is the host's
-  work per call. ``constant_axes``: ``0`` for the constants each run has its own of, ``None`` for shared ones.
+  In one program, ``vmap`` would batch their tables too: every index the tables give (a loop's count, a
+  ``cond``'s predicate, a buffer row) would differ between runs, and the batched loops and ``cond``s compute
+  every pass and branch for every run (about 4x the separate runs' time, measured on
+  ``experiments/dai_staleness``). A ``lax.map`` over the runs gives each its own pass, but its slicing of every
+  input and stacking of every output made the program about 15% longer to compile (measured on the same
+  reproduction). Here every run is computed by the single run's program, compiled once and shared with a
+  separate call of an equal run, so each result equals the separate run's by construction. The carry is the
+  list of the runs' carries, each placed on its own; the constants and the tables are cut into each run's part
+  on the host; the outputs are stacked on a leading run axis, as ``vmap`` stacks them.
   """
-  def own(axis, part):
-    return part if axis == 0 else None
 
-  def mapped(carry, constants, tables):
-    is_axis = lambda x: x is None
-    per_run = jax.tree.map(own, constant_axes, constants, is_leaf=is_axis)
+  def __init__(self, chunk: Callable[..., Any], program: Program):
+    self.chunk, self.runs = chunk, program.runs
+    self.constant_axes, self.table_axes = program.constant_run_axes, program.table_run_axes
 
-    def one(args):
-      run_carry, run_constants, run_tables = args
-      merged = jax.tree.map(lambda axis, shared, mine: mine if axis == 0 else shared, constant_axes, constants,
-                            run_constants, is_leaf=is_axis)
-      return chunk(run_carry, merged, run_tables)
+  def carries(self, put: Callable[[Any, P], Any], program: Program) -> list[Any]:
+    """Each run's part of ``program.carry`` (every leaf has a leading run axis), placed."""
+    return [place(put, program.carry_specs, jax.tree.map(lambda x, r=r: np.asarray(x)[r], program.carry))
+            for r in range(self.runs)]
 
-    return jax.lax.map(one, (carry, per_run, tables))
+  def constants(self, put: Callable[[Any, P], Any], program: Program) -> list[Any]:
+    """Each run's constants (its row of those with a run axis, the shared ones whole), placed."""
+    return [place(put, program.constant_specs, _run_part(self.constant_axes, program.constants, r))
+            for r in range(self.runs)]
 
-  return mapped
+  def __call__(self, carries: list[Any], constants: list[Any], tables: Any) -> tuple[list[Any], Any]:
+    new, outputs = [], []
+    for r, (carry, own) in enumerate(zip(carries, constants, strict=True)):
+      carry, out = self.chunk(carry, own, _run_part(self.table_axes, tables, r))
+      new.append(carry)
+      outputs.append(out)
+    return new, jax.tree.map(lambda *xs: np.stack([host(x) for x in xs]), *outputs)
+
+  @staticmethod
+  def stacked(carries: list[Any]) -> Any:
+    """The runs' final carries as one carry with a leading run axis (stacked on the host: a ``jnp.stack``
+    would compile a program per leaf's shape)."""
+    return jax.device_put(jax.tree.map(lambda *xs: np.stack([host(x) for x in xs]), *carries))
+
+
+def _run_part(axes: Any, tree: Any, r: int) -> Any:
+  """Run ``r``'s part of ``tree``: row ``r`` of every leaf of a part whose axis (``axes``, a prefix of ``tree``)
+  is ``0``, the part itself where it is ``None``."""
+  return jax.tree.map(lambda axis, part: part if axis is None else jax.tree.map(lambda x: x[r], part), axes, tree,
+                      is_leaf=lambda x: x is None)
 
 
 def run(program: Program, *, mesh: Any = None, checkpoint: CheckpointArguments = CheckpointArguments(),
@@ -580,6 +611,10 @@ def _run(program, mesh, checkpoint, checkpoint_name, callback, inspect):
     like["check"] = np.zeros((0,) if program.runs is None else (0, program.runs), bool)
   records: dict[str, list[Any]] = {name: [] for name in like}
   first_chunk = 0
+  separately = isinstance(chunk_fn, _Separately)
+  if separately and checkpoint.directory is not None:
+    raise ValueError("runs with tables of their own (Program.table_run_axes) cannot be checkpointed; got the "
+                     f"checkpoint directory {os.fspath(checkpoint.directory)!r}.")
   saver = (None if checkpoint.directory is None else
            _checkpoint.Checkpoint(checkpoint.directory, checkpoint_name, program.fingerprint, checkpoint.changes,
                                   records=tuple(like)))
@@ -592,10 +627,13 @@ def _run(program, mesh, checkpoint, checkpoint_name, callback, inspect):
       # Restored arrays are committed to their device and fresh ones are not, which JAX's compile cache
       # tells apart: placed like a fresh carry, a resumed run reuses the program a fresh run compiled.
       carry = place(put, program.carry_specs, jax.tree.map(np.asarray, carry))
+  elif separately:
+    carry = chunk_fn.carries(put, program)
   else:
     carry = place(put, program.carry_specs, carry)
   transfer = placer(mesh, donated=False)
-  constants = place(transfer, program.constant_specs, program.constants)
+  constants = (chunk_fn.constants(transfer, program) if separately else
+               place(transfer, program.constant_specs, program.constants))
   unsaved: list[dict[str, Any]] = []  # rows not yet in the checkpoint's history
   last_write = clock()  # the run's start, then its last write
   if program.initial is not None and first_chunk == 0:
@@ -625,7 +663,7 @@ def _run(program, mesh, checkpoint, checkpoint_name, callback, inspect):
       callback({**program.progress(chunk),
                 "rows": chunk_rows if program.rows_view is None else program.rows_view(chunk_rows)})
   _append(records, unsaved)
-  return carry, _joined(records, like)
+  return chunk_fn.stacked(carry) if separately else carry, _joined(records, like)
 
 
 def _append(records: dict[str, list[Any]], rows: list[dict[str, Any]]) -> None:

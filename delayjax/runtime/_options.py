@@ -317,9 +317,9 @@ class Runs:
   another order; integer outputs are exact). With ``sources`` each run
   follows a schedule of its own, its plan's tables padded to the sizes all
   of them fix (as ``dj.Execution(like=...)`` pads them): the runs are
-  computed one after the other inside the program (``lax.map``; batched,
-  every loop count and branch the tables give would be computed for every
-  run), a run whose plan is shorter than the longest idles through the last
+  computed one after the other by the single run's compiled chunk
+  (batched, every loop count and branch the tables give would be computed
+  for every run), a run whose plan is shorter than the longest idles through the last
   steps, and each result equals the separate call bit for bit (without
   ``Execution.lanes``, runs whose plans choose different lanes get a
   program per lane count). What that saves is the host's work per call

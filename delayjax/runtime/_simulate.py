@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import hashlib
 import math
+import re
 import types
 from typing import Any, Callable, NamedTuple, Sequence, overload
 
@@ -30,7 +31,7 @@ from delayjax.runtime._read_groups import BlockGroups, LeafGroups, map_groups
 from delayjax.runtime._workers import Gradient, Worker, check_worker
 from delayjax.runtime._sampling import shard_table
 from delayjax.runtime._waves import StepPlan, plan_steps
-from delayjax.transforms._hooks import check_schedule, read_params, requesting_states, runtime_inputs
+from delayjax.transforms._hooks import check_schedule, defines_read, read_params, requesting_states, runtime_inputs
 
 # Server params, optimizer state, slots, the parameters the next step's lanes compute at, then the
 # payload buffer (gradients and per-contribution inputs), stale-params, loss and finiteness
@@ -194,8 +195,21 @@ def _stale_read_delays(model: delays_lib.DelayModel, num_updates: int, seed: int
 @functools.lru_cache(maxsize=16)
 def _delay_draws(model: delays_lib.DelayModel) -> Callable[[jax.Array, jax.Array], Any]:
   """The compiled draw of ``model``'s delays at several updates, kept for equal models: a sweep over seeds
-  compiles it once (a torn read's nested draws take seconds to compile)."""
-  return jax.jit(jax.vmap(lambda key, t: model.sample(jax.random.fold_in(key, t), t), in_axes=(None, 0)))
+  compiles it once (a torn read's nested draws take seconds to compile).
+
+  A draw of integers alone (the key's hash, ``randint``'s remainders: ``constant``, ``uniform``, ``trace``) is
+  exact whatever the compiler's optimizations, so it is compiled without them: about 0.3 CPU s instead of 1.3
+  for ``uniform(s)``'s 800 draws, the same delays. A draw that computes in floating point (``categorical``'s
+  logits) keeps the default, whose roundings its delays were drawn with.
+  """
+  draw = jax.vmap(lambda key, t: model.sample(jax.random.fold_in(key, t), t), in_axes=(None, 0))
+  example = (jax.random.key(0), jnp.zeros(1, jnp.int32))
+  exact = not _FLOAT_TYPE.search(str(jax.make_jaxpr(draw)(*example)))
+  return jax.jit(draw, compiler_options={"xla_backend_optimization_level": 0} if exact else None)
+
+
+# A floating-point variable in a jaxpr's text (sub-jaxprs included).
+_FLOAT_TYPE = re.compile(r"\b(f8_\w+|f16|bf16|f32|f64|c64|c128)\[")
 
 
 def schedule_from_delays(model: delays_lib.DelayModel, num_updates: int, seed: int,
@@ -1065,8 +1079,9 @@ def _keys(run: _ServerRun) -> tuple[Any, Any]:
        "local_optimizer", "inputs", "terms", "plan", "sizes", "keep_stale", "num_examples", "sampling",
        "skip_nonfinite", "schedule", "worker_steps", "full_batch_size", "leaf_groups", "keep_local_state",
        "checkpoint_dir", "seed", "chunk_size", "num_workers", "eval_every", "shards", "epoch", "group_versions"))
-  # Traced only now, after every check that can refuse the run. The compiled chunk is shared by every run whose program is the same: a sweep over seeds, initial
-  # parameters, data values or hyper-parameters held in the optimizer state compiles once.
+  # Traced only now, after every check that can refuse the run. The compiled chunk is shared by every run whose
+  # program is the same: a sweep over seeds, initial parameters, data values or hyper-parameters held in the
+  # optimizer state compiles once.
   compile_key = _compile_key(
       loss_fn=loss_fn, has_aux=has_aux, tx=tx, params=params, opt_state=opt_state, data=data,
       batch_size=batch_size, eval_fn=eval_fn, sample_terms=sample_terms, local_optimizer=local_optimizer,
@@ -1080,7 +1095,8 @@ def _keys(run: _ServerRun) -> tuple[Any, Any]:
   fingerprint = "" if checkpoint_dir is None else _fingerprint(
       schedule, tx=tx, loss_fn=loss_fn, params=params, opt_state=opt_state, data=data, eval_fn=eval_fn,
       local_optimizer=local_optimizer, inputs=inputs, batch_size=batch_size, terms=terms, plan=plan,
-      plugin_programs=run.plugin_programs, seed=seed, sampling=sampling, chunk_size=chunk_size, num_workers=num_workers, lanes=plan.lanes,
+      plugin_programs=run.plugin_programs, seed=seed, sampling=sampling, chunk_size=chunk_size,
+      num_workers=num_workers, lanes=plan.lanes,
       skip_nonfinite=skip_nonfinite, eval_every=eval_every, has_eval=eval_fn is not None,
       shards=None if shards is None else _fingerprint_shards(shards),
       # Only when used, so the options of runs without them stay as they were.
@@ -1190,22 +1206,17 @@ def _program(run: _ServerRun) -> engine.Program:
     return {"updates_done": done, "num_updates": total, "chunk": chunk, "num_chunks": num_chunks}
 
   def initial_rows(carry: Any) -> dict[str, Any]:
-    metrics = jitted_eval(carry[0], carry[1])
     if own_tables:
-      return {"metrics": tuple(jax.tree.map(lambda x: engine.host(x)[r][None], metrics) for r in range(runs))}
+      # The runs' carries, each evaluated by the single run's program (as the engine computes their chunks):
+      # each equals the separate run's evaluation bit for bit.
+      return {"metrics": tuple(jax.tree.map(lambda x: engine.host(x)[None], jitted_eval(c[0], c[1])) for c in carry)}
+    metrics = jitted_eval(carry[0], carry[1])
     return {"metrics": jax.tree.map(lambda x: engine.host(x)[None] if runs else engine.host(x)[None, None], metrics)}
 
-  def evaluate_runs() -> Callable[[Any, Any], Any]:
-    if runs is None:
-      return eval_fn
-    if own_tables:
-      # One run after the other, as their chunks are: each equals the separate run's evaluation bit for bit.
-      return lambda params, opt_state: jax.lax.map(lambda run: eval_fn(*run), (params, opt_state))
-    return jax.vmap(eval_fn)
-
+  batched = runs is not None and not own_tables
   jitted_eval = None if eval_fn is None else engine.cached(
-      None if compile_key is None else ("eval", compile_key["eval_fn"], runs, own_tables),
-      lambda: jax.jit(evaluate_runs()))
+      None if compile_key is None else ("eval", compile_key["eval_fn"], batched),
+      lambda: jax.jit(jax.vmap(eval_fn) if batched else eval_fn))
   return engine.Program(
       carry=carry, carry_specs=CARRY_SPECS,
       constants=(data, (shard_rows, shard_sizes), np.uint32(seed) if runs is None else np.asarray(seeds, np.uint32)),
@@ -1333,9 +1344,12 @@ def _initial_carry(params: Any, opt_state: Any, plan: StepPlan, size: int, num_s
   stale_args = (opt_state, params, slots, first["lane_worker"][0], first["lane_worker"][0], first["lane_slot"][0],
                 first["lane_fresh"][0])
   if shapes:
-    first_stale = jax.eval_shape(lambda *args: _lanes_stale(*args, leaf_groups), *stale_args)
+    # Only the memory check reads the shapes: each lane's parameters are the read parameters (shaped like
+    # params), one row per lane. Tracing read_params for them cost every run about 0.07 s.
+    lanes = first["lane_worker"].shape[1]
+    first_stale = jax.tree.map(lambda x: jax.ShapeDtypeStruct((lanes,) + np.shape(x), dtype(x)), params)
   else:
-    first_stale = jax.device_get(_first_stale(*stale_args, leaf_groups))
+    first_stale = _first_lanes(*stale_args, leaf_groups)
   carry = (params, opt_state, slots, first_stale,
            jax.tree.map(lambda x: buffer(x, size), payload),
            jax.tree.map(lambda x: buffer(x, size), params) if keep_stale else (),
@@ -1379,6 +1393,31 @@ def _plugin_programs(worker: Worker, loss_fn: Callable[..., Any], has_aux: bool,
 
 # Module level, so that its compiled programs are reused from run to run.
 _first_stale = jax.jit(_lanes_stale, static_argnums=7)
+
+
+def _first_lanes(opt_state: Any, params: Any, slots: Any, rows: np.ndarray, workers: np.ndarray, slot: np.ndarray,
+                 fresh: np.ndarray, leaf_groups: LeafGroups | BlockGroups | None) -> Any:
+  """:func:`_lanes_stale` for the first step, on the host.
+
+  Unless a state of ``tx`` defines ``read_params`` (or the reads are in groups), a lane's parameters are
+  ``params`` themselves (``fresh``) or its worker's slot: a selection, which NumPy makes exactly, where the
+  compiled ``_first_stale`` cost a compilation per optimizer state's structure (0.3 to 0.8 s each).
+  """
+  if leaf_groups is not None or defines_read(opt_state):
+    return jax.device_get(_first_stale(opt_state, params, slots, rows, workers, slot, fresh, leaf_groups))
+  take = np.asarray(fresh)[:, 0]
+
+  def lane(p, s):
+    # Indexed as JAX indexes: a negative index from the end, then clamped into range (padding lanes).
+    held = s[_clamped(rows, s.shape[0]), _clamped(slot, s.shape[1])]
+    return np.where(_lead(take, held), np.asarray(p)[None], held)
+
+  return jax.tree.map(lane, params, slots)
+
+
+def _clamped(index: np.ndarray, size: int) -> np.ndarray:
+  index = np.asarray(index)
+  return np.clip(np.where(index < 0, index + size, index), 0, size - 1)
 
 
 def _max_batches(plan: StepPlan) -> int:

@@ -43,6 +43,11 @@ def _defines_read(x: Any) -> bool:
   return isinstance(x, ReadsParams) and not isinstance(x, type)
 
 
+def defines_read(opt_state: Any) -> bool:
+  """Whether a state inside ``opt_state`` defines ``read_params`` (otherwise workers read the parameters)."""
+  return any(_defines_read(x) for x in jax.tree.leaves(opt_state, is_leaf=_defines_read))
+
+
 def read_params(opt_state: Any, params: Any, worker: Any = 0) -> Any:
   """The parameters a worker should compute its next gradient at.
 

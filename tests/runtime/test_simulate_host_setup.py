@@ -1,0 +1,68 @@
+"""What ``dj.simulate`` prepares on the host before its first chunk equals what the compiled programs give.
+
+The first step's lane parameters are a NumPy selection when no state defines ``read_params``; delay draws of
+integers alone are compiled without the compiler's optimizations. Both must give exactly what the compiled
+defaults give.
+"""
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import optax
+import pytest
+
+import delayjax as dj
+from delayjax.runtime import _simulate
+
+
+def _tables(rng, lanes, workers, slots):
+  # Rows past the last worker (padding lanes) and slot -1 (from the end) are indexed as JAX indexes them.
+  rows = rng.integers(0, workers + 2, lanes).astype(np.int32)
+  slot = rng.integers(-1, slots, lanes).astype(np.int32)
+  fresh = rng.random((lanes, 1)) < 0.5
+  return rows, slot, fresh
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_first_lanes_on_the_host_equal_the_compiled_selection(dtype):
+  rng = np.random.default_rng(0)
+  workers, slots, lanes = 3, 4, 7
+  params = {"w": rng.normal(size=(5, 2)).astype(dtype), "b": rng.normal(size=(2,)).astype(dtype)}
+  held = jax.tree.map(lambda p: rng.normal(size=(workers, slots) + p.shape).astype(dtype), params)
+  opt_state = optax.adam(0.1).init(params)
+  rows, slot, fresh = _tables(rng, lanes, workers, slots)
+  assert fresh.any() and not fresh.all()
+  got = _simulate._first_lanes(opt_state, params, held, rows, rows, slot, fresh, None)
+  want = jax.device_get(_simulate._first_stale(opt_state, params, held, rows, rows, slot, fresh, None))
+  for name in params:
+    assert got[name].dtype == want[name].dtype
+    np.testing.assert_array_equal(np.asarray(got[name], np.float32), np.asarray(want[name], np.float32))
+
+
+def test_a_state_that_defines_read_params_is_read_by_the_compiled_program():
+  params = {"w": jnp.arange(4, dtype=jnp.float32)}
+  tx = dj.dana(0.1, momentum=0.9, num_workers=2)
+  opt_state = tx.init(params)
+  # One update, so that DANA's look-ahead read differs from the parameters.
+  _, opt_state = tx.update({"w": jnp.ones(4, jnp.float32)}, opt_state, params, staleness=jnp.int32(0),
+                           worker=jnp.int32(1))
+  held = {"w": np.zeros((2, 1, 4), np.float32)}
+  rows, slot, fresh = np.array([0, 1], np.int32), np.array([0, 0], np.int32), np.ones((2, 1), bool)
+  got = _simulate._first_lanes(opt_state, params, held, rows, rows, slot, fresh, None)
+  want = [dj.read_params(opt_state, params, jnp.int32(m))["w"] for m in rows]
+  np.testing.assert_array_equal(np.asarray(got["w"]), np.stack([np.asarray(w) for w in want]))
+  assert not np.array_equal(np.asarray(got["w"][1]), np.asarray(params["w"]))
+
+
+@pytest.mark.parametrize("model, exact", [
+    (dj.delays.uniform(6), True), (dj.delays.constant(2), True), (dj.delays.trace([0, 3, 1, 2]), True),
+    (dj.delays.geometric(0.3, 5), False)])
+def test_delay_draws_equal_the_default_compilation(model, exact):
+  key, steps = jax.random.fold_in(jax.random.key(7), 0), jnp.arange(300, dtype=jnp.int32)
+  draw = jax.vmap(lambda k, t: model.sample(jax.random.fold_in(k, t), t), in_axes=(None, 0))
+  got = np.asarray(_simulate._delay_draws.__wrapped__(model)(key, steps))
+  np.testing.assert_array_equal(got, np.asarray(jax.jit(draw)(key, steps)))
+  # Only integer draws go without the compiler's optimizations; a floating-point one keeps them.
+  text = str(jax.make_jaxpr(draw)(key, steps[:1]))
+  assert (_simulate._FLOAT_TYPE.search(text) is None) is exact
