@@ -513,8 +513,9 @@ class _Separately:
   """
 
   def __init__(self, chunk: Callable[..., Any], program: Program):
-    self.chunk, self.runs = chunk, program.runs
+    self.chunk, self.runs, self.table_specs = chunk, program.runs, program.table_specs
     self.constant_axes, self.table_axes = program.constant_run_axes, program.table_run_axes
+    self.transfer = placer(None, donated=False)
 
   def carries(self, put: Callable[[Any, P], Any], program: Program) -> list[Any]:
     """Each run's part of ``program.carry`` (every leaf has a leading run axis), placed."""
@@ -526,10 +527,15 @@ class _Separately:
     return [place(put, program.constant_specs, _run_part(self.constant_axes, program.constants, r))
             for r in range(self.runs)]
 
+  def tables(self, tables: Any, r: int) -> Any:
+    """Run ``r``'s rows of a chunk's host tables, placed (cut on the host: no device program per leaf)."""
+    return place(self.transfer, self.table_specs, _run_part(self.table_axes, tables, r))
+
   def __call__(self, carries: list[Any], constants: list[Any], tables: Any) -> tuple[list[Any], Any]:
+    """Every run's chunk, from the chunk's host tables."""
     new, outputs = [], []
     for r, (carry, own) in enumerate(zip(carries, constants, strict=True)):
-      carry, out = self.chunk(carry, own, _run_part(self.table_axes, tables, r))
+      carry, out = self.chunk(carry, own, self.tables(tables, r))
       new.append(carry)
       outputs.append(out)
     return new, jax.tree.map(lambda *xs: np.stack([host(x) for x in xs]), *outputs)
@@ -641,9 +647,12 @@ def _run(program, mesh, checkpoint, checkpoint_name, callback, inspect):
 
   for chunk in range(first_chunk, program.num_chunks):
     tables = program.tables(chunk)
-    device_tables = place(transfer, program.table_specs, tables)
+    # Runs with tables of their own place each run's rows themselves.
+    device_tables = tables if separately else place(transfer, program.table_specs, tables)
     if inspect is not None:
-      inspect(chunk_fn, (carry, constants, device_tables))
+      # Runs with tables of their own: the first run's jitted chunk and its arguments.
+      inspect(*((chunk_fn.chunk, (carry[0], constants[0], chunk_fn.tables(tables, 0))) if separately else
+                (chunk_fn, (carry, constants, device_tables))))
       inspect = None
     carry, outputs = chunk_fn(carry, constants, device_tables)
     rows = {}

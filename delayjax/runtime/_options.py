@@ -319,8 +319,8 @@ class Runs:
   of them fix (as ``dj.Execution(like=...)`` pads them): the runs are
   computed one after the other by the single run's compiled chunk
   (batched, every loop count and branch the tables give would be computed
-  for every run), a run whose plan is shorter than the longest idles through the last
-  steps, and each result equals the separate call bit for bit (without
+  for every run), a run whose plan is shorter than the longest idles
+  through the last steps, and each result equals the separate call bit for bit (without
   ``Execution.lanes``, runs whose plans choose different lanes get a
   program per lane count). What that saves is the host's work per call
   (up to 10% of the reproductions' quick runs here; compiling and the

@@ -198,7 +198,7 @@ def _delay_draws(model: delays_lib.DelayModel) -> Callable[[jax.Array, jax.Array
   compiles it once (a torn read's nested draws take seconds to compile).
 
   A draw of integers alone (the key's hash, ``randint``'s remainders: ``constant``, ``uniform``, ``trace``) is
-  exact whatever the compiler's optimizations, so it is compiled without them: about 0.3 CPU s instead of 1.3
+  exact whatever the compiler's optimizations, so it is compiled without them: about 0.8 CPU s instead of 1.3
   for ``uniform(s)``'s 800 draws, the same delays. A draw that computes in floating point (``categorical``'s
   logits) keeps the default, whose roundings its delays were drawn with.
   """

@@ -43,9 +43,14 @@ def _defines_read(x: Any) -> bool:
   return isinstance(x, ReadsParams) and not isinstance(x, type)
 
 
+def _reading_states(opt_state: Any) -> list[Any]:
+  """The states inside ``opt_state`` that define ``read_params``."""
+  return [x for x in jax.tree.leaves(opt_state, is_leaf=_defines_read) if _defines_read(x)]
+
+
 def defines_read(opt_state: Any) -> bool:
   """Whether a state inside ``opt_state`` defines ``read_params`` (otherwise workers read the parameters)."""
-  return any(_defines_read(x) for x in jax.tree.leaves(opt_state, is_leaf=_defines_read))
+  return bool(_reading_states(opt_state))
 
 
 def read_params(opt_state: Any, params: Any, worker: Any = 0) -> Any:
@@ -63,7 +68,7 @@ def read_params(opt_state: Any, params: Any, worker: Any = 0) -> Any:
   Raises:
     ValueError: if more than one state inside ``opt_state`` defines it.
   """
-  found = [x for x in jax.tree.leaves(opt_state, is_leaf=_defines_read) if _defines_read(x)]
+  found = _reading_states(opt_state)
   if len(found) > 1:
     raise ValueError(
         f"at most one transformation in a chain may define the parameters workers read, found "
