@@ -16,7 +16,7 @@ import numpy as np
 import optax
 
 import delayjax as dj
-from ._framework import Progress
+from ._framework import Progress, remembered
 
 
 class Task(NamedTuple):
@@ -159,6 +159,36 @@ def shared_chunk_size(num_updates: int, most: int = 256) -> int:
   compilation costs far more than the masked steps a shared length adds.
   """
   return min(int(most), 1 << max(int(num_updates) - 1, 0).bit_length())
+
+
+_SCHEDULES: dict[str, Any] = {}
+
+
+def schedule_once(make: Callable[[], Any], *key: Any) -> Any:
+  """``make()``, a cluster run, simulated once per process for equal ``key`` (a reproduction's name and what its
+  schedule depends on; compared by repr, so that lists from ``--set`` are keys too): a run's schedule is also the
+  ``like`` of its spec's other seeds (:func:`seeds_like`)."""
+  return remembered(_SCHEDULES, repr(key), make, kept=4096)
+
+
+def seeds_like(config: dict[str, Any], seed: int, schedule_of: Callable[[int], Any]) -> list[Any]:
+  """The schedules of a spec's seeds, ``schedule_of(s)`` for every configured seed and ``seed``, that have as many
+  contributions per update and minibatches per contribution at most as ``seed``'s (a shared program must not
+  change them): a run's ``dj.Execution(like=...)``, so that the seeds of the spec share one compiled program.
+
+  A plan's sizes are rounded up to powers of two so that seeds share them, but seeds straddle the rounding's
+  steps (a gradient buffer of 4 blocks for one seed and 5 for the next: 4 and 8 after rounding), and each side
+  compiled its own program: 12 chunk programs for dc_asgd's 9 specs at 3 seeds. Sized for all of them, they
+  compile one per spec and lane count. ``like`` only pads, so each record equals the run without it bit for bit.
+  ``schedule_of`` should be cached (:func:`schedule_once`): each run asks for every seed's.
+  """
+  def most(schedule: Any) -> tuple[int, int]:
+    batches = 1 if schedule.num_batches is None else int(np.max(schedule.num_batches, initial=1))
+    return int(np.max(schedule.contributes.sum(axis=1), initial=0)), batches
+
+  own = most(schedule_of(seed))
+  return [other for other in (schedule_of(s) for s in sorted(set(range(int(config["seeds"]))) | {int(seed)}))
+          if most(other) == own]
 
 
 def within_time(schedule: dj.cluster.Schedule, budget: float) -> dj.cluster.Schedule:

@@ -76,6 +76,7 @@ import delayjax as dj
 from . import _plots
 from ._framework import (FRACTION, POSITIVE, Claim, ClaimResult, Range, Reproduction, Summary, across_seeds, compare,
                          mean_rows, seed_values)
+from ._training import schedule_once, seeds_like
 
 SCALES = {
     "quick": dict(workers=[1, 2, 4, 8], steps=2000, batch=64, eta=3.0, alpha=0.01, l1=1e-3, target=0.25,
@@ -126,8 +127,12 @@ def specs(config: dict[str, Any]) -> list[dict[str, Any]]:
 
 def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
   x, y = digits()
-  schedule = dj.cluster.simulate(dj.cluster.asp(), dj.cluster.workers(spec["workers"], compute="exponential"),
-                                 config["steps"], seed=seed)
+  def schedule_of(s: int) -> dj.cluster.Schedule:
+    return schedule_once(lambda: dj.cluster.simulate(dj.cluster.asp(), dj.cluster.workers(
+        spec["workers"], compute="exponential"), config["steps"], seed=s), "async_prox", spec["workers"],
+        config["steps"], s)
+
+  schedule = schedule_of(seed)
   prox, eta = dj.prox_l1(config["l1"]), config["eta"]
   checkpoint_dir = getattr(progress, "checkpoint_dir", None)
   result = dj.simulate(
@@ -137,7 +142,10 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> di
       record=dj.Record(eval_fn=lambda w: w, every=config["eval_every"], nonfinite="report",
                        callback=lambda info: progress(info["updates_done"], info["num_updates"])),
       checkpoint=None if checkpoint_dir is None else dj.Checkpoint(
-          checkpoint_dir, min_interval=getattr(progress, "checkpoint_every", 0.0)))
+          checkpoint_dir, min_interval=getattr(progress, "checkpoint_every", 0.0)),
+      # One program's sizes and chunk length for every seed (their plans differ in both), so that the seeds share a
+      # compiled program.
+      execution=dj.Execution(like=seeds_like(config, seed, schedule_of)))
   h = result.history
   iterates = np.asarray(h.eval_metrics, np.float64)
   updates, times = np.asarray(h.eval_update), np.asarray(h.eval_time, np.float64)

@@ -38,7 +38,7 @@ import optax
 import delayjax as dj
 from . import _plots
 from ._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, paired
-from ._training import Task, digits_split, simulate_record
+from ._training import Task, digits_split, schedule_once, seeds_like, simulate_record
 from .delayed_digits import init_mlp, mlp
 
 # Seeds: 8 (were 3). With 3, the late decrease was +0.133 [-0.288, +0.555] (per-seed std 0.17), inconclusive; 8 is
@@ -54,8 +54,9 @@ METHODS = ("async-sgd", "async-sgdi")
 # dj.simulate's steps per compiled chunk, one length for every run: left to dj.simulate it follows each seed's
 # plan (its 1200 updates take 620 to 640 steps, so 208 to 216 steps a chunk) and most seeds compiled a program of
 # their own, about 6 s of CPU each, where the runs themselves take 0.3 s (async-sgd) to 2.5 s (async-sgdi). Three
-# chunks of 224 cover the quick scale's plans; the results do not depend on it. (Seeds whose plans read more
-# versions in a step, a wider table, still compile their own: 3 programs a method at quick scale, not 8.)
+# chunks of 224 cover the quick scale's plans; the results do not depend on it. Seeds whose plans read more
+# versions in a step (a wider table) compiled their own too, 3 programs a method: each run's program is now sized
+# for every seed's plan (``like``), one a method.
 CHUNK = 224
 
 
@@ -92,10 +93,16 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> di
   steps = int(config["steps"])
   rate = float(config["growth_rate"]) if spec["method"] == "async-sgdi" else 0.0
   # The same delays for both methods at a seed: the schedule is drawn from the seed alone.
-  schedule = dj.growing_batches(heavy_tailed(config), steps, rate=rate, maximum=int(config["max_batches"]),
-                                seed=seed)
-  record = simulate_record(task(config), optax.sgd(config["lr"]), schedule, seed=seed, batch_size=config["batch"],
-                           eval_every=config["eval_every"], progress=progress, chunk_size=CHUNK)
+  def schedule_of(s: int) -> dj.cluster.Schedule:
+    return schedule_once(lambda: dj.growing_batches(heavy_tailed(config), steps, rate=rate,
+                                                    maximum=int(config["max_batches"]), seed=s),
+                         "async_sgdi", steps, rate, config["max_batches"], config["alpha"], config["max_delay"], s)
+
+  schedule = schedule_of(seed)
+  # Sized for every seed's plan (the read tables' widths differ), so that the seeds share one program.
+  record = simulate_record(task(config), optax.sgd(config["lr"]), schedule, seed=seed,
+                           batch_size=config["batch"], eval_every=config["eval_every"], progress=progress,
+                           chunk_size=CHUNK, like=seeds_like(config, seed, schedule_of))
   update = np.asarray(record["curves"]["update"], np.float64)
   norm = np.asarray(record["curves"]["grad_norm_sq"], np.float64)
   metrics = record["metrics"]

@@ -28,7 +28,7 @@ import optax
 import delayjax as dj
 from . import _plots
 from ._framework import Claim, ClaimResult, Comparison, Reproduction, Summary, mean_rows, paired
-from ._training import learning_rate, shared_chunk_size, simulate_record, task_for
+from ._training import learning_rate, schedule_once, seeds_like, shared_chunk_size, simulate_record, task_for
 
 # Config. quick: where staleness costs an MLP on digits within 1000 gradients (lr 0.1, momentum 0.5), at M = 16
 # and 32. The paper's claim is about M where ASGD is hurt, so both M are such M: at M = 4 every asynchronous run
@@ -85,11 +85,17 @@ def optimizer(config: dict[str, Any], method: str, num_workers: int, num_updates
 
 
 def schedule(config: dict[str, Any], method: str, num_workers: int, seed: int) -> dj.cluster.Schedule:
-  """The cluster run of a method: every method computes ``steps`` gradients in total."""
-  workers = dj.cluster.workers(num_workers, compute=config["compute"])
-  if method in ("sequential", "ssgd"):
-    return dj.cluster.simulate(dj.cluster.bsp(), workers, max(1, config["steps"] // num_workers), seed=seed)
-  return dj.cluster.simulate(dj.cluster.asp(), workers, config["steps"], seed=seed)
+  """The cluster run of a method: every method computes ``steps`` gradients in total (simulated once per process:
+  it is also the ``like`` of the other seeds' runs)."""
+  synchronous = method in ("sequential", "ssgd")
+
+  def simulate() -> dj.cluster.Schedule:
+    workers = dj.cluster.workers(num_workers, compute=config["compute"])
+    if synchronous:
+      return dj.cluster.simulate(dj.cluster.bsp(), workers, max(1, config["steps"] // num_workers), seed=seed)
+    return dj.cluster.simulate(dj.cluster.asp(), workers, config["steps"], seed=seed)
+
+  return schedule_once(simulate, "dc_asgd", synchronous, num_workers, config["compute"], config["steps"], seed)
 
 
 def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
@@ -97,9 +103,12 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> di
   tx = optimizer(config, spec["method"], spec["workers"], sched.num_updates)
   # Evaluations at the same fraction of the run for every method (SSGD has M times fewer updates).
   every = max(1, config["eval_every"] * sched.num_updates // config["steps"])
-  # One chunk length for every seed (their plans' steps differ), so that the seeds share a compiled program.
+  # One chunk length and one program's sizes for every seed (their plans' steps and sizes differ), so that the
+  # seeds share a compiled program.
+  like = seeds_like(config, seed, lambda s: schedule(config, spec["method"], spec["workers"], s))
   return simulate_record(task_for(config), tx, sched, seed=seed, batch_size=config["batch"],
-                         eval_every=every, progress=progress, chunk_size=shared_chunk_size(sched.num_updates))
+                         eval_every=every, progress=progress, chunk_size=shared_chunk_size(sched.num_updates),
+                         like=like)
 
 
 def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:

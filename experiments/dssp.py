@@ -20,7 +20,7 @@ import optax
 import delayjax as dj
 from . import _plots
 from ._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, paired
-from ._training import shared_chunk_size, simulate_record, task_for, with_time_to_target
+from ._training import schedule_once, seeds_like, shared_chunk_size, simulate_record, task_for, with_time_to_target
 
 # Config: the paper's thresholds s_L = 3, s_U = 15; half the cluster is slower (0.8x and 0.6x). With a
 # 4x-slower worker the gap exceeds s_U almost always, and DSSP behaves like SSP (a first quick run showed it).
@@ -46,20 +46,28 @@ def specs(config: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def schedule(config: dict[str, Any], paradigm: str, seed: int) -> dj.cluster.Schedule:
-  workers = dj.cluster.workers(len(config["speeds"]), compute=config["compute"], speed=config["speeds"])
-  rule = {"bsp": dj.cluster.bsp(), "asp": dj.cluster.asp(), "ssp": dj.cluster.ssp(config["s_lower"]),
-          "dssp": dj.cluster.dssp(config["s_lower"], config["s_upper"])}[paradigm]
-  updates = config["steps"] // workers.num_workers if paradigm == "bsp" else config["steps"]
-  return dj.cluster.simulate(rule, workers, max(1, updates), seed=seed)
+  """The paradigm's cluster run (simulated once per process: it is also the ``like`` of the other seeds' runs)."""
+  def simulate() -> dj.cluster.Schedule:
+    workers = dj.cluster.workers(len(config["speeds"]), compute=config["compute"], speed=config["speeds"])
+    rule = {"bsp": dj.cluster.bsp(), "asp": dj.cluster.asp(), "ssp": dj.cluster.ssp(config["s_lower"]),
+            "dssp": dj.cluster.dssp(config["s_lower"], config["s_upper"])}[paradigm]
+    updates = config["steps"] // workers.num_workers if paradigm == "bsp" else config["steps"]
+    return dj.cluster.simulate(rule, workers, max(1, updates), seed=seed)
+
+  return schedule_once(simulate, "dssp", paradigm, config["speeds"], config["compute"], config["steps"],
+                       config["s_lower"], config["s_upper"], seed)
 
 
 def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
   sched = schedule(config, spec["paradigm"], seed)
   tx = optax.sgd(config["lr"], momentum=config["momentum"])
   every = max(1, config["eval_every"] * sched.num_updates // config["steps"])
-  # One chunk length for every seed (their plans' steps differ), so that the seeds share a compiled program.
+  # One chunk length and one program's sizes for every seed (their plans' steps and sizes differ), so that the
+  # seeds share a compiled program.
+  like = seeds_like(config, seed, lambda s: schedule(config, spec["paradigm"], s))
   record = simulate_record(task_for(config), tx, sched, seed=seed, batch_size=config["batch"],
-                           eval_every=every, progress=progress, chunk_size=shared_chunk_size(sched.num_updates))
+                           eval_every=every, progress=progress, chunk_size=shared_chunk_size(sched.num_updates),
+                           like=like)
   return with_time_to_target(record, config["target_accuracy"])
 
 

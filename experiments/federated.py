@@ -27,7 +27,8 @@ import optax
 import delayjax as dj
 from . import _plots
 from ._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, paired
-from ._training import simulate_record, task_for, time_horizon, with_time_to_target, within_time
+from ._training import (schedule_once, seeds_like, shared_chunk_size, simulate_record, task_for, time_horizon,
+                        with_time_to_target, within_time)
 
 # Config: FedAsync's mixing 0.6 with the polynomial rule a = 0.5; FedBuff's K = 5 of 10 clients. Six seeds:
 # with two, FedAsync against FedAvg was one win each; six also let a sign test decide when a method never
@@ -84,20 +85,34 @@ def _budget(config: dict[str, Any]) -> float:
   return config["time_budget"] if not config["steps"] else config["steps"] / 100 * config["time_budget"]
 
 
+def schedule(config: dict[str, Any], method: str, seed: int) -> dj.cluster.Schedule:
+  """The cluster run of a method, long enough to pass the time budget (simulated once per process: it is also the
+  ``like`` of the other seeds' runs)."""
+  def simulate() -> dj.cluster.Schedule:
+    workers = dj.cluster.workers(config["clients"], compute=config["compute"])
+    paradigm = dj.cluster.bsp() if method == "fedavg" else dj.cluster.asp()
+    # Enough updates to pass the budget (ASP applies about `clients` per second with mean-1 s times).
+    longest = int(_budget(config) * config["clients"] * 2) + 10
+    return dj.cluster.simulate(paradigm, workers, longest, seed=seed)
+
+  return schedule_once(simulate, "federated", method == "fedavg", config["clients"], config["compute"],
+                       _budget(config), seed)
+
+
 def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
   task = task_for(config)
   shards = non_iid_shards(task.data["y"], config["clients"], config["classes_per_client"], seed)
-  workers = dj.cluster.workers(config["clients"], compute=config["compute"])
   budget = _budget(config)
-  paradigm = dj.cluster.bsp() if spec["method"] == "fedavg" else dj.cluster.asp()
-  # Enough updates to pass the budget (ASP applies about `clients` per second with mean-1 s times).
-  longest = int(budget * config["clients"] * 2) + 10
-  full = dj.cluster.simulate(paradigm, workers, longest, seed=seed)
+  full = schedule(config, spec["method"], seed)
   sched = within_time(full, budget)
+  # One chunk length and one program's sizes for every seed (their runs within the budget differ in length and
+  # sizes), so that the seeds share a compiled program.
+  like = seeds_like(config, seed, lambda s: within_time(schedule(config, spec["method"], s), budget))
   record = simulate_record(task, server(config, spec["method"]), sched, seed=seed, batch_size=config["batch"],
                            eval_every=max(1, sched.num_updates // config["eval_points"]), progress=progress,
                            scheme="shard", shards=shards,
-                           worker=dj.workers.LocalSteps(config["local_steps"], optax.sgd(config["client_lr"])))
+                           worker=dj.workers.LocalSteps(config["local_steps"], optax.sgd(config["client_lr"])),
+                           chunk_size=shared_chunk_size(max(s.num_updates for s in like)), like=like)
   return with_time_to_target(record, config["target_accuracy"], time_horizon(full, budget))
 
 

@@ -38,7 +38,7 @@ import optax
 import delayjax as dj
 from . import _plots
 from ._framework import COUNT, FRACTION, Claim, ClaimResult, Range, Reproduction, Summary, mean_rows, paired
-from ._training import shared_chunk_size, simulate_record, task_for
+from ._training import schedule_once, seeds_like, shared_chunk_size, simulate_record, task_for
 
 # Config: M = 8 workers with gamma compute times (mean 1 s); each gradient straggles (10x slower) with
 # probability 0.05. The synchronous hyper-parameters: local batch 32, SGD with learning rate 0.5 and momentum 0.5
@@ -95,12 +95,17 @@ def specs(config: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def schedule(config: dict[str, Any], spec: dict[str, Any], seed: int) -> dj.cluster.Schedule:
-  m = config["workers"]
-  workers = dj.cluster.workers(m, compute=config["compute"], stragglers=dj.cluster.random_stragglers(
-      config["straggle_probability"], config["straggle_slowdown"]))
-  rule = {"bsp": dj.cluster.bsp(), "gba": dj.cluster.gba(m), "asp": dj.cluster.asp()}[spec["paradigm"]]
-  updates = config["steps"] if spec["paradigm"] == "asp" else config["steps"] // m
-  return dj.cluster.simulate(rule, workers, max(1, updates), seed=seed)
+  """The paradigm's cluster run (simulated once per process: it is also the ``like`` of the other seeds' runs)."""
+  def simulate() -> dj.cluster.Schedule:
+    m = config["workers"]
+    workers = dj.cluster.workers(m, compute=config["compute"], stragglers=dj.cluster.random_stragglers(
+        config["straggle_probability"], config["straggle_slowdown"]))
+    rule = {"bsp": dj.cluster.bsp(), "gba": dj.cluster.gba(m), "asp": dj.cluster.asp()}[spec["paradigm"]]
+    updates = config["steps"] if spec["paradigm"] == "asp" else config["steps"] // m
+    return dj.cluster.simulate(rule, workers, max(1, updates), seed=seed)
+
+  return schedule_once(simulate, "gba", spec["paradigm"], config["workers"], config["compute"],
+                       config["straggle_probability"], config["straggle_slowdown"], config["steps"], seed)
 
 
 def optimizer(config: dict[str, Any], spec: dict[str, Any]) -> optax.GradientTransformation:
@@ -115,9 +120,13 @@ def optimizer(config: dict[str, Any], spec: dict[str, Any]) -> optax.GradientTra
 def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
   sched = schedule(config, spec, seed)
   every = max(1, config["eval_every"] * sched.num_updates // config["steps"])
+  # BSP's lanes follow its plan; the others' are fixed, so their runs are sized for every seed's plan (which differ
+  # in their buffers) and the seeds share one compiled program.
+  fixed = spec["paradigm"] != "bsp"
+  like = seeds_like(config, seed, lambda s: schedule(config, spec, s)) if fixed else None
   return simulate_record(task_for(config), optimizer(config, spec), sched, seed=seed, batch_size=config["batch"],
                          eval_every=every, progress=progress, chunk_size=shared_chunk_size(sched.num_updates),
-                         lanes=None if spec["paradigm"] == "bsp" else config["lanes"])
+                         lanes=config["lanes"] if fixed else None, like=like)
 
 
 def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -103,8 +103,11 @@ def _run_adasync(config, task, workers, tx, seed, budget, progress) -> dict[str,
     chunk = sim.run(config["adasync_chunk"])
     source = within_time(chunk, budget)
     # Each chunk draws its own minibatches (dj.simulate's sampling restarts with every call).
+    # One chunk length for every chunk of every seed (the last one, cut by the budget, is shorter), so that
+    # chunks of one K share a compiled program; the results do not depend on it.
     result = dj.simulate(task.loss_fn, tx, params, task.data, source, seed=seed + 7919 * len(parts),
-                         sampling=dj.Sampling(config["batch"]), record=dj.Record(eval_fn=task.eval_fn))
+                         sampling=dj.Sampling(config["batch"]), record=dj.Record(eval_fn=task.eval_fn),
+                         execution=dj.Execution(chunk_size=shared_chunk_size(config["adasync_chunk"])))
     params = result.params
     h = result.history
     parts.append((offset + h.eval_update[-1], h.time[-1], {k: float(v[-1]) for k, v in h.eval_metrics.items()},

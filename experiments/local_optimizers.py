@@ -27,7 +27,7 @@ import optax
 import delayjax as dj
 from . import _plots
 from ._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, paired
-from ._training import shared_chunk_size, simulate_record, task_for, within_time
+from ._training import schedule_once, seeds_like, shared_chunk_size, simulate_record, task_for, within_time
 
 
 def local_optimizers(optimizer: optax.GradientTransformation) -> tuple[optax.GradientTransformation,
@@ -78,14 +78,23 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> di
   workers = dj.cluster.workers(config["workers"], compute=config["compute"], comm=config["comm"], speed=1.0 / k)
   budget = _budget(config)
   longest = int(budget * config["workers"] / (k + config["comm"])) * 2 + 10
-  sched = within_time(dj.cluster.simulate(dj.cluster.asp(), workers, longest, seed=seed), budget)
+
+  def schedule(s: int) -> dj.cluster.Schedule:
+    return within_time(schedule_once(lambda: dj.cluster.simulate(dj.cluster.asp(), workers, longest, seed=s),
+                                     "local_optimizers", k, config["workers"], config["compute"], config["comm"],
+                                     longest, s), budget)
+
+  sched = schedule(seed)
+  # One program's sizes and chunk length for every seed (their runs within the budget differ in both), so that the
+  # seeds share a compiled program.
+  like = seeds_like(config, seed, schedule)
   worker = None
   tx = optax.adam(config["lr"])
   if spec["method"] == "delayed-local":
     tx, worker = local_optimizers(optax.adam(config["lr"]))
   return simulate_record(task_for(config), tx, sched, seed=seed, batch_size=k * config["batch"],
                          eval_every=max(1, sched.num_updates // config["eval_points"]), progress=progress,
-                         worker=worker, chunk_size=shared_chunk_size(sched.num_updates))
+                         worker=worker, chunk_size=shared_chunk_size(max(s.num_updates for s in like)), like=like)
 
 
 def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -26,7 +26,8 @@ _PLUGIN_STREAM = 3
 
 def shard_table(shards: Sequence[Any] | None, num_examples: int, num_workers: int,
                 num_lanes: int) -> tuple[np.ndarray, np.ndarray]:
-  """Pads per-worker index shards into an int32 ``[num_lanes, L]`` table and their sizes.
+  """Pads per-worker index shards into an int32 ``[num_lanes, L]`` table and their sizes (``L``: the widest
+  shard's size rounded up to a power of two, at most the larger of it and ``num_examples``).
 
   Without ``shards``, worker ``m`` gets the ``m``-th of ``num_workers``
   contiguous, near-equal pieces of ``range(num_examples)``. Lanes beyond
@@ -53,7 +54,10 @@ def shard_table(shards: Sequence[Any] | None, num_examples: int, num_workers: in
         raise ValueError(
             f"shards[{m}] holds indices outside 0..{num_examples - 1} "
             f"(min {piece.min()}, max {piece.max()}).")
-  width = max(p.size for p in pieces)
+  # The width rounded up to a power of two (at most the larger of the widest shard and the data set): runs whose
+  # shards differ a little in size (a seed's own split) then share one compiled program. Padding is never drawn.
+  widest = max(p.size for p in pieces)
+  width = min(1 << max(widest - 1, 0).bit_length(), max(widest, num_examples))
   table = np.zeros((num_lanes, width), np.int32)
   sizes = np.ones(num_lanes, np.int32)
   for m, piece in enumerate(pieces):

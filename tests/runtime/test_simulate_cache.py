@@ -110,3 +110,32 @@ def test_a_resumed_run_reuses_the_compiled_chunk(problem, tmp_path):
   # The restored carry is placed as a fresh one is, so JAX's compile cache serves the chunk program.
   assert not [name for name in compiled if "chunk" in name], compiled
   _assert_same(resumed, straight)
+
+
+def test_shards_of_other_sizes_share_the_program_and_their_padding_is_never_drawn(problem):
+  data, schedule, params = problem
+
+  def run(shards):
+    return dj.simulate(_loss(jnp.ones(3)), optax.sgd(0.05), params, data, schedule,
+                       sampling=dj.Sampling(batch_size=BATCH, scheme="shard", shards=shards),
+                       execution=dj.Execution(chunk_size=4))
+
+  # A seed's own split (federated's non-iid shards): widest shards of 9 and of 12 examples, both padded to 16.
+  narrow = [np.arange(16 * m, 16 * m + 9 - (m % 2)) for m in range(4)]
+  wide = [np.arange(16 * m, 16 * m + 12 - (m % 3)) for m in range(4)]
+  assert _simulate.shard_table(narrow, 64, 4, 4)[0].shape == _simulate.shard_table(wide, 64, 4, 4)[0].shape == (4, 16)
+  first = _fresh(lambda: run(narrow))
+  hits = engine.cache_info()["hits"]
+  second = run(wide)
+  assert engine.cache_info()["hits"] == hits + 1
+  _assert_same(second, _fresh(lambda: run(wide)))
+  assert not np.array_equal(first.history.loss, second.history.loss)
+  # The padding is never drawn: a worker's shard padded to any width gives the same minibatches.
+  shard = np.arange(30, 39, dtype=np.int32)
+  draws = {width: [np.asarray(dj.runtime.minibatch_indices(3, u, 1, 2, num_examples=64, batch_size=8,
+                                                           sampling="shard", shard=np.pad(shard, (0, width - 9)),
+                                                           shard_size=9)) for u in range(6)]
+           for width in (9, 16, 64)}
+  for width in (16, 64):
+    np.testing.assert_array_equal(draws[width], draws[9])
+  assert set(np.concatenate(draws[9]).tolist()) <= set(shard.tolist())
