@@ -56,6 +56,7 @@ import optax
 import delayjax as dj
 from . import _plots
 from ._framework import Claim, ClaimResult, Reproduction, Summary, across_seeds, compare, mean_rows, seed_values
+from ._training import schedule_once, seeds_like
 
 # Config, fixed before the first run. The quadratic's constants are the theorems' (mu, L, sigma^2); eta 0.1 for
 # the torn runs satisfies eta <= mu / (4 L^2) = 0.125; the schedules' eta = 1 / sqrt(T) is the non-convex
@@ -142,6 +143,22 @@ def _source(config: dict[str, Any], spec: dict[str, Any], x0: Any, seed: int) ->
                              seed=seed)
 
 
+def _like(config: dict[str, Any], spec: dict[str, Any], seed: int) -> list[dj.cluster.Schedule] | None:
+  """Every seed's schedule of the spec, so that its seeds share one compiled program (their plans' sizes differ);
+  none for torn reads, whose blocks are read at versions of their own (``like`` is not defined for them), nor for
+  the pull trace, the same for every seed."""
+  if spec["part"] == "torn" and spec["read"] == "stale":
+    def schedule_of(s: int) -> dj.cluster.Schedule:
+      return schedule_once(lambda: dj.runtime.schedule_from_delays(dj.delays.uniform(spec["tau"]), config["steps"], s),
+                           "consistency", spec["key"], config["steps"], s)
+  elif spec["part"] == "elastic" and spec["scheme"] != "pull":
+    def schedule_of(s: int) -> dj.cluster.Schedule:
+      return schedule_once(lambda: _source(config, spec, None, s), "consistency", spec["key"], config["steps"], s)
+  else:
+    return None
+  return seeds_like(config, seed, schedule_of)
+
+
 def learning_rate(config: dict[str, Any], spec: dict[str, Any]) -> float:
   return config["torn_lr"] if spec["part"] == "torn" else 1.0 / math.sqrt(config["steps"])
 
@@ -173,7 +190,8 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> di
       loss_fn, optax.chain(keep_read(), optax.sgd(lr)), jnp.asarray(prob.x0), prob.data, source,
       num_updates=steps, seed=seed, sampling=dj.Sampling(batch_size=1),
       record=dj.Record(every=1, eval_fn=lambda p, s: (p, s[0].read), eval_state=True,
-                       callback=lambda info: progress(info["updates_done"], info["num_updates"])))
+                       callback=lambda info: progress(info["updates_done"], info["num_updates"])),
+      execution=dj.Execution(like=_like(config, spec, seed)))
   versions, reads = (np.asarray(x, np.float64) for x in result.history.eval_metrics)
   x, v = versions[:-1], reads[1:]  # evaluation k follows update k - 1: its read is that update's
   a = prob.hessian.astype(np.float64)
