@@ -328,6 +328,35 @@ def test_a_target_never_reached_counts_the_horizon_the_budget_sets():
   assert metrics([0.5, 0.05, 0.3], horizon=3.0) == {"time_to_target": 2.0, "time_to_target_bound": 2.0}
 
 
+def test_seeds_like_names_the_configured_seeds_whose_plans_can_share_the_program():
+  from experiments._training import schedule_once, seeds_like
+
+  made = []
+
+  def schedule_of(seed):
+    # Seed 4 is synchronous (4 contributions per update), the others asynchronous (one each); seed 2's minibatches
+    # grow to 3 per contribution.
+    def make():
+      made.append(seed)
+      paradigm = dj.cluster.bsp() if seed == 4 else dj.cluster.asp()
+      sched = dj.cluster.simulate(paradigm, dj.cluster.workers(4), 12, seed=seed)
+      return dj.growing_batches(dj.delays.constant(1), 12, rate=0.5, maximum=3, seed=seed) if seed == 2 else sched
+    return schedule_once(make, "test_seeds_like", seed)
+
+  config = {"seeds": 4}
+
+  def seeds(like):
+    return [next(k for k in made if schedule_of(k) is s) for s in like]
+
+  assert seeds(seeds_like(config, 1, schedule_of)) == [0, 1, 3]  # seed 2's larger minibatches are left out
+  assert seeds(seeds_like(config, 2, schedule_of)) == [2]
+  # A seed past the configured ones is sized with them; one that cannot share a program is sized alone.
+  assert seeds(seeds_like(config, 6, schedule_of)) == [0, 1, 3, 6]
+  assert seeds(seeds_like(config, 4, schedule_of)) == [4]
+  # Each schedule was simulated once, however often it was asked for.
+  assert sorted(made) == [0, 1, 2, 3, 4, 6]
+
+
 def test_decide_combines_comparisons():
   held = fw.compare([1.0, 1.1, 0.9], [2.0, 2.0, 2.0], what="h")
   opposite = fw.compare([3.0, 3.1, 2.9], [2.0, 2.0, 2.0], what="o")
