@@ -172,9 +172,9 @@ def schedule_once(make: Callable[[], Any], *key: Any) -> Any:
 
 
 def seeds_like(config: dict[str, Any], seed: int, schedule_of: Callable[[int], Any]) -> list[Any]:
-  """The schedules of a spec's seeds, ``schedule_of(s)`` for every configured seed and ``seed``, that have as many
-  contributions per update and minibatches per contribution at most as ``seed``'s (a shared program must not
-  change them): a run's ``dj.Execution(like=...)``, so that the seeds of the spec share one compiled program.
+  """The schedules of a spec's seeds, ``schedule_of(s)`` for every configured seed and ``seed``, whose most
+  contributions per update and most minibatches per contribution are ``seed``'s (a shared program must not change
+  them): a run's ``dj.Execution(like=...)``, so that the seeds of the spec share one compiled program.
 
   A plan's sizes are rounded up to powers of two so that seeds share them, but seeds straddle the rounding's
   steps (a gradient buffer of 4 blocks for one seed and 5 for the next: 4 and 8 after rounding), and each side
