@@ -44,8 +44,8 @@ import delayjax as dj
 from . import _plots
 from ._framework import (COUNT, FRACTION, POSITIVE, Claim, ClaimResult, Range, Reproduction, Summary, mean_rows,
                          paired, remembered)
-from ._training import (Task, shared_chunk_size, simulate_record, task_for, time_horizon, with_time_to_target,
-                        within_time)
+from ._training import (Task, seeds_like, shared_chunk_size, simulate_record, task_for, time_horizon,
+                        with_time_to_target, within_time)
 from .federated import non_iid_shards
 
 # Config: 20 clients, the last half 5x slower (lognormal compute times, heavy-tailed as in experiments/federated.py;
@@ -161,8 +161,8 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> di
   # The same method's schedules of every configured seed: one compiled program serves them all (their staleness,
   # hence the gradient buffer, differs from seed to seed). Not Pisces': its buffers' sizes, which set the step's
   # shape, differ from seed to seed, and shared programs need the same largest one.
-  like = None if spec["method"] == "pisces" else [
-      schedule(config, spec["method"], s)[0] for s in sorted(set(range(config["seeds"])) | {seed})]
+  like = (None if spec["method"] == "pisces" else
+          seeds_like(config, seed, lambda s: schedule(config, spec["method"], s)[0]))
   record = simulate_record(task_for(config), server(config), sched, seed=seed, batch_size=config["batch"],
                            eval_every=max(1, sched.num_updates // config["eval_points"]), progress=progress,
                            scheme="shard", shards=shards,

@@ -26,8 +26,8 @@ import optax
 import delayjax as dj
 from . import _plots
 from ._framework import (Claim, ClaimResult, Reproduction, Summary, across_seeds, compare, mean_rows,
-                                    paired, remembered, seed_values)
-from ._training import learning_rate, simulate_record, task_for
+                                    paired, seed_values)
+from ._training import learning_rate, schedule_once, seeds_like, simulate_record, task_for
 
 # Config. The paper: CIFAR-10, 30 learners, minibatch 4 (lambda = 30, mu = 4), one alpha_0 for all n.
 # alpha_0 = 0.5 suits 1-softsync, whose updates average 30 minibatches (with 0.1, a fixed step is too
@@ -81,19 +81,13 @@ def optimizer(config: dict[str, Any], rule: str, num_updates: int) -> optax.Grad
   return optax.chain(dj.per_contribution(inverse) if config["lr_tau_per"] == "gradient" else inverse, sgd)
 
 
-_SCHEDULES: dict[str, dj.cluster.Schedule] = {}
-
-
 def schedule(n: int, learners: int, compute: Any, updates: int, seed: int) -> dj.cluster.Schedule:
   """n-softsync's schedule (simulated once per process: it is also the ``like`` of the other seeds' runs)."""
-  # compute may be a list (--set), which a dict key cannot be: the key is its repr.
-  return remembered(_SCHEDULES, repr((n, learners, compute, updates, seed)),
-                    lambda: dj.cluster.simulate(dj.cluster.softsync(n), dj.cluster.workers(learners, compute=compute),
-                                                updates, seed=seed))
+  def simulate() -> dj.cluster.Schedule:
+    return dj.cluster.simulate(dj.cluster.softsync(n), dj.cluster.workers(learners, compute=compute), updates,
+                               seed=seed)
 
-
-def _most_minibatches(sched: dj.cluster.Schedule) -> int:
-  return int(sched.contributions.num_batches.max(initial=1))
+  return schedule_once(simulate, "staleness_aware", n, learners, compute, updates, seed)
 
 
 def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
@@ -102,15 +96,13 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> di
   cluster = (spec["n"], config["learners"], config["compute"], updates)
   sched = schedule(*cluster, seed)
   # Each seed's schedule has its own staleness, so its own gradient buffer and compiled program (most of a run's
-  # CPU time); the schedules of seeds 0 to seeds - 1 as ``like`` give them one program, one per largest number of
+  # CPU time); the schedules of the configured seeds as ``like`` give them one program, one per largest number of
   # minibatches in a contribution (which a shared program must not change). The sizes only pad: the result is the
   # same, bit for bit, as without ``like``.
-  most = _most_minibatches(sched)
-  like = tuple(other for other in (schedule(*cluster, s) for s in range(config.get("seeds", 1)) if s != seed)
-               if _most_minibatches(other) == most)
+  like = seeds_like(config, seed, lambda s: schedule(*cluster, s))
   every = max(1, config["eval_every"] * updates // config["steps"])
   return simulate_record(task_for(config), optimizer(config, spec["rule"], updates), sched, seed=seed,
-                         batch_size=config["batch"], eval_every=every, progress=progress, like=like or None)
+                         batch_size=config["batch"], eval_every=every, progress=progress, like=like)
 
 
 def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
