@@ -139,8 +139,10 @@ def _source(config: dict[str, Any], spec: dict[str, Any], x0: Any, seed: int) ->
   if spec["scheme"] == "pull":
     return dj.delays.trace(list(range(spec["period"])))
   paradigm = dj.cluster.asp() if spec["scheme"] == "asp" else dj.cluster.ssp(spec["bound"])
-  return dj.cluster.simulate(paradigm, dj.cluster.workers(spec["workers"], compute="gamma"), config["steps"],
-                             seed=seed)
+  # Simulated once per process: the schedule is also the ``like`` of the other seeds' runs (:func:`_like`).
+  return schedule_once(lambda: dj.cluster.simulate(paradigm, dj.cluster.workers(spec["workers"], compute="gamma"),
+                                                   config["steps"], seed=seed),
+                       "consistency", spec["key"], config["steps"], seed)
 
 
 def _like(config: dict[str, Any], spec: dict[str, Any], seed: int) -> list[dj.cluster.Schedule] | None:
@@ -153,7 +155,7 @@ def _like(config: dict[str, Any], spec: dict[str, Any], seed: int) -> list[dj.cl
                            "consistency", spec["key"], config["steps"], s)
   elif spec["part"] == "elastic" and spec["scheme"] != "pull":
     def schedule_of(s: int) -> dj.cluster.Schedule:
-      return schedule_once(lambda: _source(config, spec, None, s), "consistency", spec["key"], config["steps"], s)
+      return _source(config, spec, None, s)
   else:
     return None
   return seeds_like(config, seed, schedule_of)
