@@ -807,6 +807,24 @@ def _perform_task_in_child(task: tuple[Callable[..., Any], Mapping[str, Any], _J
   return _perform_batch(run_batch, config, batch, tqdm(total=len(batch.jobs), disable=True), checkpoint_every)
 
 
+def _first_job(unit: _Job | _Batch) -> _Job:
+  return unit if isinstance(unit, _Job) else unit.jobs[0]
+
+
+def _perform_tasks_in_child(task: tuple[Callable[..., Any], Mapping[str, Any], Sequence[_Job | _Batch], float]
+                            ) -> list[tuple[_Job, dict[str, Any]]]:
+  """A task of the pool: runs or batches of one spec, one after the other; their runs with their records, each
+  saved here as soon as it is done, so that a worker stopped later (Ctrl-C, another run failing) loses none."""
+  function, config, units, checkpoint_every = task
+  done = []
+  for unit in units:
+    finished = _perform_task_in_child((function, config, unit, checkpoint_every))
+    for job, record in finished:
+      _save(job, record)
+    done += finished
+  return done
+
+
 def execute_many(plan: Sequence[tuple[Reproduction, Mapping[str, Any], str]], *, first_seed: int = 0,
                  only: Sequence[str] | None = None, plots: bool = True, verbose: bool = True,
                  jobs: int = 1, checkpoint_every: float = CHECKPOINT_EVERY) -> list[dict[str, Any]]:
@@ -817,7 +835,9 @@ def execute_many(plan: Sequence[tuple[Reproduction, Mapping[str, Any], str]], *,
   With ``jobs > 1`` they are performed ``jobs`` at a time, each in a worker
   process of its own (spawned, so JAX starts fresh there), and a
   reproduction is finished once its runs and those of the reproductions
-  before it are done. A run's record depends only on its config, spec and
+  before it are done. A worker takes the pending runs of a spec together,
+  which share compiled programs, and performs them one after the other,
+  saving each record as it is done. A run's record depends only on its config, spec and
   seed, so the results are the same either way, bit for bit; what
   parallelism buys is the CPU cores a single small-model run leaves idle.
   Use it on CPUs: on one GPU the processes would compete for the device's
@@ -830,8 +850,8 @@ def execute_many(plan: Sequence[tuple[Reproduction, Mapping[str, Any], str]], *,
   runs grouped by their batch's key, and each batch is performed once by
   ``run_batch``; its records are saved as single runs' would be (their
   ``seconds``: the batch's wall seconds divided by its number of runs). A
-  batch is one task (here in the order of its first run; with ``jobs > 1``
-  one task of the pool, sent where its first run would go), so
+  batch is performed as one (here in the order of its first run; with
+  ``jobs > 1`` by the worker that takes its first run's spec), so
   ``run_batch`` must then be a module-level function. It has no checkpoint:
   an interrupted batch is computed again whole. A key that is not hashable,
   and a ``run_batch`` that returns a wrong number of records, raise a
@@ -863,8 +883,9 @@ def execute_many(plan: Sequence[tuple[Reproduction, Mapping[str, Any], str]], *,
                             ran=ran[len(results)], reused=reused[len(results)],
                             seconds=time.perf_counter() - start, plots=plots, verbose=verbose))
 
-  def saved(job: _Job, record: dict[str, Any]) -> None:
-    _save(job, record)
+  def saved(job: _Job, record: dict[str, Any], written: bool = False) -> None:
+    if not written:
+      _save(job, record)
     ran[job.index] += 1
     remaining[job.index] -= 1
     finish_ready()
@@ -902,21 +923,22 @@ def execute_many(plan: Sequence[tuple[Reproduction, Mapping[str, Any], str]], *,
     else:
       import multiprocessing
 
-      # One run of every spec first: the seeds of a spec share compiled programs, which the workers pass on
-      # through the compilation cache (see __main__), so a spec's later seeds should not start before one
-      # of its runs has compiled them. A batch goes where its first pending run would.
-      firsts, later, seen, unit_of = [], [], set(), {}
+      # The pending runs of a spec are one task, performed one after the other by one worker: the seeds of a spec
+      # share compiled programs, which that worker then compiles, or reads from the compilation cache (see
+      # __main__), once. As runs of their own, a spec's seeds went to both workers, which each traced and read
+      # every program again: `run all --jobs 2` read 404 programs from the cache, by spec 19 (every record the same,
+      # 335 CPU s less). The specs in spread_firsts' order: the compilation cache hands a program on only once it
+      # is written. A batch goes with its first run.
+      groups: dict[tuple[int, str], list[_Job | _Batch]] = {}
       for unit in units:
-        job = unit if isinstance(unit, _Job) else unit.jobs[0]
-        unit_of[job.index, job.path] = unit
-        spec = (job.index, job.spec["key"])
-        (later if spec in seen else firsts).append(job)
-        seen.add(spec)
+        job = _first_job(unit)
+        groups.setdefault((job.index, job.spec["key"]), []).append(unit)
       tasks = []
-      for job in spread_firsts(firsts) + later:
+      for job in spread_firsts([_first_job(members[0]) for members in groups.values()]):
         repro, config, _ = plan[job.index]
-        unit = unit_of[job.index, job.path]
-        tasks.append((repro.run_batch if isinstance(unit, _Batch) else repro.run, config, unit, checkpoint_every))
+        members = groups[job.index, job.spec["key"]]
+        tasks.append((repro.run_batch if isinstance(members[0], _Batch) else repro.run, config, members,
+                      checkpoint_every))
       for repro, _, _ in plan:
         what = "run" if repro.batch is None else "run_batch"
         try:
@@ -924,15 +946,15 @@ def execute_many(plan: Sequence[tuple[Reproduction, Mapping[str, Any], str]], *,
         except (pickle.PicklingError, AttributeError, TypeError) as e:
           raise UsageError(f"--jobs {jobs}: {repro.name}'s {what} function cannot be sent to a worker process "
                            f"({e}); define it at module level, or use --jobs 1.") from None
-      pool = multiprocessing.get_context("spawn").Pool(min(jobs, len(units)), initializer=_ignore_interrupts)
+      pool = multiprocessing.get_context("spawn").Pool(min(jobs, len(tasks)), initializer=_ignore_interrupts)
       try:
-        for done in pool.imap_unordered(_perform_task_in_child, tasks):
+        for done in pool.imap_unordered(_perform_tasks_in_child, tasks):
           job = done[0][0]
           bar.update(len(done))
-          more = f" and {len(done) - 1} more of its batch" if len(done) > 1 else ""
+          more = f" and {len(done) - 1} more" if len(done) > 1 else ""
           bar.set_postfix_str(f"{plan[job.index][0].name} {job.spec['key']} seed {job.seed}{more} done")
           for member, record in done:
-            saved(member, record)
+            saved(member, record, written=True)
         pool.close()
       except BaseException:
         pool.terminate()  # Ctrl-C or a failed run: the other runs stop now; their checkpoints stay for a rerun

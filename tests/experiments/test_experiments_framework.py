@@ -721,9 +721,10 @@ def test_runs_in_worker_processes_equal_runs_here(toy_cli, tmp_path, capsys):
   assert main([*argv, "--out", str(tmp_path / "pool"), "--jobs", "2"]) == 0
   here = sorted((tmp_path / "here" / "runs").iterdir())
   assert len(here) == 4
-  caches = set()
+  caches, workers = set(), {}
   for path in here:
     a, b = (json.loads(p.read_text()) for p in (path, tmp_path / "pool" / "runs" / path.name))
+    workers.setdefault(b["key"], set()).add(b["pid"])
     assert a.pop("pid") == os.getpid() != b.pop("pid")
     # The workers share one compilation cache, gone with the command; a run here needs none.
     assert a.pop("cache") is None
@@ -731,6 +732,8 @@ def test_runs_in_worker_processes_equal_runs_here(toy_cli, tmp_path, capsys):
     a.pop("seconds"), b.pop("seconds")
     assert a == b
   assert len(caches) == 1 and None not in caches and not os.path.exists(caches.pop())
+  # The seeds of a spec share its programs: one worker performs them all, and compiles them once.
+  assert sorted(workers) == ["lr0.1", "lr1.0"] and all(len(pids) == 1 for pids in workers.values())
   assert "JAX_COMPILATION_CACHE_DIR" not in os.environ
   results = [json.loads((tmp_path / d / "results.json").read_text()) for d in ("here", "pool")]
   assert results[0]["rows"] == results[1]["rows"] and results[0]["claims"] == results[1]["claims"]
@@ -739,6 +742,29 @@ def test_runs_in_worker_processes_equal_runs_here(toy_cli, tmp_path, capsys):
   object.__setattr__(repro, "run", lambda config, spec, seed, progress: {})
   assert main([*argv, "--out", str(tmp_path / "lambda"), "--jobs", "2"]) == 2
   assert "module level" in capsys.readouterr().err
+
+
+def _toy_run_failing_at_seed_2(config, spec, seed, progress):
+  """The toy's run, failing at seed 2 of spec lr0.1 (at module level, for a worker process)."""
+  if spec["key"] == "lr0.1" and seed == 2:
+    raise RuntimeError("run failed on purpose")
+  return _toy_run(config, spec, seed, progress)
+
+
+@pytest.mark.slow
+def test_a_worker_saves_each_run_as_it_finishes_it(toy_cli, tmp_path, capsys):
+  """--jobs 2: a worker performs a spec's seeds one after the other; those it finished before a run of the same
+  spec failed are saved, and a rerun performs only what is missing."""
+  main, _, repro = toy_cli
+  object.__setattr__(repro, "run", _toy_run_failing_at_seed_2)
+  argv = ["run", "toy", "--no-plot", "--seeds", "4", "--out", str(tmp_path / "out"), "--jobs", "2"]
+  with pytest.raises(RuntimeError, match="on purpose"):
+    main(argv)
+  saved = {p.name for p in (tmp_path / "out" / "runs").iterdir() if not p.name.startswith(".")}
+  assert {"lr0.1__seed0.json", "lr0.1__seed1.json"} <= saved and "lr0.1__seed2.json" not in saved
+  object.__setattr__(repro, "run", _toy_run)
+  assert main(argv) == 0
+  assert f"{8 - len(saved)} runs performed, {len(saved)} reused" in capsys.readouterr().out
 
 
 def test_curves_draws_an_error_rate_in_percent_and_any_other_curve_as_it_is(tmp_path, monkeypatch):
