@@ -159,10 +159,10 @@ def schedule(config: dict[str, Any], method: str, seed: int) -> tuple[dj.cluster
 def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
   sched, shards, horizon = schedule(config, spec["method"], seed)
   # The same method's schedules of every configured seed: one compiled program serves them all (their staleness,
-  # hence the gradient buffer, differs from seed to seed). Not Pisces': its buffers' sizes, which set the step's
-  # shape, differ from seed to seed, and shared programs need the same largest one.
-  like = (None if spec["method"] == "pisces" else
-          seeds_like(config, seed, lambda s: schedule(config, spec["method"], s)[0]))
+  # hence the gradient buffer, differs from seed to seed). Pisces' buffers hold from 6 to 10 contributions at
+  # most, by seed, and a shared program needs the same most: its seeds share one program per most (5 programs for
+  # the 20 seeds at quick scale, where each seed compiled its own).
+  like = seeds_like(config, seed, lambda s: schedule(config, spec["method"], s)[0])
   record = simulate_record(task_for(config), server(config), sched, seed=seed, batch_size=config["batch"],
                            eval_every=max(1, sched.num_updates // config["eval_points"]), progress=progress,
                            scheme="shard", shards=shards,
