@@ -837,9 +837,10 @@ def execute_many(plan: Sequence[tuple[Reproduction, Mapping[str, Any], str]], *,
   reproduction is finished once its runs and those of the reproductions
   before it are done. A worker takes the pending runs of a spec together,
   which share compiled programs, and performs them one after the other,
-  saving each record as it is done. A run's record depends only on its config, spec and
-  seed, so the results are the same either way, bit for bit; what
-  parallelism buys is the CPU cores a single small-model run leaves idle.
+  saving each record as it is done. A run's record depends only on its
+  config, spec and seed, so the results are the same either way, bit for
+  bit; what parallelism buys is the CPU cores a single small-model run
+  leaves idle.
   Use it on CPUs: on one GPU the processes would compete for the device's
   memory. A worker receives the reproduction's ``run`` by reference, so
   ``run`` must be a module-level function. A run writes its checkpoint at
@@ -926,9 +927,9 @@ def execute_many(plan: Sequence[tuple[Reproduction, Mapping[str, Any], str]], *,
       # The pending runs of a spec are one task, performed one after the other by one worker: the seeds of a spec
       # share compiled programs, which that worker then compiles, or reads from the compilation cache (see
       # __main__), once. As runs of their own, a spec's seeds went to both workers, which each traced and read
-      # every program again: `run all --jobs 2` read 404 programs from the cache, by spec 19 (every record the same,
-      # 335 CPU s less). The specs in spread_firsts' order: the compilation cache hands a program on only once it
-      # is written. A batch goes with its first run.
+      # every program again: `run all --jobs 2` read 404 programs from the cache, by spec 19 (every record the
+      # same). The specs in spread_firsts' order: the compilation cache hands a program on only once it is written.
+      # A batch goes with its first run.
       groups: dict[tuple[int, str], list[_Job | _Batch]] = {}
       for unit in units:
         job = _first_job(unit)
