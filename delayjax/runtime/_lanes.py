@@ -151,21 +151,32 @@ class Lanes:
     return loss, {**summed, **stacked}
 
   def push(self, data: Any, seed: Any, stale: Any, snap: Any, update: Any, worker: Any, draw: Any, batches: Any,
-           shard_row: Any, shard_size: Any, local_state: Any) -> tuple[jax.Array, dict[str, Any], Any]:
-    """A lane's contribution, as the worker plug-in computes it from the parameters read (``stale``)."""
+           shard_row: Any, shard_size: Any, local_state: Any,
+           examples: Any = None) -> tuple[jax.Array, dict[str, Any], Any]:
+    """A lane's contribution, as the worker plug-in computes it from the parameters read (``stale``).
+
+    ``examples``: ``None``, or int32 ``[max_batches, batch_size]``, the indices of the contribution's first group
+    of minibatches drawn on the host (``_sampling.lane_examples``, the same indices), which the lane then takes
+    instead of drawing them here; later groups (local steps) are still drawn here."""
     def minibatch(at, b):
       idx = minibatch_indices(seed, update, worker, at + b, num_examples=self.num_examples,
                               batch_size=self.batch_size, sampling=self.sampling, shard=shard_row,
                               shard_size=shard_size)
       return jax.tree.map(lambda x: x[idx], data), idx
 
+    def first_group(at, b):
+      if examples is None:
+        return minibatch(at, b)
+      return jax.tree.map(lambda x: x[examples[b]], data), examples[b]
+
     def gradient(w, h, terms=None):
       # Group h of the contribution's minibatches: draws h * batches, ..., h * batches + batches - 1.
-      at = draw if isinstance(h, int) and h == 0 else draw + h * batches
-      return self.group(minibatch, w, at, batches, terms)
+      if isinstance(h, int) and h == 0:
+        return self.group(first_group, w, draw, batches, terms)
+      return self.group(minibatch, w, draw + h * batches, batches, terms)
 
     ctx = WorkerContext(gradient=gradient, worker=worker, update=update, key=contribution_key(seed, update, worker, draw),
-                        value_and_grad=self.value_and_grad, minibatch=lambda b: minibatch(draw, b),
+                        value_and_grad=self.value_and_grad, minibatch=lambda b: first_group(draw, b),
                         inputs=self.inputs, snapshot=snap)
     return self.worker.contribute(ctx, stale, local_state)
 

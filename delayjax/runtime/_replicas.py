@@ -47,7 +47,7 @@ from delayjax.runtime._checkpoint import gathered
 from delayjax.runtime._engine import AXIS
 from delayjax.runtime._history import chunk_span, nonfinite_report, sorted_pairs
 from delayjax.runtime._replica_plan import SLOT_GRAD, SLOT_MIX, SLOT_READ, ReplicaPlan, make_plan, pack_lanes
-from delayjax.runtime._sampling import minibatch_indices, shard_table
+from delayjax.runtime._sampling import lane_examples, shard_table
 from delayjax.runtime._simulate import _all_finite, _inexact, _shared_length
 
 _CHECKPOINT_FILE = "simulate_gossip"
@@ -396,9 +396,9 @@ def _program(run: _ReplicaRun) -> _engine.Program:
     out = {k: v[steps] for k, v in device_tables.items()}
     # Minibatch indices are drawn on the host, a chunk at a time, outside the compiled steps: the random
     # number generator would otherwise dominate their compile time.
-    out["lane_examples"] = _lane_examples(
-        out["lane_active"], out["lane_batches"], host_tables["lane_draw"][steps], host_tables["lane_worker"][steps],
-        plan.max_batches, seed=seed,
+    out["lane_examples"] = lane_examples(
+        out["lane_active"], host_tables["lane_draw"][steps], host_tables["lane_worker"][steps], plan.max_batches,
+        batches=out["lane_batches"], seed=seed,
         num_examples=num_examples, batch_size=batch_size, sampling=sampling, shard_rows=shard_rows,
         shard_sizes=shard_sizes)
     return out
@@ -749,75 +749,6 @@ def _replicas_finite(tree: Any, sharded: bool) -> jax.Array:
   """Whether every floating-point entry of ``tree`` is finite, on every device."""
   finite = _all_finite(_inexact(tree))
   return jax.lax.pmin(finite.astype(jnp.int32), AXIS) > 0 if sharded else finite
-
-
-def _lane_examples(active: np.ndarray, batches: np.ndarray, first: np.ndarray, worker: np.ndarray,
-                   max_batches: int, *, seed: int, num_examples: int, batch_size: int, sampling: str,
-                   shard_rows: np.ndarray, shard_sizes: np.ndarray) -> np.ndarray:
-  """int32 ``[S, L, max_batches, batch_size]``: the examples of every lane's minibatches (zeros where unused).
-
-  Minibatch ``b`` of replica ``i``'s gradient whose first minibatch is the replica's ``first``-th is
-  ``minibatch_indices(seed, 0, i, first + b)``.
-  """
-  steps, lanes = active.shape
-  out = np.zeros((steps, lanes, max_batches, batch_size), np.int32)
-  s, i = np.nonzero(active)
-  if s.size == 0:
-    return out
-  b = np.arange(max_batches)
-  keep = b[None, :] < batches[s, i][:, None]
-  ss, ii, bb = np.broadcast_to(s[:, None], keep.shape)[keep], np.broadcast_to(i[:, None], keep.shape)[keep], \
-      np.broadcast_to(b[None, :], keep.shape)[keep]
-  draws = (first[ss, ii] + bb).astype(np.int32)
-  workers = worker[ss, ii].astype(np.int32)
-  # "iid" and "shard" draw positions uniform below a size (the data set's, or the worker's shard's) from the same
-  # key, then index the shard on the host: one compiled draw serves both schemes, any data, schedule and seed.
-  # Blocks of one fixed size; the last is padded with draws that are thrown away. An "epoch" draw shuffles the
-  # whole data set, so its blocks are no larger than the power of two the draws need.
-  epoch = sampling == "epoch"
-  size = min(_DRAW_BLOCK, 1 << int(np.ceil(np.log2(draws.size)))) if epoch else _DRAW_BLOCK
-  sizes = (shard_sizes[workers] if sampling == "shard" else np.full(workers.size, num_examples)).astype(np.int32)
-  drawn = np.empty((draws.size, batch_size), np.int32)
-  for start in range(0, draws.size, size):
-    stop = min(start + size, draws.size)
-    block = np.zeros((3, size), np.int32)
-    block[:, :stop - start] = workers[start:stop], draws[start:stop], sizes[start:stop]
-    if epoch:
-      got = _draw_epoch(np.uint32(seed), block[0], block[1], num_examples=num_examples, batch_size=batch_size)
-    else:
-      got = _draw_positions(np.uint32(seed), block[0], block[1], np.maximum(block[2], 1), num_examples=num_examples,
-                            batch_size=batch_size)
-    drawn[start:stop] = np.asarray(got)[:stop - start]
-  if sampling == "shard":
-    drawn = shard_rows[workers[:, None], drawn]
-  out[ss, ii, bb] = drawn
-  return out
-
-
-# Minibatches drawn per dispatch of a compiled draw.
-_DRAW_BLOCK = 4096
-
-
-# The seed is an argument, not a constant of the programs: every seed shares one compiled draw. The draws are
-# integer arithmetic only (the key's hash, randint's remainders), exact whatever the compiler's optimizations, so
-# they are compiled without them: 0.6 CPU s instead of 1.5 for the 8x8 digits, the same indices.
-@functools.partial(jax.jit, static_argnames=("num_examples", "batch_size"),
-                   compiler_options={"xla_backend_optimization_level": 0})
-def _draw_positions(seed, workers, draws, sizes, *, num_examples, batch_size):
-  """The positions ``"iid"`` and ``"shard"`` draw, ``randint(key, (batch_size,), 0, size)`` with ``size`` the data
-  set's or the worker's shard's (``"shard"`` then takes those entries of its shard): ``minibatch_indices`` of a
-  shard that is ``0 .. num_examples - 1`` itself. The size is traced, so both schemes share the program."""
-  every = jnp.arange(num_examples, dtype=jnp.int32)
-  return jax.vmap(lambda w, d, size: minibatch_indices(
-      seed, 0, w, d, num_examples=num_examples, batch_size=batch_size, sampling="shard", shard=every,
-      shard_size=size))(workers, draws, sizes)
-
-
-@functools.partial(jax.jit, static_argnames=("num_examples", "batch_size"),
-                   compiler_options={"xla_backend_optimization_level": 0})
-def _draw_epoch(seed, workers, draws, *, num_examples, batch_size):
-  return jax.vmap(lambda w, d: minibatch_indices(
-      seed, 0, w, d, num_examples=num_examples, batch_size=batch_size, sampling="epoch"))(workers, draws)
 
 
 def _gather_rows(values: Any, weight: jax.Array, src: jax.Array) -> Any:

@@ -29,7 +29,7 @@ from delayjax.runtime._options import Checkpoint, Execution, Record, Runs, Sampl
 from delayjax.runtime._lanes import Lanes
 from delayjax.runtime._read_groups import BlockGroups, LeafGroups, map_groups
 from delayjax.runtime._workers import Gradient, Worker, check_worker
-from delayjax.runtime._sampling import shard_table
+from delayjax.runtime._sampling import lane_examples, shard_table
 from delayjax.runtime._waves import StepPlan, plan_steps
 from delayjax.transforms._hooks import check_schedule, defines_read, read_params, requesting_states, runtime_inputs
 
@@ -533,6 +533,11 @@ class ProgramSizes(NamedTuple):
   num_slots: int  # read parameters each worker keeps
 
 
+# The most bytes of a chunk's minibatch indices drawn on the host (every run's, for runs of their own schedules);
+# a larger table is drawn in the step instead (the same indices).
+_HOST_DRAWS_BYTES = 64 << 20
+
+
 def _next_power_of_two(n: int) -> int:
   return 1 << max(int(n) - 1, 0).bit_length()
 
@@ -685,7 +690,8 @@ def _compile_key(*, loss_fn: Callable[..., Any], has_aux: bool, tx: Any, params:
                                                       worker=jnp.int32(0), **e), params_spec, state_spec,
                          params_spec, extra),
       "read_params": program_key(read_params, state_spec, params_spec, jnp.int32(0)),
-      "eval_fn": None if eval_fn is None else program_key(eval_fn, params_spec, state_spec),
+      "eval_fn": None if eval_fn is None else program_key(eval_fn.params_only, params_spec) if isinstance(
+          eval_fn, _ParamsEval) else program_key(eval_fn, params_spec, state_spec),
       "sample_terms": None if sample_terms is None else program_key(sample_terms, params_spec, batch),
       "local_optimizer": None if local_optimizer is None else program_key(
           local_optimizer.update, params_spec, local_optimizer.init(params), params_spec),
@@ -900,7 +906,19 @@ def _evaluation(record: Record) -> Callable[[Any, Any], Any] | None:
   eval_fn = record.eval_fn
   if eval_fn is None or record.eval_state:
     return eval_fn
-  return lambda params, opt_state: eval_fn(params)
+  return _ParamsEval(eval_fn)
+
+
+class _ParamsEval:
+  """An evaluation of the parameters alone (``params_only``, the user's ``Record.eval_fn``), called as
+  ``evaluate(params, opt_state)``. The initial evaluation calls ``params_only`` itself, compiled without the
+  state: runs of different optimizers on one model share that program."""
+
+  def __init__(self, params_only: Callable[[Any], Any]):
+    self.params_only = params_only
+
+  def __call__(self, params: Any, opt_state: Any) -> Any:
+    return self.params_only(params)
 
 
 def _svrg_epoch(inputs: tuple[str, ...], snapshot_every: int | None, full_batch_size: int | None,
@@ -1010,6 +1028,11 @@ def _prepare(loss_fn, tx, params, data, source, *, num_updates, seed, sampling, 
   # Runs of their own schedules run until the longest plan's last step.
   num_chunks = -(-max(other.num_steps for other in plans) // chunk_size)
 
+  # The default worker's minibatches are drawn on the host, a chunk at a time (_sampling.lane_examples), where
+  # the table they make stays small; batched runs that share their tables (one schedule, several seeds) draw
+  # their own in the step, as a plug-in does.
+  host_draws = isinstance(worker, Gradient) and (runs is None or run_sources is not None) and (
+      chunk_size * plan.lanes * num_devices * _max_batches(plan) * batch_size * 4 * (runs or 1) <= _HOST_DRAWS_BYTES)
   if sampling == "shard":
     shard_rows, shard_sizes = shard_table(shards, num_examples, schedule.num_workers, num_workers)
   else:
@@ -1062,7 +1085,7 @@ def _prepare(loss_fn, tx, params, data, source, *, num_updates, seed, sampling, 
       eval_fn=eval_fn, num_examples=num_examples, batch_size=batch_size, sampling=sampling, plan=plan,
       skip_nonfinite=skip_nonfinite, always_applies=always_applies,
       distributed=mesh is not None, inputs=inputs, sizes=sizes, worker=worker, max_batches=_max_batches(plan),
-      full_batch_size=full_batch_size, leaf_groups=leaf_groups)
+      full_batch_size=full_batch_size, leaf_groups=leaf_groups, host_draws=host_draws)
   carry = initial(sizes.buffer_size)
   run = _ServerRun(**{name: value for name, value in locals().items() if name != "initial"})
   run.compile_key, run.fingerprint = _keys(run)
@@ -1090,7 +1113,8 @@ def _keys(run: _ServerRun) -> tuple[Any, Any]:
           skip_nonfinite=skip_nonfinite, always_applies=run.always_applies,
           inputs=inputs, local_steps=None if worker_steps is None else tuple(worker_steps.tolist()),
           max_batches=_max_batches(plan), terms=str(terms), full_batch_size=full_batch_size,
-          leaf_groups=leaf_groups, keep_local_state=keep_local_state), plugin_programs=run.plugin_programs)
+          leaf_groups=leaf_groups, keep_local_state=keep_local_state, host_draws=run.host_draws),
+      plugin_programs=run.plugin_programs)
   # Only a checkpoint needs the run's identity (it traces tx and loss_fn and hashes the data).
   fingerprint = "" if checkpoint_dir is None else _fingerprint(
       schedule, tx=tx, loss_fn=loss_fn, params=params, opt_state=opt_state, data=data, eval_fn=eval_fn,
@@ -1123,9 +1147,15 @@ def _program(run: _ServerRun) -> engine.Program:
 
   plans, run_evals = run.plans, run.run_evals
   own_tables = run.run_sources is not None
+  max_batches = _max_batches(plan)
 
-  def plan_tables(plan: StepPlan, eval_flag: np.ndarray, chunk: int) -> dict[str, np.ndarray]:
+  def plan_tables(plan: StepPlan, eval_flag: np.ndarray, chunk: int, seed: int) -> dict[str, np.ndarray]:
     rows = _padded_tables(plan.tables(chunk * chunk_size, chunk_size), sizes, num_workers)
+    if run.host_draws:
+      rows["lane_examples"] = lane_examples(
+          rows["lane_active"], rows["lane_draw"], rows["lane_worker"], max_batches, update=rows["lane_update"],
+          seed=seed, num_examples=run.num_examples, batch_size=run.batch_size, sampling=run.sampling,
+          shard_rows=shard_rows, shard_sizes=shard_sizes)
     valid = np.arange(sizes.max_len) < rows["upd_count"][:, None]
     rows["upd_eval"] = eval_flag[rows["upd_index"]] & valid
     if epoch is not None:
@@ -1137,9 +1167,10 @@ def _program(run: _ServerRun) -> engine.Program:
     if own_tables:
       # Each run's rows from its own plan, stacked on a leading run axis.
       rows = jax.tree.map(lambda *xs: np.stack(xs), *(
-          plan_tables(own, flag, chunk) for own, (_, flag) in zip(plans, run_evals, strict=True)))
+          plan_tables(own, flag, chunk, own_seed) for own, (_, flag), own_seed in zip(plans, run_evals, seeds,
+                                                                                     strict=True)))
     else:
-      rows = plan_tables(plan, eval_flag, chunk)
+      rows = plan_tables(plan, eval_flag, chunk, seed)
     return ({k: v for k, v in rows.items() if k.startswith("lane_")},
             {k: v for k, v in rows.items() if not k.startswith("lane_")})
 
@@ -1209,14 +1240,20 @@ def _program(run: _ServerRun) -> engine.Program:
     if own_tables:
       # The runs' carries, each evaluated by the single run's program (as the engine computes their chunks):
       # each equals the separate run's evaluation bit for bit.
-      return {"metrics": tuple(jax.tree.map(lambda x: engine.host(x)[None], jitted_eval(c[0], c[1])) for c in carry)}
-    metrics = jitted_eval(carry[0], carry[1])
+      return {"metrics": tuple(jax.tree.map(lambda x: engine.host(x)[None], evaluate(c)) for c in carry)}
+    metrics = evaluate(carry)
     return {"metrics": jax.tree.map(lambda x: engine.host(x)[None] if runs else engine.host(x)[None, None], metrics)}
 
   batched = runs is not None and not own_tables
+  params_only = eval_fn.params_only if isinstance(eval_fn, _ParamsEval) else None
+  initial_fn = eval_fn if params_only is None else params_only
   jitted_eval = None if eval_fn is None else engine.cached(
-      None if compile_key is None else ("eval", compile_key["eval_fn"], batched),
-      lambda: jax.jit(jax.vmap(eval_fn) if batched else eval_fn))
+      None if compile_key is None else ("eval", compile_key["eval_fn"], batched, params_only is None),
+      lambda: jax.jit(jax.vmap(initial_fn) if batched else initial_fn))
+
+  def evaluate(carry: Any) -> Any:
+    return jitted_eval(carry[0]) if params_only is not None else jitted_eval(carry[0], carry[1])
+
   return engine.Program(
       carry=carry, carry_specs=CARRY_SPECS,
       constants=(data, (shard_rows, shard_sizes), np.uint32(seed) if runs is None else np.asarray(seeds, np.uint32)),
@@ -1435,9 +1472,10 @@ def _fingerprint_shards(shards: Sequence[Any]) -> str:
 def _step_function(*, keep_stale: bool, loss_fn, has_aux, tx, params, opt_state, eval_fn, num_examples, batch_size,
                    sampling, plan: StepPlan, sizes: ProgramSizes, skip_nonfinite, always_applies, distributed: bool,
                    inputs: tuple[str, ...], worker: Worker, max_batches: int, full_batch_size: int | None,
-                   leaf_groups: LeafGroups | BlockGroups | None):
+                   leaf_groups: LeafGroups | BlockGroups | None, host_draws: bool):
   """The server runtime's step (see ``_engine.Program.step``): compute a vector of gradients, then apply,
-  in order, the updates whose gradients are all computed. What a lane computes is ``_lanes.Lanes``'."""
+  in order, the updates whose gradients are all computed. What a lane computes is ``_lanes.Lanes``'.
+  ``host_draws``: the lanes take their first minibatches from the tables' ``lane_examples``."""
   # Only sizes are taken from the plan: the step (kept in the compile cache) must not hold its tables.
   num_workers = plan.num_workers
   per_device = num_workers // plan.num_devices
@@ -1492,7 +1530,7 @@ def _store(buf: Any, at: Any, x: Any) -> Any:
 _STEP_CONFIG = (
     "keep_stale", "tx", "eval_fn", "skip_nonfinite", "always_applies", "inputs", "leaf_groups", "num_workers",
     "per_device", "num_contrib", "max_len", "metric_shapes", "svrg", "per_example", "per_contribution",
-    "keep_local_state", "learns_at_update", "reads_per_update", "lanes", "gather", "distributed")
+    "keep_local_state", "learns_at_update", "reads_per_update", "lanes", "gather", "distributed", "host_draws")
 
 
 
@@ -1537,9 +1575,10 @@ def _server_step(c: types.SimpleNamespace, carry: Any, tabs: Any, constants: Any
   # Each worker's local optimizer state: the planner computes a worker's contributions in
   # separate steps, so each starts from the state its previous one left.
   lane_states = jax.tree.map(lambda x: x[local_rows(workers)], local_states)
-  loss, payload, lane_states = jax.vmap(c.lanes.push, in_axes=(None, None, 0, None, 0, 0, 0, 0, 0, 0, 0))(
+  examples = lane["lane_examples"] if c.host_draws else None
+  loss, payload, lane_states = jax.vmap(c.lanes.push, in_axes=(None, None, 0, None, 0, 0, 0, 0, 0, 0, 0, 0))(
       data, seed, stale, snap, lane["lane_update"], workers, lane["lane_draw"], lane["lane_batches"],
-      shard_rows[local_rows(workers)], shard_sizes[local_rows(workers)], lane_states)
+      shard_rows[local_rows(workers)], shard_sizes[local_rows(workers)], lane_states, examples)
   if c.keep_local_state:
     # Masked lanes (padding) write nothing.
     kept_rows = jnp.where(lane["lane_active"], local_rows(workers), c.per_device)

@@ -351,32 +351,3 @@ def test_bad_arguments_name_themselves():
       dj.simulate_gossip(loss_fn, tx, dj.gossip.d_psgd(), params, data, schedule, **kwargs())
 
 
-@pytest.mark.parametrize("sampling", ["iid", "shard", "epoch"])
-def test_minibatches_drawn_in_blocks_are_minibatch_indices(sampling, monkeypatch):
-  """The host draws a chunk's minibatches in fixed blocks (the last one padded); every lane's are still
-  ``minibatch_indices`` of its replica and draw, across block boundaries."""
-  from delayjax.runtime import _replicas
-  from delayjax.runtime._sampling import shard_table
-
-  monkeypatch.setattr(_replicas, "_DRAW_BLOCK", 8)
-  rng = np.random.default_rng(0)
-  steps, lanes, max_batches, n, batch = 5, 4, 3, 40, 4
-  active = rng.random((steps, lanes)) < 0.7
-  batches = np.where(active, rng.integers(1, max_batches + 1, size=(steps, lanes)), 0).astype(np.int32)
-  first = rng.integers(0, 50, size=(steps, lanes)).astype(np.int32)
-  worker = rng.integers(0, 6, size=(steps, lanes)).astype(np.int32)
-  shards = [np.arange(q, n, 6) for q in range(6)]
-  rows, sizes = shard_table(shards, n, 6, 6) if sampling == "shard" else (np.zeros((6, 1), np.int32),
-                                                                          np.ones(6, np.int32))
-  assert batches.sum() > 2 * 8  # several blocks, the last one partial
-  got = _replicas._lane_examples(active, batches, first, worker, max_batches, seed=7, num_examples=n,
-                                 batch_size=batch, sampling=sampling, shard_rows=rows, shard_sizes=sizes)
-  for s, lane in zip(*np.nonzero(active)):
-    for b in range(max_batches):
-      if b < batches[s, lane]:
-        i = int(worker[s, lane])
-        want = dj.runtime.minibatch_indices(7, 0, i, int(first[s, lane]) + b, num_examples=n, batch_size=batch,
-                                            sampling=sampling, shard=rows[i], shard_size=sizes[i])
-        np.testing.assert_array_equal(got[s, lane, b], np.asarray(want))
-      else:
-        np.testing.assert_array_equal(got[s, lane, b], 0)

@@ -1,9 +1,12 @@
-"""What ``dj.simulate`` prepares on the host before its first chunk equals what the compiled programs give.
+"""What ``dj.simulate`` prepares on the host equals what the compiled programs give.
 
 The first step's lane parameters are a NumPy selection when no state defines ``read_params``; delay draws of
-integers alone are compiled without the compiler's optimizations. Both must give exactly what the compiled
-defaults give.
+integers alone are compiled without the compiler's optimizations; the default worker's minibatches are drawn on
+the host a chunk at a time. Each must give exactly what the compiled defaults give.
 """
+
+import os
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +16,11 @@ import optax
 import pytest
 
 import delayjax as dj
-from delayjax.runtime import _simulate
+from delayjax.runtime import _sampling, _simulate
+from delayjax.runtime._sampling import shard_table
+
+sys.path.insert(0, os.path.dirname(__file__))
+from simulate_reference import hand_schedule, regression_problem  # noqa: E402
 
 
 def _tables(rng, lanes, workers, slots):
@@ -82,3 +89,67 @@ def test_the_pipelines_micro_batch_draws_equal_the_default_compilation(num_micro
   np.testing.assert_array_equal(got[5, -1], np.asarray(dj.runtime.minibatch_indices(
       11, 45, num_microbatches - 1, 0, num_examples=num_examples, batch_size=batch_size)))
   assert got.shape == (64, num_microbatches, batch_size) and got.min() >= 0 and got.max() < num_examples
+
+
+@pytest.mark.parametrize("sampling", ["iid", "shard", "epoch"])
+@pytest.mark.parametrize("own_batches", [True, False])
+def test_lane_examples_drawn_in_blocks_are_minibatch_indices(sampling, own_batches, monkeypatch):
+  """The host draws a chunk's minibatches in fixed blocks (the last one padded); every active lane's are still
+  ``minibatch_indices`` of its update, worker and draw, across block boundaries: its own ``batches`` of them
+  (zeros beyond), or all ``max_batches`` without ``batches``. Inactive lanes get zeros."""
+  monkeypatch.setattr(_sampling, "_DRAW_BLOCK", 8)
+  rng = np.random.default_rng(0)
+  steps, lanes, max_batches, n, batch = 5, 4, 3, 40, 4
+  active = rng.random((steps, lanes)) < 0.7
+  batches = np.where(active, rng.integers(1, max_batches + 1, size=(steps, lanes)), 0).astype(np.int32)
+  first = rng.integers(0, 50, size=(steps, lanes)).astype(np.int32)
+  worker = rng.integers(0, 6, size=(steps, lanes)).astype(np.int32)
+  update = rng.integers(0, 30, size=(steps, lanes)).astype(np.int32)
+  shards = [np.arange(q, n, 6) for q in range(6)]
+  rows, sizes = shard_table(shards, n, 6, 6) if sampling == "shard" else (np.zeros((6, 1), np.int32),
+                                                                          np.ones(6, np.int32))
+  assert batches.sum() > 2 * 8  # several blocks, the last one partial
+  got = _sampling.lane_examples(active, first, worker, max_batches, update=update,
+                                batches=batches if own_batches else None, seed=7, num_examples=n, batch_size=batch,
+                                sampling=sampling, shard_rows=rows, shard_sizes=sizes)
+  assert got.shape == (steps, lanes, max_batches, batch)
+  for s, lane in np.ndindex(steps, lanes):
+    for b in range(max_batches):
+      if active[s, lane] and (b < batches[s, lane] or not own_batches):
+        i = int(worker[s, lane])
+        want = dj.runtime.minibatch_indices(7, int(update[s, lane]), i, int(first[s, lane]) + b, num_examples=n,
+                                            batch_size=batch, sampling=sampling, shard=rows[i], shard_size=sizes[i])
+        np.testing.assert_array_equal(got[s, lane, b], np.asarray(want))
+      else:
+        np.testing.assert_array_equal(got[s, lane, b], 0)
+
+
+def _saga(num_examples):
+  return optax.chain(dj.saga(num_examples), optax.sgd(0.02))
+
+
+@pytest.mark.parametrize("sampling, tx", [("iid", "sgd"), ("shard", "sgd"), ("epoch", "sgd"), ("iid", "saga")])
+def test_minibatches_drawn_on_the_host_give_the_run_drawn_in_the_step(sampling, tx, monkeypatch):
+  """A run whose minibatches the host draws (the default worker's, while the table is small) equals, bit for bit,
+  the same run with its minibatches drawn inside the compiled step (a table over the size limit): on a schedule of
+  two contributions per update and up to three minibatches each, for each sampling scheme, and with SAGA, which
+  takes every drawn example's index."""
+  data, loss_fn, params = regression_problem()
+  schedule = hand_schedule(4, 30, group=2, max_batches=3, seed=21)
+  optimizer = _saga(data["x"].shape[0]) if tx == "saga" else optax.sgd(0.05)
+  drawn = []
+  monkeypatch.setattr(_simulate, "lane_examples", lambda *a, **k: drawn.append(1) or _sampling.lane_examples(*a, **k))
+
+  def run():
+    return dj.simulate(loss_fn, optimizer, params, data, schedule, seed=3, sampling=dj.Sampling(4, scheme=sampling),
+                       record=dj.Record(every=5, eval_fn=lambda p: {"w0": p["w"][0]}))
+
+  on_host = run()
+  assert drawn, "the default worker's minibatches were not drawn on the host"
+  monkeypatch.setattr(_simulate, "_HOST_DRAWS_BYTES", 0)
+  drawn.clear()
+  in_step = run()
+  assert not drawn
+  for a, b in zip(jax.tree.leaves((on_host.params, on_host.opt_state, on_host.history)),
+                  jax.tree.leaves((in_step.params, in_step.opt_state, in_step.history)), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
