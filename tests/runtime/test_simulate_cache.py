@@ -139,3 +139,30 @@ def test_shards_of_other_sizes_share_the_program_and_their_padding_is_never_draw
   for width in (16, 64):
     np.testing.assert_array_equal(draws[width], draws[9])
   assert set(np.concatenate(draws[9]).tolist()) <= set(shard.tolist())
+
+
+def test_an_evaluation_of_the_parameters_alone_is_compiled_once_for_every_optimizer(problem):
+  """The first evaluation of runs of different optimizers on one model is one compiled program (it does not take
+  their states), and it gives exactly ``eval_fn`` of the initial parameters; one that reads the state is compiled
+  for that state."""
+  data, schedule, params = problem
+
+  def run(tx, eval_fn, eval_state=False):
+    return dj.simulate(_loss(jnp.ones(3)), tx, params, data, schedule, sampling=dj.Sampling(batch_size=BATCH),
+                       record=dj.Record(eval_fn=eval_fn, every=10, eval_state=eval_state),
+                       execution=dj.Execution(chunk_size=4))
+
+  def evaluate(p):
+    return {"norm": jnp.sum(p["w"] ** 2) + 1.5}
+
+  def evaluations():
+    return sum(key[0] == "eval" for key in engine._cache)
+
+  engine.clear_cache()
+  runs = [run(optax.sgd(0.05), evaluate), run(optax.sgd(0.05, momentum=0.9), evaluate)]
+  assert evaluations() == 1 and len(engine._cache) == 3  # two chunks, one evaluation
+  for result in runs:
+    np.testing.assert_array_equal(np.asarray(result.history.eval_metrics["norm"])[0],
+                                  np.asarray(jax.jit(evaluate)(params)["norm"]))
+  run(optax.sgd(0.05, momentum=0.9), lambda p, s: evaluate(p), eval_state=True)
+  assert evaluations() == 2
