@@ -26,7 +26,6 @@ than 8 are applied as a dense ``[M, M]`` matrix.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import types
 from typing import Any, Callable, NamedTuple
