@@ -1331,8 +1331,24 @@ def _results(run: _ServerRun, carry: Any, records: dict[str, Any]) -> Simulation
 
   if runs is None:
     return SimulationResult(carry[0], carry[1], run_history(0), run_stats(0))
-  return [SimulationResult(*jax.tree.map(lambda x: x[r], (carry[0], carry[1])), run_history(r), run_stats(r))
-          for r in range(runs)]
+  return [SimulationResult(*finals, run_history(r), run_stats(r))
+          for r, finals in enumerate(_run_rows((carry[0], carry[1]), runs))]
+
+
+def _run_rows(tree: Any, runs: int) -> list[Any]:
+  """Each run's part of ``tree`` (every leaf has a leading run axis), cut on the host and placed again: slicing
+  on the device would compile a program per leaf's shape and dtype, a tenth of a second each (a key array, which
+  the host cannot hold, is sliced there)."""
+  def rows(x: Any) -> list[Any]:
+    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+      return [x[r] for r in range(runs)]
+    value = engine.host(x)
+    return [jax.device_put(np.array(value[r])) for r in range(runs)]
+
+  leaves, treedef = jax.tree.flatten(tree)
+  columns = [rows(x) for x in leaves]
+  return [treedef.unflatten([column[r] for column in columns]) for r in range(runs)]
+
 
 # What each term of the run's memory is, in the carry's order (see CARRY_SPECS), and what shrinks it.
 _MEMORY_TERMS = (
