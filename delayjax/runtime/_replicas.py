@@ -460,7 +460,10 @@ def _program(run: _ReplicaRun) -> _engine.Program:
   # the jitted chunk and evaluation, so runs differing only in the seed or the initial parameters compile once
   # when their plans have the same sizes. On a mesh the step holds collectives that trace only inside its
   # shard_map: compiled afresh.
-  row = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), chunk_tables(0))
+  # A step's row of the tables, by shapes alone (drawing chunk 0's minibatches for it would draw them twice).
+  row = {k: jax.ShapeDtypeStruct(v.shape[1:], v.dtype) for k, v in device_tables.items()}
+  row["lane_examples"] = jax.ShapeDtypeStruct(device_tables["lane_active"].shape[1:] + (plan.max_batches, batch_size),
+                                              np.int32)
   cache_key = None if mesh is not None else _engine.program_cache_key(("simulate_gossip", "chunk"), step, carry, row,
                                                                       constants)
   jitted_eval = None if eval_fn is None else _engine.cached(
