@@ -85,24 +85,30 @@ def sweep(config: dict[str, Any], *seeds: int) -> list[dj.cluster.Schedule]:
 
 
 def batch(config: dict[str, Any], spec: dict[str, Any], seed: int) -> str:
-  """The key of the runs computed together, in one ``dj.simulate`` call (:func:`run_batch`): a spec's pending
-  seeds. One call pays the host's work of its runs once (at quick scale, 9% less wall time and about the same
-  CPU: compiling and the steps' computation dominate).
+  """The key of the runs computed together, in one ``dj.simulate`` call (:func:`run_batch`): every ``s`` and
+  pending seed of an (optimizer, depth) pair, the runs of one compiled program (see :func:`sweep`). One call
+  pays the host's work of its runs once (preparing, tracing for the compile key, the results): at quick scale
+  8 calls where a call per spec made 32, and per run as many. Each record equals the separate run's bit for bit.
 
-  The seeds of one ``s``, not the ``s`` of one seed: the runs of a call are computed one after the other for
-  as many steps as the longest plan among them, and plans of one ``s`` have nearly one length (``s = 0``'s is
-  four times ``s = 16``'s). Each record equals the separate run's bit for bit.
+  The runs of a call are computed one after the other for as many steps as the longest plan among them. With
+  one lane per step (the scales' ``lanes``) every plan has one step per update, whatever ``s``; with wider
+  steps a stale run's plan is shorter (``s = 0``'s four times ``s = 16``'s with four lanes), so a call takes
+  the seeds of one ``s``.
   """
+  if config["lanes"] == 1:
+    return f"{spec['optimizer']}-d{spec['depth']}"
   return spec["key"]
 
 
 def run_batch(config: dict[str, Any], members: list[tuple[dict[str, Any], int]], progress) -> list[dict[str, Any]]:
-  """The records of ``members``, seeds of one spec (:func:`batch`), each equal to :func:`run`'s bit for bit."""
-  spec, seeds = members[0][0], [seed for _, seed in members]
+  """The records of ``members``, runs of one optimizer and depth (:func:`batch`), each equal to :func:`run`'s
+  bit for bit."""
+  first = members[0][0]
+  seeds = [seed for _, seed in members]
   _check_steps(config)
-  task = task_for(dict(config, hidden=[config["width"]] * spec["depth"]))
-  records = simulate_records(task, optimizer(spec["optimizer"], config["optimizers"][spec["optimizer"]]),
-                             [stale_reads(config, seed)[spec["s"]] for seed in seeds], seeds=seeds,
+  task = task_for(dict(config, hidden=[config["width"]] * first["depth"]))
+  records = simulate_records(task, optimizer(first["optimizer"], config["optimizers"][first["optimizer"]]),
+                             [stale_reads(config, seed)[spec["s"]] for spec, seed in members], seeds=seeds,
                              batch_size=config["batch"], eval_every=config["eval_every"], progress=progress,
                              lanes=config["lanes"], like=sweep(config, *seeds))
   return [_with_target(config, record) for record in records]
