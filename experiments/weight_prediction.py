@@ -211,7 +211,7 @@ REPRODUCTION = Reproduction(
                 "delayed, and delayed with the gradient computed at the predicted weights.",
     scales=SCALES, specs=specs, run=run, summarize=summarize, claims=CLAIMS, plots=plots,
     columns=("key", "test_loss", "updates"),
-    smoke=dict(steps=12, eval_points=2, corpus_tokens=4000, width=16, heads=2, seeds=1),
+    smoke=dict(steps=12, eval_points=2, corpus_tokens=4000, width=16, heads=2, depth=1, seeds=1),
     limits={"stages": COUNT, "delay_per_stage": COUNT, "depth": COUNT, "eval_points": COUNT, "adam_lr": POSITIVE,
             "muon_lr": POSITIVE},
 )
