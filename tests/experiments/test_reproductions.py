@@ -34,22 +34,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # start-up (importing JAX, matplotlib and scikit-learn: about 5 s) and compilation, so a group pays the
 # start-up once, and the programs its reproductions have in common compile once. The default suite runs one
 # reproduction per runtime (dj.simulate with a cluster schedule, dj.simulate_gossip, dj.simulate_pipeline);
-# the others are marked slow, in groups of about equal length that the two CI workers share.
+# the others are marked slow, in seven groups of about equal length (40-56 s each on 2 cores) that the two CI
+# workers share.
 FAST = ("delay_adaptive", "gossip_adpsgd", "pipeline_bubbles")
 SLOW_GROUPS = (
-    ("dc_asgd", "staleness_aware", "dssp", "momentum"),
-    ("dai_staleness", "ksync", "federated", "async_local_sgd"),
-    ("dana", "accumulation", "variance_reduction", "generalization", "async_sgdi"),
-    ("gossip_topology", "gossip_failures", "gossip_acid", "gossip_dcs3gd", "gossip_layup"),
-    ("sme", "pipeline_stashing", "pipeline_pipemare", "consistency"),
-    ("gem", "local_optimizers", "pipeline_2bw", "compression"),
+    ("dc_asgd", "staleness_aware", "dssp", "momentum", "dai_staleness", "ksync", "federated", "async_local_sgd"),
+    ("dana", "accumulation", "variance_reduction", "generalization", "async_sgdi", "pipeline_dapple",
+     "pipeline_decoupled", "digest"),
+    ("gossip_topology", "gossip_failures", "gossip_acid", "gossip_dcs3gd", "gossip_layup", "hpsgd", "lasgd", "asap"),
+    ("sme", "pipeline_stashing", "pipeline_pipemare", "consistency", "gem", "local_optimizers", "pipeline_2bw",
+     "compression"),
     ("streaming_diloco", "weight_prediction", "async_rl"),
-    ("psp", "zeno", "hsag", "async_prox", "sketch_project"),
-    ("gba", "apam", "gossip_grad", "async_svrg_variants", "saddle_escape"),
-    ("pisces", "momentum_compensation", "coded_gradients"),
-    ("crossbow", "aet_sgd", "gossip_unreliable", "gpu_asgd"),
-    ("hpsgd", "lasgd", "asap"),
-    ("pipeline_dapple", "pipeline_decoupled", "digest"),
+    ("psp", "zeno", "hsag", "async_prox", "sketch_project", "crossbow", "aet_sgd", "gossip_unreliable", "gpu_asgd"),
+    ("gba", "apam", "gossip_grad", "async_svrg_variants", "saddle_escape", "pisces", "momentum_compensation",
+     "coded_gradients"),
 )
 
 
