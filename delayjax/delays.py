@@ -26,7 +26,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import re
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -81,6 +81,11 @@ def _numbers(name: str, values: Any, what: str) -> np.ndarray:
 class DelayModel(abc.ABC):
   """A distribution of integer delays in ``{0, ..., max_delay}``."""
 
+  # The integer fields a compiled draw may take as arguments, with ``_sample_with(key, step, *values)`` the draw
+  # ``sample`` makes with them (in integers only): ``dj.simulate`` then compiles one draw for every model of the
+  # class, e.g. for each bound of a sweep over ``uniform(s)``, where it would compile one per model.
+  _drawn_with: ClassVar[tuple[str, ...]] = ()
+
   @property
   @abc.abstractmethod
   def max_delay(self) -> int:
@@ -122,9 +127,15 @@ class Constant(DelayModel):
   def is_constant(self) -> bool:
     return True
 
-  def sample(self, key, step):
+  _drawn_with = ("tau",)
+
+  @staticmethod
+  def _sample_with(key, step, tau):
     del key, step
-    return jnp.asarray(self.tau, jnp.int32)
+    return jnp.asarray(tau, jnp.int32)
+
+  def sample(self, key, step):
+    return self._sample_with(key, step, self.tau)
 
   def pmf(self):
     p = _pmf_zeros(self, self.tau + 1)
@@ -183,9 +194,15 @@ class Uniform(DelayModel):
   def is_constant(self) -> bool:
     return self.s == 0
 
-  def sample(self, key, step):
+  _drawn_with = ("s",)
+
+  @staticmethod
+  def _sample_with(key, step, s):
     del step
-    return jax.random.randint(key, (), 0, self.s + 1, dtype=jnp.int32)
+    return jax.random.randint(key, (), 0, s + 1, dtype=jnp.int32)
+
+  def sample(self, key, step):
+    return self._sample_with(key, step, self.s)
 
   def pmf(self):
     p = _pmf_zeros(self, self.s + 1)

@@ -102,13 +102,17 @@ def test_package_transformations_match_reference(name):
 
 
 def test_stale_read_schedule_follows_the_delay_model():
-  model = dj.delays.uniform(5)
-  schedule = schedule_from_delays(model, 50, seed=3)
   key = jax.random.fold_in(jax.random.key(3), 0)
-  delays = np.array([int(model.sample(jax.random.fold_in(key, t), t)) for t in range(50)])
   t = np.arange(50)
-  np.testing.assert_array_equal(schedule.read_version[t, t % 6], np.maximum(0, t - delays))
-  assert schedule.contributes.sum() == 50 and np.array_equal(schedule.time, t)
+  # Every bound's delays come from one compiled draw, the bound an argument: they are the draws with the bound
+  # a constant, d_t = randint(fold_in(key, t), 0, s + 1).
+  for s in (5, 0, 2, 16):
+    schedule = schedule_from_delays(dj.delays.uniform(s), 50, seed=3)
+    delays = np.array([int(jax.random.randint(jax.random.fold_in(key, u), (), 0, s + 1, dtype=jnp.int32))
+                       for u in range(50)])
+    np.testing.assert_array_equal(schedule.read_version[t, t % (s + 1)], np.maximum(0, t - delays))
+    assert schedule.contributes.sum() == 50 and np.array_equal(schedule.time, t)
+  assert len(np.unique(delays)) > 8
   # constant(tau) is the round-robin cluster of tau + 1 workers.
   constant, rr = schedule_from_delays(dj.delays.constant(3), 20, seed=0), round_robin(4, 20)
   np.testing.assert_array_equal(constant.contributes, rr.contributes)
