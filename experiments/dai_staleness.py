@@ -88,7 +88,8 @@ def batch(config: dict[str, Any], spec: dict[str, Any], seed: int) -> str:
   """The key of the runs computed together, in one ``dj.simulate`` call (:func:`run_batch`): every ``s`` and
   pending seed of an (optimizer, depth) pair, the runs of one compiled program (see :func:`sweep`). One call
   pays the host's work of its runs once (preparing, tracing for the compile key, the results): at quick scale
-  8 calls where a call per spec made 32, and per run as many. Each record equals the separate run's bit for bit.
+  8 calls, where a call per spec made 32 and a call per run 160. Each record equals the separate run's bit for
+  bit.
 
   The runs of a call are computed one after the other for as many steps as the longest plan among them. With
   one lane per step (the scales' ``lanes``) every plan has one step per update, whatever ``s``; with wider
