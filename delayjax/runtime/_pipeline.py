@@ -81,7 +81,7 @@ from delayjax.runtime import _engine as engine
 from delayjax.runtime import _history as history_lib
 from delayjax.runtime._arguments import batch_like, check_not_traced
 from delayjax.runtime._options import Checkpoint, Execution, Record, Sampling, runtime_options
-from delayjax.runtime._sampling import minibatch_indices
+from delayjax.runtime._sampling import lane_examples
 from delayjax.runtime._simulate import _all_finite, _inexact
 from delayjax.transforms._pipeline_remedies import stage_read
 
@@ -439,15 +439,18 @@ def _stage_step(stage_fns: Sequence[StageFn], loss_fn: Callable[[Any, Any], jax.
   return step
 
 
-# Integer arithmetic only (the key's hash, randint's remainders), exact whatever the compiler's optimizations, so
-# it is compiled without them: the same indices, compiled in about 0.3 s instead of 0.8-1.2 s (4 x 32 of digits).
-@functools.partial(jax.jit, static_argnames=("num_microbatches", "num_examples", "batch_size"),
-                   compiler_options={"xla_backend_optimization_level": 0})
-def _micro_indices(seed, updates, *, num_microbatches, num_examples, batch_size):
-  """int32 ``[len(updates), m, B]``: micro-batch ``j`` of update ``u`` draws ``minibatch_indices(seed, u, j, 0)``."""
-  draw = lambda u, j: minibatch_indices(seed, u, j, 0, num_examples=num_examples, batch_size=batch_size)  # noqa: E731
-  micro = jnp.arange(num_microbatches, dtype=jnp.int32)
-  return jax.vmap(lambda u: jax.vmap(lambda j: draw(u, j))(micro))(updates)
+def _micro_indices(seed: int, updates: np.ndarray, *, num_microbatches: int, num_examples: int,
+                   batch_size: int) -> np.ndarray:
+  """int32 ``[len(updates), m, B]``: micro-batch ``j`` of update ``u`` draws ``minibatch_indices(seed, u, j, 0)``,
+  drawn on the host by ``_sampling.lane_examples`` (micro-batch ``j`` the lane of worker ``j``), whose one compiled
+  draw per batch size every runtime shares."""
+  shape = (len(updates), num_microbatches)
+  first = np.zeros(shape, np.int32)  # every micro-batch is its lane's draw 0
+  return lane_examples(np.ones(shape, bool), first, np.broadcast_to(np.arange(num_microbatches, dtype=np.int32), shape),
+                       1, seed=seed, num_examples=num_examples, batch_size=batch_size, sampling="iid",
+                       shard_rows=np.zeros((num_microbatches, 1), np.int32),
+                       shard_sizes=np.ones(num_microbatches, np.int32),
+                       update=np.broadcast_to(np.asarray(updates, np.int32)[:, None], shape))[:, :, 0]
 
 
 def _leading(tree: Any, depth: int) -> Any:
@@ -773,11 +776,7 @@ def _program(run: _PipelineRun) -> engine.Program:
     lo, hi = chunk * chunk_size, min(U, (chunk + 1) * chunk_size)
     pad = chunk_size - (hi - lo)
     span = np.arange(lo, hi, dtype=np.int32)
-    # Drawn for a whole chunk of updates (the last chunk's past the run are dropped): one compiled draw per run,
-    # not another for the last chunk's length.
-    indices = np.asarray(_micro_indices(jnp.int32(seed), jnp.arange(lo, lo + chunk_size, dtype=jnp.int32),
-                                        num_microbatches=m, num_examples=num_examples,
-                                        batch_size=batch_size))[:hi - lo]
+    indices = _micro_indices(seed, span, num_microbatches=m, num_examples=num_examples, batch_size=batch_size)
     fill = lambda a: np.concatenate([a, np.zeros((pad,) + a.shape[1:], a.dtype)])  # noqa: E731
     return {"update": fill(span), "forward": fill(forward_version[lo:hi]), "backward": fill(backward_version[lo:hi]),
             "indices": fill(indices), "valid": fill(np.ones(hi - lo, bool)), "eval": fill(eval_flag[lo:hi])}

@@ -76,19 +76,22 @@ def test_delay_draws_equal_the_default_compilation(model, exact):
 
 
 @pytest.mark.parametrize("num_microbatches, num_examples, batch_size", [(1, 50, 4), (4, 1797, 32), (3, 7, 5)])
-def test_the_pipelines_micro_batch_draws_equal_the_default_compilation(num_microbatches, num_examples, batch_size):
+def test_the_pipelines_micro_batch_draws_are_minibatch_indices(num_microbatches, num_examples, batch_size):
   from delayjax.runtime import _pipeline
 
-  updates = jnp.arange(40, 104, dtype=jnp.int32)
+  updates = np.arange(40, 104, dtype=np.int32)
   kw = dict(num_microbatches=num_microbatches, num_examples=num_examples, batch_size=batch_size)
-  got = np.asarray(_pipeline._micro_indices(jnp.int32(11), updates, **kw))
-  want = np.asarray(jax.jit(_pipeline._micro_indices.__wrapped__, static_argnames=tuple(kw))(jnp.int32(11), updates,
-                                                                                             **kw))
-  np.testing.assert_array_equal(got, want)
-  # Micro-batch j of update u: minibatch_indices(seed, u, j, 0), whatever the other updates drawn with it.
+  got = _pipeline._micro_indices(11, updates, **kw)
+  # Micro-batch j of update u: minibatch_indices(seed, u, j, 0), whatever the other updates drawn with it, from
+  # the host's shared draw as from the default compilation of the rule.
+  micro = jnp.arange(num_microbatches, dtype=jnp.int32)
+  want = jax.jit(jax.vmap(lambda u: jax.vmap(lambda j: dj.runtime.minibatch_indices(
+      11, u, j, 0, num_examples=num_examples, batch_size=batch_size))(micro)))(jnp.asarray(updates))
+  np.testing.assert_array_equal(got, np.asarray(want))
   np.testing.assert_array_equal(got[5, -1], np.asarray(dj.runtime.minibatch_indices(
       11, 45, num_microbatches - 1, 0, num_examples=num_examples, batch_size=batch_size)))
-  assert got.shape == (64, num_microbatches, batch_size) and got.min() >= 0 and got.max() < num_examples
+  assert got.shape == (64, num_microbatches, batch_size) and got.dtype == np.int32
+  assert got.min() >= 0 and got.max() < num_examples
 
 
 @pytest.mark.parametrize("sampling", ["iid", "shard", "epoch"])
