@@ -606,6 +606,11 @@ def _lane_function(loss_fn: Callable[..., Any], has_aux: bool, max_batches: int)
   return lane
 
 
+# The most bytes a dense mix's [M, M, ...] products may take to be computed all at once (:func:`_dense_sum`);
+# larger ones are summed in a loop (:func:`_ordered_sum`).
+_DENSE_PRODUCTS_BYTES = 1 << 24
+
+
 def _mixing_functions(*, method: GossipMethod, plan: ReplicaPlan, num_workers: int, num_devices: int,
                       sharded: bool) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
   """``(combine, params_mix, write_history)``: a mix's weighted sums of messages, a mix of parameters
@@ -620,7 +625,13 @@ def _mixing_functions(*, method: GossipMethod, plan: ReplicaPlan, num_workers: i
           len(shifts))
     full = _gather_all(values, sharded)
     if mixing == "dense":
-      # Row k of the gathered messages, broadcast over the local receivers by the weights' column k.
+      # Row k of the gathered messages, broadcast over the local receivers by the weights' column k. All the
+      # [M, M, ...] products at once where they are small (a loop's iterations cost more than its arithmetic
+      # for a small model: 3x the step of a 16-replica softmax regression); decided on the whole run's sizes,
+      # so that every device count takes the same path.
+      products = num_workers * num_workers * sum(x[0].size * x.dtype.itemsize for x in jax.tree.leaves(full))
+      if products <= _DENSE_PRODUCTS_BYTES:
+        return _dense_sum(weight, full)
       return _ordered_sum(weight, lambda k: jax.tree.map(lambda x: x[k][None], full), weight.shape[1])
     return _gather_rows(full, weight, src)
 
@@ -772,7 +783,8 @@ def _products_sum(weight: jax.Array, term: Callable[[int], Any], num_terms: int)
   neither is removed); the terms are made inside the branches, so that
   they are fused into the products rather than written out. For the few terms of a gossip mix (up to 8 per
   receiver) this costs one extra write and read of the products, far less than a loop over the terms
-  (:func:`_ordered_sum`, kept for the ``[M, M]`` dense mixes where all the products would not fit).
+  (:func:`_ordered_sum`, kept for the ``[M, M]`` dense mixes whose products would not fit in
+  ``_DENSE_PRODUCTS_BYTES``).
   """
   def column(k, x):
     return weight[:, k].astype(x.dtype).reshape((-1,) + (1,) * (x.ndim - 1))
@@ -791,6 +803,31 @@ def _products_sum(weight: jax.Array, term: Callable[[int], Any], num_terms: int)
   for p in rounded[1:]:
     acc = jax.tree.map(jnp.add, acc, p)
   return acc
+
+
+def _dense_sum(weight: jax.Array, full: Any) -> Any:
+  """``sum_k weight[:, k] * full[k]`` over all ``k`` (the rows of ``full``'s leaves), leaf by leaf, with the same
+  roundings as :func:`_products_sum` and :func:`_ordered_sum`.
+
+  All the products at once, ``[R, K, ...]`` per leaf: one broadcast multiply inside a conditional (the
+  reason is :func:`_products_sum`'s: no fusion crosses it, so no product is contracted into a multiply-add),
+  then added in ``k`` order. One multiply per leaf and branch, where :func:`_products_sum` writes one per term.
+  """
+  def products(weight_first):
+    def leaf(x):
+      w = weight.astype(x.dtype).reshape(weight.shape + (1,) * (x.ndim - 1))
+      return w * x[None] if weight_first else x[None] * w
+    return jax.tree.map(leaf, full)
+
+  def in_order(p):
+    acc = p[:, 0]
+    for k in range(1, p.shape[1]):
+      acc = acc + p[:, k]
+    return acc
+
+  corner = weight[0, 0]
+  rounded = jax.lax.cond(jnp.isnan(corner) | (corner == corner), lambda: products(True), lambda: products(False))
+  return jax.tree.map(in_order, rounded)
 
 
 def _ordered_sum(weight: jax.Array, term: Callable[[jax.Array], Any], num_terms: int) -> Any:

@@ -180,7 +180,7 @@ def test_mix_adds_rounded_products_in_order_on_any_device_count():
   from jax.sharding import NamedSharding
   from jax.sharding import PartitionSpec as P
 
-  from delayjax.runtime._replicas import _ordered_sum, _products_sum, _roll
+  from delayjax.runtime._replicas import _dense_sum, _ordered_sum, _products_sum, _roll
   rows, cols = 8, 37
   rng = np.random.default_rng(0)
   x = rng.normal(size=(rows, cols)).astype(np.float32)
@@ -191,12 +191,15 @@ def test_mix_adds_rounded_products_in_order_on_any_device_count():
   def mix(x, shift_weight, dense_weight, num_devices):
     sharded = num_devices > 1
     full = jax.lax.all_gather(x, "workers", axis=0, tiled=True) if sharded else x
+    # A dense mix both ways: all the products at once (small models) and in a loop (large ones).
     return (_products_sum(shift_weight, lambda k: _roll(x, shifts[k], rows, num_devices, sharded), len(shifts)),
-            _ordered_sum(dense_weight, lambda k: full[k][None], rows))
+            _ordered_sum(dense_weight, lambda k: full[k][None], rows),
+            _dense_sum(dense_weight, full))
 
   mesh = jax.make_mesh((8,), ("workers",))
   on_mesh = jax.jit(jax.shard_map(lambda *a: mix(*a, 8), mesh=mesh, in_specs=P("workers"), out_specs=P("workers")))
-  want = (_numpy_mix(shift_weight, [np.roll(x, -s, axis=0) for s in shifts]), _numpy_mix(dense_weight, x[:, None]))
+  want = (_numpy_mix(shift_weight, [np.roll(x, -s, axis=0) for s in shifts]), _numpy_mix(dense_weight, x[:, None]),
+          _numpy_mix(dense_weight, x[:, None]))
   spread = NamedSharding(mesh, P("workers"))
   for got in (jax.jit(lambda *a: mix(*a, 1))(x, shift_weight, dense_weight),
               on_mesh(*(jax.device_put(a, spread) for a in (x, shift_weight, dense_weight)))):
