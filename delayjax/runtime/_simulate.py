@@ -1167,13 +1167,17 @@ def _program(run: _ServerRun) -> engine.Program:
   own_tables = run.run_sources is not None
   max_batches = _max_batches(plan)
 
-  def plan_tables(plan: StepPlan, eval_flag: np.ndarray, chunk: int, seed: int) -> dict[str, np.ndarray]:
+  def draws(rows: dict[str, np.ndarray], seed: int) -> np.ndarray:
+    return lane_examples(
+        rows["lane_active"], rows["lane_draw"], rows["lane_worker"], max_batches, update=rows["lane_update"],
+        seed=seed, num_examples=run.num_examples, batch_size=run.batch_size, sampling=run.sampling,
+        shard_rows=shard_rows, shard_sizes=shard_sizes)
+
+  def plan_tables(plan: StepPlan, eval_flag: np.ndarray, chunk: int, seed: int | None) -> dict[str, np.ndarray]:
+    """A plan's rows of the chunk, with its minibatches drawn for ``seed`` (``None``: left to the caller)."""
     rows = _padded_tables(plan.tables(chunk * chunk_size, chunk_size), sizes, num_workers)
-    if run.host_draws:
-      rows["lane_examples"] = lane_examples(
-          rows["lane_active"], rows["lane_draw"], rows["lane_worker"], max_batches, update=rows["lane_update"],
-          seed=seed, num_examples=run.num_examples, batch_size=run.batch_size, sampling=run.sampling,
-          shard_rows=shard_rows, shard_sizes=shard_sizes)
+    if run.host_draws and seed is not None:
+      rows["lane_examples"] = draws(rows, seed)
     valid = np.arange(sizes.max_len) < rows["upd_count"][:, None]
     rows["upd_eval"] = eval_flag[rows["upd_index"]] & valid
     if epoch is not None:
@@ -1185,8 +1189,17 @@ def _program(run: _ServerRun) -> engine.Program:
     if own_tables:
       # Each run's rows from its own plan, stacked on a leading run axis.
       rows = jax.tree.map(lambda *xs: np.stack(xs), *(
-          plan_tables(own, flag, chunk, own_seed) for own, (_, flag), own_seed in zip(plans, run_evals, seeds,
-                                                                                     strict=True)))
+          plan_tables(own, flag, chunk, None) for own, (_, flag) in zip(plans, run_evals, strict=True)))
+      if run.host_draws:
+        # The minibatches of the runs of one seed drawn together, their steps one after the other: a draw's
+        # host work is per call (a quarter of the calls for experiments/dai_staleness's four bounds per seed).
+        rows["lane_examples"] = np.zeros(rows["lane_active"].shape + (max_batches, run.batch_size), np.int32)
+        for own_seed in dict.fromkeys(seeds):
+          members = np.flatnonzero(np.asarray(seeds) == own_seed)
+          lead = rows["lane_active"][members].shape[:2]
+          flat = {k: rows[k][members].reshape((-1,) + rows[k].shape[2:])
+                  for k in ("lane_active", "lane_draw", "lane_worker", "lane_update")}
+          rows["lane_examples"][members] = draws(flat, own_seed).reshape(lead + (-1, max_batches, run.batch_size))
     else:
       rows = plan_tables(plan, eval_flag, chunk, seed)
     return ({k: v for k, v in rows.items() if k.startswith("lane_")},

@@ -77,6 +77,18 @@ def test_runs_of_their_own_schedules_and_parameters_equal_the_separate_calls(pro
   assert not np.array_equal(together[0].history.loss, together[2].history.loss)
 
 
+def test_runs_that_share_a_seed_equal_the_separate_calls(problem):
+  # The minibatches of the runs of one seed are drawn together, their steps one after the other: each run must
+  # still get its own plan's draws.
+  data, sources, params = problem
+  tx = optax.sgd(0.1)
+  seeds = [4, 7, 4]
+  together = _together(data, tx, params, sources, seeds)
+  for r, result in enumerate(together):
+    _assert_identical(result, _separate(data, tx, params[r], sources[r], seeds[r], sources))
+  assert not np.array_equal(together[0].history.loss, together[2].history.loss)
+
+
 def test_a_run_is_the_same_whatever_runs_it_shares_the_call_with(problem):
   data, sources, params = problem
   tx = optax.sgd(0.05, momentum=0.9)
