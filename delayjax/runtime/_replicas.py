@@ -626,9 +626,10 @@ def _mixing_functions(*, method: GossipMethod, plan: ReplicaPlan, num_workers: i
     full = _gather_all(values, sharded)
     if mixing == "dense":
       # Row k of the gathered messages, broadcast over the local receivers by the weights' column k. All the
-      # [M, M, ...] products at once where they are small (a loop's iterations cost more than its arithmetic
-      # for a small model: 3x the step of a 16-replica softmax regression); decided on the whole run's sizes,
-      # so that every device count takes the same path.
+      # [M, M, ...] products at once where they are small (for a small model a loop's iterations cost more than
+      # its arithmetic: 795 steps of 16 softmax regressions took 0.40 s with the loop, 0.28 s without, and
+      # compiled in 0.74 s against 0.57 s); decided on the whole run's sizes, so every device count takes the
+      # same path.
       products = num_workers * num_workers * sum(x[0].size * x.dtype.itemsize for x in jax.tree.leaves(full))
       if products <= _DENSE_PRODUCTS_BYTES:
         return _dense_sum(weight, full)
