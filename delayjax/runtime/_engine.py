@@ -456,9 +456,10 @@ def table_placer(mesh: Any) -> Callable[[Any, P], Any]:
   owner of the original can change what a transfer on the CPU might share; a leaf that is not a NumPy array is
   placed as :func:`placer` places it.
   """
+  put = placer(mesh)
   if mesh is None:
-    return lambda x, spec: np.array(x) if isinstance(x, np.ndarray) else jnp.array(x, copy=True)
-  return placer(mesh)
+    return lambda x, spec: np.array(x) if isinstance(x, np.ndarray) else put(x, spec)
+  return put
 
 
 def place(put: Callable[[Any, P], Any], specs: Any, tree: Any) -> Any:

@@ -1196,10 +1196,10 @@ def _program(run: _ServerRun) -> engine.Program:
         rows["lane_examples"] = np.zeros(rows["lane_active"].shape + (max_batches, run.batch_size), np.int32)
         for own_seed in dict.fromkeys(seeds):
           members = np.flatnonzero(np.asarray(seeds) == own_seed)
-          lead = rows["lane_active"][members].shape[:2]
           flat = {k: rows[k][members].reshape((-1,) + rows[k].shape[2:])
                   for k in ("lane_active", "lane_draw", "lane_worker", "lane_update")}
-          rows["lane_examples"][members] = draws(flat, own_seed).reshape(lead + (-1, max_batches, run.batch_size))
+          rows["lane_examples"][members] = draws(flat, own_seed).reshape(
+              (len(members),) + rows["lane_examples"].shape[1:])
     else:
       rows = plan_tables(plan, eval_flag, chunk, seed)
     return ({k: v for k, v in rows.items() if k.startswith("lane_")},
@@ -1370,11 +1370,13 @@ def _run_rows(tree: Any, runs: int) -> list[Any]:
   """Each run's part of ``tree`` (every leaf has a leading run axis), cut on the host and placed again: slicing
   on the device would compile a program per leaf's shape and dtype, a tenth of a second each (a key array, which
   the host cannot hold, is sliced there)."""
+  put = engine.placer(None)
+
   def rows(x: Any) -> list[Any]:
     if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
       return [x[r] for r in range(runs)]
     value = engine.host(x)
-    return [jax.device_put(np.array(value[r])) for r in range(runs)]
+    return [put(value[r], None) for r in range(runs)]
 
   leaves, treedef = jax.tree.flatten(tree)
   columns = [rows(x) for x in leaves]
