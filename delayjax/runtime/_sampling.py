@@ -171,7 +171,8 @@ def lane_examples(active: np.ndarray, first: np.ndarray, worker: np.ndarray, max
 
   The runtimes take their minibatches from here because the random number generator would otherwise be a
   large share of their steps' compile time (a fifth to a third of a ``dj.simulate`` program of an MLP on
-  digits), and these draws compile once for every program, schedule and seed.
+  digits). Here ``"iid"`` and ``"shard"`` draws compile nothing until a process has drawn many (NumPy computes
+  the same Threefry hash, :func:`_host_positions`), and then once for every program, schedule and seed.
   """
   steps, lanes = active.shape
   out = np.zeros((steps, lanes, max_batches, batch_size), np.int32)
@@ -198,6 +199,8 @@ def lane_examples(active: np.ndarray, first: np.ndarray, worker: np.ndarray, max
     block[:, :stop - start] = updates[start:stop], workers[start:stop], draws[start:stop], sizes[start:stop]
     if epoch:
       got = _draw_epoch(np.uint32(seed), block[1], block[2], num_examples=num_examples, batch_size=batch_size)
+    elif _on_host(batch_size, size):
+      got = _host_positions(seed, block[0], block[1], block[2], np.maximum(block[3], 1), batch_size)
     else:
       got = _draw_positions(np.uint32(seed), block[0], block[1], block[2], np.maximum(block[3], 1),
                             batch_size=batch_size)
@@ -211,6 +214,95 @@ def lane_examples(active: np.ndarray, first: np.ndarray, worker: np.ndarray, max
 # Minibatches drawn per dispatch of a compiled draw: a chunk of a few hundred single-lane steps is one block. Blocks
 # of 512 minibatches of 32 take 0.43 ms each, of 4096 2.0 ms (0.84 and 0.50 us a minibatch; 2 CPUs).
 _DRAW_BLOCK = 512
+
+
+# Draws computed in NumPy before a process compiles its own (per batch size): up to this many drawn indices. NumPy
+# takes 2.6 us a minibatch of 32 where the compiled draw takes 0.84 us, but that draw first compiles for 0.5 s: a
+# reproduction of a few thousand updates never pays it back, a long run does after about 2**18 minibatches of 32.
+_HOST_DRAWN_INDICES = 1 << 23
+_host_drawn: dict[int, int] = {}
+
+
+def _on_host(batch_size: int, count: int) -> bool:
+  """Whether the next ``count`` draws of ``batch_size`` indices are computed in NumPy (:func:`_host_positions`):
+  while this process has drawn fewer than ``_HOST_DRAWN_INDICES`` indices of this batch size there, and while
+  ``jax.random``'s keys are Threefry's, the hash :func:`_threefry2x32` computes. The two paths give the same
+  integers, so where the switch falls never changes a run."""
+  if jax.config.jax_default_prng_impl != "threefry2x32":
+    return False
+  drawn = _host_drawn.get(batch_size, 0)
+  if drawn >= _HOST_DRAWN_INDICES:
+    return False
+  _host_drawn[batch_size] = drawn + count * batch_size
+  return True
+
+
+# Threefry-2x32's rotation constants, the first four rounds of each group of eight, then the next four.
+_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+
+
+def _threefry2x32(k0: Any, k1: Any, x0: np.ndarray, x1: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Threefry-2x32 with 20 rounds (Salmon et al. 2011, "Parallel random numbers: as easy as 1, 2, 3"), the hash of
+  ``jax.random``'s default keys, on uint32 arrays that broadcast: the key words ``k0, k1`` encrypt the counters
+  ``x0, x1``. Five groups of four rounds ``x0 += x1; x1 = rotl(x1, r) ^ x0``, each followed by injecting the key
+  schedule ``(k0, k1, k0 ^ k1 ^ 0x1BD11BDA)`` rotated by one, plus the group's number into ``x1``."""
+  with np.errstate(over="ignore"):
+    schedule = (np.uint32(k0) if np.ndim(k0) == 0 else k0, np.uint32(k1) if np.ndim(k1) == 0 else k1)
+    schedule += (schedule[0] ^ schedule[1] ^ np.uint32(0x1BD11BDA),)
+    x0, x1 = (np.array(x, np.uint32) for x in np.broadcast_arrays(x0 + schedule[0], x1 + schedule[1]))
+    rotated = np.empty_like(x1)
+    for group in range(5):
+      for r in _ROTATIONS[group % 2]:
+        x0 += x1
+        np.left_shift(x1, np.uint32(r), out=rotated)
+        x1 >>= np.uint32(32 - r)
+        x1 |= rotated
+        x1 ^= x0
+      x0 += schedule[(group + 1) % 3]
+      x1 += schedule[(group + 2) % 3] + np.uint32(group + 1)
+  return x0, x1
+
+
+def _host_fold_in(key: tuple[Any, Any], data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """``jax.random.fold_in`` of Threefry keys in NumPy: the key encrypts the counter pair ``(0, data)``."""
+  data = np.asarray(data).astype(np.uint32)
+  return _threefry2x32(key[0], key[1], np.zeros_like(data), data)
+
+
+def _host_bits(key: tuple[np.ndarray, np.ndarray], count: int) -> np.ndarray:
+  """``jax.random.bits(key, (count,), uint32)`` in NumPy for a column of keys (``[K, 1]`` words): ``[K, count]``.
+  Partitionable Threefry (``jax_threefry_partitionable``) hashes the counter pairs ``(0, i)`` and xors the two
+  words; the original layout hashes ``0 .. count - 1`` (padded with a zero to even length) as two halves."""
+  if jax.config.jax_threefry_partitionable:
+    y0, y1 = _threefry2x32(key[0], key[1], np.zeros((1, count), np.uint32), np.arange(count, dtype=np.uint32)[None])
+    return y0 ^ y1
+  counters = np.concatenate([np.arange(count, dtype=np.uint32), np.zeros(count % 2, np.uint32)])
+  half = counters.size // 2
+  y0, y1 = _threefry2x32(key[0], key[1], counters[None, :half], counters[None, half:])
+  return np.concatenate([y0, y1], axis=1)[:, :count]
+
+
+def _host_positions(seed: int, updates: np.ndarray, workers: np.ndarray, draws: np.ndarray, sizes: np.ndarray,
+                    batch_size: int) -> np.ndarray:
+  """:func:`_draw_positions` computed in NumPy, the same integers: the keys of :func:`_positions` (``key(seed)`` is
+  the pair ``(0, seed)``), ``jax.random.split`` of each into two, and ``randint``'s offset
+  ``(hi % span * (2**32 % span) + lo % span) % span`` from the two keys' bits (``2**32 % span`` computed as
+  ``(2**16 % span)**2 % span``, in uint32 as ``randint`` does)."""
+  key = _host_fold_in((np.uint32(0), np.uint32(seed)), np.uint32(_WORKER_STREAM))
+  for data in (updates, workers, draws):
+    key = _host_fold_in(key, data)
+  k0, k1 = key[0][:, None], key[1][:, None]
+  if jax.config.jax_threefry_partitionable:
+    first = _threefry2x32(k0, k1, np.zeros((1, 1), np.uint32), np.zeros((1, 1), np.uint32))
+    second = _threefry2x32(k0, k1, np.zeros((1, 1), np.uint32), np.ones((1, 1), np.uint32))
+  else:
+    y0, y1 = _threefry2x32(k0, k1, np.array([[0, 1]], np.uint32), np.array([[2, 3]], np.uint32))
+    first, second = (y0[:, :1], y0[:, 1:]), (y1[:, :1], y1[:, 1:])
+  span = sizes.astype(np.uint32)[:, None]
+  multiplier = np.uint32(1 << 16) % span
+  multiplier = multiplier * multiplier % span
+  offset = _host_bits(first, batch_size) % span * multiplier + _host_bits(second, batch_size) % span
+  return (offset % span).astype(np.int32)
 
 
 # The seed is an argument, not a constant of the programs: every seed shares one compiled draw. The draws are

@@ -94,13 +94,44 @@ def test_the_pipelines_micro_batch_draws_are_minibatch_indices(num_microbatches,
   assert got.min() >= 0 and got.max() < num_examples
 
 
+@pytest.mark.parametrize("partitionable", [True, False])
+@pytest.mark.parametrize("batch_size", [1, 5, 32])
+def test_numpy_threefry_draws_equal_the_compiled_draw(partitionable, batch_size):
+  """The NumPy Threefry draw gives the compiled draw's integers under both of ``jax.random``'s Threefry layouts,
+  for odd and even batch sizes (the original layout pads odd counts) and spans up to ``2**31 - 1``."""
+  rng = np.random.default_rng(3)
+  updates, workers, draws = (rng.integers(0, 2**31 - 1, 300).astype(np.int32) for _ in range(3))
+  sizes = np.concatenate([[1, 2, 3, 2**31 - 1], rng.integers(1, 2**31 - 1, 296)]).astype(np.int32)
+  with jax.threefry_partitionable(partitionable):
+    want = np.asarray(_sampling._draw_positions(np.uint32(2**32 - 5), updates, workers, draws, sizes,
+                                                batch_size=batch_size))
+    got = _sampling._host_positions(2**32 - 5, updates, workers, draws, sizes, batch_size)
+  assert got.dtype == np.int32 and got.shape == (300, batch_size)
+  np.testing.assert_array_equal(got, want)
+
+
+def test_draws_switch_to_the_compiled_draw_after_their_share(monkeypatch):
+  """NumPy draws a batch size's first ``_HOST_DRAWN_INDICES`` indices of a process, the compiled draw the rest;
+  ``jax.random`` keys other than Threefry's always take the compiled draw."""
+  monkeypatch.setattr(_sampling, "_host_drawn", {})
+  monkeypatch.setattr(_sampling, "_HOST_DRAWN_INDICES", 100)
+  assert [_sampling._on_host(4, 16) for _ in range(3)] == [True, True, False]
+  assert _sampling._on_host(5, 16)
+  with jax.default_prng_impl("rbg"):
+    assert not _sampling._on_host(6, 1)
+
+
 @pytest.mark.parametrize("sampling", ["iid", "shard", "epoch"])
 @pytest.mark.parametrize("own_batches", [True, False])
-def test_lane_examples_drawn_in_blocks_are_minibatch_indices(sampling, own_batches, monkeypatch):
+@pytest.mark.parametrize("host", [True, False])
+def test_lane_examples_drawn_in_blocks_are_minibatch_indices(sampling, own_batches, host, monkeypatch):
   """The host draws a chunk's minibatches in fixed blocks (the last one padded); every active lane's are still
   ``minibatch_indices`` of its update, worker and draw, across block boundaries: its own ``batches`` of them
-  (zeros beyond), or all ``max_batches`` without ``batches``. Inactive lanes get zeros."""
+  (zeros beyond), or all ``max_batches`` without ``batches``. Inactive lanes get zeros. Whether NumPy or the
+  compiled draw computes them."""
   monkeypatch.setattr(_sampling, "_DRAW_BLOCK", 8)
+  monkeypatch.setattr(_sampling, "_host_drawn", {})
+  monkeypatch.setattr(_sampling, "_HOST_DRAWN_INDICES", 1 << 30 if host else 0)
   rng = np.random.default_rng(0)
   steps, lanes, max_batches, n, batch = 5, 4, 3, 40, 4
   active = rng.random((steps, lanes)) < 0.7
