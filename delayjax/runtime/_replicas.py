@@ -464,11 +464,10 @@ def _program(run: _ReplicaRun) -> _engine.Program:
   row = {k: jax.ShapeDtypeStruct(v.shape[1:], v.dtype) for k, v in device_tables.items()}
   row["lane_examples"] = jax.ShapeDtypeStruct(device_tables["lane_active"].shape[1:] + (plan.max_batches, batch_size),
                                               np.int32)
-  cache_key = None if mesh is not None else _engine.program_cache_key(("simulate_gossip", "chunk"), step, carry, row,
-                                                                      constants)
-  jitted_eval = None if eval_fn is None else _engine.cached(
-      None if mesh is not None else _engine.program_cache_key(("simulate_gossip", "eval"), eval_fn, params),
-      lambda: jax.jit(eval_fn))
+  keys = None if mesh is not None else _step_keys(run, row)
+  cache_key = None if keys is None else keys["chunk"]
+  jitted_eval = None if eval_fn is None else _engine.cached(None if keys is None else keys["eval_fn"],
+                                                            lambda: jax.jit(eval_fn))
   return _engine.Program(
       carry=carry, carry_specs=carry_specs, constants=constants, constant_specs=constant_specs, step=step,
       table_specs=table_specs, output_specs=output_specs, num_chunks=num_chunks, tables=chunk_tables,
@@ -689,7 +688,8 @@ def _step_outputs(loss: jax.Array, active: jax.Array, finite: jax.Array, z: Any,
 
 def _step_function(*, loss_fn, has_aux, tx, method, plan: ReplicaPlan, eval_fn, metric_like, num_workers, sharded,
                    num_devices):
-  """One step of the replica runtime (per device under ``shard_map``)."""
+  """One step of the replica runtime (per device under ``shard_map``). What it reads of its arguments is what
+  the compile-cache key names (:func:`_step_keys`): a step that reads more must name it there too."""
   lane = _lane_function(loss_fn, has_aux, plan.max_batches)
   combine, params_mix, write_history = _mixing_functions(method=method, plan=plan, num_workers=num_workers,
                                                          num_devices=num_devices, sharded=sharded)
@@ -757,6 +757,46 @@ def _step_function(*, loss_fn, has_aux, tx, method, plan: ReplicaPlan, eval_fn, 
     return (params, opt_state, extra, snap, gbuf, hist), out
 
   return step
+
+
+def _step_keys(run: _ReplicaRun, row: dict[str, Any]) -> dict[str, Any] | None:
+  """The compile-cache keys of a replica run's chunk and evaluation (one device): ``{"chunk": key, "eval_fn":
+  key}``, or ``None`` when a function calls back into Python (such programs are compiled afresh every run).
+
+  The key names everything :func:`_step_function` builds the step from: the user's functions by the programs
+  they trace to (``loss_fn``'s gradient; ``method.apply`` with ``tx``; ``grad_params``; ``message``,
+  ``receive`` and ``advance`` where the plan's mixes or kept messages call them; ``eval_fn``), the plan's
+  static choices, and the shapes and dtypes of the step's arguments (the carry, a row of the tables, the
+  data), as ``dj.simulate``'s key does. Tracing these parts costs a fifth of tracing the whole step, which a
+  sweep of many short runs paid once per run.
+  """
+  spec = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)), tree)
+  plan, method, tx = run.plan, run.method, run.tx
+  params, opt_state, extra = spec(run.init_state)
+  dt = jax.ShapeDtypeStruct((), jnp.float32)
+  calls_message = plan.has_pmix or plan.history > 1
+  programs = {
+      "loss_fn": _engine.program_key(jax.value_and_grad(run.loss_fn, has_aux=run.has_aux), params,
+                                     batch_like(run.data, run.batch_size)),
+      "apply": _engine.program_key(lambda g, s, p, e, t: method.apply(tx, g, s, p, e, t), params, opt_state, params,
+                                   extra, dt),
+      "grad_params": _engine.program_key(method.grad_params, params, extra),
+      "message": _engine.program_key(method.message, params, extra) if calls_message else None,
+      "receive": _engine.program_key(method.receive, params, extra, jax.eval_shape(method.message, params, extra),
+                                     dt, dt) if plan.has_pmix else None,
+      "advance": _engine.program_key(method.advance, params, extra, dt)
+      if plan.has_pmix and method.advance is not None else None,
+      "eval_fn": None if run.eval_fn is None else _engine.program_key(run.eval_fn, params),
+  }
+  if any(key is False for key in programs.values()):
+    return None
+  static = dict(has_aux=run.has_aux, num_workers=run.m, num_devices=run.num_devices, phases=plan.phases,
+                kinds=tuple(bool(k) for k in plan.used.any(axis=0)), mixing=plan.mixing, shifts=tuple(plan.shifts),
+                history=plan.history, has_pmix=plan.has_pmix, has_gmix=plan.has_gmix, max_batches=plan.max_batches)
+  shapes = _checkpoint.tree_digest((spec(run.carry), row, spec(run.constants)), values=False)
+  return {"chunk": ("simulate_gossip", "chunk", tuple(sorted(programs.items())), tuple(sorted(static.items())),
+                    shapes),
+          "eval_fn": ("simulate_gossip", "eval", programs["eval_fn"], _checkpoint.tree_digest(params, values=False))}
 
 
 def _replicas_finite(tree: Any, sharded: bool) -> jax.Array:

@@ -103,6 +103,64 @@ def test_runs_of_one_program_compile_once():
                      sampling=dj.Sampling(batch_size=BATCH), seed=3)
   assert engine.cache_info()["misses"] == misses + 1
 
+def _halfway(params, extra, mixed, self_weight, dt):
+  del self_weight, dt
+  return jax.tree.map(lambda p, q: 0.5 * (p + q), params, mixed), extra
+
+
+def _advance_by_dt(params, extra, dt):
+  return jax.tree.map(lambda p: p * (1.0 - 0.01 * dt), params), extra
+
+
+def _damped_grad_params(params, extra):
+  del extra
+  return jax.tree.map(lambda p: 0.5 * p, params)
+
+
+@pytest.mark.fast_compile
+@pytest.mark.parametrize("change", ["receive", "advance", "grad_params", "loss constant", "eval constant"])
+def test_a_run_that_changes_any_part_of_the_step_compiles_its_own_program(change):
+  """The compile cache's key names every part of the step it is built from: a run of the same shapes and plan
+  whose method's ``receive``, ``advance`` or ``grad_params``, or whose loss or evaluation closes over another
+  array value, misses the cache and gives its own numbers (the first run's program would give the first
+  run's)."""
+  from delayjax.runtime import _engine as engine
+
+  m = 8
+  workers = dj.cluster.workers(m, compute="exponential", speed=[1.0] * (m - 1) + [0.25], seed=0)
+  schedule = dj.cluster.simulate_gossip(dj.cluster.d_psgd(dj.topology.ring(m)), workers, num_steps=4, seed=1)
+  data, loss_fn, params = regression()
+  base = dj.gossip.d_psgd()
+
+  def run(method, scale, shift):
+    def scaled_loss(p, batch):
+      return loss_fn(p, batch) * scale
+
+    def evaluate(p):
+      return {"shifted": jax.tree.leaves(p)[0].sum() + shift}
+
+    return dj.simulate_gossip(scaled_loss, optax.sgd(LR, momentum=BETA), method, params, data, schedule,
+                              sampling=dj.Sampling(batch_size=BATCH), seed=0,
+                              record=dj.Record(eval_fn=evaluate, every=2))
+
+  changed = {"receive": (base._replace(receive=_halfway), jax.numpy.float32(1.0), 0.0),
+             "advance": (base._replace(advance=_advance_by_dt), jax.numpy.float32(1.0), 0.0),
+             "grad_params": (base._replace(grad_params=_damped_grad_params), jax.numpy.float32(1.0), 0.0),
+             "loss constant": (base, jax.numpy.float32(3.0), 0.0),
+             "eval constant": (base, jax.numpy.float32(1.0), np.float32(7.0))}[change]
+  engine.clear_cache()
+  first = run(base, jax.numpy.float32(1.0), np.float32(0.0) if change == "eval constant" else 0.0)
+  misses = engine.cache_info()["misses"]
+  again = run(*changed)
+  assert engine.cache_info()["misses"] == misses + (2 if change == "eval constant" else 1)
+  engine.clear_cache()
+  fresh = run(*changed)
+  _equal((again.params, again.history.eval_metrics), (fresh.params, fresh.history.eval_metrics))
+  before, after = ((r.params, r.history.eval_metrics) for r in (first, again))
+  assert any(not np.array_equal(np.asarray(x), np.asarray(y))
+             for x, y in zip(jax.tree.leaves(before), jax.tree.leaves(after)))
+
+
 @pytest.mark.fast_compile
 def test_schedules_given_as_like_share_one_program_and_each_matches_the_reference():
   """Four paradigms, whose own plans differ (gradient mixes on all 8 replicas, fixed ring offsets, random pairs,
