@@ -26,6 +26,7 @@ than 8 are applied as a dense ``[M, M]`` matrix.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import types
 from typing import Any, Callable, NamedTuple
@@ -818,40 +819,44 @@ def _products_sum(weight: jax.Array, term: Callable[[int], Any], num_terms: int)
   plain ``w0 * x0 + w1 * x1 + ...``, the products and sums would be fused into one loop that the CPU
   compiler contracts into fused multiply-adds, choosing per shape which product keeps its rounding, so one
   device (``[M, ...]`` leaves) and a mesh (``[M / D, ...]`` per device) would differ in the last bit. Here
-  all the products are the outputs of a conditional, which no fusion crosses, and the sums come after it.
-  The predicate is always true (on every device, so that a mesh's collectives in the terms are taken alike)
-  but is not known when compiling, and both branches compute the same products (written apart, so that
-  neither is removed); the terms are made inside the branches, so that
-  they are fused into the products rather than written out. For the few terms of a gossip mix (up to 8 per
-  receiver) this costs one extra write and read of the products, far less than a loop over the terms
-  (:func:`_ordered_sum`, kept for the ``[M, M]`` dense mixes whose products would not fit in
+  all the products are computed apart (:func:`_apart`) and the sums come after them; the terms are made with
+  the products, so that they are fused into them rather than written out. For the few terms of a gossip mix
+  (up to 8 per receiver) this costs one extra write and read of the products, far less than a loop over the
+  terms (:func:`_ordered_sum`, kept for the ``[M, M]`` dense mixes whose products would not fit in
   ``_DENSE_PRODUCTS_BYTES``).
   """
-  def column(k, x):
-    return weight[:, k].astype(x.dtype).reshape((-1,) + (1,) * (x.ndim - 1))
-
-  def products():
-    return [jax.tree.map(lambda x, k=k: column(k, x) * x, term(k)) for k in range(num_terms)]
-
-  def same_products():
-    return [jax.tree.map(lambda x, k=k: x * column(k, x), term(k)) for k in range(num_terms)]
+  def products(weight_first):
+    def scaled(k, x):
+      column = weight[:, k].astype(x.dtype).reshape((-1,) + (1,) * (x.ndim - 1))
+      return column * x if weight_first else x * column
+    return [jax.tree.map(functools.partial(scaled, k), term(k)) for k in range(num_terms)]
 
   if num_terms == 1:
-    return products()[0]
-  corner = weight[0, 0]
-  rounded = jax.lax.cond(jnp.isnan(corner) | (corner == corner), products, same_products)
+    return products(True)[0]
+  rounded = _apart(weight, products)
   acc = rounded[0]
   for p in rounded[1:]:
     acc = jax.tree.map(jnp.add, acc, p)
   return acc
 
 
+def _apart(weight: jax.Array, products: Callable[[bool], Any]) -> Any:
+  """``products(True)``, computed inside a conditional, which no fusion crosses: no product it returns is
+  contracted into a multiply-add with what is done with it next.
+
+  The predicate (on ``weight[0, 0]``) is always true, on every device, so that a mesh's collectives in the
+  products are taken alike, but is not known when compiling. ``products(False)`` computes the same values with
+  the operands of each multiply swapped: the branches are written apart, so that neither is removed.
+  """
+  corner = weight[0, 0]
+  return jax.lax.cond(jnp.isnan(corner) | (corner == corner), lambda: products(True), lambda: products(False))
+
+
 def _dense_sum(weight: jax.Array, full: Any) -> Any:
   """``sum_k weight[:, k] * full[k]`` over all ``k`` (the rows of ``full``'s leaves), leaf by leaf, with the same
   roundings as :func:`_products_sum` and :func:`_ordered_sum`.
 
-  All the products at once, ``[R, K, ...]`` per leaf: one broadcast multiply inside a conditional (the
-  reason is :func:`_products_sum`'s: no fusion crosses it, so no product is contracted into a multiply-add),
+  All the products at once, ``[R, K, ...]`` per leaf: one broadcast multiply computed apart (:func:`_apart`),
   then added in ``k`` order. One multiply per leaf and branch, where :func:`_products_sum` writes one per term.
   """
   def products(weight_first):
@@ -866,9 +871,7 @@ def _dense_sum(weight: jax.Array, full: Any) -> Any:
       acc = acc + p[:, k]
     return acc
 
-  corner = weight[0, 0]
-  rounded = jax.lax.cond(jnp.isnan(corner) | (corner == corner), lambda: products(True), lambda: products(False))
-  return jax.tree.map(in_order, rounded)
+  return jax.tree.map(in_order, _apart(weight, products))
 
 
 def _ordered_sum(weight: jax.Array, term: Callable[[jax.Array], Any], num_terms: int) -> Any:

@@ -217,8 +217,9 @@ _DRAW_BLOCK = 512
 
 
 # Draws computed in NumPy before a process compiles its own (per batch size): up to this many drawn indices. NumPy
-# takes 2.6 us a minibatch of 32 where the compiled draw takes 0.84 us, but that draw first compiles for 0.5 s: a
-# reproduction of a few thousand updates never pays it back, a long run does after about 2**18 minibatches of 32.
+# takes 2.3 us a minibatch of 32 (1.2 ms a block of 512) where the compiled draw takes 0.84 us, but that draw first
+# compiles for 0.5 s: a reproduction of a few thousand updates never pays it back, a long run does after about
+# 2**18 minibatches of 32 (2 CPUs).
 _HOST_DRAWN_INDICES = 1 << 23
 _host_drawn: dict[int, int] = {}
 
@@ -237,15 +238,16 @@ def _on_host(batch_size: int, count: int) -> bool:
   return True
 
 
-# Threefry-2x32's rotation constants, the first four rounds of each group of eight, then the next four.
+# Threefry-2x32's rotation constants: those of the even-numbered groups of four rounds, then of the odd ones.
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 
 
 def _threefry2x32(k0: Any, k1: Any, x0: np.ndarray, x1: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   """Threefry-2x32 with 20 rounds (Salmon et al. 2011, "Parallel random numbers: as easy as 1, 2, 3"), the hash of
   ``jax.random``'s default keys, on uint32 arrays that broadcast: the key words ``k0, k1`` encrypt the counters
-  ``x0, x1``. Five groups of four rounds ``x0 += x1; x1 = rotl(x1, r) ^ x0``, each followed by injecting the key
-  schedule ``(k0, k1, k0 ^ k1 ^ 0x1BD11BDA)`` rotated by one, plus the group's number into ``x1``."""
+  ``x0, x1``. With the key schedule ``ks = (k0, k1, k0 ^ k1 ^ 0x1BD11BDA)``: first ``x0 += ks[0]; x1 += ks[1]``,
+  then five groups ``g = 0 .. 4`` of four rounds ``x0 += x1; x1 = rotl(x1, r) ^ x0``, each group followed by
+  ``x0 += ks[(g + 1) % 3]; x1 += ks[(g + 2) % 3] + g + 1`` (all modulo ``2**32``)."""
   with np.errstate(over="ignore"):
     schedule = (np.uint32(k0) if np.ndim(k0) == 0 else k0, np.uint32(k1) if np.ndim(k1) == 0 else k1)
     schedule += (schedule[0] ^ schedule[1] ^ np.uint32(0x1BD11BDA),)
