@@ -103,6 +103,7 @@ def test_runs_of_one_program_compile_once():
                      sampling=dj.Sampling(batch_size=BATCH), seed=3)
   assert engine.cache_info()["misses"] == misses + 1
 
+
 def _halfway(params, extra, mixed, self_weight, dt):
   del self_weight, dt
   return jax.tree.map(lambda p, q: 0.5 * (p + q), params, mixed), extra
@@ -143,15 +144,17 @@ def test_a_run_that_changes_any_part_of_the_step_compiles_its_own_program(change
                               sampling=dj.Sampling(batch_size=BATCH), seed=0,
                               record=dj.Record(eval_fn=evaluate, every=2))
 
-  changed = {"receive": (base._replace(receive=_halfway), jax.numpy.float32(1.0), 0.0),
-             "advance": (base._replace(advance=_advance_by_dt), jax.numpy.float32(1.0), 0.0),
-             "grad_params": (base._replace(grad_params=_damped_grad_params), jax.numpy.float32(1.0), 0.0),
-             "loss constant": (base, jax.numpy.float32(3.0), 0.0),
-             "eval constant": (base, jax.numpy.float32(1.0), np.float32(7.0))}[change]
+  one, zero = jax.numpy.float32(1.0), np.float32(0.0)
+  changed = {"receive": (base._replace(receive=_halfway), one, zero),
+             "advance": (base._replace(advance=_advance_by_dt), one, zero),
+             "grad_params": (base._replace(grad_params=_damped_grad_params), one, zero),
+             "loss constant": (base, jax.numpy.float32(3.0), zero),
+             "eval constant": (base, one, np.float32(7.0))}[change]
   engine.clear_cache()
-  first = run(base, jax.numpy.float32(1.0), np.float32(0.0) if change == "eval constant" else 0.0)
+  first = run(base, one, zero)
   misses = engine.cache_info()["misses"]
   again = run(*changed)
+  # A changed evaluation is also another program of the run's first evaluation.
   assert engine.cache_info()["misses"] == misses + (2 if change == "eval constant" else 1)
   engine.clear_cache()
   fresh = run(*changed)
