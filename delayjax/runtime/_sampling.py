@@ -229,7 +229,7 @@ def _on_host(batch_size: int, count: int) -> bool:
   while this process has drawn fewer than ``_HOST_DRAWN_INDICES`` indices of this batch size there, and while
   ``jax.random``'s keys are Threefry's, the hash :func:`_threefry2x32` computes. The two paths give the same
   integers, so where the switch falls never changes a run."""
-  if jax.config.jax_default_prng_impl != "threefry2x32":
+  if not threefry_keys():
     return False
   drawn = _host_drawn.get(batch_size, 0)
   if drawn >= _HOST_DRAWN_INDICES:
@@ -265,7 +265,17 @@ def _threefry2x32(k0: Any, k1: Any, x0: np.ndarray, x1: np.ndarray) -> tuple[np.
   return x0, x1
 
 
-def _host_fold_in(key: tuple[Any, Any], data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def threefry_keys() -> bool:
+  """Whether ``jax.random``'s keys are Threefry's (``jax_default_prng_impl``), the hash the NumPy draws compute."""
+  return jax.config.jax_default_prng_impl == "threefry2x32"
+
+
+def host_key(seed: int) -> tuple[np.uint32, np.uint32]:
+  """The words of ``jax.random.key(seed)`` (Threefry) for ``0 <= seed < 2**32``: ``(0, seed)``."""
+  return np.uint32(0), np.uint32(seed)
+
+
+def host_fold_in(key: tuple[Any, Any], data: Any) -> tuple[np.ndarray, np.ndarray]:
   """``jax.random.fold_in`` of Threefry keys in NumPy: the key encrypts the counter pair ``(0, data)``."""
   data = np.asarray(data).astype(np.uint32)
   return _threefry2x32(key[0], key[1], np.zeros_like(data), data)
@@ -284,15 +294,12 @@ def _host_bits(key: tuple[np.ndarray, np.ndarray], count: int) -> np.ndarray:
   return np.concatenate([y0, y1], axis=1)[:, :count]
 
 
-def _host_positions(seed: int, updates: np.ndarray, workers: np.ndarray, draws: np.ndarray, sizes: np.ndarray,
-                    batch_size: int) -> np.ndarray:
-  """:func:`_draw_positions` computed in NumPy, the same integers: the keys of :func:`_positions` (``key(seed)`` is
-  the pair ``(0, seed)``), ``jax.random.split`` of each into two, and ``randint``'s offset
-  ``(hi % span * (2**32 % span) + lo % span) % span`` from the two keys' bits (``2**32 % span`` computed as
-  ``(2**16 % span)**2 % span``, in uint32 as ``randint`` does)."""
-  key = _host_fold_in((np.uint32(0), np.uint32(seed)), np.uint32(_WORKER_STREAM))
-  for data in (updates, workers, draws):
-    key = _host_fold_in(key, data)
+def host_randint(key: tuple[np.ndarray, np.ndarray], span: np.ndarray, count: int) -> np.ndarray:
+  """``jax.random.randint(k, (count,), 0, span, int32)`` in NumPy for every key ``k`` of ``key`` (``[K]`` words)
+  and its ``span`` (``[K]``, ``1 <= span < 2**31``): int32 ``[K, count]``, the same integers. ``randint``
+  splits the key in two (:func:`jax.random.split`), draws 32 bits from each and returns the offset
+  ``(hi % span * (2**32 % span) + lo % span) % span``, in uint32, with ``2**32 % span`` computed as
+  ``(2**16 % span)**2 % span``."""
   k0, k1 = key[0][:, None], key[1][:, None]
   if jax.config.jax_threefry_partitionable:
     first = _threefry2x32(k0, k1, np.zeros((1, 1), np.uint32), np.zeros((1, 1), np.uint32))
@@ -300,11 +307,21 @@ def _host_positions(seed: int, updates: np.ndarray, workers: np.ndarray, draws: 
   else:
     y0, y1 = _threefry2x32(k0, k1, np.array([[0, 1]], np.uint32), np.array([[2, 3]], np.uint32))
     first, second = (y0[:, :1], y0[:, 1:]), (y1[:, :1], y1[:, 1:])
-  span = sizes.astype(np.uint32)[:, None]
+  span = np.asarray(span).astype(np.uint32)[:, None]
   multiplier = np.uint32(1 << 16) % span
   multiplier = multiplier * multiplier % span
-  offset = _host_bits(first, batch_size) % span * multiplier + _host_bits(second, batch_size) % span
+  offset = _host_bits(first, count) % span * multiplier + _host_bits(second, count) % span
   return (offset % span).astype(np.int32)
+
+
+def _host_positions(seed: int, updates: np.ndarray, workers: np.ndarray, draws: np.ndarray, sizes: np.ndarray,
+                    batch_size: int) -> np.ndarray:
+  """:func:`_draw_positions` computed in NumPy, the same integers: the keys of :func:`_positions`, then
+  :func:`host_randint` below each size."""
+  key = host_fold_in(host_key(seed), np.uint32(_WORKER_STREAM))
+  for data in (updates, workers, draws):
+    key = host_fold_in(key, data)
+  return host_randint(key, sizes, batch_size)
 
 
 # The seed is an argument, not a constant of the programs: every seed shares one compiled draw. The draws are

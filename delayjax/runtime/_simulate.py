@@ -23,6 +23,7 @@ from delayjax.cluster._schedule import Schedule
 from delayjax.runtime import _checkpoint
 from delayjax.runtime import _engine as engine
 from delayjax.runtime import _history as history_lib
+from delayjax.runtime import _sampling
 from delayjax.runtime._engine import AXIS, check_worker_capacity, program_key
 from delayjax.runtime._arguments import batch_like, check_not_traced, check_params, check_sampling, loss_has_aux
 from delayjax.runtime._options import Checkpoint, Execution, Record, Runs, Sampling, runtime_options
@@ -182,6 +183,9 @@ def _check_run_params(given: tuple[Any, ...], params: Any) -> list[Any]:
 def _stale_read_delays(model: delays_lib.DelayModel, num_updates: int, seed: int) -> np.ndarray:
   """int64 ``[num_updates, G]``: every update's delay, per model of a ``per_leaf`` tree or per block of a ``torn``
   read (``G = 1`` otherwise)."""
+  host = _host_delays(model, num_updates, seed)
+  if host is not None:
+    return host
   key = jax.random.fold_in(jax.random.key(seed), 0)
   steps = jnp.arange(num_updates, dtype=jnp.int32)
   # Declared by the model's own class: a subclass may draw otherwise (its own sample).
@@ -195,6 +199,21 @@ def _stale_read_delays(model: delays_lib.DelayModel, num_updates: int, seed: int
     drawn = draw(key, steps)
   return np.concatenate([np.asarray(d).reshape(num_updates, -1) for d in jax.tree.leaves(drawn)],
                         axis=1).astype(np.int64)
+
+
+def _host_delays(model: delays_lib.DelayModel, num_updates: int, seed: int) -> np.ndarray | None:
+  """``constant(tau)``'s and ``uniform(s)``'s delays computed in NumPy, the integers their compiled draw
+  (:func:`_class_draws`) gives: ``uniform`` draws ``randint(fold_in(fold_in(key(seed), 0), t), (), 0, s + 1)``
+  for update ``t`` (:func:`_sampling.host_randint`). ``None`` for other models (a subclass too, which may draw
+  otherwise) and for keys other than Threefry's. Each compiled draw costs 0.1-0.2 s to compile, more than the
+  updates of a reproduction take to draw here."""
+  if type(model) is delays_lib.Constant:
+    return np.full((num_updates, 1), model.tau, np.int64)
+  if type(model) is not delays_lib.Uniform or not _sampling.threefry_keys():
+    return None
+  key = _sampling.host_fold_in(_sampling.host_fold_in(_sampling.host_key(seed), np.uint32(0)),
+                               np.arange(num_updates, dtype=np.uint32))
+  return _sampling.host_randint(key, np.full(num_updates, model.s + 1), 1).astype(np.int64)
 
 
 @functools.lru_cache(maxsize=16)

@@ -5,6 +5,7 @@ integers alone are compiled without the compiler's optimizations; the default wo
 the host a chunk at a time. Each must give exactly what the compiled defaults give.
 """
 
+import dataclasses
 import os
 import sys
 
@@ -73,6 +74,27 @@ def test_delay_draws_equal_the_default_compilation(model, exact):
   # Only integer draws go without the compiler's optimizations; a floating-point one keeps them.
   text = str(jax.make_jaxpr(draw)(key, steps[:1]))
   assert (_simulate._FLOAT_TYPE.search(text) is None) is exact
+
+
+@pytest.mark.parametrize("partitionable", [True, False])
+@pytest.mark.parametrize("model", [dj.delays.uniform(0), dj.delays.uniform(6), dj.delays.uniform(2**20),
+                                   dj.delays.constant(3)])
+@pytest.mark.parametrize("seed", [0, 11, 2**32 - 1])
+def test_delays_drawn_in_numpy_equal_the_compiled_draw(partitionable, model, seed):
+  """``uniform`` and ``constant`` delays are computed on the host, the integers of the model's own sample under
+  ``jax.random`` (both Threefry layouts, any seed below ``2**32``); other models (a subclass too) are not."""
+  key, steps = jax.random.fold_in(jax.random.key(seed), 0), jnp.arange(500, dtype=jnp.int32)
+  with jax.threefry_partitionable(partitionable):
+    want = jax.vmap(lambda t: model.sample(jax.random.fold_in(key, t), t))(steps)
+    got = _simulate._host_delays(model, 500, seed)
+  assert got.shape == (500, 1) and got.dtype == np.int64
+  np.testing.assert_array_equal(got[:, 0], np.asarray(want))
+
+  class Own(type(model)):
+    pass
+
+  assert _simulate._host_delays(dj.delays.geometric(0.3, 5), 4, seed) is None
+  assert _simulate._host_delays(Own(*dataclasses.astuple(model)), 4, seed) is None
 
 
 @pytest.mark.parametrize("num_microbatches, num_examples, batch_size", [(1, 50, 4), (4, 1797, 32), (3, 7, 5)])
