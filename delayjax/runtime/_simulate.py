@@ -209,7 +209,7 @@ def _host_delays(model: delays_lib.DelayModel, num_updates: int, seed: int) -> n
   updates of a reproduction take to draw here."""
   if type(model) is delays_lib.Constant:
     return np.full((num_updates, 1), model.tau, np.int64)
-  # A bound whose s + 1 overflows int32 is left to the compiled draw, whose arithmetic that is.
+  # A bound whose s + 1 overflows int32 keeps the compiled draw: the host would not wrap as its int32 sum does.
   if type(model) is not delays_lib.Uniform or model.s >= 2**31 - 1 or not _sampling.threefry_keys():
     return None
   key = _sampling.host_fold_in(_sampling.host_fold_in(_sampling.host_key(seed), np.uint32(0)),
