@@ -83,7 +83,8 @@ class DelayModel(abc.ABC):
 
   # The integer fields a compiled draw may take as arguments, with ``_sample_with(key, step, *values)`` the draw
   # ``sample`` makes with them (in integers only): ``dj.simulate`` then compiles one draw for every model of the
-  # class, e.g. for each bound of a sweep over ``uniform(s)``, where it would compile one per model.
+  # class, e.g. for each bound of a sweep over ``uniform(s)``, where it would compile one per model (``constant``'s
+  # and ``uniform``'s own delays are drawn on the host with Threefry keys, compiling nothing).
   _drawn_with: ClassVar[tuple[str, ...]] = ()
 
   @property
