@@ -1193,11 +1193,9 @@ def _program(run: _ServerRun) -> engine.Program:
         seed=seed, num_examples=run.num_examples, batch_size=run.batch_size, sampling=run.sampling,
         shard_rows=shard_rows, shard_sizes=shard_sizes)
 
-  def plan_tables(plan: StepPlan, eval_flag: np.ndarray, chunk: int, seed: int | None) -> dict[str, np.ndarray]:
-    """A plan's rows of the chunk, with its minibatches drawn for ``seed`` (``None``: left to the caller)."""
+  def plan_tables(plan: StepPlan, eval_flag: np.ndarray, chunk: int) -> dict[str, np.ndarray]:
+    """A plan's rows of the chunk (its minibatches are drawn by the caller, :func:`draws`)."""
     rows = _padded_tables(plan.tables(chunk * chunk_size, chunk_size), sizes, num_workers)
-    if run.host_draws and seed is not None:
-      rows["lane_examples"] = draws(rows, seed)
     valid = np.arange(sizes.max_len) < rows["upd_count"][:, None]
     rows["upd_eval"] = eval_flag[rows["upd_index"]] & valid
     if epoch is not None:
@@ -1209,7 +1207,7 @@ def _program(run: _ServerRun) -> engine.Program:
     if own_tables:
       # Each run's rows from its own plan, stacked on a leading run axis.
       rows = jax.tree.map(lambda *xs: np.stack(xs), *(
-          plan_tables(own, flag, chunk, None) for own, (_, flag) in zip(plans, run_evals, strict=True)))
+          plan_tables(own, flag, chunk) for own, (_, flag) in zip(plans, run_evals, strict=True)))
       if run.host_draws:
         # The minibatches of the runs of one seed drawn together, their steps one after the other: a draw's
         # host work is per call (a quarter of the calls for experiments/dai_staleness's four bounds per seed).
@@ -1221,7 +1219,9 @@ def _program(run: _ServerRun) -> engine.Program:
           rows["lane_examples"][members] = draws(flat, own_seed).reshape(
               (len(members),) + rows["lane_examples"].shape[1:])
     else:
-      rows = plan_tables(plan, eval_flag, chunk, seed)
+      rows = plan_tables(plan, eval_flag, chunk)
+      if run.host_draws:
+        rows["lane_examples"] = draws(rows, seed)
     return ({k: v for k, v in rows.items() if k.startswith("lane_")},
             {k: v for k, v in rows.items() if not k.startswith("lane_")})
 
