@@ -66,6 +66,12 @@ def check_params(params: Any, name: str = "params") -> None:
           f"{name}{jax.tree_util.keystr(path)} must be an array, got {type(x).__name__} {x!r}.")
 
 
+def tree_like(tree: Any) -> Any:
+  """The shapes and dtypes of ``tree``'s leaves (``jax.ShapeDtypeStruct`` leaves, dtypes as JAX would give them):
+  what a function is traced on for a compile key or an abstract evaluation."""
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)), tree)
+
+
 def batch_like(data: Any, batch_size: int) -> Any:
   """The shapes and dtypes of one minibatch of ``data`` (``jax.ShapeDtypeStruct`` leaves)."""
   # As the runtimes place them: a float64 NumPy array becomes float32 unless x64 is enabled.

@@ -41,7 +41,8 @@ from delayjax.cluster._gossip import GossipSchedule
 from delayjax.gossip._method import GRADS as METHOD_GRADS
 from delayjax.gossip._method import GossipMethod, check_method_schedule
 from delayjax.runtime import _checkpoint, _engine
-from delayjax.runtime._arguments import batch_like, check_not_traced, check_params, check_sampling, loss_has_aux
+from delayjax.runtime._arguments import (batch_like, check_not_traced, check_params, check_sampling, loss_has_aux,
+                                         tree_like)
 from delayjax.runtime._options import Checkpoint, Execution, Record, Sampling, runtime_options
 from delayjax.runtime._checkpoint import gathered
 from delayjax.runtime._engine import AXIS
@@ -771,9 +772,8 @@ def _step_keys(run: _ReplicaRun, row: dict[str, Any]) -> dict[str, Any] | None:
   data), as ``dj.simulate``'s key does. Tracing these parts costs a fifth of tracing the whole step, which a
   sweep of many short runs paid once per run.
   """
-  spec = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)), tree)
   plan, method, tx = run.plan, run.method, run.tx
-  params, opt_state, extra = spec(run.init_state)
+  params, opt_state, extra = tree_like(run.init_state)
   dt = jax.ShapeDtypeStruct((), jnp.float32)
   calls_message = plan.has_pmix or plan.history > 1
   programs = {
@@ -794,7 +794,7 @@ def _step_keys(run: _ReplicaRun, row: dict[str, Any]) -> dict[str, Any] | None:
   static = dict(has_aux=run.has_aux, num_workers=run.m, num_devices=run.num_devices, phases=plan.phases,
                 kinds=tuple(bool(k) for k in plan.used.any(axis=0)), mixing=plan.mixing, shifts=tuple(plan.shifts),
                 history=plan.history, has_pmix=plan.has_pmix, has_gmix=plan.has_gmix, max_batches=plan.max_batches)
-  shapes = _checkpoint.tree_digest((spec(run.carry), row, spec(run.constants)), values=False)
+  shapes = _checkpoint.tree_digest((tree_like(run.carry), row, tree_like(run.constants)), values=False)
   return {"chunk": ("simulate_gossip", "chunk", tuple(sorted(programs.items())), tuple(sorted(static.items())),
                     shapes),
           "eval_fn": ("simulate_gossip", "eval", programs["eval_fn"], _checkpoint.tree_digest(params, values=False))}

@@ -25,7 +25,8 @@ from delayjax.runtime import _engine as engine
 from delayjax.runtime import _history as history_lib
 from delayjax.runtime import _sampling
 from delayjax.runtime._engine import AXIS, check_worker_capacity, program_key
-from delayjax.runtime._arguments import batch_like, check_not_traced, check_params, check_sampling, loss_has_aux
+from delayjax.runtime._arguments import (batch_like, check_not_traced, check_params, check_sampling, loss_has_aux,
+                                         tree_like)
 from delayjax.runtime._options import Checkpoint, Execution, Record, Runs, Sampling, runtime_options
 from delayjax.runtime._lanes import Lanes
 from delayjax.runtime._read_groups import BlockGroups, LeafGroups, map_groups
@@ -382,7 +383,7 @@ def _uses_stale_params(tx: optax.GradientTransformationExtraArgs, params: Any, i
                        samples: int, terms: Any, num_contrib: int) -> bool:
   """Whether ``tx.update``'s result depends on the stale parameters it is given (traced once, abstractly):
   its ``stale_params`` argument, or each contribution's (``contribution_stale_params``)."""
-  spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)), params)
+  spec = tree_like(params)
   state = jax.eval_shape(tx.init, spec)
 
   def update(stale, state, params):
@@ -717,8 +718,7 @@ def _compile_key(*, loss_fn: Callable[..., Any], has_aux: bool, tx: Any, params:
   of the same model is the same program, while a different learning rate literal is another); the plan
   by its static sizes; the options by value.
   """
-  spec = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)), tree)
-  params_spec, state_spec = spec(params), spec(opt_state)
+  params_spec, state_spec = tree_like(params), tree_like(opt_state)
   batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct((batch_size,) + np.shape(x)[1:], jnp.result_type(x)), data)
   num_contrib = plan.upd_worker.shape[2]
   extra = _input_examples(params, inputs, num_contrib * _max_batches(plan) * batch_size, terms, num_contrib)
