@@ -1,6 +1,7 @@
 """``dj.Runs(sources=..., params=...)``: runs of schedules and initial parameters of their own, computed by one
 ``dj.simulate`` call, equal the separate calls bit for bit."""
 
+import threading
 import warnings
 
 import jax
@@ -10,6 +11,7 @@ import optax
 import pytest
 
 import delayjax as dj
+from delayjax.runtime import _engine as engine
 
 BATCH = 4
 
@@ -75,6 +77,32 @@ def test_runs_of_their_own_schedules_and_parameters_equal_the_separate_calls(pro
   # The shorter schedule's run has its own length of history; the runs differ.
   assert together[1].history.loss.shape == (28,) and together[0].history.loss.shape == (40,)
   assert not np.array_equal(together[0].history.loss, together[2].history.loss)
+
+
+@pytest.mark.parametrize("cpus", [1, 4])
+def test_runs_computed_side_by_side_in_float64_equal_the_separate_calls(problem, monkeypatch, cpus):
+  # On CPU devices the runs are computed by a pool of threads, one per CPU (one CPU: in the caller's thread). The
+  # caller's jax.config context (here float64) holds for its own thread only, and must hold for every run.
+  data, sources, params = problem
+  monkeypatch.setattr(engine, "_host_cpus", lambda: cpus)
+  monkeypatch.setattr(engine, "_pool", None)
+  threads = set()
+  computed = engine._concurrent_runs
+
+  def spied(fn, runs):
+    return computed(lambda r: (threads.add(threading.current_thread().name), fn(r))[1], runs)
+
+  monkeypatch.setattr(engine, "_concurrent_runs", spied)
+  with jax.enable_x64(True):
+    data64, params64 = jax.tree.map(lambda x: np.asarray(x, np.float64), (data, params))
+    tx = optax.sgd(0.1, momentum=0.9)
+    seeds = [0, 5, 9]
+    together = _together(data64, tx, params64, sources, seeds)
+    separate = [_separate(data64, tx, params64[r], sources[r], seeds[r], sources) for r in range(3)]
+  for result, alone in zip(together, separate, strict=True):
+    assert all(x.dtype == np.float64 for x in jax.tree.leaves(result.params))
+    _assert_identical(result, alone)
+  assert bool(threads) and all(name.startswith("delayjax-runs") for name in threads) == (cpus > 1)
 
 
 def test_runs_that_share_a_seed_equal_the_separate_calls(problem):
