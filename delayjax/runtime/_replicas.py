@@ -722,9 +722,7 @@ def _step_function(*, loss_fn, has_aux, tx, method, plan: ReplicaPlan, eval_fn, 
     active, rows = tab["lane_active"], tab["lane_replica"]
     stale = jax.tree.map(lambda x: x[rows], snap)
     loss, grads = jax.vmap(lane, in_axes=(None, 0, 0, 0))(data, stale, tab["lane_examples"], tab["lane_batches"])
-    # max |g| is NaN or infinite exactly when an entry is: cheaper than reducing a boolean array.
-    finite = jnp.all(jnp.stack([jnp.isfinite(jnp.max(jnp.abs(g.reshape(g.shape[0], -1)), axis=1))
-                                for g in jax.tree.leaves(grads)]), axis=0)
+    finite = _all_finite(grads, lead=1)
     # Inactive lanes write nowhere (an index past the end is dropped).
     target = jnp.where(active, rows, jax.tree.leaves(gbuf)[0].shape[0])
     gbuf = jax.tree.map(lambda buf, g: buf.at[target].set(g, mode="drop"), gbuf, grads)

@@ -426,11 +426,22 @@ def _inexact(tree: Any) -> list[jax.Array]:
   return [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
 
 
-def _all_finite(tree: Any) -> jax.Array:
+def _all_finite(tree: Any, lead: int = 0) -> jax.Array:
+  """Whether every entry of ``tree``'s leaves is finite; with ``lead``, one flag per index of the leaves'
+  ``lead`` leading axes (which they share)."""
   # max |x| is NaN if any entry is NaN and inf if any is infinite; a float
-  # max-reduction is much cheaper on CPU than reducing a boolean array.
-  leaves = [jnp.isfinite(jnp.max(jnp.abs(x))) for x in jax.tree.leaves(tree) if x.size]
-  return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
+  # max-reduction is much cheaper on CPU than reducing a boolean array. The
+  # leaves of a dtype are joined into one array first: one reduction, where
+  # one per leaf would each be a kernel of its own to compile.
+  leaves = jax.tree.leaves(tree)
+  by_dtype: dict[Any, list[jax.Array]] = {}
+  for x in leaves:
+    if x.size:
+      by_dtype.setdefault(jnp.dtype(x.dtype), []).append(x.reshape(x.shape[:lead] + (-1,)))
+  maxima = [jnp.isfinite(jnp.max(jnp.abs(jnp.concatenate(xs, axis=lead)), axis=lead)) for xs in by_dtype.values()]
+  if not maxima:
+    return jnp.ones(leaves[0].shape[:lead] if leaves and lead else (), jnp.bool_)
+  return jnp.all(jnp.stack(maxima), axis=0)
 
 
 def _lead(mask: jax.Array, x: jax.Array) -> jax.Array:

@@ -87,3 +87,23 @@ def test_a_finite_run_stays_quiet():
     warnings.simplefilter("error", RuntimeWarning)
     result = _run(optax.adam(0.1), _data(2.0), nonfinite="skip")
   assert result.history.nonfinite_state is None and len(result.history.skipped) == 0
+
+
+@pytest.mark.parametrize("lead", [0, 1])
+def test_the_finiteness_flag_of_a_tree_equals_numpy(lead):
+  # One reduction per dtype over the leaves joined (not one per leaf): the flags must still be those of every
+  # entry, per row of the leading axis with lead=1, whichever leaf and dtype holds the NaN or the infinity.
+  from delayjax.runtime._simulate import _all_finite
+  rng = np.random.default_rng(0)
+  tree = {"a": rng.normal(size=(4, 3, 2)).astype(np.float32), "b": rng.normal(size=(4, 5)).astype(jnp.bfloat16),
+          # Entries near float32's largest: finite, though their sum is not.
+          "c": np.full((4, 3), 3e38, np.float32), "empty": np.zeros((4, 0), np.float32)}
+  tree["a"][1, 2, 0] = np.nan
+  tree["b"][2, 4] = np.inf
+  tree["c"][3, 1] = -np.inf
+  expected = np.array([all(np.all(np.isfinite(np.asarray(x[r], np.float64))) for x in tree.values())
+                       for r in range(4)])
+  got = np.asarray(_all_finite(jax.tree.map(jnp.asarray, tree), lead=lead))
+  np.testing.assert_array_equal(got, expected if lead else expected.all())
+  assert not expected.all() and expected[0]
+  np.testing.assert_array_equal(_all_finite({"empty": jnp.zeros((4, 0))}, lead=lead), np.ones((4,) * lead, bool))
