@@ -116,6 +116,7 @@ import concurrent.futures
 import contextlib
 import os
 import re
+import threading
 import time
 from typing import Any, Callable, Iterator, NamedTuple
 
@@ -584,7 +585,28 @@ def _host_cpus() -> int:
     return os.cpu_count() or 1
 
 
+# The runs' threads, started on first use. A child forked from this process inherits the pool without its
+# threads (work submitted there would never run), and perhaps the lock held: it starts its own.
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _forget_pool() -> None:
+  global _pool, _pool_lock
+  _pool, _pool_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+  os.register_at_fork(after_in_child=_forget_pool)
+
+
+def _runs_pool() -> concurrent.futures.ThreadPoolExecutor:
+  """This process's pool of threads for :func:`_concurrent_runs`, one per CPU."""
+  global _pool
+  with _pool_lock:
+    if _pool is None:
+      _pool = concurrent.futures.ThreadPoolExecutor(_host_cpus(), thread_name_prefix="delayjax-runs")
+    return _pool
 
 
 def _concurrent_runs(fn: Callable[[int], Any], runs: range) -> list[Any]:
@@ -597,12 +619,9 @@ def _concurrent_runs(fn: Callable[[int], Any], runs: range) -> list[Any]:
   17.6 s instead of 22.8 s). Each run's numbers are those of its own call either way. An accelerator
   already queues the calls asynchronously; there they are made in order, from this thread.
   """
-  global _pool
   if len(runs) < 2 or _host_cpus() < 2 or jax.devices()[0].platform != "cpu":
     return [fn(r) for r in runs]
-  if _pool is None:
-    _pool = concurrent.futures.ThreadPoolExecutor(_host_cpus(), thread_name_prefix="delayjax-runs")
-  return list(_pool.map(fn, runs))
+  return list(_runs_pool().map(fn, runs))
 
 
 def _run_part(axes: Any, tree: Any, r: int) -> Any:

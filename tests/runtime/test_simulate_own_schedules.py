@@ -1,6 +1,7 @@
 """``dj.Runs(sources=..., params=...)``: runs of schedules and initial parameters of their own, computed by one
 ``dj.simulate`` call, equal the separate calls bit for bit."""
 
+import os
 import threading
 import warnings
 
@@ -103,6 +104,27 @@ def test_runs_computed_side_by_side_in_float64_equal_the_separate_calls(problem,
     assert all(x.dtype == np.float64 for x in jax.tree.leaves(result.params))
     _assert_identical(result, alone)
   assert bool(threads) and all(name.startswith("delayjax-runs") for name in threads) == (cpus > 1)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_computes_its_runs_with_threads_of_its_own(monkeypatch):
+  # A child forked after the runs' pool started inherits the pool without its threads: work submitted to it
+  # would wait forever, so the child must start a pool of its own.
+  monkeypatch.setattr(engine, "_host_cpus", lambda: 2)
+  parent = engine._runs_pool()
+  assert list(parent.map(lambda r: r * 2, range(4))) == [0, 2, 4, 6]
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", RuntimeWarning)  # JAX's warning that a fork may deadlock its own threads
+    pid = os.fork()
+  if pid == 0:
+    try:
+      ok = engine._runs_pool() is not parent and engine._runs_pool().submit(lambda: 5).result(timeout=30) == 5
+    except BaseException:
+      ok = False
+    os._exit(0 if ok else 1)
+  _, status = os.waitpid(pid, 0)
+  assert os.waitstatus_to_exitcode(status) == 0
+  assert engine._runs_pool() is parent
 
 
 def test_runs_that_share_a_seed_equal_the_separate_calls(problem):
