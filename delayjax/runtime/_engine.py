@@ -562,13 +562,9 @@ class _Separately:
     if self.executable is None:
       self.executable = self.chunk.lower(carries[0], constants[0], own[0]).compile()
 
-    def one(r: int) -> tuple[Any, Any]:
-      carry, out = self.executable(carries[r], constants[r], own[r])
-      # Read back here, so that the thread computing this run is the one that waits for it.
-      return carry, jax.tree.map(host, out)
-
-    done = _concurrent_runs(one, range(self.runs))
-    return [carry for carry, _ in done], jax.tree.map(lambda *xs: np.stack(xs), *[out for _, out in done])
+    done = _concurrent_runs(lambda r: self.executable(carries[r], constants[r], own[r]), range(self.runs))
+    return [carry for carry, _ in done], jax.tree.map(lambda *xs: np.stack([host(x) for x in xs]),
+                                                      *[out for _, out in done])
 
   @staticmethod
   def stacked(carries: list[Any]) -> Any:
@@ -621,7 +617,8 @@ def _concurrent_runs(fn: Callable[[int], Any], runs: range) -> list[Any]:
   """
   if len(runs) < 2 or _host_cpus() < 2 or jax.devices()[0].platform != "cpu":
     return [fn(r) for r in runs]
-  return list(_runs_pool().map(fn, runs))
+  # Each thread waits for its own run, so that a run is computed while the others are.
+  return list(_runs_pool().map(lambda r: jax.block_until_ready(fn(r)), runs))
 
 
 def _run_part(axes: Any, tree: Any, r: int) -> Any:
