@@ -42,12 +42,17 @@ def classification_task(split: Any, apply: Callable[[Any, jax.Array], jax.Array]
     return optax.softmax_cross_entropy_with_integer_labels(apply(params, batch["x"]), batch["y"]).mean()
 
   def batched(fn, x, y):
+    """``fn``'s mean over every example of ``(x, y)``: whole batches of ``eval_batch``, then the rest as one
+    more batch, each batch's mean weighed by its examples."""
     if eval_batch is None or x.shape[0] <= eval_batch:
       return fn(x, y)
     n = (x.shape[0] // eval_batch) * eval_batch
     xs = x[:n].reshape((-1, eval_batch) + x.shape[1:])
     ys = y[:n].reshape(-1, eval_batch)
-    return jnp.mean(jax.lax.map(lambda b: fn(*b), (xs, ys)))
+    means = jax.lax.map(lambda b: fn(*b), (xs, ys))
+    if n == x.shape[0]:
+      return jnp.mean(means)
+    return (jnp.sum(means) * eval_batch + fn(x[n:], y[n:]) * (x.shape[0] - n)) / x.shape[0]
 
   def eval_fn(params):
     error = batched(lambda x, y: jnp.mean(jnp.argmax(apply(params, x), -1) != y), x_test, y_test)

@@ -199,3 +199,30 @@ def test_paper_scale_tasks_build_from_local_files(tmp_path, no_tfds):
   mnist = task_for({"data": "mnist", "model": "mlp", "hidden": [16], "data_dir": str(tmp_path)})
   assert mnist.data["x"].shape == (5, 784)
   assert np.isfinite(float(mnist.loss_fn(mnist.init(0), jax.tree.map(jnp.asarray, mnist.data))))
+
+
+@pytest.mark.parametrize("eval_batch", [None, 10, 23, 5])
+def test_the_evaluation_counts_every_example_whatever_its_batches(eval_batch):
+  # 23 training and 7 test examples: batches of 10 (or 5) leave a rest, which must be evaluated too.
+  import jax
+
+  from experiments._training import classification_task
+  from experiments.data import Split
+
+  rng = np.random.default_rng(5)
+  split = Split(rng.normal(size=(23, 4)).astype(np.float32), rng.integers(0, 3, 23),
+                rng.normal(size=(7, 4)).astype(np.float32), rng.integers(0, 3, 7))
+  w = rng.normal(size=(4, 3)).astype(np.float32)
+  task = classification_task(split, lambda p, x: x @ p, lambda key: w, eval_batch=eval_batch)
+  metrics = jax.jit(task.eval_fn)(w)
+
+  def logits(x):
+    return x.astype(np.float64) @ w.astype(np.float64)
+
+  z = logits(split.x_train)
+  log_softmax = z - z.max(axis=1, keepdims=True)
+  log_softmax -= np.log(np.exp(log_softmax).sum(axis=1, keepdims=True))
+  np.testing.assert_allclose(float(metrics["train_loss"]), -log_softmax[np.arange(23), split.y_train].mean(),
+                             rtol=1e-5)
+  np.testing.assert_allclose(float(metrics["test_error"]), np.mean(logits(split.x_test).argmax(1) != split.y_test),
+                             rtol=1e-6)
