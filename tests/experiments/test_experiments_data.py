@@ -201,9 +201,10 @@ def test_paper_scale_tasks_build_from_local_files(tmp_path, no_tfds):
   assert np.isfinite(float(mnist.loss_fn(mnist.init(0), jax.tree.map(jnp.asarray, mnist.data))))
 
 
-@pytest.mark.parametrize("eval_batch", [None, 10, 23, 5])
+@pytest.mark.parametrize("eval_batch", [None, 10, 23, 5, 1])
 def test_the_evaluation_counts_every_example_whatever_its_batches(eval_batch):
-  # 23 training and 7 test examples: batches of 10 (or 5) leave a rest, which must be evaluated too.
+  # 23 training and 7 test examples: batches of 10 (or 5) leave a rest, which must be evaluated too; batches of 1
+  # leave none.
   import jax
 
   from experiments._training import classification_task
