@@ -336,7 +336,7 @@ def _payload_like(params: Any, inputs: tuple[str, ...], samples: int, terms: Any
 
 def _terms_spec(sample_terms: Callable[..., Any], params: Any, data: Any, batch_size: int) -> tuple[Any, Any]:
   """The shapes of one example's ``(scalar, features)`` from ``sample_terms``, checked on a minibatch."""
-  batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct((batch_size,) + np.shape(x)[1:], jnp.result_type(x)), data)
+  batch = batch_like(data, batch_size)
   out = jax.eval_shape(sample_terms, params, batch)
   if not (isinstance(out, tuple) and len(out) == 2):
     raise TypeError(f"sample_terms must return a pair (scalars, features); got {jax.tree.structure(out)}.")
@@ -730,7 +730,7 @@ def _compile_key(*, loss_fn: Callable[..., Any], has_aux: bool, tx: Any, params:
   by its static sizes; the options by value.
   """
   params_spec, state_spec = tree_like(params), tree_like(opt_state)
-  batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct((batch_size,) + np.shape(x)[1:], jnp.result_type(x)), data)
+  batch = batch_like(data, batch_size)
   num_contrib = plan.upd_worker.shape[2]
   extra = _input_examples(params, inputs, num_contrib * _max_batches(plan) * batch_size, terms, num_contrib)
   programs = {
