@@ -10,7 +10,9 @@ does the rest, the same way for every runtime:
    devices: one device, or laid out on a ``mesh`` by ``PartitionSpec``,
    across processes too;
 2. compiles ``chunk_size`` steps into one ``lax.scan`` (inside
-   ``jax.shard_map`` over the mesh, the carry donated), once;
+   ``jax.shard_map`` over the mesh, the carry donated), once; on one CPU
+   device a program of few steps in all with XLA's quicker-compiling
+   options, which compute the same bits (:func:`compile_options`);
 3. loops over the chunks: the chunk's host tables are placed and the scan is
    dispatched once; its outputs become host *records* (rows of history);
 4. after every chunk, writes a checkpoint (an Orbax checkpoint of the
@@ -479,21 +481,70 @@ def shardings(mesh: Any, specs: Any, tree: Any) -> Any:
                       is_leaf=lambda x: isinstance(x, P))
 
 
-def chunk_function(program: Program, mesh: Any) -> Callable[[Any, Any, Any], tuple[Any, Any]]:
+# A program that computes at most this many steps in all (its chunks' steps times its runs) is compiled for a
+# short run (see compile_options).
+SHORT_RUN_STEPS = 10_000
+_SHORT_RUN_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
+_short_run_supported: bool | None = None
+
+
+def compile_options(steps: int | None) -> dict[str, Any] | None:
+  """XLA's options for a program that computes ``steps`` steps in all (``None``: not known, the defaults).
+
+  On a CPU, XLA's default kernel emitters (MLIR's fusion emitters) compile each kernel about 30% slower than
+  its older elemental emitters, and their kernels run faster (Adam's moment updates about 4x): on
+  ``experiments/dai_staleness``'s Adam program for the 3-layer MLP, 0.86 s of compile and 97 us a step,
+  against 0.60 s and 121 us. The two are even at about 10,000 steps, so a program that computes fewer
+  (:data:`SHORT_RUN_STEPS`) is compiled with the elemental emitters, where the compile is most of the cost;
+  the kernels compute the same numbers either way (``tests/runtime/test_compile_options.py`` checks it bit for
+  bit on models, optimizers and dtypes, against the defaults). Accelerators, and an XLA without that option,
+  keep the defaults, and so does a program laid out on a mesh (:func:`chunk_function`): compiled with the
+  elemental emitters, a sharded program can round otherwise than its one-device twin.
+  """
+  global _short_run_supported
+  if steps is None or steps > SHORT_RUN_STEPS or jax.devices()[0].platform != "cpu":
+    return None
+  if _short_run_supported is None:
+    try:
+      jax.jit(lambda x: x + 1, compiler_options=_SHORT_RUN_OPTIONS).lower(np.float32(0)).compile()
+      _short_run_supported = True
+    except Exception:  # noqa: BLE001 (an XLA without the option refuses it; any refusal means: defaults)
+      _short_run_supported = False
+  return dict(_SHORT_RUN_OPTIONS) if _short_run_supported else None
+
+
+def short_jit(fn: Callable[..., Any]) -> Callable[..., Any]:
+  """``jax.jit(fn)`` for a program computed a few times (an evaluation before a run's first chunk), compiled
+  for a short run (:func:`compile_options`)."""
+  return jax.jit(fn, compiler_options=compile_options(1))
+
+
+def chunk_function(program: Program, mesh: Any, steps: int | None = None) -> Callable[[Any, Any, Any],
+                                                                                      tuple[Any, Any]]:
   """``chunk(carry, constants, tables) -> (carry, outputs)``: a ``lax.scan`` of ``program.step`` over the
-  chunk's steps, jitted with the carry donated (inside ``shard_map`` with a ``mesh``); the one already
-  made for an equal ``program.cache_key`` and mesh, if any."""
+  chunk's steps, jitted with the carry donated (inside ``shard_map`` with a ``mesh``) and with the
+  :func:`compile_options` of a program that computes ``steps`` steps in all; the one already made for an
+  equal ``program.cache_key``, mesh and options, if any."""
   if program.table_run_axes is not None:
     if mesh is not None:
       raise ValueError("several runs in one program need a single device; got a mesh.")
     single = program._replace(runs=None, constant_run_axes=None, table_run_axes=None)
-    return _Separately(chunk_function(single, None), program)
+    return _Separately(chunk_function(single, None, steps), program)
+  options = compile_options(steps) if mesh is None else None
   return cached(None if program.cache_key is None else (
-      "chunk", program.cache_key, mesh, program.runs, str(program.constant_run_axes)),
-      lambda: _chunk_function(program, mesh))
+      "chunk", program.cache_key, mesh, program.runs, str(program.constant_run_axes), str(options)),
+      lambda: _chunk_function(program, mesh, options))
 
 
-def _chunk_function(program: Program, mesh: Any) -> Callable[[Any, Any, Any], tuple[Any, Any]]:
+def _steps(program: Program, tables: Any) -> int | None:
+  """The steps ``program`` computes in all, every run's, from one chunk's host ``tables``."""
+  part = tables if program.table_run_axes is None else _run_part(program.table_run_axes, tables, 0)
+  leaves = jax.tree.leaves(part)
+  return program.num_chunks * int(np.shape(leaves[0])[0]) * (program.runs or 1) if leaves else None
+
+
+def _chunk_function(program: Program, mesh: Any, options: dict[str, Any] | None) -> Callable[[Any, Any, Any],
+                                                                                             tuple[Any, Any]]:
   step = program.step
 
   check = program.check
@@ -514,7 +565,7 @@ def _chunk_function(program: Program, mesh: Any) -> Callable[[Any, Any, Any], tu
         # A replicated carry is replicated by construction (every device applies the same gathered
         # values), but public all_gather is typed device-varying, so the replication check would reject it.
         check_vma=False)
-  return jax.jit(chunk, donate_argnums=0)
+  return jax.jit(chunk, donate_argnums=0, compiler_options=options)
 
 
 class _Separately:
@@ -684,14 +735,13 @@ def inspecting(fn: Callable[..., None]) -> Iterator[None]:
 
 
 def _run(program, mesh, checkpoint, checkpoint_name, callback, inspect):
-  chunk_fn = chunk_function(program, mesh)
   carry = program.carry
   like = dict(program.records_like)
   if program.check is not None:
     like["check"] = np.zeros((0,) if program.runs is None else (0, program.runs), bool)
   records: dict[str, list[Any]] = {name: [] for name in like}
   first_chunk = 0
-  separately = isinstance(chunk_fn, _Separately)
+  separately = program.table_run_axes is not None
   if separately and checkpoint.directory is not None:
     raise ValueError("runs with tables of their own (Program.table_run_axes) cannot be checkpointed; got the "
                      f"checkpoint directory {os.fspath(checkpoint.directory)!r}.")
@@ -699,7 +749,8 @@ def _run(program, mesh, checkpoint, checkpoint_name, callback, inspect):
            _checkpoint.Checkpoint(checkpoint.directory, checkpoint_name, program.fingerprint, checkpoint.changes,
                                   records=tuple(like)))
   put = placer(mesh)
-  if saver is not None and checkpoint.resume and saver.exists():
+  resumed = saver is not None and checkpoint.resume and saver.exists()
+  if resumed:
     # Restored straight into its layout: with a mesh each process reads only its own shards.
     carry, restored, first_chunk = saver.restore(carry, shardings(mesh, program.carry_specs, carry), like)
     records = {name: [rows] for name, rows in restored.items()}
@@ -707,9 +758,13 @@ def _run(program, mesh, checkpoint, checkpoint_name, callback, inspect):
       # Restored arrays are committed to their device and fresh ones are not, which JAX's compile cache
       # tells apart: placed like a fresh carry, a resumed run reuses the program a fresh run compiled.
       carry = place(put, program.carry_specs, jax.tree.map(np.asarray, carry))
-  elif separately:
+  # The first chunk's tables size the program's work, hence its compile options (a resumed run's are the
+  # fresh run's: every chunk has the same size); the loop then uses them.
+  first_tables = program.tables(first_chunk) if first_chunk < program.num_chunks else None
+  chunk_fn = chunk_function(program, mesh, None if first_tables is None else _steps(program, first_tables))
+  if separately:
     carry = chunk_fn.carries(put, program)
-  else:
+  elif not resumed:
     carry = place(put, program.carry_specs, carry)
   constants = (chunk_fn.constants(put, program) if separately else
                place(put, program.constant_specs, program.constants))
@@ -720,7 +775,7 @@ def _run(program, mesh, checkpoint, checkpoint_name, callback, inspect):
     unsaved.append(program.initial(carry))
 
   for chunk in range(first_chunk, program.num_chunks):
-    tables = program.tables(chunk)
+    tables = first_tables if chunk == first_chunk else program.tables(chunk)
     # Runs with tables of their own place each run's rows themselves.
     device_tables = tables if separately else place(put_tables, program.table_specs, tables)
     if inspect is not None:

@@ -803,7 +803,7 @@ def _program(run: _PipelineRun) -> engine.Program:
   row = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), tables(0))
   cache_key = None if mesh is not None else engine.program_cache_key(("simulate_pipeline", "chunk"), step, carry, row, data)
   jitted_eval = None if eval_fn is None else engine.cached(
-      None if mesh is not None else engine.program_cache_key(("simulate_pipeline", "eval"), eval_fn, params), lambda: jax.jit(eval_fn))
+      None if mesh is not None else engine.program_cache_key(("simulate_pipeline", "eval"), eval_fn, params), lambda: engine.short_jit(eval_fn))
   return engine.Program(
       carry=carry, carry_specs=carry_specs, constants=data, constant_specs=P(),
       step=step, table_specs=P(), output_specs=P(), num_chunks=num_chunks, tables=tables, collect=collect,
