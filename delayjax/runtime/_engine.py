@@ -12,7 +12,8 @@ does the rest, the same way for every runtime:
 2. compiles ``chunk_size`` steps into one ``lax.scan`` (inside
    ``jax.shard_map`` over the mesh, the carry donated), once; on one CPU
    device a program of few steps in all with XLA's quicker-compiling
-   options, which compute the same bits (:func:`compile_options`);
+   options, which compute the same bits (:func:`compile_options`, sized by
+   ``step_entries``);
 3. loops over the chunks: the chunk's host tables are placed and the scan is
    dispatched once; its outputs become host *records* (rows of history);
 4. after every chunk, writes a checkpoint (an Orbax checkpoint of the
@@ -92,6 +93,10 @@ The interface is :class:`Program`, a ``NamedTuple`` a runtime fills in:
   carries. Either way the outputs and the ``"check"`` record gain a run
   axis (the outputs' first, the record's second). One device only, and no
   checkpoint for runs with tables of their own.
+``step_entries``
+  about how many entries a step updates elementwise (the parameters: all
+  replicas', all stages'), or ``None``; with the steps, the program's work,
+  which chooses its compile options (:func:`compile_options`).
 ``cache_key``
   a hashable identity of the compiled program, or ``None`` (compile afresh).
   Programs with equal keys (and meshes) share one jitted chunk function, so
@@ -160,6 +165,7 @@ class Program(NamedTuple):
   constant_run_axes: Any = None
   table_run_axes: Any = None
   rows_view: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+  step_entries: int | None = None
 
 
 # Jitted functions of recent programs, by key (Program.cache_key and the mesh), most recent last.
@@ -481,28 +487,32 @@ def shardings(mesh: Any, specs: Any, tree: Any) -> Any:
                       is_leaf=lambda x: isinstance(x, P))
 
 
-# A program that computes at most this many steps in all (its chunks' steps times its runs) is compiled for a
-# short run (see compile_options).
-SHORT_RUN_STEPS = 10_000
+# A program whose work (steps in all, its chunks' times its runs, times the entries a step updates) is at most
+# this is compiled for a short run (see compile_options).
+SHORT_RUN_WORK = 140_000_000
 _SHORT_RUN_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 _short_run_supported: bool | None = None
 
 
-def compile_options(steps: int | None) -> dict[str, Any] | None:
-  """XLA's options for a program that computes ``steps`` steps in all (``None``: not known, the defaults).
+def compile_options(work: int | None) -> dict[str, Any] | None:
+  """XLA's options for a program of ``work`` (its steps in all times the entries a step updates; ``None``:
+  not known, the defaults).
 
   On a CPU, XLA's default kernel emitters (MLIR's fusion emitters) compile each kernel about 30% slower than
-  its older elemental emitters, and their kernels run faster (Adam's moment updates about 4x): on
-  ``experiments/dai_staleness``'s Adam program for the 3-layer MLP, 0.86 s of compile and 97 us a step,
-  against 0.60 s and 121 us. The two are even at about 10,000 steps, so a program that computes fewer
-  (:data:`SHORT_RUN_STEPS`) is compiled with the elemental emitters, where the compile is most of the cost;
+  its older elemental emitters, and their elementwise kernels run faster (Adam's moment updates about 4x),
+  the more so the more entries they update: on ``experiments/dai_staleness``'s Adam programs, 0.86 s of
+  compile and 97 us a step against 0.60 s and 121 us for the 3-layer MLP (13,130 parameters), 34 us against
+  42 us a step for the 1-layer one (4,810). The two are even at about 1.4e8 parameter-steps (10,800 steps of
+  the first, 28,000 of the second), so a program of less work (:data:`SHORT_RUN_WORK`) is compiled with the
+  elemental emitters, where the compile is most of the cost (``variance_reduction``'s logistic regressions,
+  650 parameters for up to 74,000 steps, are among them);
   the kernels compute the same numbers either way (``tests/runtime/test_compile_options.py`` checks it bit for
   bit on models, optimizers and dtypes, against the defaults). Accelerators, and an XLA without that option,
   keep the defaults, and so does a program laid out on a mesh (:func:`chunk_function`): compiled with the
   elemental emitters, a sharded program can round otherwise than its one-device twin.
   """
   global _short_run_supported
-  if steps is None or steps > SHORT_RUN_STEPS or jax.devices()[0].platform != "cpu":
+  if work is None or work > SHORT_RUN_WORK or jax.devices()[0].platform != "cpu":
     return None
   if _short_run_supported is None:
     try:
@@ -516,31 +526,39 @@ def compile_options(steps: int | None) -> dict[str, Any] | None:
 def short_jit(fn: Callable[..., Any]) -> Callable[..., Any]:
   """``jax.jit(fn)`` for a program computed a few times (an evaluation before a run's first chunk), compiled
   for a short run (:func:`compile_options`)."""
-  return jax.jit(fn, compiler_options=compile_options(1))
+  return jax.jit(fn, compiler_options=compile_options(0))
 
 
-def chunk_function(program: Program, mesh: Any, steps: int | None = None) -> Callable[[Any, Any, Any],
-                                                                                      tuple[Any, Any]]:
+def chunk_function(program: Program, mesh: Any, work: int | None = None) -> Callable[[Any, Any, Any],
+                                                                                     tuple[Any, Any]]:
   """``chunk(carry, constants, tables) -> (carry, outputs)``: a ``lax.scan`` of ``program.step`` over the
   chunk's steps, jitted with the carry donated (inside ``shard_map`` with a ``mesh``) and with the
-  :func:`compile_options` of a program that computes ``steps`` steps in all; the one already made for an
-  equal ``program.cache_key``, mesh and options, if any."""
+  :func:`compile_options` of a program of ``work``; the one already made for an equal
+  ``program.cache_key``, mesh and options, if any."""
   if program.table_run_axes is not None:
     if mesh is not None:
       raise ValueError("several runs in one program need a single device; got a mesh.")
     single = program._replace(runs=None, constant_run_axes=None, table_run_axes=None)
-    return _Separately(chunk_function(single, None, steps), program)
-  options = compile_options(steps) if mesh is None else None
+    return _Separately(chunk_function(single, None, work), program)
+  options = compile_options(work) if mesh is None else None
   return cached(None if program.cache_key is None else (
       "chunk", program.cache_key, mesh, program.runs, str(program.constant_run_axes), str(options)),
       lambda: _chunk_function(program, mesh, options))
 
 
-def _steps(program: Program, tables: Any) -> int | None:
-  """The steps ``program`` computes in all, every run's, from one chunk's host ``tables``."""
+def entries(tree: Any) -> int:
+  """The entries of ``tree``'s leaves, all together (a program's ``step_entries``)."""
+  return sum(int(np.size(x)) for x in jax.tree.leaves(tree))
+
+
+def _work(program: Program, tables: Any) -> int | None:
+  """``program``'s work: the steps it computes in all, every run's (sized from one chunk's host ``tables``),
+  times the entries a step updates (``None`` if not known)."""
   part = tables if program.table_run_axes is None else _run_part(program.table_run_axes, tables, 0)
   leaves = jax.tree.leaves(part)
-  return program.num_chunks * int(np.shape(leaves[0])[0]) * (program.runs or 1) if leaves else None
+  if program.step_entries is None or not leaves:
+    return None
+  return program.num_chunks * int(np.shape(leaves[0])[0]) * (program.runs or 1) * program.step_entries
 
 
 def _chunk_function(program: Program, mesh: Any, options: dict[str, Any] | None) -> Callable[[Any, Any, Any],
@@ -761,7 +779,7 @@ def _run(program, mesh, checkpoint, checkpoint_name, callback, inspect):
   # The first chunk's tables size the program's work, hence its compile options (a resumed run's are the
   # fresh run's: every chunk has the same size); the loop then uses them.
   first_tables = program.tables(first_chunk) if first_chunk < program.num_chunks else None
-  chunk_fn = chunk_function(program, mesh, None if first_tables is None else _steps(program, first_tables))
+  chunk_fn = chunk_function(program, mesh, None if first_tables is None else _work(program, first_tables))
   if separately:
     carry = chunk_fn.carries(put, program)
   elif not resumed:

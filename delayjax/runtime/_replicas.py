@@ -473,6 +473,7 @@ def _program(run: _ReplicaRun) -> _engine.Program:
   return _engine.Program(
       carry=carry, carry_specs=carry_specs, constants=constants, constant_specs=constant_specs, step=step,
       table_specs=table_specs, output_specs=output_specs, num_chunks=num_chunks, tables=chunk_tables,
+      step_entries=_engine.entries(carry[0]),  # every replica's parameters
       collect=collect, records_like=records_like, progress=progress, fingerprint=fingerprint,
       initial=initial if eval_fn is not None else None,
       # Every replica's parameters, optimizer state and method state finite, after each chunk.

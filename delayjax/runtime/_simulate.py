@@ -1324,7 +1324,7 @@ def _program(run: _ServerRun) -> engine.Program:
       output_specs=(P(), P(), P(), P()), num_chunks=num_chunks, tables=tables, collect=collect,
       records_like=records_like, progress=progress, fingerprint=fingerprint,
       check=lambda carry: _all_finite(_inexact(carry[:2])),
-      cache_key=None if compile_key is None else compile_key["chunk"],
+      cache_key=None if compile_key is None else compile_key["chunk"], step_entries=engine.entries(params),
       # A single run's rows, as its history has them (no run axis); batched runs keep theirs.
       rows_view=None if runs else lambda rows: {k: v if k == "nonfinite" else jax.tree.map(lambda x: x[:, 0], v)
                                                 for k, v in rows.items()},

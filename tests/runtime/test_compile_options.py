@@ -48,12 +48,12 @@ def _bits(tree):
   return [np.asarray(x).tobytes() for x in jax.tree.leaves(tree)]
 
 
-def test_a_program_computes_few_steps_with_the_short_run_options_and_many_with_the_defaults():
+def test_a_program_of_little_work_gets_the_short_run_options_and_one_of_much_the_defaults():
   assert jax.devices()[0].platform == "cpu"
   # The pinned XLA has the option: a short run gets it (the bit-for-bit checks below compare two compiles).
-  assert _engine.compile_options(1) == {"xla_cpu_use_fusion_emitters": False}
-  assert _engine.compile_options(_engine.SHORT_RUN_STEPS) == {"xla_cpu_use_fusion_emitters": False}
-  assert _engine.compile_options(_engine.SHORT_RUN_STEPS + 1) is None
+  assert _engine.compile_options(0) == {"xla_cpu_use_fusion_emitters": False}
+  assert _engine.compile_options(_engine.SHORT_RUN_WORK) == {"xla_cpu_use_fusion_emitters": False}
+  assert _engine.compile_options(_engine.SHORT_RUN_WORK + 1) is None
   assert _engine.compile_options(None) is None
 
 
@@ -68,7 +68,7 @@ def test_a_program_compiled_for_a_short_run_computes_the_default_compiles_bits(n
     rng = np.random.default_rng(1)
     x, y = jnp.asarray(rng.normal(size=(40, 12)), dtype), jnp.asarray(rng.integers(0, 5, size=40))
     fn = _train(tx, 25)
-    short = jax.jit(fn, compiler_options=_engine.compile_options(1)).lower(params, x, y).compile()
+    short = jax.jit(fn, compiler_options=_engine.compile_options(0)).lower(params, x, y).compile()
     default = jax.jit(fn).lower(params, x, y).compile()
     got, want = short(params, x, y), default(params, x, y)
     assert jax.tree.leaves(got)[0].dtype == dtype
@@ -83,6 +83,10 @@ def test_a_simulated_run_is_the_same_compiled_for_a_short_or_a_long_run(monkeypa
   schedule = dj.cluster.simulate(dj.cluster.asp(), dj.cluster.workers(4), num_updates=60, seed=3)
   evaluate = lambda p: {"loss": _mlp_loss(p, jnp.asarray(data[0]), jnp.asarray(data[1]))}  # noqa: E731
 
+  works = []
+  compile_options = _engine.compile_options
+  monkeypatch.setattr(_engine, "compile_options", lambda work: works.append(work) or compile_options(work))
+
   def simulate():
     _engine.clear_cache()
     result = dj.simulate(loss_fn, optax.adam(3e-3), params, data, schedule, sampling=dj.Sampling(batch_size=8),
@@ -91,9 +95,13 @@ def test_a_simulated_run_is_the_same_compiled_for_a_short_or_a_long_run(monkeypa
     return result, options
 
   short, short_options = simulate()
-  monkeypatch.setattr(_engine, "SHORT_RUN_STEPS", 0)
+  monkeypatch.setattr(_engine, "SHORT_RUN_WORK", 0)
   long, long_options = simulate()
   assert short_options == {str({"xla_cpu_use_fusion_emitters": False})} and long_options == {"None"}
+  # The chunk's work: its steps (at most one per update of the 60) times the parameters' entries.
+  entries = sum(x.size for x in jax.tree.leaves(params))
+  chunk_works = {w for w in works if w}
+  assert len(chunk_works) == 1 and all(w % entries == 0 and w // entries <= 60 for w in chunk_works)
   assert _bits(short.params) == _bits(long.params)
   assert _bits(short.opt_state) == _bits(long.opt_state)
   assert _bits((short.history.loss, short.history.eval_metrics)) == _bits((long.history.loss,
