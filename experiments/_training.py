@@ -106,19 +106,20 @@ def simulate_record(task: Task, tx: optax.GradientTransformation, source: Any, *
 
 def simulate_records(task: Task, tx: optax.GradientTransformation, sources: list[dj.cluster.Schedule], *,
                      seeds: list[int], batch_size: int, eval_every: int, progress: Progress,
-                     lanes: int | None = None, like: Any = None) -> list[dict[str, Any]]:
+                     lanes: int | None = None, like: Any = None,
+                     chunk_size: int | None = None) -> list[dict[str, Any]]:
   """:func:`simulate_record` of run ``r`` = ``(sources[r], seeds[r])`` for every ``r``, computed by one
   ``dj.simulate`` call (``seed=dj.Runs(seeds, sources=..., params=...)``, each run from ``task.init`` of its
   seed). Each record equals the separate call's bit for bit (the runs share one program and are computed one
   after the other in it); the batch saves the host's work per call. No checkpoint: an interrupted batch is
-  computed again."""
+  computed again. ``chunk_size``: ``dj.Execution``'s (the records do not depend on it)."""
   results = dj.simulate(task.loss_fn, tx, task.init(seeds[0]), task.data, None,
                         seed=dj.Runs(seeds=list(seeds), sources=list(sources),
                                      params=[task.init(seed) for seed in seeds]),
                         sampling=dj.Sampling(batch_size),
                         record=dj.Record(eval_fn=task.eval_fn, every=eval_every, callback=_reporting(progress),
                                          nonfinite="report"),
-                        execution=dj.Execution(lanes=lanes, like=like))
+                        execution=dj.Execution(lanes=lanes, like=like, chunk_size=chunk_size))
   return [result_record(result, source) for result, source in zip(results, sources, strict=True)]
 
 
