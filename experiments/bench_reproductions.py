@@ -16,7 +16,10 @@ Two figures per variant: the wall seconds the CLI prints for its runs
 (start-up and plots left out, which both variants share), and the CPU seconds
 of the whole process (start-up included), which background load on a shared
 machine disturbs less. The variants of a reproduction run one after the
-other, alternating, and the best of ``--rounds`` is kept of each figure.
+other, alternating, and the best of ``--rounds`` is kept of each figure; with
+several rounds the last column gives the lowest and highest ratio of wall
+times within a round (the two variants of a round ran minutes apart, under
+about the same load), the spread to read a ratio near 1 by.
 
     python -m experiments.bench_reproductions [--names gossip_adpsgd ...] [--seeds 1 3] [--rounds 1]
 
@@ -122,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
            f"seconds, start-up included; best of {args.rounds} round(s); "
            f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
            f"{'reproduction':<18} {'seeds':>5} {'before wall':>11} {'dj wall':>8} {'dj/before':>9} "
-           f"{'before CPU':>10} {'dj CPU':>7} {'dj/before':>9}"]
+           f"{'before CPU':>10} {'dj CPU':>7} {'dj/before':>9}" + ("  wall ratio by round" if args.rounds > 1 else "")]
   with tempfile.TemporaryDirectory(prefix="bench-reproductions-") as folder, _checkouts(
       [name for name in args.names if name in REPLACED], folder) as checkouts:
     for name in args.names:
@@ -130,14 +133,19 @@ def main(argv: list[str] | None = None) -> int:
       for seeds in args.seeds or sorted({1, default}):
         wall = {runtime: float("inf") for runtime in RUNTIMES}
         cpu = dict(wall)
+        ratios = []
         for round_ in range(args.rounds):
+          this_round = {}
           for runtime in RUNTIMES:
             out = os.path.join(folder, f"{name}-{runtime}-{seeds}-{round_}")
             seconds, used = time_runs(name, runtime, seeds, out, checkouts)
+            this_round[runtime] = seconds
             wall[runtime], cpu[runtime] = min(wall[runtime], seconds), min(cpu[runtime], used)
+          ratios.append(this_round["dj"] / this_round["before"])
         lines.append(f"{name:<18} {seeds:>5} {wall['before']:>11.1f} {wall['dj']:>8.1f} "
                      f"{wall['dj'] / wall['before']:>9.2f} {cpu['before']:>10.1f} {cpu['dj']:>7.1f} "
-                     f"{cpu['dj'] / cpu['before']:>9.2f}")
+                     f"{cpu['dj'] / cpu['before']:>9.2f}" + (f"  {min(ratios):.2f}-{max(ratios):.2f}"
+                                                             if args.rounds > 1 else ""))
         print(lines[-1], file=sys.stderr)
   publish(lines, args.out)
   return 0

@@ -11,9 +11,8 @@ does the rest, the same way for every runtime:
    across processes too;
 2. compiles ``chunk_size`` steps into one ``lax.scan`` (inside
    ``jax.shard_map`` over the mesh, the carry donated), once; on one CPU
-   device a program of few steps in all with XLA's quicker-compiling
-   options, which compute the same bits (:func:`compile_options`, sized by
-   ``step_entries``);
+   device a small model's program with XLA's quicker-compiling options
+   (:func:`compile_options`, by ``step_entries``);
 3. loops over the chunks: the chunk's host tables are placed and the scan is
    dispatched once; its outputs become host *records* (rows of history);
 4. after every chunk, writes a checkpoint (an Orbax checkpoint of the
@@ -95,8 +94,8 @@ The interface is :class:`Program`, a ``NamedTuple`` a runtime fills in:
   checkpoint for runs with tables of their own.
 ``step_entries``
   about how many entries a step updates elementwise (the parameters: all
-  replicas', all stages'), or ``None``; with the steps, the program's work,
-  which chooses its compile options (:func:`compile_options`).
+  replicas', all stages'), or ``None``: the size of the model, which
+  chooses the program's compile options (:func:`compile_options`).
 ``cache_key``
   a hashable identity of the compiled program, or ``None`` (compile afresh).
   Programs with equal keys (and meshes) share one jitted chunk function, so
@@ -487,63 +486,40 @@ def shardings(mesh: Any, specs: Any, tree: Any) -> Any:
                       is_leaf=lambda x: isinstance(x, P))
 
 
-# A program whose work (steps in all, its chunks' times its runs, times the entries a step updates) is at most
-# this is compiled for a short run (see compile_options).
-SHORT_RUN_WORK = 140_000_000
-_SHORT_RUN_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
-_short_run_supported: bool | None = None
+# A program whose step updates at most this many entries (Program.step_entries: a small model's parameters) is
+# compiled with XLA's quicker-compiling options on a CPU (see compile_options).
+SMALL_MODEL_ENTRIES = 20_000
+_SMALL_MODEL_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
+_small_model_supported: bool | None = None
 
 
-def compile_options(work: int | None) -> dict[str, Any] | None:
-  """XLA's options for a program of ``work`` (its steps in all times the entries a step updates; ``None``:
-  not known, the defaults).
+def compile_options(entries: int | None) -> dict[str, Any] | None:
+  """XLA's options for a program whose step updates ``entries`` entries elementwise (a model's parameters;
+  ``None``: not known, the defaults).
 
   On a CPU, XLA's default kernel emitters (MLIR's fusion emitters) compile each kernel about 30% slower than
-  its older elemental emitters, and their elementwise kernels run faster (Adam's moment updates about 4x),
-  the more so the more entries they update: on ``experiments/dai_staleness``'s Adam programs, 0.86 s of
-  compile and 97 us a step against 0.60 s and 121 us for the 3-layer MLP (13,130 parameters), 34 us against
-  42 us a step for the 1-layer one (4,810). The two are even at about 1.4e8 parameter-steps (10,800 steps of
-  the first, 28,000 of the second), so a program of less work (:data:`SHORT_RUN_WORK`) is compiled with the
-  elemental emitters, where the compile is most of the cost (``variance_reduction``'s logistic regressions,
-  650 parameters for up to 74,000 steps, are among them);
-  the kernels compute the same numbers either way (``tests/runtime/test_compile_options.py`` checks it bit for
-  bit on models, optimizers and dtypes, against the defaults). Accelerators, and an XLA without that option,
-  keep the defaults, and so does a program laid out on a mesh (:func:`chunk_function`): compiled with the
-  elemental emitters, a sharded program can round otherwise than its one-device twin.
+  its older elemental emitters, and their elementwise kernels run faster, the more so the more entries they
+  update: on ``experiments/dai_staleness``'s Adam programs, 0.86 s of compile and 97 us a step against 0.60 s
+  and 121 us for the 3-layer MLP (13,130 parameters), 34 us against 42 us for the 1-layer one (4,810). The
+  two are even at about 1.4e8 parameter-steps (10,800 steps of the first), so a small model, whose runs are
+  mostly compile (a simulator's sweeps of short runs), gets the elemental emitters: at most
+  :data:`SMALL_MODEL_ENTRIES` entries, where a run of up to about 7,000 steps gains. The choice depends on
+  the model alone, not on how long a run is or how many runs a call holds, so that a run's numbers do not
+  change with them: the two emitters may round differently (357 of ``run all``'s 3,269 records changed in
+  their last digits when they came), and a program is always compiled the same way. Accelerators, an XLA
+  without that option, and a program laid out on a mesh (:func:`chunk_function`; compiled with the
+  elemental emitters, a sharded program can round otherwise than its one-device twin) keep the defaults.
   """
-  global _short_run_supported
-  if work is None or work > SHORT_RUN_WORK or jax.devices()[0].platform != "cpu":
+  global _small_model_supported
+  if entries is None or entries > SMALL_MODEL_ENTRIES or jax.devices()[0].platform != "cpu":
     return None
-  if _short_run_supported is None:
+  if _small_model_supported is None:
     try:
-      jax.jit(lambda x: x + 1, compiler_options=_SHORT_RUN_OPTIONS).lower(np.float32(0)).compile()
-      _short_run_supported = True
+      jax.jit(lambda x: x + 1, compiler_options=_SMALL_MODEL_OPTIONS).lower(np.float32(0)).compile()
+      _small_model_supported = True
     except Exception:  # noqa: BLE001 (an XLA without the option refuses it; any refusal means: defaults)
-      _short_run_supported = False
-  return dict(_SHORT_RUN_OPTIONS) if _short_run_supported else None
-
-
-def short_jit(fn: Callable[..., Any]) -> Callable[..., Any]:
-  """``jax.jit(fn)`` for a program computed a few times (an evaluation before a run's first chunk), compiled
-  for a short run (:func:`compile_options`)."""
-  return jax.jit(fn, compiler_options=compile_options(0))
-
-
-def chunk_function(program: Program, mesh: Any, work: int | None = None) -> Callable[[Any, Any, Any],
-                                                                                     tuple[Any, Any]]:
-  """``chunk(carry, constants, tables) -> (carry, outputs)``: a ``lax.scan`` of ``program.step`` over the
-  chunk's steps, jitted with the carry donated (inside ``shard_map`` with a ``mesh``) and with the
-  :func:`compile_options` of a program of ``work``; the one already made for an equal
-  ``program.cache_key``, mesh and options, if any."""
-  if program.table_run_axes is not None:
-    if mesh is not None:
-      raise ValueError("several runs in one program need a single device; got a mesh.")
-    single = program._replace(runs=None, constant_run_axes=None, table_run_axes=None)
-    return _Separately(chunk_function(single, None, work), program)
-  options = compile_options(work) if mesh is None else None
-  return cached(None if program.cache_key is None else (
-      "chunk", program.cache_key, mesh, program.runs, str(program.constant_run_axes), str(options)),
-      lambda: _chunk_function(program, mesh, options))
+      _small_model_supported = False
+  return dict(_SMALL_MODEL_OPTIONS) if _small_model_supported else None
 
 
 def entries(tree: Any) -> int:
@@ -551,14 +527,27 @@ def entries(tree: Any) -> int:
   return sum(int(np.size(x)) for x in jax.tree.leaves(tree))
 
 
-def _work(program: Program, tables: Any) -> int | None:
-  """``program``'s work: the steps it computes in all, every run's (sized from one chunk's host ``tables``),
-  times the entries a step updates (``None`` if not known)."""
-  part = tables if program.table_run_axes is None else _run_part(program.table_run_axes, tables, 0)
-  leaves = jax.tree.leaves(part)
-  if program.step_entries is None or not leaves:
-    return None
-  return program.num_chunks * int(np.shape(leaves[0])[0]) * (program.runs or 1) * program.step_entries
+def jit_like_chunk(fn: Callable[..., Any], params: Any) -> Callable[..., Any]:
+  """``jax.jit(fn)`` compiled with the options of a chunk program that updates ``params``
+  (:func:`compile_options`): a run's evaluation before its first chunk rounds as the chunk's own
+  evaluations do."""
+  return jax.jit(fn, compiler_options=compile_options(entries(params)))
+
+
+def chunk_function(program: Program, mesh: Any) -> Callable[[Any, Any, Any], tuple[Any, Any]]:
+  """``chunk(carry, constants, tables) -> (carry, outputs)``: a ``lax.scan`` of ``program.step`` over the
+  chunk's steps, jitted with the carry donated (inside ``shard_map`` with a ``mesh``) and the
+  :func:`compile_options` of its ``step_entries`` (on one device); the one already made for an equal
+  ``program.cache_key``, mesh and options, if any."""
+  if program.table_run_axes is not None:
+    if mesh is not None:
+      raise ValueError("several runs in one program need a single device; got a mesh.")
+    single = program._replace(runs=None, constant_run_axes=None, table_run_axes=None)
+    return _Separately(chunk_function(single, None), program)
+  options = compile_options(program.step_entries) if mesh is None else None
+  return cached(None if program.cache_key is None else (
+      "chunk", program.cache_key, mesh, program.runs, str(program.constant_run_axes), str(options)),
+      lambda: _chunk_function(program, mesh, options))
 
 
 def _chunk_function(program: Program, mesh: Any, options: dict[str, Any] | None) -> Callable[[Any, Any, Any],
@@ -753,13 +742,14 @@ def inspecting(fn: Callable[..., None]) -> Iterator[None]:
 
 
 def _run(program, mesh, checkpoint, checkpoint_name, callback, inspect):
+  chunk_fn = chunk_function(program, mesh)
   carry = program.carry
   like = dict(program.records_like)
   if program.check is not None:
     like["check"] = np.zeros((0,) if program.runs is None else (0, program.runs), bool)
   records: dict[str, list[Any]] = {name: [] for name in like}
   first_chunk = 0
-  separately = program.table_run_axes is not None
+  separately = isinstance(chunk_fn, _Separately)
   if separately and checkpoint.directory is not None:
     raise ValueError("runs with tables of their own (Program.table_run_axes) cannot be checkpointed; got the "
                      f"checkpoint directory {os.fspath(checkpoint.directory)!r}.")
@@ -767,8 +757,7 @@ def _run(program, mesh, checkpoint, checkpoint_name, callback, inspect):
            _checkpoint.Checkpoint(checkpoint.directory, checkpoint_name, program.fingerprint, checkpoint.changes,
                                   records=tuple(like)))
   put = placer(mesh)
-  resumed = saver is not None and checkpoint.resume and saver.exists()
-  if resumed:
+  if saver is not None and checkpoint.resume and saver.exists():
     # Restored straight into its layout: with a mesh each process reads only its own shards.
     carry, restored, first_chunk = saver.restore(carry, shardings(mesh, program.carry_specs, carry), like)
     records = {name: [rows] for name, rows in restored.items()}
@@ -776,13 +765,9 @@ def _run(program, mesh, checkpoint, checkpoint_name, callback, inspect):
       # Restored arrays are committed to their device and fresh ones are not, which JAX's compile cache
       # tells apart: placed like a fresh carry, a resumed run reuses the program a fresh run compiled.
       carry = place(put, program.carry_specs, jax.tree.map(np.asarray, carry))
-  # The first chunk's tables size the program's work, hence its compile options (a resumed run's are the
-  # fresh run's: every chunk has the same size); the loop then uses them.
-  first_tables = program.tables(first_chunk) if first_chunk < program.num_chunks else None
-  chunk_fn = chunk_function(program, mesh, None if first_tables is None else _work(program, first_tables))
-  if separately:
+  elif separately:
     carry = chunk_fn.carries(put, program)
-  elif not resumed:
+  else:
     carry = place(put, program.carry_specs, carry)
   constants = (chunk_fn.constants(put, program) if separately else
                place(put, program.constant_specs, program.constants))
@@ -793,7 +778,7 @@ def _run(program, mesh, checkpoint, checkpoint_name, callback, inspect):
     unsaved.append(program.initial(carry))
 
   for chunk in range(first_chunk, program.num_chunks):
-    tables = first_tables if chunk == first_chunk else program.tables(chunk)
+    tables = program.tables(chunk)
     # Runs with tables of their own place each run's rows themselves.
     device_tables = tables if separately else place(put_tables, program.table_specs, tables)
     if inspect is not None:

@@ -469,7 +469,7 @@ def _program(run: _ReplicaRun) -> _engine.Program:
   keys = None if mesh is not None else _step_keys(run, row)
   cache_key = None if keys is None else keys["chunk"]
   jitted_eval = None if eval_fn is None else _engine.cached(None if keys is None else keys["eval_fn"],
-                                                            lambda: _engine.short_jit(eval_fn))
+                                                            lambda: _engine.jit_like_chunk(eval_fn, params))
   return _engine.Program(
       carry=carry, carry_specs=carry_specs, constants=constants, constant_specs=constant_specs, step=step,
       table_specs=table_specs, output_specs=output_specs, num_chunks=num_chunks, tables=chunk_tables,

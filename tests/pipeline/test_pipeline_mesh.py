@@ -50,8 +50,8 @@ def test_one_stage_per_device_resumes_to_the_bits_of_one_device(monkeypatch, tmp
   placed = []
   chunk_function = _engine.chunk_function
 
-  def spy(program, mesh, steps=None):
-    fn = chunk_function(program, mesh, steps)
+  def spy(program, mesh):
+    fn = chunk_function(program, mesh)
 
     def call(carry, constants, tables):  # the carry is donated: note where its pieces are before the call
       placed.append([(x.sharding.spec, sorted((s.device.id, s.index[0].start, s.data.shape[0])
