@@ -15,7 +15,7 @@ The worker schedules come from ``dj.cluster.simulate`` (gamma-distributed
 compute times, mean 1 s) and are replayed exactly by ``dj.simulate``, which
 hands each update its staleness, stale parameters and worker.
 
-    python -m experiments run dc_asgd                     # quick: MLP on digits, 108 runs, 40 s on 2 cores
+    python -m experiments run dc_asgd                     # quick: MLP on digits, 108 runs, 31 s on 2 cores
     python -m experiments run dc_asgd --scale paper --data-dir ~/data    # ResNet-20, CIFAR-10, GPU
 """
 
