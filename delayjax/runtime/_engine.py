@@ -527,11 +527,16 @@ def entries(tree: Any) -> int:
   return sum(int(np.size(x)) for x in jax.tree.leaves(tree))
 
 
-def jit_like_chunk(fn: Callable[..., Any], params: Any) -> Callable[..., Any]:
-  """``jax.jit(fn)`` compiled with the options of a chunk program that updates ``params``
-  (:func:`compile_options`): a run's evaluation before its first chunk rounds as the chunk's own
-  evaluations do."""
-  return jax.jit(fn, compiler_options=compile_options(entries(params)))
+def _chunk_options(step_entries: int | None, mesh: Any) -> dict[str, Any] | None:
+  """The compile options of a chunk program of ``step_entries`` (:func:`compile_options`) on ``mesh``."""
+  return compile_options(step_entries) if mesh is None else None
+
+
+def jit_like_chunk(fn: Callable[..., Any], step_entries: int | None, mesh: Any) -> Callable[..., Any]:
+  """``jax.jit(fn)`` compiled with the options of the chunk program of ``step_entries`` on ``mesh``
+  (:func:`compile_options`): a run's evaluation before its first chunk rounds as the chunk's own evaluations
+  do."""
+  return jax.jit(fn, compiler_options=_chunk_options(step_entries, mesh))
 
 
 def chunk_function(program: Program, mesh: Any) -> Callable[[Any, Any, Any], tuple[Any, Any]]:
@@ -544,7 +549,7 @@ def chunk_function(program: Program, mesh: Any) -> Callable[[Any, Any, Any], tup
       raise ValueError("several runs in one program need a single device; got a mesh.")
     single = program._replace(runs=None, constant_run_axes=None, table_run_axes=None)
     return _Separately(chunk_function(single, None), program)
-  options = compile_options(program.step_entries) if mesh is None else None
+  options = _chunk_options(program.step_entries, mesh)
   return cached(None if program.cache_key is None else (
       "chunk", program.cache_key, mesh, program.runs, str(program.constant_run_axes), str(options)),
       lambda: _chunk_function(program, mesh, options))

@@ -804,7 +804,7 @@ def _program(run: _PipelineRun) -> engine.Program:
   cache_key = None if mesh is not None else engine.program_cache_key(("simulate_pipeline", "chunk"), step, carry, row, data)
   jitted_eval = None if eval_fn is None else engine.cached(
       None if mesh is not None else engine.program_cache_key(("simulate_pipeline", "eval"), eval_fn, params),
-      lambda: engine.jit_like_chunk(eval_fn, params))
+      lambda: engine.jit_like_chunk(eval_fn, engine.entries(params), mesh))
   return engine.Program(
       carry=carry, carry_specs=carry_specs, constants=data, constant_specs=P(),
       step=step, table_specs=P(), output_specs=P(), num_chunks=num_chunks, tables=tables, collect=collect,

@@ -468,12 +468,15 @@ def _program(run: _ReplicaRun) -> _engine.Program:
                                               np.int32)
   keys = None if mesh is not None else _step_keys(run, row)
   cache_key = None if keys is None else keys["chunk"]
-  jitted_eval = None if eval_fn is None else _engine.cached(None if keys is None else keys["eval_fn"],
-                                                            lambda: _engine.jit_like_chunk(eval_fn, params))
+  # Every replica's parameters: the size of the model the chunk updates, which chooses its compile options.
+  step_entries = _engine.entries(carry[0])
+  jitted_eval = None if eval_fn is None else _engine.cached(
+      None if keys is None else (*keys["eval_fn"], step_entries),
+      lambda: _engine.jit_like_chunk(eval_fn, step_entries, mesh))
   return _engine.Program(
       carry=carry, carry_specs=carry_specs, constants=constants, constant_specs=constant_specs, step=step,
       table_specs=table_specs, output_specs=output_specs, num_chunks=num_chunks, tables=chunk_tables,
-      step_entries=_engine.entries(carry[0]),  # every replica's parameters
+      step_entries=step_entries,
       collect=collect, records_like=records_like, progress=progress, fingerprint=fingerprint,
       initial=initial if eval_fn is not None else None,
       # Every replica's parameters, optimizer state and method state finite, after each chunk.

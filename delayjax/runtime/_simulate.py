@@ -1311,7 +1311,8 @@ def _program(run: _ServerRun) -> engine.Program:
   initial_fn = eval_fn if params_only is None else params_only
   jitted_eval = None if eval_fn is None else engine.cached(
       None if compile_key is None else ("eval", compile_key["eval_fn"], batched, params_only is None),
-      lambda: engine.jit_like_chunk(jax.vmap(initial_fn) if batched else initial_fn, params))
+      lambda: engine.jit_like_chunk(jax.vmap(initial_fn) if batched else initial_fn, engine.entries(params),
+                                    run.mesh))
 
   def evaluate(carry: Any) -> Any:
     return jitted_eval(carry[0]) if params_only is not None else jitted_eval(carry[0], carry[1])
