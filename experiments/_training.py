@@ -110,9 +110,10 @@ def simulate_records(task: Task, tx: optax.GradientTransformation, sources: list
                      chunk_size: int | None = None) -> list[dict[str, Any]]:
   """:func:`simulate_record` of run ``r`` = ``(sources[r], seeds[r])`` for every ``r``, computed by one
   ``dj.simulate`` call (``seed=dj.Runs(seeds, sources=..., params=...)``, each run from ``task.init`` of its
-  seed). Each record equals the separate call's bit for bit (the runs share one program and are computed one
-  after the other in it); the batch saves the host's work per call. No checkpoint: an interrupted batch is
-  computed again. ``chunk_size``: ``dj.Execution``'s (the records do not depend on it)."""
+  seed). Each record equals the separate call's bit for bit (the runs share one compiled program, each
+  computed by a call of its own, on a CPU several at a time); the batch saves the host's work per call. No
+  checkpoint: an interrupted batch is computed again. ``chunk_size``: ``dj.Execution``'s (the records do not
+  depend on it)."""
   results = dj.simulate(task.loss_fn, tx, task.init(seeds[0]), task.data, None,
                         seed=dj.Runs(seeds=list(seeds), sources=list(sources),
                                      params=[task.init(seed) for seed in seeds]),

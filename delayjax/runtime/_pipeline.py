@@ -802,9 +802,11 @@ def _program(run: _PipelineRun) -> engine.Program:
   # step holds collectives that trace only inside its shard_map: compiled afresh.
   row = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), tables(0))
   cache_key = None if mesh is not None else engine.program_cache_key(("simulate_pipeline", "chunk"), step, carry, row, data)
+  # Every stage's parameters: the size of the model a step updates, which chooses the compile options.
+  step_entries = engine.entries(params)
   jitted_eval = None if eval_fn is None else engine.cached(
       None if mesh is not None else engine.program_cache_key(("simulate_pipeline", "eval"), eval_fn, params),
-      lambda: engine.jit_like_chunk(eval_fn, engine.entries(params), mesh))
+      lambda: engine.jit_like_chunk(eval_fn, step_entries, mesh))
   return engine.Program(
       carry=carry, carry_specs=carry_specs, constants=data, constant_specs=P(),
       step=step, table_specs=P(), output_specs=P(), num_chunks=num_chunks, tables=tables, collect=collect,
@@ -824,7 +826,7 @@ def _program(run: _PipelineRun) -> engine.Program:
       # mesh each device checks its own stage and the flags are combined).
       check=(lambda carry: _all_finite(_inexact(carry))) if mesh is None else (
           lambda carry: jax.lax.pmin(_all_finite(_inexact(carry)).astype(jnp.int32), STAGES) > 0),
-      cache_key=cache_key, step_entries=engine.entries(params))  # every stage's parameters
+      cache_key=cache_key, step_entries=step_entries)
 
 
 def _results(run: _PipelineRun, carry: Any, records: dict[str, Any]) -> PipelineResult:

@@ -1309,10 +1309,11 @@ def _program(run: _ServerRun) -> engine.Program:
   batched = runs is not None and not own_tables
   params_only = eval_fn.params_only if isinstance(eval_fn, _ParamsEval) else None
   initial_fn = eval_fn if params_only is None else params_only
+  # The size of the model a step updates (one run's parameters), which chooses the compile options.
+  step_entries = engine.entries(params)
   jitted_eval = None if eval_fn is None else engine.cached(
       None if compile_key is None else ("eval", compile_key["eval_fn"], batched, params_only is None),
-      lambda: engine.jit_like_chunk(jax.vmap(initial_fn) if batched else initial_fn, engine.entries(params),
-                                    run.mesh))
+      lambda: engine.jit_like_chunk(jax.vmap(initial_fn) if batched else initial_fn, step_entries, run.mesh))
 
   def evaluate(carry: Any) -> Any:
     return jitted_eval(carry[0]) if params_only is not None else jitted_eval(carry[0], carry[1])
@@ -1325,7 +1326,7 @@ def _program(run: _ServerRun) -> engine.Program:
       output_specs=(P(), P(), P(), P()), num_chunks=num_chunks, tables=tables, collect=collect,
       records_like=records_like, progress=progress, fingerprint=fingerprint,
       check=lambda carry: _all_finite(_inexact(carry[:2])),
-      cache_key=None if compile_key is None else compile_key["chunk"], step_entries=engine.entries(params),
+      cache_key=None if compile_key is None else compile_key["chunk"], step_entries=step_entries,
       # A single run's rows, as its history has them (no run axis); batched runs keep theirs.
       rows_view=None if runs else lambda rows: {k: v if k == "nonfinite" else jax.tree.map(lambda x: x[:, 0], v)
                                                 for k, v in rows.items()},
