@@ -80,6 +80,18 @@ def run_replica_runtime(task: GossipTask, schedule: C.GossipSchedule, paradigm: 
     ``{"metrics": {...}, "curves": {"gradients", "time", "loss", "replica_loss", "consensus", "test_error"}}``;
     final metrics are the last evaluation's.
   """
+  return run_replica_runtimes(task, [schedule], paradigm, lr=lr, momentum=momentum, batch=batch, seeds=[seed],
+                              eval_every=eval_every, shards=shards, method=method, layers=layers, like=like,
+                              phases=phases)[0]
+
+
+def run_replica_runtimes(task: GossipTask, schedules: list[C.GossipSchedule], paradigm: str, *, lr: float,
+                         momentum: float, batch: int, seeds: list[int], eval_every: int, shards: str,
+                         method: dj.gossip.GossipMethod | None = None, layers: bool = False,
+                         like: tuple[C.GossipSchedule, ...] = (), phases: int | None = None) -> list[dict[str, Any]]:
+  """:func:`run_replica_runtime` of several runs, run ``r`` on ``schedules[r]`` with ``seeds[r]``, in one
+  ``dj.simulate_gossip`` call (``seed=dj.Runs(sources=...)``): each record equals, bit for bit, the single
+  run's with ``like`` and the other runs' schedules as its ``like``."""
   import jax.numpy as jnp
   import optax
 
@@ -108,9 +120,18 @@ def run_replica_runtime(task: GossipTask, schedule: C.GossipSchedule, paradigm: 
             else np.zeros(650, np.float32))
   # Chunks of a fixed 256 steps (the runtime's longest default): the seeds of a run, whose schedules differ by a
   # few steps, then share one compiled program; the padding steps change nothing.
-  result = dj.simulate_gossip(loss_fn, tx, method, params, data, schedule, seed=seed, sampling=sampling,
-                              record=dj.Record(eval_fn=eval_fn, every=eval_every),
-                              execution=dj.Execution(chunk_size=256, phases=phases, like=like))
+  options = dict(sampling=sampling, record=dj.Record(eval_fn=eval_fn, every=eval_every),
+                 execution=dj.Execution(chunk_size=256, phases=phases, like=like))
+  if len(schedules) == 1:
+    results = [dj.simulate_gossip(loss_fn, tx, method, params, data, schedules[0], seed=seeds[0], **options)]
+  else:
+    results = dj.simulate_gossip(loss_fn, tx, method, params, data, None,
+                                 seed=dj.Runs(seeds=list(seeds), sources=list(schedules)), **options)
+  return [_record(schedule, result, eval_every) for schedule, result in zip(schedules, results, strict=True)]
+
+
+def _record(schedule: C.GossipSchedule, result: Any, eval_every: int) -> dict[str, Any]:
+  """A run's record from its ``dj.simulate_gossip`` result."""
   h = result.history
   grads = np.asarray(h.eval_gradients)
   # The consensus distance after the steps at which the evaluations were taken (dj.Record: the steps in which
@@ -218,24 +239,48 @@ def run_spec(config: dict[str, Any], spec: dict[str, Any], seed: int, progress: 
   ``method``: a function of the schedule returning the ``dj.gossip`` method to run instead of the paradigm's
   own rule (A2CiD2, DC-S3GD, LayUp); ``spec["layers"]`` gives it the model as two leaves.
   """
-  schedule = schedule_for(config, spec, seed)
+  return run_specs(config, [(spec, seed)], progress, method=method, specs=specs)[0]
+
+
+def batch_key(config: dict[str, Any], spec: dict[str, Any], seed: int) -> tuple[str, int, str, int]:
+  """A gossip reproduction's ``batch`` (with :func:`run_specs` as its ``run_batch``): the runs of one seed whose
+  paradigms run one ``dj.gossip`` method (:data:`METHODS`), on one layout of the shards, evaluated every as
+  many gradients; they are computed together, side by side, by one ``dj.simulate_gossip`` call."""
   shards = spec.get("shards", config.get("shards", "iid"))
+  return (METHODS[spec["paradigm"]]().name, seed, shards, eval_every(config, schedule_for(config, spec, seed)))
+
+
+def run_specs(config: dict[str, Any], members: list[tuple[dict[str, Any], int]], progress: Any, method: Any = None,
+              specs: Any = None) -> list[dict[str, Any]]:
+  """The records of ``members``, runs of one :func:`batch_key` (or one run), each equal to its own
+  :func:`run_spec`'s bit for bit: a run's ``like`` is the schedules of every other spec of its program and seed,
+  those of the other members included."""
+  first, seed = members[0]
+  schedules = [schedule_for(config, spec, s) for spec, s in members]
+  shards = first.get("shards", config.get("shards", "iid"))
+  if len(members) > 1 and (method is not None or len({batch_key(config, spec, s) for spec, s in members}) > 1):
+    raise ValueError(f"runs computed together share a method, seed, shards and evaluation interval (batch_key); "
+                     f"got {[(spec['key'], s) for spec, s in members]}" + (" with a method of each schedule" if
+                                                                        method is not None else "") + ".")
   task = digits_task(len(config["speeds"]), shards)
   like: tuple[C.GossipSchedule, ...] = ()
   group_phases = None
   if specs is not None:
-    program = _PROGRAMS[spec["paradigm"]]
+    program = _PROGRAMS[first["paradigm"]]
     group_phases = PHASES[program]
     if method is None:
+      # The members' own schedules are each other's like (dj.Runs adds them); the rest of the program's are
+      # every member's.
+      keys = {spec["key"] for spec, _ in members}
       like = tuple(schedule_for(config, other, seed) for other in specs(config)
-                   if other["key"] != spec["key"] and _PROGRAMS[other["paradigm"]] == program)
-  record = run_replica_runtime(task, schedule, spec["paradigm"], lr=config["lr"],
-                               momentum=config.get("momentum", 0.0), batch=config["batch"], seed=seed,
-                               eval_every=eval_every(config, schedule), shards=shards,
-                               method=None if method is None else method(schedule),
-                               layers=spec.get("layers", False), like=like, phases=group_phases)
-  progress(1, 1)
-  return finish_record(config, schedule, record)
+                   if other["key"] not in keys and _PROGRAMS[other["paradigm"]] == program)
+  records = run_replica_runtimes(task, schedules, first["paradigm"], lr=config["lr"],
+                                 momentum=config.get("momentum", 0.0), batch=config["batch"],
+                                 seeds=[s for _, s in members], eval_every=eval_every(config, schedules[0]),
+                                 shards=shards, method=None if method is None else method(schedules[0]),
+                                 layers=first.get("layers", False), like=like, phases=group_phases)
+  progress(len(members), len(members))
+  return [finish_record(config, schedule, record) for schedule, record in zip(schedules, records, strict=True)]
 
 
 def finish_record(config: dict[str, Any], schedule: C.GossipSchedule, record: dict[str, Any]) -> dict[str, Any]:

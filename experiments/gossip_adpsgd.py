@@ -39,6 +39,11 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress: Any) 
   return gt.run_spec(config, spec, seed, progress, specs=specs)
 
 
+def run_batch(config: dict[str, Any], members: list[tuple[dict[str, Any], int]], progress: Any) -> list[dict[str, Any]]:
+  # The runs of one seed and rule (gt.batch_key), side by side in one dj.simulate_gossip call.
+  return gt.run_specs(config, members, progress, specs=specs)
+
+
 def _faster(summary: Summary) -> ClaimResult:
   # A target never reached counts as the run's simulated length (a lower bound): conservative.
   budget = max(r["simulated_time"] for r in summary.values())
@@ -83,7 +88,7 @@ REPRODUCTION = Reproduction(
     paper="Lian, Zhang, Zhang, Liu: Asynchronous Decentralized Parallel Stochastic Gradient Descent, ICML 2018",
     description="All-reduce SGD, D-PSGD and AD-PSGD on 16 replicas, one 4x slower: loss against simulated "
                 "time and gradients.",
-    scales=SCALES, specs=specs, run=run, summarize=gt.summarize_by("paradigm"), claims=CLAIMS, plots=gt.plots,
+    scales=SCALES, specs=specs, run=run, batch=gt.batch_key, run_batch=run_batch, summarize=gt.summarize_by("paradigm"), claims=CLAIMS, plots=gt.plots,
     columns=("key", "loss", "test_error", "time_to_target", "gradients_to_target", "simulated_time",
              "mean_consensus", "idle_fraction"),
     smoke=dict(steps=20, seeds=1, evals=4),

@@ -40,6 +40,16 @@ def specs(config: dict[str, Any]) -> list[dict[str, Any]]:
            "down": [[3, quarter, 2 * quarter], [11, quarter, 2 * quarter]]}]
 
 
+def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress: Any) -> dict[str, Any]:
+  # Every spec runs one rule: one compiled program for all of them (gt.run_spec's specs).
+  return gt.run_spec(config, spec, seed, progress, specs=specs)
+
+
+def run_batch(config: dict[str, Any], members: list[tuple[dict[str, Any], int]], progress: Any) -> list[dict[str, Any]]:
+  # The runs of one seed (gt.batch_key), side by side in one dj.simulate_gossip call.
+  return gt.run_specs(config, members, progress, specs=specs)
+
+
 def _converges(summary: Summary, key: str) -> ClaimResult:
   # Converging: the target loss is reached within the run (a seed that never reaches it counts as infinitely
   # late), and the loss is still falling (lower at the end than at half the run). The gap to the lossless run
@@ -71,7 +81,7 @@ REPRODUCTION = Reproduction(
           "Lian, Zhang, Zhang, Liu, ICML 2018",
     description="Asynchronous gossip SGD on 16 replicas with 0/20/50% of messages lost and a node outage: loss "
                 "and consensus.",
-    scales=SCALES, specs=specs, run=gt.run_spec, summarize=gt.summarize_by("drop"), claims=CLAIMS, plots=gt.plots,
+    scales=SCALES, specs=specs, run=run, batch=gt.batch_key, run_batch=run_batch, summarize=gt.summarize_by("drop"), claims=CLAIMS, plots=gt.plots,
     columns=("key", "loss", "loss_half", "test_error", "gradients_to_target", "time_to_target", "mean_consensus",
              "simulated_time"),
     smoke=dict(steps=20, seeds=1, evals=4),

@@ -46,6 +46,11 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress: Any) 
   return gt.run_spec(config, spec, seed, progress, specs=specs)
 
 
+def run_batch(config: dict[str, Any], members: list[tuple[dict[str, Any], int]], progress: Any) -> list[dict[str, Any]]:
+  # The runs of one seed and rule (gt.batch_key), side by side in one dj.simulate_gossip call.
+  return gt.run_specs(config, members, progress, specs=specs)
+
+
 def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
   rows = mean_rows(records, fields=("paradigm", "topology"))
   for r in rows:
@@ -108,7 +113,7 @@ REPRODUCTION = Reproduction(
           "Assran, Loizou, Ballas, Rabbat: Stochastic Gradient Push for Distributed Deep Learning, ICML 2019",
     description="D-PSGD on ring, torus, exponential and complete graphs, SGP and all-reduce on 16 replicas with "
                 "label-sorted data: consensus distance and loss.",
-    scales=SCALES, specs=specs, run=run, summarize=summarize, claims=CLAIMS, plots=gt.plots,
+    scales=SCALES, specs=specs, run=run, batch=gt.batch_key, run_batch=run_batch, summarize=summarize, claims=CLAIMS, plots=gt.plots,
     columns=("key", "shards", "spectral_gap", "loss", "test_error", "mean_consensus", "consensus", "simulated_time"),
     paper_numbers=PAPER_NUMBERS,
     smoke=dict(steps=15, seeds=1, evals=4),

@@ -307,16 +307,21 @@ def test_an_option_of_the_wrong_type_names_the_keyword_and_its_class(runtime, op
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
-def test_several_runs_in_one_program_are_for_the_server_runtime(runtime):
+def test_several_runs_in_one_call_are_for_the_server_and_replica_runtimes(runtime):
   runs = dj.Runs(seeds=[0, 1])
-  if runtime == "simulate":
+  if runtime in ("simulate", "gossip"):
     results = _run(runtime, seed=runs)
     single = [_run(runtime, seed=s) for s in (0, 1)]
     for batched, alone in zip(results, single, strict=True):
-      np.testing.assert_allclose(np.asarray(batched.params), np.asarray(alone.params), rtol=1e-6, atol=1e-7)
+      if runtime == "simulate":
+        # One vmap-ed program: to float rounding.
+        np.testing.assert_allclose(np.asarray(batched.params), np.asarray(alone.params), rtol=1e-6, atol=1e-7)
+      else:
+        # Every run by a call of its own of the single run's program: bit for bit.
+        np.testing.assert_array_equal(np.asarray(batched.params), np.asarray(alone.params))
     assert not np.array_equal(np.asarray(results[0].params), np.asarray(results[1].params))
     return
-  with pytest.raises(ValueError, match="seed=dj.Runs\\(\\.\\.\\.\\) is for dj.simulate"):
+  with pytest.raises(ValueError, match="seed=dj.Runs\\(\\.\\.\\.\\) is for dj.simulate and dj.simulate_gossip"):
     _run(runtime, seed=runs)
 
 

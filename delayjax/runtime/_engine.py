@@ -124,7 +124,7 @@ import os
 import re
 import threading
 import time
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -668,7 +668,7 @@ def _runs_pool() -> concurrent.futures.ThreadPoolExecutor:
     return _pool
 
 
-def _concurrent_runs(fn: Callable[[int], Any], runs: range) -> list[Any]:
+def _concurrent_runs(fn: Callable[[int], Any], runs: Sequence[int]) -> list[Any]:
   """``[fn(r) for r in runs]``, computed by as many threads as this process has CPUs where the default device
   is a CPU.
 
@@ -810,6 +810,67 @@ def _run(program, mesh, checkpoint, checkpoint_name, callback, inspect):
                 "rows": chunk_rows if program.rows_view is None else program.rows_view(chunk_rows)})
   _append(records, unsaved)
   return chunk_fn.stacked(carry) if separately else carry, _joined(records, like)
+
+
+def run_together(programs: list[Program],
+                 callback: Callable[[int, dict[str, Any]], None] | None = None) -> list[tuple[Any, dict[str, Any]]]:
+  """Runs several single-run programs on one device, without checkpoints, their chunks side by side; returns
+  each one's ``(carry, records)`` as :func:`run` would.
+
+  Chunk ``c`` of every program that has one is computed by that program's compiled chunk, each by a call of
+  its own, on a CPU several at a time (:func:`_concurrent_runs`; a small model's program leaves the other
+  cores idle); the host's work (placing, tables, collecting rows) is done in this thread, between the chunks.
+  Programs of equal ``cache_key`` share one compiled chunk, and every program is computed exactly as
+  :func:`run` computes it alone: each result equals the separate run's bit for bit. ``callback(r, info)`` is
+  called after each of program ``r``'s chunks with what :func:`run` gives its callback.
+  """
+  for program in programs:
+    if program.runs is not None:
+      raise ValueError("run_together takes programs of one run each; got a program of several runs.")
+  put, put_tables = placer(None), table_placer(None)
+  chunk_fns = [chunk_function(program, None) for program in programs]
+  carries = [place(put, program.carry_specs, program.carry) for program in programs]
+  # Programs given the same constants (the data) share one placed copy.
+  shared: dict[int, Any] = {}
+  for program in programs:
+    if id(program.constants) not in shared:
+      shared[id(program.constants)] = place(put, program.constant_specs, program.constants)
+  constants = [shared[id(program.constants)] for program in programs]
+  likes = [dict(program.records_like, **({} if program.check is None else {"check": np.zeros(0, bool)}))
+           for program in programs]
+  records: list[dict[str, list[Any]]] = [{name: [] for name in like} for like in likes]
+  for program, kept, carry in zip(programs, records, carries, strict=True):
+    if program.initial is not None:
+      _append(kept, [program.initial(carry)])
+  # The compiled chunks, made in this thread (a jax.config context such as enable_x64 holds in its own thread
+  # only): the pool's threads only compute. Ahead-of-time compiles share JAX's caches with the jitted calls of
+  # a run alone, so an equal program compiles once either way.
+  executables: list[Any] = [None] * len(programs)
+  inspect = _inspectors[-1] if _inspectors else None
+  for chunk in range(max(program.num_chunks for program in programs)):
+    active = [r for r, program in enumerate(programs) if chunk < program.num_chunks]
+    tables = {r: programs[r].tables(chunk) for r in active}
+    placed = {r: place(put_tables, programs[r].table_specs, tables[r]) for r in active}
+    for r in active:
+      if executables[r] is None:
+        if inspect is not None:
+          inspect(chunk_fns[r], (carries[r], constants[r], placed[r]))
+          inspect = None
+        executables[r] = chunk_fns[r].lower(carries[r], constants[r], placed[r]).compile()
+    done = _concurrent_runs(lambda r: executables[r](carries[r], constants[r], placed[r]), active)
+    for r, (carry, outputs) in zip(active, done, strict=True):
+      carries[r] = carry
+      rows = {}
+      if programs[r].check is not None:
+        outputs, healthy = outputs
+        rows["check"] = np.asarray(host(healthy))[None]
+      rows.update(programs[r].collect(chunk, tables[r], outputs))
+      _append(records[r], [rows])
+      if callback is not None:
+        chunk_rows = {k: v for k, v in rows.items() if k != "check"}
+        callback(r, {**programs[r].progress(chunk), "rows": chunk_rows if programs[r].rows_view is None
+                     else programs[r].rows_view(chunk_rows)})
+  return [(carry, _joined(kept, like)) for carry, kept, like in zip(carries, records, likes, strict=True)]
 
 
 def _append(records: dict[str, list[Any]], rows: list[dict[str, Any]]) -> None:

@@ -331,6 +331,14 @@ class Runs:
   of all the runs together. One device, no checkpoint; ``R`` times the
   memory.
 
+  That is ``dj.simulate``. ``dj.simulate_gossip`` computes every run by a
+  call of its own, as ``sources`` runs are computed here (with or without
+  ``sources``, which are then ``dj.cluster.GossipSchedule``), each equal bit
+  for bit to its single call with the other runs' schedules in
+  ``Execution.like`` (one program per number of phases the plans choose,
+  without ``Execution.phases``); its callback is told each run's chunks
+  apart.
+
   Args:
     seeds: one int seed per run, or one int shared by every run.
     hyperparams: ``None``, or ``{name: [v_0, ..., v_{R-1}]}``: run ``r`` with
@@ -417,7 +425,8 @@ def check_seed_or_runs(seed: Any, runtime: str, runs_allowed: bool = True) -> tu
   """``(seed of the first run, Runs or None)`` from a runtime's ``seed`` argument."""
   if isinstance(seed, Runs):
     if not runs_allowed:
-      raise ValueError(f"{runtime} computes one run per call; seed=dj.Runs(...) is for dj.simulate.")
+      raise ValueError(f"{runtime} computes one run per call; seed=dj.Runs(...) is for dj.simulate and "
+                       f"dj.simulate_gossip.")
     return seed.seeds[0], seed
   if isinstance(seed, (list, tuple, range, np.ndarray)):
     raise TypeError(

@@ -26,6 +26,7 @@ than 8 are applied as a dense ``[M, M]`` matrix.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import types
@@ -43,13 +44,13 @@ from delayjax.gossip._method import GossipMethod, check_method_schedule
 from delayjax.runtime import _checkpoint, _engine
 from delayjax.runtime._arguments import (batch_like, check_not_traced, check_params, check_sampling, loss_has_aux,
                                          tree_like)
-from delayjax.runtime._options import Checkpoint, Execution, Record, Sampling, runtime_options
+from delayjax.runtime._options import Checkpoint, Execution, Record, Runs, Sampling, runtime_options
 from delayjax.runtime._checkpoint import gathered
 from delayjax.runtime._engine import AXIS
 from delayjax.runtime._history import chunk_span, nonfinite_report, sorted_pairs
 from delayjax.runtime._replica_plan import SLOT_GRAD, SLOT_MIX, SLOT_READ, ReplicaPlan, make_plan, pack_lanes
 from delayjax.runtime._sampling import lane_examples, shard_table
-from delayjax.runtime._simulate import _all_finite, _inexact, _shared_length
+from delayjax.runtime._simulate import _all_finite, _check_run_params, _inexact, _run_states, _shared_length
 
 _CHECKPOINT_FILE = "simulate_gossip"
 
@@ -144,14 +145,14 @@ def simulate_gossip(
     method: GossipMethod,
     params: Any,
     data: Any,
-    schedule: GossipSchedule,
+    schedule: GossipSchedule | None,
     *,
-    seed: int = 0,
+    seed: int | Runs = 0,
     sampling: Sampling | None = None,
     record: Record | None = None,
     checkpoint: Checkpoint | None = None,
     execution: Execution | None = None,
-) -> GossipResult:
+) -> GossipResult | list[GossipResult]:
   r"""Trains ``M`` replicas by a decentralized method, exactly as a gossip schedule says.
 
   Every replica :math:`i` starts from ``params`` with ``tx.init(params)`` and
@@ -188,8 +189,10 @@ def simulate_gossip(
     method: a :class:`~delayjax.gossip.GossipMethod`, e.g. ``dj.gossip.sgp()``.
     params: the initial parameters of every replica.
     data: a pytree of arrays sharing a leading example axis, on every device.
-    schedule: a ``GossipSchedule`` (``dj.cluster``).
-    seed: the minibatch seed, an int in ``[0, 2**32)``.
+    schedule: a ``GossipSchedule`` (``dj.cluster``); ``None`` with
+      ``seed=dj.Runs(sources=...)`` (a schedule per run).
+    seed: the minibatch seed, an int in ``[0, 2**32)``, or ``dj.Runs(...)``:
+      several runs in one call, computed side by side (see below).
     sampling: ``dj.Sampling``: batch size and scheme, per replica.
     record: ``dj.Record``: ``eval_fn`` is evaluated on the average model and
       on every replica (see :class:`GossipHistory`), after the steps in which
@@ -204,8 +207,18 @@ def simulate_gossip(
       chosen from the schedule), ``max_memory``, and ``like``: other gossip
       schedules whose runs share this run's compiled program (a sweep over
       topologies, paradigms or failures), to float rounding.
+  Several runs (``seed=dj.Runs(seeds=..., sources=..., params=..., hyperparams=...)``): run ``r`` has its own
+  seed, schedule (``Runs.sources[r]``, else ``schedule``), initial parameters and ``inject_hyperparams``
+  values; every run is planned with the other runs' schedules added to ``Execution.like``, so that all
+  share one compiled program (without ``Execution.phases``, one per number of phases their plans choose),
+  and each is computed by a call of its own of that program, chunk by chunk beside the others (on a CPU,
+  several at a time: a small model's program leaves the other cores idle).
+  Each result equals, bit for bit, the single call of its seed, schedule, parameters and hyper-parameters
+  with ``Execution(like=...)`` naming the call's ``like`` and the other runs' schedules. One device, no
+  checkpoint; ``Record.callback`` is told each run's chunks, with the run's index as ``"run"``.
+
   Returns:
-    A :class:`GossipResult`.
+    A :class:`GossipResult`; with ``seed=dj.Runs(...)``, a list of them, one per run.
 
   Raises:
     ValueError, TypeError: on bad arguments, naming the argument.
@@ -225,11 +238,58 @@ def simulate_gossip(
     >>> result.params.shape, result.stats["mixing"], bool(result.history.consensus[-1] < 1e-2)
     ((4, 4), 'shift', True)
   """
+  if isinstance(seed, Runs):
+    return _simulate_runs(loss_fn, tx, method, params, data, schedule, seed, sampling=sampling, record=record,
+                          checkpoint=checkpoint, execution=execution)
   run = _prepare(loss_fn, tx, method, params, data, schedule, seed=seed, sampling=sampling, record=record,
                  checkpoint=checkpoint, execution=execution)
   final, records = _engine.run(_program(run), mesh=run.mesh, checkpoint=run.checkpoint,
                                checkpoint_name=_CHECKPOINT_FILE, callback=run.callback)
   return _results(run, final, records)
+
+
+def _simulate_runs(loss_fn, tx, method, params, data, schedule, runs: Runs, *, sampling, record, checkpoint,
+                   execution) -> list[GossipResult]:
+  """``dj.simulate_gossip`` of ``seed=dj.Runs(...)``: every run prepared as its own call (with the other runs'
+  schedules as ``like``), then computed side by side by ``_engine.run_together``."""
+  if checkpoint is not None:
+    raise ValueError(f"several runs (seed={runs!r}) are computed without checkpoints; got checkpoint={checkpoint!r}.")
+  _, _, sampling, record, execution = runtime_options("dj.simulate_gossip", seed=0, sampling=sampling, record=record,
+                                                      execution=execution, no_effect=("lanes",))
+  if execution.mesh is not None:
+    raise ValueError(f"several runs (seed={runs!r}) are computed on one device; got Execution.mesh.")
+  if runs.sources is None:
+    sources = (schedule,) * runs.num_runs
+  elif schedule is not None:
+    raise ValueError(f"with seed=dj.Runs(sources=[...]) every run follows its own schedule: pass schedule=None, "
+                     f"got {type(schedule).__name__}.")
+  else:
+    sources = runs.sources
+    for i, other in enumerate(sources):
+      if not isinstance(other, GossipSchedule):
+        raise TypeError(f"Runs.sources[{i}] must be a dj.cluster.GossipSchedule, got {type(other).__name__}.")
+      if other.num_workers != sources[0].num_workers:
+        raise ValueError(f"Runs.sources[{i}] has {other.num_workers} replicas, but Runs.sources[0] has "
+                         f"{sources[0].num_workers}: runs in one call follow schedules of the same replicas.")
+  run_params = [params] * runs.num_runs if runs.params is None else _check_run_params(runs.params, params)
+  prepared = []
+  for r, (seed, source, own_params) in enumerate(zip(runs.seeds, sources, run_params, strict=True)):
+    # The other runs' schedules fix the plan's sizes with the call's own like: one compiled program for all.
+    others = () if runs.sources is None else sources[:r] + sources[r + 1:]
+    like = (execution.like or ()) + others
+    prepared.append(_prepare(
+        loss_fn, tx, method, own_params, data, source, seed=seed, sampling=sampling,
+        record=dataclasses.replace(record, callback=None), checkpoint=None,
+        execution=dataclasses.replace(execution, like=like or None), hyperparams=(runs.hyperparams, r)))
+  memory = {name: sum(run.memory[name] for run in prepared) for name in prepared[0].memory if name != "data"}
+  _engine.check_memory("dj.simulate_gossip", {**memory, "data": prepared[0].memory["data"]},
+                       _engine.memory_limit(execution.max_memory, None),
+                       {name: f"fewer runs in one call ({runs.num_runs} now) or {hint}"
+                        for name, hint in _MEMORY_HINTS.items()})
+  callback = record.callback
+  done = _engine.run_together([_program(run) for run in prepared],
+                              callback=None if callback is None else lambda r, info: callback({**info, "run": r}))
+  return [_results(run, final, records) for run, (final, records) in zip(prepared, done, strict=True)]
 
 
 def _check_like(like: Any, schedule: GossipSchedule) -> tuple[GossipSchedule, ...]:
@@ -265,8 +325,10 @@ class _ReplicaRun(types.SimpleNamespace):
 
 
 def _prepare(loss_fn, tx, method, params, data, schedule, *, seed, sampling, record, checkpoint,
-             execution) -> _ReplicaRun:
-  """``dj.simulate_gossip``'s arguments checked against the schedule, its events planned, its carry made."""
+             execution, hyperparams=None) -> _ReplicaRun:
+  """``dj.simulate_gossip``'s arguments checked against the schedule, its events planned, its carry made
+  (``hyperparams``: ``(Runs.hyperparams, r)`` for run ``r`` of several, whose ``optax.inject_hyperparams``
+  values every replica's optimizer state starts with)."""
   runtime = "dj.simulate_gossip"
   check_not_traced(runtime, params=params, data=data)
   seed, _, sampling, record, execution = runtime_options(runtime, seed=seed, sampling=sampling, record=record,
@@ -344,7 +406,11 @@ def _prepare(loss_fn, tx, method, params, data, schedule, *, seed, sampling, rec
                                         "lane_worker")}
   device_tables = {k: v for k, v in tables.items() if k not in host_tables}
 
-  init_state = (params, tx.init(params), method.init(params))
+  opt_state = tx.init(params)
+  if hyperparams is not None and hyperparams[0]:
+    values, r = hyperparams
+    opt_state = _run_states([opt_state] * len(next(iter(values.values()))), values)[r]
+  init_state = (params, opt_state, method.init(params))
   _engine.check_extra_args(tx, params, init_state[1], runtime, {})
   memory = _replica_memory(runtime, params, init_state, method, plan, m, data, num_devices, execution)
   # The loss is traced only now, after every check that can refuse the run.

@@ -1,0 +1,146 @@
+"""Several gossip runs in one call (``dj.simulate_gossip(..., seed=dj.Runs(...))``), against their single calls."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import delayjax as dj
+from delayjax.runtime import _engine
+
+X = np.random.default_rng(0).normal(size=(128, 4)).astype(np.float32)
+DATA = {"x": X, "y": X @ np.arange(1, 5, dtype=np.float32)}
+
+
+def _loss(w, batch):
+  return jnp.mean((batch["x"] @ w - batch["y"]) ** 2)
+
+
+def _eval(w):
+  return {"loss": _loss(w, DATA)}
+
+
+def _schedules():
+  """Three schedules of 4 replicas: synchronous D-PSGD, AD-PSGD, and a longer AD-PSGD run (more chunks)."""
+  workers = dj.cluster.workers(4, seed=0)
+  return [dj.cluster.simulate_gossip(dj.cluster.d_psgd(dj.topology.ring(4)), workers, num_steps=10, seed=0),
+          dj.cluster.simulate_gossip(dj.cluster.ad_psgd(dj.topology.ring(4)), workers, num_steps=10, seed=1),
+          dj.cluster.simulate_gossip(dj.cluster.ad_psgd(dj.topology.ring(4)), workers, num_steps=25, seed=2)]
+
+
+TX = optax.inject_hyperparams(optax.sgd)(learning_rate=0.05, momentum=0.5)
+OPTIONS = dict(sampling=dj.Sampling(batch_size=8), record=dj.Record(eval_fn=_eval, every=6),
+               execution=dj.Execution(chunk_size=8))
+
+
+def _assert_same_run(together, alone):
+  for a, b in zip(jax.tree.leaves((together.params, together.opt_state, together.extra, together.average)),
+                  jax.tree.leaves((alone.params, alone.opt_state, alone.extra, alone.average)), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  for a, b in zip(jax.tree.leaves(together.history), jax.tree.leaves(alone.history), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert together.stats == alone.stats
+
+
+def test_runs_of_their_own_schedules_equal_their_single_calls_bit_for_bit():
+  sources = _schedules()
+  seeds, rates = [3, 4, 5], [0.05, 0.02, 0.08]
+  starts = [np.full(4, v, np.float32) for v in (0.0, 1.0, -1.0)]
+  together = dj.simulate_gossip(_loss, TX, dj.gossip.d_psgd(), np.zeros(4, np.float32), DATA, None,
+                                seed=dj.Runs(seeds=seeds, sources=sources, params=starts,
+                                             hyperparams={"learning_rate": rates}), **OPTIONS)
+  assert len(together) == 3
+  # The longer schedule is computed in more chunks than the others: the shorter runs finish first.
+  assert together[2].stats["num_chunks"] > together[0].stats["num_chunks"]
+  for r in range(3):
+    tx = optax.inject_hyperparams(optax.sgd)(learning_rate=rates[r], momentum=0.5)
+    alone = dj.simulate_gossip(
+        _loss, tx, dj.gossip.d_psgd(), starts[r], DATA, sources[r], seed=seeds[r], sampling=OPTIONS["sampling"],
+        record=OPTIONS["record"], execution=dj.Execution(chunk_size=8, like=sources[:r] + sources[r + 1:]))
+    _assert_same_run(together[r], alone)
+  assert not np.array_equal(np.asarray(together[0].params), np.asarray(together[1].params))
+
+
+def test_runs_of_one_schedule_differ_by_seed_and_equal_their_single_calls():
+  schedule = _schedules()[1]
+  together = dj.simulate_gossip(_loss, TX, dj.gossip.d_psgd(), np.zeros(4, np.float32), DATA, schedule,
+                                seed=dj.Runs(seeds=[0, 1]), **OPTIONS)
+  for seed, result in zip((0, 1), together, strict=True):
+    _assert_same_run(result, dj.simulate_gossip(_loss, TX, dj.gossip.d_psgd(), np.zeros(4, np.float32), DATA,
+                                                schedule, seed=seed, **OPTIONS))
+  assert not np.array_equal(np.asarray(together[0].params), np.asarray(together[1].params))
+
+
+@pytest.mark.parametrize("phases", [2, None])
+def test_runs_of_their_own_schedules_compile_one_program_per_phase_count(phases):
+  sources = _schedules()
+  # Without Execution.phases each plan chooses its own (the synchronous schedule fewer than the others).
+  chosen = {dj.simulate_gossip(_loss, TX, dj.gossip.d_psgd(), np.zeros(4, np.float32), DATA, s,
+                               **OPTIONS).stats["phases"] for s in sources} if phases is None else {phases}
+  _engine.clear_cache()
+  before = _engine.cache_info()["misses"]
+  dj.simulate_gossip(_loss, TX, dj.gossip.d_psgd(), np.zeros(4, np.float32), DATA, sources[0], seed=0,
+                     sampling=OPTIONS["sampling"], record=OPTIONS["record"],
+                     execution=dj.Execution(chunk_size=8, like=sources[1:], phases=phases or max(chosen)))
+  one = _engine.cache_info()["misses"] - before
+  _engine.clear_cache()
+  before = _engine.cache_info()["misses"]
+  dj.simulate_gossip(_loss, TX, dj.gossip.d_psgd(), np.zeros(4, np.float32), DATA, None,
+                     seed=dj.Runs(seeds=[0, 1, 2], sources=sources), sampling=OPTIONS["sampling"],
+                     record=OPTIONS["record"], execution=dj.Execution(chunk_size=8, phases=phases))
+  # A chunk and an evaluation per program; the programs differ only in their phases.
+  assert _engine.cache_info()["misses"] - before == one + (len(chosen) - 1)
+
+
+def test_the_callback_is_told_each_runs_chunks_with_its_index():
+  sources = _schedules()
+  told = []
+  record = dj.Record(eval_fn=_eval, every=6, callback=told.append)
+  together = dj.simulate_gossip(_loss, TX, dj.gossip.d_psgd(), np.zeros(4, np.float32), DATA, None,
+                                seed=dj.Runs(seeds=[0, 1, 2], sources=sources), sampling=OPTIONS["sampling"],
+                                record=record, execution=OPTIONS["execution"])
+  for r, result in enumerate(together):
+    mine = [info for info in told if info["run"] == r]
+    assert [info["chunk"] for info in mine] == list(range(result.stats["num_chunks"]))
+    assert mine[-1]["steps_done"] == result.stats["num_steps"]
+    # The chunks' losses are the run's history, in order.
+    np.testing.assert_array_equal(np.concatenate([info["rows"]["loss"] for info in mine]), result.history.loss)
+
+
+@pytest.mark.parametrize("change,error,match", [
+    (dict(checkpoint="dir"), ValueError, "without checkpoints"),
+    (dict(schedule="given"), ValueError, "pass schedule=None"),
+    (dict(sources="bad"), TypeError, r"Runs.sources\[1\] must be a dj.cluster.GossipSchedule, got str"),
+    (dict(sources="replicas"), ValueError, r"Runs.sources\[1\] has 3 replicas, but Runs.sources\[0\] has 4"),
+    (dict(params="shape"), ValueError, r"Runs.params\[1\] must have params' structure"),
+    (dict(hyperparams="unknown"), ValueError, r"hyperparams names \['lr'\]"),
+    (dict(mesh=True), ValueError, "on one device; got Execution.mesh"),
+])
+def test_bad_runs_are_refused_naming_what_is_wrong(change, error, match, tmp_path):
+  sources = _schedules()[:2]
+  params = [np.zeros(4, np.float32), np.zeros(4, np.float32)]
+  hyperparams = None
+  options = dict(OPTIONS)
+  schedule = None
+  checkpoint = None
+  if "checkpoint" in change:
+    checkpoint = dj.Checkpoint(tmp_path)
+  if "schedule" in change:
+    schedule = sources[0]
+  if change.get("sources") == "bad":
+    sources = [sources[0], "ring"]
+  if change.get("sources") == "replicas":
+    sources = [sources[0], dj.cluster.simulate_gossip(dj.cluster.d_psgd(dj.topology.ring(3)),
+                                                      dj.cluster.workers(3, seed=0), num_steps=5, seed=0)]
+  if "params" in change:
+    params[1] = np.zeros(5, np.float32)
+  if "hyperparams" in change:
+    hyperparams = {"lr": [0.1, 0.2]}
+  if "mesh" in change:
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("workers",))
+    options["execution"] = dj.Execution(chunk_size=8, mesh=mesh)
+  with pytest.raises(error, match=match):
+    dj.simulate_gossip(_loss, TX, dj.gossip.d_psgd(), np.zeros(4, np.float32), DATA, schedule,
+                       seed=dj.Runs(seeds=[0, 1], sources=sources, params=params, hyperparams=hyperparams),
+                       checkpoint=checkpoint, **options)
