@@ -83,7 +83,8 @@ def _run_on_numpy_executor(argv: list[str]) -> int:
   executor = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(executor)
   module = importlib.import_module(f"{__package__}.{argv[1]}")
-  module.REPRODUCTION = dataclasses.replace(module.REPRODUCTION, run=executor.run_spec)
+  # One run at a time, as before: the executor has no batches.
+  module.REPRODUCTION = dataclasses.replace(module.REPRODUCTION, run=executor.run_spec, batch=None, run_batch=None)
   from .__main__ import main as cli
 
   return cli(argv)

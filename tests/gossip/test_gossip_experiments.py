@@ -1,6 +1,8 @@
 """The gossip reproductions' runs on ``dj.simulate_gossip`` against the NumPy executor they ran on before, and that
 executor against the sequential reference."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -92,3 +94,23 @@ def test_a_reproductions_runs_on_the_library_match_the_numpy_executor(seed):
                                                         abs=1e-9), spec["key"]
     for name in ("gradients", "simulated_time", "idle_fraction", "mean_lag"):
       assert got["metrics"][name] == want["metrics"][name], (spec["key"], name)
+
+
+@pytest.mark.fast_compile
+def test_a_batch_of_runs_gives_each_run_its_single_record_bit_for_bit():
+  """``gt.run_specs`` (a reproduction's ``run_batch``) computes the runs of one ``gt.batch_key`` in one
+  ``dj.simulate_gossip`` call; each record equals ``gt.run_spec``'s of that run alone, whatever other runs of the
+  program are in the batch."""
+  specs = _specs(CONFIG)
+  members = [(spec, 1) for spec in specs if spec["paradigm"] in ("allreduce", "d_psgd")]
+  assert len({gt.batch_key(CONFIG, spec, seed) for spec, seed in members}) == 1
+  alone = [gt.run_spec(CONFIG, spec, seed, lambda *a: None, specs=_specs) for spec, seed in members]
+  together = gt.run_specs(CONFIG, members, lambda *a: None, specs=_specs)
+  as_text = lambda records: json.dumps(records, sort_keys=True, default=np.ndarray.tolist)  # noqa: E731
+  assert as_text(together) == as_text(alone)
+  assert alone[0]["metrics"]["loss"] != alone[1]["metrics"]["loss"]
+  # Another seed's run, or another rule's, is not of the batch.
+  with pytest.raises(ValueError, match="share a method, seed, shards and evaluation interval"):
+    gt.run_specs(CONFIG, [members[0], (members[1][0], 2)], lambda *a: None, specs=_specs)
+  with pytest.raises(ValueError, match="share a method, seed, shards and evaluation interval"):
+    gt.run_specs(CONFIG, [members[0], (specs[2], 1)], lambda *a: None, specs=_specs)
