@@ -684,6 +684,15 @@ def _concurrent_runs(fn: Callable[[int], Any], runs: Sequence[int]) -> list[Any]
   return list(_runs_pool().map(lambda r: jax.block_until_ready(fn(r)), runs))
 
 
+def _in_background(fn: Callable[[], Any]) -> Callable[[], Any]:
+  """``fn()`` started in the runs' pool where the default device is a CPU with other cores (else called now);
+  returns the function that waits for its result."""
+  if _host_cpus() < 2 or jax.devices()[0].platform != "cpu":
+    value = fn()
+    return lambda: value
+  return _runs_pool().submit(fn).result
+
+
 def _run_part(axes: Any, tree: Any, r: int) -> Any:
   """Run ``r``'s part of ``tree``: row ``r`` of every leaf of a part whose axis (``axes``, a prefix of ``tree``)
   is ``0``, the part itself where it is ``None``."""
@@ -839,24 +848,33 @@ def run_together(programs: list[Program],
   likes = [dict(program.records_like, **({} if program.check is None else {"check": np.zeros(0, bool)}))
            for program in programs]
   records: list[dict[str, list[Any]]] = [{name: [] for name in like} for like in likes]
+  tables = {r: program.tables(0) for r, program in enumerate(programs)}
+  placed = {r: place(put_tables, programs[r].table_specs, tables[r]) for r in tables}
+  inspect = _inspectors[-1] if _inspectors else None
+  if inspect is not None:
+    inspect(chunk_fns[0], (carries[0], constants[0], placed[0]))
+  # The chunks' programs are traced and lowered in this thread (a jax.config context such as enable_x64 holds in
+  # its own thread only) and compiled, each distinct one once, by the pool's threads while this thread computes
+  # the initial evaluations (compiling their own program). Ahead-of-time compiles share JAX's caches with the
+  # jitted calls of a run alone, so an equal program compiles once either way.
+  compiling: dict[Any, Any] = {}
+  signatures = []
+  for r in range(len(programs)):
+    args = (carries[r], constants[r], placed[r])
+    leaves, structure = jax.tree.flatten(args)
+    signature = (id(chunk_fns[r]), structure, tuple((np.shape(x), np.result_type(x)) for x in leaves))
+    if signature not in compiling:
+      compiling[signature] = _in_background(chunk_fns[r].lower(*args).compile)
+    signatures.append(signature)
   for program, kept, carry in zip(programs, records, carries, strict=True):
     if program.initial is not None:
       _append(kept, [program.initial(carry)])
-  # The compiled chunks, made in this thread (a jax.config context such as enable_x64 holds in its own thread
-  # only): the pool's threads only compute. Ahead-of-time compiles share JAX's caches with the jitted calls of
-  # a run alone, so an equal program compiles once either way.
-  executables: list[Any] = [None] * len(programs)
-  inspect = _inspectors[-1] if _inspectors else None
+  executables = [compiling[signature]() for signature in signatures]
   for chunk in range(max(program.num_chunks for program in programs)):
     active = [r for r, program in enumerate(programs) if chunk < program.num_chunks]
-    tables = {r: programs[r].tables(chunk) for r in active}
-    placed = {r: place(put_tables, programs[r].table_specs, tables[r]) for r in active}
-    for r in active:
-      if executables[r] is None:
-        if inspect is not None:
-          inspect(chunk_fns[r], (carries[r], constants[r], placed[r]))
-          inspect = None
-        executables[r] = chunk_fns[r].lower(carries[r], constants[r], placed[r]).compile()
+    if chunk > 0:
+      tables = {r: programs[r].tables(chunk) for r in active}
+      placed = {r: place(put_tables, programs[r].table_specs, tables[r]) for r in active}
     done = _concurrent_runs(lambda r: executables[r](carries[r], constants[r], placed[r]), active)
     for r, (carry, outputs) in zip(active, done, strict=True):
       carries[r] = carry

@@ -287,6 +287,9 @@ def _simulate_runs(loss_fn, tx, method, params, data, schedule, runs: Runs, *, s
                        {name: f"fewer runs in one call ({runs.num_runs} now) or {hint}"
                         for name, hint in _MEMORY_HINTS.items()})
   callback = record.callback
+  traced: dict[Any, Any] = {}
+  for run in prepared:
+    run.traced = traced
   done = _engine.run_together([_program(run) for run in prepared],
                               callback=None if callback is None else lambda r, info: callback({**info, "run": r}))
   return [_results(run, final, records) for run, (final, records) in zip(prepared, done, strict=True)]
@@ -844,7 +847,10 @@ def _step_keys(run: _ReplicaRun, row: dict[str, Any]) -> dict[str, Any] | None:
   params, opt_state, extra = tree_like(run.init_state)
   dt = jax.ShapeDtypeStruct((), jnp.float32)
   calls_message = plan.has_pmix or plan.history > 1
-  programs = {
+  # The runs of one call (dj.Runs) trace the same functions on the same shapes: traced once for all of them.
+  traced = getattr(run, "traced", None)
+  known = traced.get((calls_message, plan.has_pmix)) if traced is not None else None
+  programs = known if known is not None else {
       "loss_fn": _engine.program_key(jax.value_and_grad(run.loss_fn, has_aux=run.has_aux), params,
                                      batch_like(run.data, run.batch_size)),
       "apply": _engine.program_key(lambda g, s, p, e, t: method.apply(tx, g, s, p, e, t), params, opt_state, params,
@@ -857,6 +863,8 @@ def _step_keys(run: _ReplicaRun, row: dict[str, Any]) -> dict[str, Any] | None:
       if plan.has_pmix and method.advance is not None else None,
       "eval_fn": None if run.eval_fn is None else _engine.program_key(run.eval_fn, params),
   }
+  if traced is not None:
+    traced[calls_message, plan.has_pmix] = programs
   if any(key is False for key in programs.values()):
     return None
   static = dict(has_aux=run.has_aux, num_workers=run.m, num_devices=run.num_devices, phases=plan.phases,
