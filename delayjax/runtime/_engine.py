@@ -601,6 +601,12 @@ class _Separately:
     self.constant_axes, self.table_axes = program.constant_run_axes, program.table_run_axes
     self.transfer = table_placer(None)
     self.executable: Any = None
+    self.ready: Callable[[], Any] | None = None
+
+  def compile_ahead(self, carries: list[Any], constants: list[Any], tables: Any) -> None:
+    """Starts compiling the single run's chunk for the runs' placed ``carries`` and ``constants`` and a chunk's
+    host ``tables``, in the background (:func:`_in_background`): the first call takes it from there."""
+    self.ready = _in_background(self.chunk.lower(carries[0], constants[0], self.tables(tables, 0)).compile)
 
   def carries(self, put: Callable[[Any, P], Any], program: Program) -> list[Any]:
     """Each run's part of ``program.carry`` (every leaf has a leading run axis), placed."""
@@ -623,7 +629,8 @@ class _Separately:
     # only. The pool's threads only compute, with the compiled program.
     own = [self.tables(tables, r) for r in range(self.runs)]
     if self.executable is None:
-      self.executable = self.chunk.lower(carries[0], constants[0], own[0]).compile()
+      self.executable = (self.chunk.lower(carries[0], constants[0], own[0]).compile() if self.ready is None
+                         else self.ready())
 
     done = _concurrent_runs(lambda r: self.executable(carries[r], constants[r], own[r]), range(self.runs))
     return [carry for carry, _ in done], jax.tree.map(lambda *xs: np.stack([host(x) for x in xs]),
@@ -788,13 +795,28 @@ def _run(program, mesh, checkpoint, checkpoint_name, callback, inspect):
   put_tables = table_placer(mesh)
   unsaved: list[dict[str, Any]] = []  # rows not yet in the checkpoint's history
   last_write = clock()  # the run's start, then its last write
+  ahead = None
   if program.initial is not None and first_chunk == 0:
+    if mesh is None and program.num_chunks > 0:
+      # The first chunk's program compiles in the background while the initial evaluation computes (compiling
+      # its own program); the chunk's call then finds it in JAX's caches.
+      tables = program.tables(0)
+      if separately:
+        chunk_fn.compile_ahead(carry, constants, tables)
+        ahead = (tables, tables, lambda: None)
+      else:
+        device_tables = place(put_tables, program.table_specs, tables)
+        ahead = (tables, device_tables, _in_background(chunk_fn.lower(carry, constants, device_tables).compile))
     unsaved.append(program.initial(carry))
 
   for chunk in range(first_chunk, program.num_chunks):
-    tables = program.tables(chunk)
-    # Runs with tables of their own place each run's rows themselves.
-    device_tables = tables if separately else place(put_tables, program.table_specs, tables)
+    if chunk == 0 and ahead is not None:
+      tables, device_tables, compiled = ahead
+      compiled()
+    else:
+      tables = program.tables(chunk)
+      # Runs with tables of their own place each run's rows themselves.
+      device_tables = tables if separately else place(put_tables, program.table_specs, tables)
     if inspect is not None:
       # Runs with tables of their own: the first run's jitted chunk and its arguments.
       inspect(*((chunk_fn.chunk, (carry[0], constants[0], chunk_fn.tables(tables, 0))) if separately else
