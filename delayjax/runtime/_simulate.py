@@ -428,20 +428,41 @@ def _inexact(tree: Any) -> list[jax.Array]:
 
 def _all_finite(tree: Any, lead: int = 0) -> jax.Array:
   """Whether every entry of ``tree``'s leaves is finite; with ``lead``, one flag per index of the leaves'
-  ``lead`` leading axes (which they share)."""
-  # max |x| is NaN if any entry is NaN and inf if any is infinite; a float
-  # max-reduction is much cheaper on CPU than reducing a boolean array. The
-  # leaves of a dtype are joined into one array first: one reduction, where
-  # one per leaf would each be a kernel of its own to compile.
-  leaves = jax.tree.leaves(tree)
-  by_dtype: dict[Any, list[jax.Array]] = {}
+  ``lead`` leading axes (which they share).
+
+  Every entry times zero, summed: 0 where all are finite, NaN where any is NaN or infinite (``0 * inf`` is NaN,
+  and a NaN survives every product and sum, in any order). A max-reduction of ``|x|`` does not do: XLA's CPU
+  reductions may drop a NaN (its XNNPACK max of a NaN and a number is the number; a ``[1, 5000]`` leaf with one
+  NaN entry reduced to 1.0, so ``dj.simulate`` missed the non-finite gradients of a model with a leaf that
+  large). The zeros pass an optimization barrier, so that the compiler cannot fold ``x * 0`` away; each product
+  and sum is then a matrix-vector product, which the CPU computes faster than a reduction (about 10 us a step
+  less for a 13,000-parameter MLP). Leaves of fewer than :data:`_OWN_PRODUCT` entries per flag are joined into
+  one array per dtype first: one product, where one per leaf would each be a kernel of its own to compile.
+  Integer and boolean leaves are always finite.
+  """
+  leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact) and x.size]
+  shape = jax.tree.leaves(tree)[0].shape[:lead] if lead and jax.tree.leaves(tree) else ()
+  parts: list[jax.Array] = []
+  small: dict[Any, list[jax.Array]] = {}
   for x in leaves:
-    if x.size:
-      by_dtype.setdefault(jnp.dtype(x.dtype), []).append(x.reshape(x.shape[:lead] + (-1,)))
-  maxima = [jnp.isfinite(jnp.max(jnp.abs(jnp.concatenate(xs, axis=lead)), axis=lead)) for xs in by_dtype.values()]
-  if not maxima:
-    return jnp.ones(leaves[0].shape[:lead] if leaves and lead else (), jnp.bool_)
-  return jnp.all(jnp.stack(maxima), axis=0)
+    flat = x.reshape(x.shape[:lead] + (-1,))
+    if flat.shape[-1] >= _OWN_PRODUCT:
+      parts.append(flat)
+    else:
+      small.setdefault(jnp.dtype(x.dtype), []).append(flat)
+  parts += [jnp.concatenate(xs, axis=lead) if len(xs) > 1 else xs[0] for xs in small.values()]
+  if not parts:
+    return jnp.ones(shape, jnp.bool_)
+  total = None
+  for flat in parts:
+    zeros = jax.lax.optimization_barrier(jnp.zeros(flat.shape[-1:], flat.dtype))
+    term = jnp.isnan(flat @ zeros)
+    total = term if total is None else total | term
+  return ~total
+
+
+# Leaves with at least this many entries per flag get a product of their own in _all_finite.
+_OWN_PRODUCT = 1024
 
 
 def _lead(mask: jax.Array, x: jax.Array) -> jax.Array:
