@@ -112,9 +112,11 @@ def test_history_is_appended_not_rewritten(interrupted, tmp_path):
               **kw)
   state, history = np.array(sizes).T
   # One Orbax step is kept, of the carry's size, not the run's: a state that held the run so far would grow
-  # in proportion to the chunks done (3, 4, 5 of 5 here: 5/3 = 1.67x). Its compressed chunks and Orbax's
-  # own files vary by up to about 30% from save to save under load.
-  assert state.max() < 1.5 * state.min()
+  # in proportion to the chunks done (3 to 10 of 10 here). Its compressed chunks and Orbax's own files vary from
+  # save to save, one save by up to about 50% under load (12,501 bytes against 8,268 in a full suite on 2
+  # cores): the medians of the later and the earlier saves are compared, which such a save does not move.
+  half = len(state) // 2
+  assert np.median(state[half:]) < 1.2 * np.median(state[:half])
   # Each save adds one chunk's rows (chunks differ only in how many updates they apply), not the run so far.
   grew = np.diff(history)
   assert np.all(grew > 0) and grew.max() < 1.5 * grew.min()
