@@ -50,7 +50,8 @@ from delayjax.runtime._engine import AXIS
 from delayjax.runtime._history import chunk_span, nonfinite_report, sorted_pairs
 from delayjax.runtime._replica_plan import SLOT_GRAD, SLOT_MIX, SLOT_READ, ReplicaPlan, make_plan, pack_lanes
 from delayjax.runtime._sampling import lane_examples, shard_table
-from delayjax.runtime._simulate import _all_finite, _check_run_params, _inexact, _run_states, _shared_length
+from delayjax.runtime._simulate import (_all_finite, _check_run_params, _check_sources, _inexact, _run_states,
+                                        _shared_length)
 
 _CHECKPOINT_FILE = "simulate_gossip"
 
@@ -264,13 +265,7 @@ def _simulate_runs(loss_fn, tx, method, params, data, schedule, runs: Runs, *, s
     raise ValueError(f"with seed=dj.Runs(sources=[...]) every run follows its own schedule: pass schedule=None, "
                      f"got {type(schedule).__name__}.")
   else:
-    sources = runs.sources
-    for i, other in enumerate(sources):
-      if not isinstance(other, GossipSchedule):
-        raise TypeError(f"Runs.sources[{i}] must be a dj.cluster.GossipSchedule, got {type(other).__name__}.")
-      if other.num_workers != sources[0].num_workers:
-        raise ValueError(f"Runs.sources[{i}] has {other.num_workers} replicas, but Runs.sources[0] has "
-                         f"{sources[0].num_workers}: runs in one call follow schedules of the same replicas.")
+    sources = _check_sources(runs.sources, GossipSchedule, "replicas")
   run_params = [params] * runs.num_runs if runs.params is None else _check_run_params(runs.params, params)
   prepared = []
   for r, (seed, source, own_params) in enumerate(zip(runs.seeds, sources, run_params, strict=True)):

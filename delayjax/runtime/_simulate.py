@@ -644,14 +644,15 @@ def _check_like(like: Any, schedule: Schedule) -> tuple[Schedule, ...]:
   return tuple(like)
 
 
-def _check_sources(sources: tuple[Any, ...]) -> tuple[Schedule, ...]:
-  """``Runs.sources`` for ``dj.simulate``, checked: schedules of one set of workers."""
+def _check_sources(sources: tuple[Any, ...], kind: type = Schedule, what: str = "workers") -> tuple[Any, ...]:
+  """``Runs.sources`` checked: schedules of type ``kind`` (``dj.simulate``'s; ``dj.simulate_gossip`` passes
+  ``GossipSchedule``) of one set of ``what`` (workers, replicas)."""
   for i, other in enumerate(sources):
-    if not isinstance(other, Schedule):
-      raise TypeError(f"Runs.sources[{i}] must be a dj.cluster.Schedule, got {type(other).__name__}.")
+    if not isinstance(other, kind):
+      raise TypeError(f"Runs.sources[{i}] must be a dj.cluster.{kind.__name__}, got {type(other).__name__}.")
     if other.num_workers != sources[0].num_workers:
-      raise ValueError(f"Runs.sources[{i}] has {other.num_workers} workers, but Runs.sources[0] has "
-                       f"{sources[0].num_workers}: runs in one program follow schedules of the same workers.")
+      raise ValueError(f"Runs.sources[{i}] has {other.num_workers} {what}, but Runs.sources[0] has "
+                       f"{sources[0].num_workers}: runs in one program follow schedules of the same {what}.")
   return sources
 
 
