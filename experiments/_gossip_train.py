@@ -14,7 +14,9 @@ passes the schedules of the other specs that run the same method, for the
 same seed, as ``like``, and every run uses the same chunk and phases, so a
 reproduction compiles one program per method (a form of mixing that fits
 every topology; see ``dj.Execution``'s ``like``) instead of one per
-topology or paradigm.
+topology or paradigm. With :func:`batch_key` and :func:`run_specs` as its
+``batch`` and ``run_batch``, a reproduction computes each seed's runs of one
+method in one call (``seed=dj.Runs(sources=...)``), side by side.
 """
 
 from __future__ import annotations

@@ -109,7 +109,9 @@ The interface is :class:`Program`, a ``NamedTuple`` a runtime fills in:
   retraces it.
 
 :func:`run` executes a ``Program`` and returns the final carry (on the
-devices) and the records. A runtime then assembles its own result (history,
+devices) and the records; :func:`run_together` executes several single-run
+programs (a sweep's runs) side by side, each as :func:`run` would. A runtime
+then assembles its own result (history,
 statistics) from them; :mod:`delayjax.runtime._history` holds the pieces of
 that common to all runtimes (evaluation points, the non-finite report), and
 :mod:`delayjax.runtime._checkpoint` the checkpoint format.

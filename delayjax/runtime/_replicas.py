@@ -208,6 +208,7 @@ def simulate_gossip(
       chosen from the schedule), ``max_memory``, and ``like``: other gossip
       schedules whose runs share this run's compiled program (a sweep over
       topologies, paradigms or failures), to float rounding.
+
   Several runs (``seed=dj.Runs(seeds=..., sources=..., params=..., hyperparams=...)``): run ``r`` has its own
   seed, schedule (``Runs.sources[r]``, else ``schedule``), initial parameters and ``inject_hyperparams``
   values; every run is planned with the other runs' schedules added to ``Execution.like``, so that all
