@@ -111,9 +111,9 @@ The interface is :class:`Program`, a ``NamedTuple`` a runtime fills in:
 :func:`run` executes a ``Program`` and returns the final carry (on the
 devices) and the records; :func:`run_together` executes several single-run
 programs (a sweep's runs) side by side, each as :func:`run` would. A runtime
-then assembles its own result (history,
-statistics) from them; :mod:`delayjax.runtime._history` holds the pieces of
-that common to all runtimes (evaluation points, the non-finite report), and
+then assembles its own result (history, statistics) from them;
+:mod:`delayjax.runtime._history` holds the pieces of that common to all
+runtimes (evaluation points, the non-finite report), and
 :mod:`delayjax.runtime._checkpoint` the checkpoint format.
 """
 
@@ -687,16 +687,22 @@ def _concurrent_runs(fn: Callable[[int], Any], runs: Sequence[int]) -> list[Any]
   17.6 s instead of 22.8 s). Each run's numbers are those of its own call either way. An accelerator
   already queues the calls asynchronously; there they are made in order, from this thread.
   """
-  if len(runs) < 2 or _host_cpus() < 2 or jax.devices()[0].platform != "cpu":
+  if len(runs) < 2 or not _side_by_side():
     return [fn(r) for r in runs]
   # Each thread waits for its own run, so that a run is computed while the others are.
   return list(_runs_pool().map(lambda r: jax.block_until_ready(fn(r)), runs))
 
 
+def _side_by_side() -> bool:
+  """Whether work handed to the runs' pool computes beside this thread: the default device is a CPU and this
+  process has other CPUs (see :func:`_concurrent_runs`)."""
+  return _host_cpus() >= 2 and jax.devices()[0].platform == "cpu"
+
+
 def _in_background(fn: Callable[[], Any]) -> Callable[[], Any]:
-  """``fn()`` started in the runs' pool where the default device is a CPU with other cores (else called now);
-  returns the function that waits for its result."""
-  if _host_cpus() < 2 or jax.devices()[0].platform != "cpu":
+  """``fn()`` started in the runs' pool where it computes beside this thread (:func:`_side_by_side`; else called
+  now); returns the function that waits for its result."""
+  if not _side_by_side():
     value = fn()
     return lambda: value
   return _runs_pool().submit(fn).result
@@ -767,9 +773,7 @@ def inspecting(fn: Callable[..., None]) -> Iterator[None]:
 def _run(program, mesh, checkpoint, checkpoint_name, callback, inspect):
   chunk_fn = chunk_function(program, mesh)
   carry = program.carry
-  like = dict(program.records_like)
-  if program.check is not None:
-    like["check"] = np.zeros((0,) if program.runs is None else (0, program.runs), bool)
+  like = _records_like(program)
   records: dict[str, list[Any]] = {name: [] for name in like}
   first_chunk = 0
   separately = isinstance(chunk_fn, _Separately)
@@ -797,39 +801,37 @@ def _run(program, mesh, checkpoint, checkpoint_name, callback, inspect):
   put_tables = table_placer(mesh)
   unsaved: list[dict[str, Any]] = []  # rows not yet in the checkpoint's history
   last_write = clock()  # the run's start, then its last write
-  ahead = None
+
+  def chunk_tables(chunk: int) -> tuple[Any, Any]:
+    """Chunk ``chunk``'s host tables and the tables its call takes (runs with tables of their own place each
+    run's rows themselves)."""
+    tables = program.tables(chunk)
+    return tables, tables if separately else place(put_tables, program.table_specs, tables)
+
+  first = compiled = None  # chunk 0's tables when made before the initial evaluation, and its compile's wait
   if program.initial is not None and first_chunk == 0:
     if mesh is None and program.num_chunks > 0:
       # The first chunk's program compiles in the background while the initial evaluation computes (compiling
       # its own program); the chunk's call then finds it in JAX's caches.
-      tables = program.tables(0)
+      first = chunk_tables(0)
       if separately:
-        chunk_fn.compile_ahead(carry, constants, tables)
-        ahead = (tables, tables, lambda: None)
+        chunk_fn.compile_ahead(carry, constants, first[0])
       else:
-        device_tables = place(put_tables, program.table_specs, tables)
-        ahead = (tables, device_tables, _in_background(chunk_fn.lower(carry, constants, device_tables).compile))
+        compiled = _in_background(chunk_fn.lower(carry, constants, first[1]).compile)
     unsaved.append(program.initial(carry))
 
   for chunk in range(first_chunk, program.num_chunks):
-    if chunk == 0 and ahead is not None:
-      tables, device_tables, compiled = ahead
+    tables, device_tables = first if chunk == 0 and first is not None else chunk_tables(chunk)
+    if compiled is not None:
       compiled()
-    else:
-      tables = program.tables(chunk)
-      # Runs with tables of their own place each run's rows themselves.
-      device_tables = tables if separately else place(put_tables, program.table_specs, tables)
+      compiled = None
     if inspect is not None:
       # Runs with tables of their own: the first run's jitted chunk and its arguments.
       inspect(*((chunk_fn.chunk, (carry[0], constants[0], chunk_fn.tables(tables, 0))) if separately else
                 (chunk_fn, (carry, constants, device_tables))))
       inspect = None
     carry, outputs = chunk_fn(carry, constants, device_tables)
-    rows = {}
-    if program.check is not None:
-      outputs, healthy = outputs
-      rows["check"] = np.asarray(host(healthy))[None]
-    rows.update(program.collect(chunk, tables, outputs))
+    rows = _chunk_rows(program, chunk, tables, outputs)
     unsaved.append(rows)
     if saver is not None and (checkpoint.min_interval == 0 or clock() - last_write >= checkpoint.min_interval):
       _append(records, unsaved)
@@ -837,10 +839,7 @@ def _run(program, mesh, checkpoint, checkpoint_name, callback, inspect):
       unsaved = []
       last_write = clock()
     if callback is not None:
-      # The chunk's own history rows (loss, metrics, ...) beside its progress, as the history keeps them.
-      chunk_rows = {k: v for k, v in rows.items() if k != "check"}
-      callback({**program.progress(chunk),
-                "rows": chunk_rows if program.rows_view is None else program.rows_view(chunk_rows)})
+      callback(_callback_info(program, chunk, rows))
   _append(records, unsaved)
   return chunk_fn.stacked(carry) if separately else carry, _joined(records, like)
 
@@ -869,8 +868,7 @@ def run_together(programs: list[Program],
     if id(program.constants) not in shared:
       shared[id(program.constants)] = place(put, program.constant_specs, program.constants)
   constants = [shared[id(program.constants)] for program in programs]
-  likes = [dict(program.records_like, **({} if program.check is None else {"check": np.zeros(0, bool)}))
-           for program in programs]
+  likes = [_records_like(program) for program in programs]
   records: list[dict[str, list[Any]]] = [{name: [] for name in like} for like in likes]
   tables = {r: program.tables(0) for r, program in enumerate(programs)}
   placed = {r: place(put_tables, programs[r].table_specs, tables[r]) for r in tables}
@@ -902,17 +900,39 @@ def run_together(programs: list[Program],
     done = _concurrent_runs(lambda r: executables[r](carries[r], constants[r], placed[r]), active)
     for r, (carry, outputs) in zip(active, done, strict=True):
       carries[r] = carry
-      rows = {}
-      if programs[r].check is not None:
-        outputs, healthy = outputs
-        rows["check"] = np.asarray(host(healthy))[None]
-      rows.update(programs[r].collect(chunk, tables[r], outputs))
+      rows = _chunk_rows(programs[r], chunk, tables[r], outputs)
       _append(records[r], [rows])
       if callback is not None:
-        chunk_rows = {k: v for k, v in rows.items() if k != "check"}
-        callback(r, {**programs[r].progress(chunk), "rows": chunk_rows if programs[r].rows_view is None
-                     else programs[r].rows_view(chunk_rows)})
+        callback(r, _callback_info(programs[r], chunk, rows))
   return [(carry, _joined(kept, like)) for carry, kept, like in zip(carries, records, likes, strict=True)]
+
+
+def _records_like(program: Program) -> dict[str, Any]:
+  """One empty row-pytree per record a run of ``program`` keeps: its ``records_like`` and, with a health check,
+  ``"check"`` (one flag per chunk, per run for several runs)."""
+  like = dict(program.records_like)
+  if program.check is not None:
+    like["check"] = np.zeros((0,) if program.runs is None else (0, program.runs), bool)
+  return like
+
+
+def _chunk_rows(program: Program, chunk: int, tables: Any, outputs: Any) -> dict[str, Any]:
+  """Chunk ``chunk``'s records from its host ``tables`` and device ``outputs``: the health check's flag, if the
+  program has one, and ``program.collect``'s rows."""
+  rows = {}
+  if program.check is not None:
+    outputs, healthy = outputs
+    rows["check"] = np.asarray(host(healthy))[None]
+  rows.update(program.collect(chunk, tables, outputs))
+  return rows
+
+
+def _callback_info(program: Program, chunk: int, rows: dict[str, Any]) -> dict[str, Any]:
+  """What the user's callback is told after chunk ``chunk``: its progress and, as ``"rows"``, the chunk's own
+  history rows (loss, metrics, ...) as the history keeps them."""
+  chunk_rows = {k: v for k, v in rows.items() if k != "check"}
+  return {**program.progress(chunk),
+          "rows": chunk_rows if program.rows_view is None else program.rows_view(chunk_rows)}
 
 
 def _append(records: dict[str, list[Any]], rows: list[dict[str, Any]]) -> None:

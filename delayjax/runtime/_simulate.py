@@ -440,11 +440,12 @@ def _all_finite(tree: Any, lead: int = 0) -> jax.Array:
   one array per dtype first: one product, where one per leaf would each be a kernel of its own to compile.
   Integer and boolean leaves are always finite.
   """
-  leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact) and x.size]
-  shape = jax.tree.leaves(tree)[0].shape[:lead] if lead and jax.tree.leaves(tree) else ()
+  leaves = jax.tree.leaves(tree)
   parts: list[jax.Array] = []
   small: dict[Any, list[jax.Array]] = {}
   for x in leaves:
+    if not (jnp.issubdtype(x.dtype, jnp.inexact) and x.size):
+      continue
     flat = x.reshape(x.shape[:lead] + (-1,))
     if flat.shape[-1] >= _OWN_PRODUCT:
       parts.append(flat)
@@ -452,13 +453,10 @@ def _all_finite(tree: Any, lead: int = 0) -> jax.Array:
       small.setdefault(jnp.dtype(x.dtype), []).append(flat)
   parts += [jnp.concatenate(xs, axis=lead) if len(xs) > 1 else xs[0] for xs in small.values()]
   if not parts:
-    return jnp.ones(shape, jnp.bool_)
-  total = None
-  for flat in parts:
-    zeros = jax.lax.optimization_barrier(jnp.zeros(flat.shape[-1:], flat.dtype))
-    term = jnp.isnan(flat @ zeros)
-    total = term if total is None else total | term
-  return ~total
+    return jnp.ones(leaves[0].shape[:lead] if leaves and lead else (), jnp.bool_)
+  nonfinite = [jnp.isnan(flat @ jax.lax.optimization_barrier(jnp.zeros(flat.shape[-1:], flat.dtype)))
+               for flat in parts]
+  return ~functools.reduce(jnp.logical_or, nonfinite)
 
 
 # Leaves with at least this many entries per flag get a product of their own in _all_finite.
