@@ -281,8 +281,8 @@ def task_for(config: dict[str, Any]) -> Task:
     if config["model"] == "mlp":
       split = Split(*(a.reshape(a.shape[0], -1) if a.ndim > 2 else a for a in split))
       sizes = (split.x_train.shape[1],) + hidden + (10,)
-      # Digits' 1,437 training examples are evaluated in one batch: in batches of 1,000, every chunk program
-      # held two forward passes (1,000 rows and the 437 left), which cost dai_staleness 0.56 s of its 8.5 s of
+      # Digits' 1,438 training examples are evaluated in one batch: in batches of 1,000, every chunk program
+      # held two forward passes (1,000 rows and the 438 left), which cost dai_staleness 0.56 s of its 8.5 s of
       # runs at one seed (its eight programs' compiles).
       task = classification_task(split, mlp, lambda k: init_mlp(k, sizes),
                                  eval_batch=None if config["data"] == "digits" else 1000)
