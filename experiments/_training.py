@@ -1,4 +1,5 @@
-"""Shared pieces of the reproductions: a classification task, a run of ``dj.simulate``, curve helpers.
+"""Shared pieces of the reproductions: a classification task, a run of ``dj.simulate``, calls side by side, curve
+helpers.
 
 A reproduction says *what* to train under which schedule and optimizer;
 :func:`simulate_record` trains it with the exact wave-parallel runtime and
@@ -8,6 +9,10 @@ curves against updates and simulated time, the staleness histogram.
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
+import os
+import threading
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -60,7 +65,18 @@ def classification_task(split: Any, apply: Callable[[Any, jax.Array], jax.Array]
     return {"test_error": error.astype(jnp.float32), "train_loss": train_loss.astype(jnp.float32)}
 
   data = {"x": np.asarray(split.x_train), "y": np.asarray(split.y_train)}
-  return Task(data, loss_fn, eval_fn, lambda seed: init(jax.random.PRNGKey(seed)))
+
+  @functools.lru_cache(maxsize=256)
+  def initial(seed: int) -> Any:
+    return jax.tree.map(np.asarray, init(jax.random.PRNGKey(seed)))
+
+  def init_params(seed: int) -> Any:
+    # Each seed's parameters drawn once, kept as NumPy, a copy per call: drawing them eagerly dispatches a dozen
+    # programs (experiments/dai_staleness asked 168 times, 2.8 s of its threads at five seeds), and the runtimes
+    # place a NumPy value by a host copy, a device array by a copy program per leaf.
+    return jax.tree.map(np.array, initial(int(seed)))
+
+  return Task(data, loss_fn, eval_fn, init_params)
 
 
 def simulate_record(task: Task, tx: optax.GradientTransformation, source: Any, *, seed: int,
@@ -122,6 +138,51 @@ def simulate_records(task: Task, tx: optax.GradientTransformation, sources: list
                                          nonfinite="report"),
                         execution=dj.Execution(lanes=lanes, like=like, chunk_size=chunk_size))
   return [result_record(result, source) for result, source in zip(results, sources, strict=True)]
+
+
+def side_by_side(calls: list[Callable[[], Any]]) -> list[Any]:
+  """``[call() for call in calls]``, as many calls at a time (threads) as this process has CPUs.
+
+  For the ``dj.simulate`` calls of separate programs (a reproduction's optimizers): a short run of a small model
+  is mostly its program's tracing, compiling and the host's work around it, during which a CPU idles; a call
+  beside it fills that CPU. Each result is the one its call gives alone (a compiled program computes the same
+  numbers in any thread). The calls run under the caller's dtype promotion and 64-bit setting (JAX's config
+  contexts hold in their own thread only). The first exception raised is raised here, once every call has ended.
+  """
+  promotion = jax.config.jax_numpy_dtype_promotion
+  promotion, x64 = getattr(promotion, "value", promotion), bool(jax.config.jax_enable_x64)
+
+  def in_callers_config(call: Callable[[], Any]) -> Any:
+    with jax.numpy_dtype_promotion(promotion), jax.enable_x64(x64):
+      return call()
+
+  try:
+    cpus = len(os.sched_getaffinity(0))
+  except AttributeError:  # not on every platform
+    cpus = os.cpu_count() or 1
+  if cpus < 2 or len(calls) < 2:
+    return [call() for call in calls]
+  with concurrent.futures.ThreadPoolExecutor(min(cpus, len(calls)), thread_name_prefix="side-by-side") as pool:
+    futures = [pool.submit(in_callers_config, call) for call in calls]
+    concurrent.futures.wait(futures)
+  return [future.result() for future in futures]
+
+
+def shared_progress(progress: Progress, parts: int) -> list[Progress]:
+  """One progress callback per part of a batch, each called with its own ``(done, total)``: ``progress`` is told
+  the parts' sums (of the parts heard from so far), from whichever thread calls."""
+  done, total = [0] * parts, [0] * parts
+  lock = threading.Lock()
+
+  def part(index: int) -> Progress:
+    def report(part_done: int, part_total: int) -> None:
+      with lock:
+        done[index], total[index] = part_done, part_total
+        progress(sum(done), sum(total))
+
+    return report
+
+  return [part(index) for index in range(parts)]
 
 
 def _reporting(progress: Progress) -> Callable[[dict[str, Any]], None]:
