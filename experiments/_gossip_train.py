@@ -21,6 +21,7 @@ method in one call (``seed=dj.Runs(sources=...)``), side by side.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any, NamedTuple
 
@@ -28,6 +29,7 @@ import numpy as np
 
 import delayjax as dj
 from ._framework import ClaimResult, Summary, mean_rows, paired, remembered
+from ._training import shared_progress, side_by_side
 
 C = dj.cluster
 
@@ -244,26 +246,64 @@ def run_spec(config: dict[str, Any], spec: dict[str, Any], seed: int, progress: 
   return run_specs(config, [(spec, seed)], progress, method=method, specs=specs)[0]
 
 
-def batch_key(config: dict[str, Any], spec: dict[str, Any], seed: int) -> tuple[str, int, str, int]:
-  """A gossip reproduction's ``batch`` (with :func:`run_specs` as its ``run_batch``): the runs of one seed whose
-  paradigms run one ``dj.gossip`` method (:data:`METHODS`), on one layout of the shards, evaluated every as
-  many gradients; they are computed together, side by side, by one ``dj.simulate_gossip`` call."""
+def call_key(config: dict[str, Any], spec: dict[str, Any], seed: int) -> tuple[str, int, str, int]:
+  """The runs of one seed computed by one ``dj.simulate_gossip`` call (:func:`run_specs`): those whose paradigms
+  run one ``dj.gossip`` method (:data:`METHODS`), on one layout of the shards, evaluated every as many
+  gradients; they are computed side by side within the call."""
   shards = spec.get("shards", config.get("shards", "iid"))
   return (METHODS[spec["paradigm"]]().name, seed, shards, eval_every(config, schedule_for(config, spec, seed)))
 
 
+def batch_key(config: dict[str, Any], spec: dict[str, Any], seed: int) -> int:
+  """A gossip reproduction's ``batch`` (with :func:`run_specs` as its ``run_batch``): the pending runs of one
+  seed, computed by one ``dj.simulate_gossip`` call per :func:`call_key`."""
+  return seed
+
+
 def run_specs(config: dict[str, Any], members: list[tuple[dict[str, Any], int]], progress: Any, method: Any = None,
               specs: Any = None) -> list[dict[str, Any]]:
-  """The records of ``members``, runs of one :func:`batch_key` (or one run), each equal to its own
-  :func:`run_spec`'s bit for bit: a run's ``like`` is the schedules of every other spec of its program and seed,
-  those of the other members included."""
+  """The records of ``members``, runs of one seed (:func:`batch_key`), each equal to its own :func:`run_spec`'s
+  bit for bit: one ``dj.simulate_gossip`` call per :func:`call_key`, the calls of one compiled program
+  (:data:`_PROGRAMS`) one after the other, and those of separate programs side by side
+  (``_training.side_by_side``: while one program compiles, another computes). A run's ``like`` is the
+  schedules of every other spec of its program and seed, those of the other members included."""
+  if len({seed for _, seed in members}) > 1:
+    raise ValueError(f"runs computed together share a seed (batch_key); got {[(s['key'], n) for s, n in members]}.")
+  if len(members) > 1 and method is not None:
+    raise ValueError(f"runs with a method of each schedule are computed one at a time; got "
+                     f"{[spec['key'] for spec, _ in members]}.")
+  calls: dict[tuple[str, int, str, int], list[int]] = {}
+  for index, (spec, seed) in enumerate(members):
+    calls.setdefault(call_key(config, spec, seed), []).append(index)
+  programs: dict[str, list[list[int]]] = {}
+  for indices in calls.values():
+    programs.setdefault(_PROGRAMS[members[indices[0]][0]["paradigm"]], []).append(indices)
+  # Each shards layout's task made here, once, not by two threads at once.
+  for spec, _ in members:
+    digits_task(len(config["speeds"]), spec.get("shards", config.get("shards", "iid")))
+  parts = shared_progress(progress, len(programs))
+
+  def program_records(groups: list[list[int]], part: Any) -> dict[int, dict[str, Any]]:
+    records: dict[int, dict[str, Any]] = {}
+    for indices in groups:
+      records.update(zip(indices, _call_records(config, [members[i] for i in indices], method, specs),
+                         strict=True))
+      part(len(records), sum(len(group) for group in groups))
+    return records
+
+  records: dict[int, dict[str, Any]] = {}
+  for done in side_by_side([functools.partial(program_records, groups, part)
+                            for groups, part in zip(programs.values(), parts, strict=True)]):
+    records.update(done)
+  return [records[index] for index in range(len(members))]
+
+
+def _call_records(config: dict[str, Any], members: list[tuple[dict[str, Any], int]], method: Any,
+                  specs: Any) -> list[dict[str, Any]]:
+  """The records of ``members``, runs of one :func:`call_key`, by one ``dj.simulate_gossip`` call."""
   first, seed = members[0]
   schedules = [schedule_for(config, spec, s) for spec, s in members]
   shards = first.get("shards", config.get("shards", "iid"))
-  if len(members) > 1 and (method is not None or len({batch_key(config, spec, s) for spec, s in members}) > 1):
-    raise ValueError(f"runs computed together share a method, seed, shards and evaluation interval (batch_key); "
-                     f"got {[(spec['key'], s) for spec, s in members]}" + (" with a method of each schedule" if
-                                                                        method is not None else "") + ".")
   task = digits_task(len(config["speeds"]), shards)
   like: tuple[C.GossipSchedule, ...] = ()
   group_phases = None
@@ -281,7 +321,6 @@ def run_specs(config: dict[str, Any], members: list[tuple[dict[str, Any], int]],
                                  seeds=[s for _, s in members], eval_every=eval_every(config, schedules[0]),
                                  shards=shards, method=None if method is None else method(schedules[0]),
                                  layers=first.get("layers", False), like=like, phases=group_phases)
-  progress(len(members), len(members))
   return [finish_record(config, schedule, record) for schedule, record in zip(schedules, records, strict=True)]
 
 

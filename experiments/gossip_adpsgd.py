@@ -40,7 +40,8 @@ def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress: Any) 
 
 
 def run_batch(config: dict[str, Any], members: list[tuple[dict[str, Any], int]], progress: Any) -> list[dict[str, Any]]:
-  # The runs of one seed and rule (gt.batch_key), side by side in one dj.simulate_gossip call.
+  # The runs of one seed (gt.batch_key): a dj.simulate_gossip call per rule and shards (gt.call_key), a program's calls
+  # in turn, separate programs' side by side.
   return gt.run_specs(config, members, progress, specs=specs)
 
 

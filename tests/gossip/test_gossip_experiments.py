@@ -98,19 +98,24 @@ def test_a_reproductions_runs_on_the_library_match_the_numpy_executor(seed):
 
 @pytest.mark.fast_compile
 def test_a_batch_of_runs_gives_each_run_its_single_record_bit_for_bit():
-  """``gt.run_specs`` (a reproduction's ``run_batch``) computes the runs of one ``gt.batch_key`` in one
-  ``dj.simulate_gossip`` call; each record equals ``gt.run_spec``'s of that run alone, whatever other runs of the
-  program are in the batch."""
+  """``gt.run_specs`` (a reproduction's ``run_batch``) computes the runs of one seed (``gt.batch_key``), one
+  ``dj.simulate_gossip`` call per ``gt.call_key``, separate programs side by side; each record equals
+  ``gt.run_spec``'s of that run alone, whatever other runs are in the batch."""
   specs = _specs(CONFIG)
-  members = [(spec, 1) for spec in specs if spec["paradigm"] in ("allreduce", "d_psgd")]
+  members = [(spec, 1) for spec in specs]
   assert len({gt.batch_key(CONFIG, spec, seed) for spec, seed in members}) == 1
+  # D-PSGD's rule in one call for the all-reduce and D-PSGD runs; SGP's push-sum, another program, beside it.
+  calls = {gt.call_key(CONFIG, spec, seed) for spec, seed in members}
+  assert len(calls) > 1 and len({gt._PROGRAMS[spec["paradigm"]] for spec in specs}) > 1
   alone = [gt.run_spec(CONFIG, spec, seed, lambda *a: None, specs=_specs) for spec, seed in members]
-  together = gt.run_specs(CONFIG, members, lambda *a: None, specs=_specs)
+  told = []
+  together = gt.run_specs(CONFIG, members, lambda done, total: told.append((done, total)), specs=_specs)
   as_text = lambda records: json.dumps(records, sort_keys=True, default=np.ndarray.tolist)  # noqa: E731
   assert as_text(together) == as_text(alone)
   assert alone[0]["metrics"]["loss"] != alone[1]["metrics"]["loss"]
-  # Another seed's run, or another rule's, is not of the batch.
-  with pytest.raises(ValueError, match="share a method, seed, shards and evaluation interval"):
+  assert told[-1] == (len(members), len(members))
+  # Another seed's run is not of the batch; nor is a run with a method of each schedule batched.
+  with pytest.raises(ValueError, match="share a seed"):
     gt.run_specs(CONFIG, [members[0], (members[1][0], 2)], lambda *a: None, specs=_specs)
-  with pytest.raises(ValueError, match="share a method, seed, shards and evaluation interval"):
-    gt.run_specs(CONFIG, [members[0], (specs[2], 1)], lambda *a: None, specs=_specs)
+  with pytest.raises(ValueError, match="a method of each schedule are computed one at a time"):
+    gt.run_specs(CONFIG, members[:2], lambda *a: None, method=lambda schedule: dj.gossip.d_psgd(), specs=_specs)
