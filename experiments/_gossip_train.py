@@ -15,8 +15,10 @@ same seed, as ``like``, and every run uses the same chunk and phases, so a
 reproduction compiles one program per method (a form of mixing that fits
 every topology; see ``dj.Execution``'s ``like``) instead of one per
 topology or paradigm. With :func:`batch_key` and :func:`run_specs` as its
-``batch`` and ``run_batch``, a reproduction computes each seed's runs of one
-method in one call (``seed=dj.Runs(sources=...)``), side by side.
+``batch`` and ``run_batch``, a reproduction computes each seed's runs
+together: those of one method and shard layout in one call
+(``seed=dj.Runs(sources=...)``, :func:`call_key`), side by side, and the
+calls of separate programs side by side too.
 """
 
 from __future__ import annotations

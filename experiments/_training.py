@@ -10,7 +10,6 @@ curves against updates and simulated time, the staleness histogram.
 from __future__ import annotations
 
 import concurrent.futures
-import functools
 import os
 import threading
 from typing import Any, Callable, NamedTuple
@@ -65,18 +64,7 @@ def classification_task(split: Any, apply: Callable[[Any, jax.Array], jax.Array]
     return {"test_error": error.astype(jnp.float32), "train_loss": train_loss.astype(jnp.float32)}
 
   data = {"x": np.asarray(split.x_train), "y": np.asarray(split.y_train)}
-
-  @functools.lru_cache(maxsize=256)
-  def initial(seed: int) -> Any:
-    return jax.tree.map(np.asarray, init(jax.random.PRNGKey(seed)))
-
-  def init_params(seed: int) -> Any:
-    # Each seed's parameters drawn once, kept as NumPy, a copy per call: drawing them eagerly dispatches a dozen
-    # programs (experiments/dai_staleness asked 168 times, 2.8 s of its threads at five seeds), and the runtimes
-    # place a NumPy value by a host copy, a device array by a copy program per leaf.
-    return jax.tree.map(np.array, initial(int(seed)))
-
-  return Task(data, loss_fn, eval_fn, init_params)
+  return Task(data, loss_fn, eval_fn, lambda seed: init(jax.random.PRNGKey(seed)))
 
 
 def simulate_record(task: Task, tx: optax.GradientTransformation, source: Any, *, seed: int,
@@ -130,9 +118,13 @@ def simulate_records(task: Task, tx: optax.GradientTransformation, sources: list
   computed by a call of its own, on a CPU several at a time); the batch saves the host's work per call. No
   checkpoint: an interrupted batch is computed again. ``chunk_size``: ``dj.Execution``'s (the records do not
   depend on it)."""
-  results = dj.simulate(task.loss_fn, tx, task.init(seeds[0]), task.data, None,
+  # Each seed's parameters drawn once for the call (an eager draw dispatches a dozen programs: dai_staleness drew
+  # 168 times, 2.8 s of its threads at five seeds), as NumPy copies, which the runtimes place by a host copy (a
+  # device array by a copy program per leaf).
+  drawn = {seed: jax.tree.map(np.array, task.init(seed)) for seed in dict.fromkeys(seeds)}
+  results = dj.simulate(task.loss_fn, tx, drawn[seeds[0]], task.data, None,
                         seed=dj.Runs(seeds=list(seeds), sources=list(sources),
-                                     params=[task.init(seed) for seed in seeds]),
+                                     params=[drawn[seed] for seed in seeds]),
                         sampling=dj.Sampling(batch_size),
                         record=dj.Record(eval_fn=task.eval_fn, every=eval_every, callback=_reporting(progress),
                                          nonfinite="report"),

@@ -228,22 +228,3 @@ def test_the_evaluation_counts_every_example_whatever_its_batches(eval_batch):
   np.testing.assert_allclose(float(metrics["test_error"]), np.mean(logits(split.x_test).argmax(1) != split.y_test),
                              rtol=1e-6)
 
-
-def test_a_tasks_initial_parameters_are_its_draw_for_the_seed_as_numpy_copies():
-  import jax
-
-  from experiments._training import classification_task
-  from experiments.data import Split
-
-  rng = np.random.default_rng(6)
-  split = Split(rng.normal(size=(8, 4)).astype(np.float32), rng.integers(0, 3, 8),
-                rng.normal(size=(4, 4)).astype(np.float32), rng.integers(0, 3, 4))
-  task = classification_task(split, lambda p, x: x @ p["w"], lambda key: {"w": jax.random.normal(key, (4, 3))})
-  drawn = np.asarray(jax.random.normal(jax.random.PRNGKey(3), (4, 3)))
-  first = task.init(3)
-  assert isinstance(first["w"], np.ndarray)
-  np.testing.assert_array_equal(first["w"], drawn)
-  # Each call a copy of its own: a caller that writes into one leaves the next call's alone.
-  first["w"][:] = 0.0
-  np.testing.assert_array_equal(task.init(3)["w"], drawn)
-  assert not np.array_equal(task.init(4)["w"], drawn)
