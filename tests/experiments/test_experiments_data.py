@@ -227,4 +227,3 @@ def test_the_evaluation_counts_every_example_whatever_its_batches(eval_batch):
                              rtol=1e-5)
   np.testing.assert_allclose(float(metrics["test_error"]), np.mean(logits(split.x_test).argmax(1) != split.y_test),
                              rtol=1e-6)
-
