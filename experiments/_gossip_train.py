@@ -23,7 +23,6 @@ calls of separate programs side by side too.
 
 from __future__ import annotations
 
-import functools
 import json
 from typing import Any, NamedTuple
 
@@ -31,7 +30,7 @@ import numpy as np
 
 import delayjax as dj
 from ._framework import ClaimResult, Summary, mean_rows, paired, remembered
-from ._training import shared_progress, side_by_side
+from ._training import grouped_side_by_side
 
 C = dj.cluster
 
@@ -252,8 +251,13 @@ def call_key(config: dict[str, Any], spec: dict[str, Any], seed: int) -> tuple[s
   """The runs of one seed computed by one ``dj.simulate_gossip`` call (:func:`run_specs`): those whose paradigms
   run one ``dj.gossip`` method (:data:`METHODS`), on one layout of the shards, evaluated every as many
   gradients; they are computed side by side within the call."""
-  shards = spec.get("shards", config.get("shards", "iid"))
-  return (METHODS[spec["paradigm"]]().name, seed, shards, eval_every(config, schedule_for(config, spec, seed)))
+  return (METHODS[spec["paradigm"]]().name, seed, _shards(config, spec),
+          eval_every(config, schedule_for(config, spec, seed)))
+
+
+def _shards(config: dict[str, Any], spec: dict[str, Any]) -> str:
+  """A run's layout of the shards: its spec's, else the config's, else ``"iid"``."""
+  return spec.get("shards", config.get("shards", "iid"))
 
 
 def batch_key(config: dict[str, Any], spec: dict[str, Any], seed: int) -> int:
@@ -274,30 +278,22 @@ def run_specs(config: dict[str, Any], members: list[tuple[dict[str, Any], int]],
   if len(members) > 1 and method is not None:
     raise ValueError(f"runs with a method of each schedule are computed one at a time; got "
                      f"{[spec['key'] for spec, _ in members]}.")
-  calls: dict[tuple[str, int, str, int], list[int]] = {}
-  for index, (spec, seed) in enumerate(members):
-    calls.setdefault(call_key(config, spec, seed), []).append(index)
-  programs: dict[str, list[list[int]]] = {}
-  for indices in calls.values():
-    programs.setdefault(_PROGRAMS[members[indices[0]][0]["paradigm"]], []).append(indices)
   # Each shards layout's task made here, once, not by two threads at once.
   for spec, _ in members:
-    digits_task(len(config["speeds"]), spec.get("shards", config.get("shards", "iid")))
-  parts = shared_progress(progress, len(programs))
+    digits_task(len(config["speeds"]), _shards(config, spec))
 
-  def program_records(groups: list[list[int]], part: Any) -> dict[int, dict[str, Any]]:
+  def program_records(group: list[tuple[dict[str, Any], int]], part: Any) -> list[dict[str, Any]]:
+    # One program's calls (gt.call_key), in turn.
+    calls: dict[tuple[str, int, str, int], list[int]] = {}
+    for index, (spec, seed) in enumerate(group):
+      calls.setdefault(call_key(config, spec, seed), []).append(index)
     records: dict[int, dict[str, Any]] = {}
-    for indices in groups:
-      records.update(zip(indices, _call_records(config, [members[i] for i in indices], method, specs),
-                         strict=True))
-      part(len(records), sum(len(group) for group in groups))
-    return records
+    for indices in calls.values():
+      records.update(zip(indices, _call_records(config, [group[i] for i in indices], method, specs), strict=True))
+      part(len(records), len(group))
+    return [records[index] for index in range(len(group))]
 
-  records: dict[int, dict[str, Any]] = {}
-  for done in side_by_side([functools.partial(program_records, groups, part)
-                            for groups, part in zip(programs.values(), parts, strict=True)]):
-    records.update(done)
-  return [records[index] for index in range(len(members))]
+  return grouped_side_by_side(members, lambda member: _PROGRAMS[member[0]["paradigm"]], program_records, progress)
 
 
 def _call_records(config: dict[str, Any], members: list[tuple[dict[str, Any], int]], method: Any,
@@ -305,7 +301,7 @@ def _call_records(config: dict[str, Any], members: list[tuple[dict[str, Any], in
   """The records of ``members``, runs of one :func:`call_key`, by one ``dj.simulate_gossip`` call."""
   first, seed = members[0]
   schedules = [schedule_for(config, spec, s) for spec, s in members]
-  shards = first.get("shards", config.get("shards", "iid"))
+  shards = _shards(config, first)
   task = digits_task(len(config["speeds"]), shards)
   like: tuple[C.GossipSchedule, ...] = ()
   group_phases = None

@@ -10,7 +10,7 @@ curves against updates and simulated time, the staleness histogram.
 from __future__ import annotations
 
 import concurrent.futures
-import os
+import functools
 import threading
 from typing import Any, Callable, NamedTuple
 
@@ -20,6 +20,7 @@ import numpy as np
 import optax
 
 import delayjax as dj
+from delayjax.runtime._engine import _host_cpus
 from ._framework import Progress, remembered
 
 
@@ -148,16 +149,32 @@ def side_by_side(calls: list[Callable[[], Any]]) -> list[Any]:
     with jax.numpy_dtype_promotion(promotion), jax.enable_x64(x64):
       return call()
 
-  try:
-    cpus = len(os.sched_getaffinity(0))
-  except AttributeError:  # not on every platform
-    cpus = os.cpu_count() or 1
+  cpus = _host_cpus()
   if cpus < 2 or len(calls) < 2:
     return [call() for call in calls]
+  # A pool of its own: the calls hand their runs to the runtimes' pool and wait for them there.
   with concurrent.futures.ThreadPoolExecutor(min(cpus, len(calls)), thread_name_prefix="side-by-side") as pool:
     futures = [pool.submit(in_callers_config, call) for call in calls]
     concurrent.futures.wait(futures)
   return [future.result() for future in futures]
+
+
+def grouped_side_by_side(members: list[Any], key: Callable[[Any], Any],
+                         compute: Callable[[list[Any], Progress], list[Any]], progress: Progress) -> list[Any]:
+  """``compute(group, part)``'s results for the groups of ``members`` of equal ``key(member)`` (a batch's runs
+  of one program), the groups side by side (:func:`side_by_side`), each told its own ``part`` of ``progress``
+  (:func:`shared_progress`); returned in ``members``' order (``compute`` returns one result per member of its
+  group, in the group's order)."""
+  groups: dict[Any, list[int]] = {}
+  for index, member in enumerate(members):
+    groups.setdefault(key(member), []).append(index)
+  parts = shared_progress(progress, len(groups))
+  done = side_by_side([functools.partial(compute, [members[i] for i in indices], part)
+                       for indices, part in zip(groups.values(), parts, strict=True)])
+  results: dict[int, Any] = {}
+  for indices, group_results in zip(groups.values(), done, strict=True):
+    results.update(zip(indices, group_results, strict=True))
+  return [results[index] for index in range(len(members))]
 
 
 def shared_progress(progress: Progress, parts: int) -> list[Progress]:

@@ -31,7 +31,7 @@ import delayjax as dj
 from . import _plots
 from ._framework import (COUNT, Claim, ClaimResult, Reproduction, Summary, across_seeds, compare, mean_rows,
                          seed_values)
-from ._training import first_reach, shared_progress, side_by_side, simulate_record, simulate_records, task_for
+from ._training import first_reach, grouped_side_by_side, simulate_record, simulate_records, task_for
 
 # Config: one learning rate per optimizer, the usual defaults for each. lanes: gradients per step of
 # dj.simulate, fixed so that every s shares one program (the results depend on it only through rounding). One: a
@@ -112,19 +112,11 @@ def run_batch(config: dict[str, Any], members: list[tuple[dict[str, Any], int]],
   :func:`program`, as many calls at a time as the process has CPUs (``_training.side_by_side``: at five seeds
   12.3 s of runs instead of 13.0 s on 2 cores, at one 7.4 s instead of 7.9 s; each program's compile and
   host work leave a CPU idle, which the next program's fill)."""
-  groups: dict[str, list[int]] = {}
-  for index, (spec, _) in enumerate(members):
-    groups.setdefault(program(config, spec), []).append(index)
   for depth in sorted({spec["depth"] for spec, _ in members}):
     # Each depth's task (its data, loss and evaluation) made once, here, not by two threads at once.
     task_for(dict(config, hidden=[config["width"]] * depth))
-  parts = shared_progress(progress, len(groups))
-  done = side_by_side([functools.partial(_program_records, config, [members[i] for i in indices], part)
-                       for indices, part in zip(groups.values(), parts, strict=True)])
-  records: dict[int, dict[str, Any]] = {}
-  for indices, group_records in zip(groups.values(), done, strict=True):
-    records.update(zip(indices, group_records, strict=True))
-  return [records[index] for index in range(len(members))]
+  return grouped_side_by_side(members, lambda member: program(config, member[0]),
+                              functools.partial(_program_records, config), progress)
 
 
 def _program_records(config: dict[str, Any], members: list[tuple[dict[str, Any], int]],

@@ -1,5 +1,6 @@
 """experiments._training.side_by_side and shared_progress: a batch's separate calls computed at once, one progress."""
 
+import os
 import threading
 import time
 
@@ -10,7 +11,7 @@ from experiments import _training
 
 @pytest.fixture
 def two_cpus(monkeypatch):
-  monkeypatch.setattr(_training.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+  monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
 
 
 def test_the_calls_run_at_once_and_their_results_keep_the_calls_order(two_cpus):
@@ -40,7 +41,7 @@ def test_the_calls_run_under_the_callers_jax_config(two_cpus):
 
 
 def test_one_cpu_calls_them_in_order(monkeypatch):
-  monkeypatch.setattr(_training.os, "sched_getaffinity", lambda pid: {0}, raising=False)
+  monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
   order = []
   assert _training.side_by_side([lambda: order.append(threading.current_thread()) or 1,
                                  lambda: order.append(threading.current_thread()) or 2]) == [1, 2]
