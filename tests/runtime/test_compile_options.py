@@ -14,7 +14,7 @@ from delayjax.runtime import _engine
 # optax.adam's bias correction mixes float and int32.
 pytestmark = pytest.mark.standard_promotion
 
-SMALL = {"xla_cpu_use_fusion_emitters": False}
+SMALL = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 1}
 
 
 def _mlp_loss(params, batch):
@@ -47,6 +47,24 @@ def test_a_small_model_gets_the_quick_compile_options_and_a_larger_one_the_defau
   assert _engine.compile_options(_engine.SMALL_MODEL_ENTRIES) == SMALL
   assert _engine.compile_options(_engine.SMALL_MODEL_ENTRIES + 1) is None
   assert _engine.compile_options(None) is None
+
+
+def test_a_level_set_by_jax_or_xla_flags_is_kept(monkeypatch):
+  # A program's own options override JAX's and XLA_FLAGS' levels, so a small model's level 1 is left out where
+  # they set one (the tests' quick compiles at level 0, say).
+  without_level = {"xla_cpu_use_fusion_emitters": False}
+  monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0")
+  assert _engine.compile_options(1) == without_level
+  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+  assert _engine.compile_options(1) == SMALL
+  for name, value, default in (("jax_disable_most_optimizations", True, False), ("jax_optimization_level", "O0",
+                                                                                 "UNKNOWN")):
+    jax.config.update(name, value)
+    try:
+      assert _engine.compile_options(1) == without_level
+    finally:
+      jax.config.update(name, default)
+  assert _engine.compile_options(1) == SMALL
 
 
 def test_the_runtime_compiles_by_the_size_of_the_model(monkeypatch):
