@@ -1057,7 +1057,7 @@ def finish(repro: Reproduction, config: Mapping[str, Any], records: list[dict[st
             "reused": reused, "seconds": seconds, "files": files}
   if verbose:
     print(render(repro, rows, claims))
-    print(f"\n{ran} runs performed, {reused} reused from {os.path.join(out, 'runs')}, {seconds:.1f} s; "
+    print(f"\n{ran} runs performed, {reused} reused from {os.path.join(out, 'runs')}, {seconds:.2f} s; "
           f"{len(records)} runs summarized ({len({r['seed'] for r in records})} seeds); "
           f"wrote {', '.join(os.path.basename(f) for f in files)} to {out}")
   return result

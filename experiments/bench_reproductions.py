@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             this_round[runtime] = seconds
             wall[runtime], cpu[runtime] = min(wall[runtime], seconds), min(cpu[runtime], used)
           ratios.append(this_round["dj"] / this_round["before"])
-        lines.append(f"{name:<18} {seeds:>5} {wall['before']:>11.1f} {wall['dj']:>8.1f} "
+        lines.append(f"{name:<18} {seeds:>5} {wall['before']:>11.2f} {wall['dj']:>8.2f} "
                      f"{wall['dj'] / wall['before']:>9.2f} {cpu['before']:>10.1f} {cpu['dj']:>7.1f} "
                      f"{cpu['dj'] / cpu['before']:>9.2f}" + (f"  {min(ratios):.2f}-{max(ratios):.2f}"
                                                              if args.rounds > 1 else ""))

@@ -503,6 +503,11 @@ def _program(run: _ReplicaRun) -> _engine.Program:
     records_like["replica_metrics"] = like(metric_like, (0, m))
 
   def initial(placed):
+    # Called once the chunk's compile is under way (not on a resume: _results compiles it then), and once for the runs
+    # of one program.
+    run.models_compiled = _engine.cached(
+        None if keys is None else (*keys["models"], "compiled"),
+        lambda: _engine._in_background(models.lower(tree_like(carry[0]), tree_like(carry[2])).compile))
     if eval_fn is None:
       return {}
     # Every replica starts from params (z = x / 1 for push-sum).
@@ -538,12 +543,17 @@ def _program(run: _ReplicaRun) -> _engine.Program:
   jitted_eval = None if eval_fn is None else _engine.cached(
       None if keys is None else (*keys["eval_fn"], step_entries),
       lambda: _engine.jit_like_chunk(eval_fn, step_entries, mesh))
+  # The replicas' models at the end (the result's average) as one program, compiled beside the chunk's (initial):
+  # computed op by op after the runs, push-sum's x / w compiled a program per operation there (0.06 s of
+  # gossip_topology's one seed).
+  models = _engine.cached(None if keys is None else keys["models"], lambda: jax.jit(jax.vmap(method.grad_params)))
+  run.models, run.models_compiled = models, None
   return _engine.Program(
       carry=carry, carry_specs=carry_specs, constants=constants, constant_specs=constant_specs, step=step,
       table_specs=table_specs, output_specs=output_specs, num_chunks=num_chunks, tables=chunk_tables,
       step_entries=step_entries,
       collect=collect, records_like=records_like, progress=progress, fingerprint=fingerprint,
-      initial=initial if eval_fn is not None else None,
+      initial=initial,
       # Every replica's parameters, optimizer state and method state finite, after each chunk.
       check=lambda carry: _replicas_finite(carry[:3], mesh is not None), cache_key=cache_key)
 
@@ -555,7 +565,9 @@ def _results(run: _ReplicaRun, final: Any, records: dict[str, Any]) -> GossipRes
        "chunk_size", "eval_flag", "eval_fn", "grads_done", "host_tables", "keep_steps", "memory", "method",
        "num_chunks", "num_devices", "plan"))
   params_out, opt_out, extra_out = (jax.tree.map(gathered, x) for x in final[:3])
-  z = jax.vmap(method.grad_params)(params_out, extra_out)
+  if run.models_compiled is not None:
+    run.models_compiled()
+  z = run.models(params_out, extra_out)
   # On the host, accumulated in float64 and rounded once to the dtype jnp.mean gives: a jnp.mean would compile
   # a program per leaf shape (0.03 s, between two calls of a sweep of small runs).
   average = jax.tree.map(
@@ -871,7 +883,9 @@ def _step_keys(run: _ReplicaRun, row: dict[str, Any]) -> dict[str, Any] | None:
   shapes = _checkpoint.tree_digest((tree_like(run.carry), row, tree_like(run.constants)), values=False)
   return {"chunk": ("simulate_gossip", "chunk", tuple(sorted(programs.items())), tuple(sorted(static.items())),
                     shapes),
-          "eval_fn": ("simulate_gossip", "eval", programs["eval_fn"], _checkpoint.tree_digest(params, values=False))}
+          "eval_fn": ("simulate_gossip", "eval", programs["eval_fn"], _checkpoint.tree_digest(params, values=False)),
+          "models": ("simulate_gossip", "models", programs["grad_params"], run.m,
+                     _checkpoint.tree_digest((params, extra), values=False))}
 
 
 def _lanes_written(gbuf: Any, grads: Any, active: jax.Array, rows: jax.Array) -> Any:
