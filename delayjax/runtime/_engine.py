@@ -509,10 +509,10 @@ def compile_options(entries: int | None) -> dict[str, Any] | None:
   mostly compile (a simulator's sweeps of short runs), gets the elemental emitters: at most
   :data:`SMALL_MODEL_ENTRIES` entries, where a run of up to about 7,000 steps gains. It also gets LLVM's
   optimization level 1 instead of 3 (``xla_backend_optimization_level``), unless JAX
-  (``jax_disable_most_optimizations``, ``jax_optimization_level``) or ``XLA_FLAGS`` set a level: on the same 3-layer Adam program, 1.42 s
-  of compile for its four programs against 1.58 s, and its twenty runs in 1.27 s against 1.32 s; on
-  ``experiments/gossip_adpsgd``'s program, 0.42 s of compile against 0.51 s and 6% more time a step;
-  ``dai_staleness`` at one seed 6.6 s against 7.4 s. The choice depends on the model alone, not on how long a
+  (``jax_disable_most_optimizations``, ``jax_optimization_level``) or ``XLA_FLAGS`` set a level: with the same
+  3-layer Adam program, 1.42 s of compile for its first four runs against 1.58 s, and twenty more runs in 1.27 s
+  against 1.32 s; ``experiments/gossip_adpsgd``'s program, 0.42 s of compile against 0.51 s and 6% more time a
+  step; ``dai_staleness`` at one seed 6.6 s against 7.4 s. The choice depends on the model alone, not on how long a
   run is or how many runs a call holds, so that a run's numbers do not change with them: the emitters and the
   levels may round differently (357 of ``run all``'s 3,269 records changed in their last digits when the
   emitters came; every record of ``dai_staleness``, whose stale runs amplify a rounding, with the level), and

@@ -893,7 +893,7 @@ def _lanes_written(gbuf: Any, grads: Any, active: jax.Array, rows: jax.Array) ->
 
   The active lanes' rows are distinct (:func:`~delayjax.runtime._replica_plan.pack_lanes`), so each row takes
   the gradient of the one lane that names it, gathered, or keeps its own: a scatter would be lowered to a loop
-  over the lanes, a fifth of a small model's step (16 replicas of softmax regression on the digits).
+  over the lanes, a sixth of a small model's step (16 replicas of softmax regression on the digits).
   """
   names = (rows[None, :] == jnp.arange(jax.tree.leaves(gbuf)[0].shape[0], dtype=rows.dtype)[:, None]) & active[None]
   lane = jnp.argmax(names, axis=1)
