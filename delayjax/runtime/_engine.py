@@ -714,8 +714,20 @@ def _concurrent_runs(fn: Callable[[int], Any], runs: Sequence[int]) -> list[Any]
   """
   if len(runs) < 2 or not _side_by_side():
     return [fn(r) for r in runs]
+  return _start_runs(fn, runs)()
+
+
+def _start_runs(fn: Callable[[int], Any], runs: Sequence[int]) -> Callable[[], list[Any]]:
+  """Starts ``[fn(r) for r in runs]`` as :func:`_concurrent_runs` computes it, even one run, in the runs' pool
+  where it computes beside this thread (so that this thread can make the next chunk's tables meanwhile);
+  returns the function that waits for the results (on an accelerator, or with one CPU, they are computed by
+  then)."""
+  if not _side_by_side():
+    results = [fn(r) for r in runs]
+    return lambda: results
   # Each thread waits for its own run, so that a run is computed while the others are.
-  return list(_runs_pool().map(lambda r: jax.block_until_ready(fn(r)), runs))
+  futures = [_runs_pool().submit(lambda r=r: jax.block_until_ready(fn(r))) for r in runs]
+  return lambda: [future.result() for future in futures]
 
 
 def _side_by_side() -> bool:
@@ -921,9 +933,12 @@ def run_together(programs: list[Program],
   for chunk in range(max(program.num_chunks for program in programs)):
     active = [r for r, program in enumerate(programs) if chunk < program.num_chunks]
     if chunk > 0:
-      tables = {r: programs[r].tables(chunk) for r in active}
-      placed = {r: place(put_tables, programs[r].table_specs, tables[r]) for r in active}
-    done = _concurrent_runs(lambda r: executables[r](carries[r], constants[r], placed[r]), active)
+      tables, placed = upcoming, placed_upcoming
+    wait = _start_runs(lambda r, placed=placed: executables[r](carries[r], constants[r], placed[r]), active)
+    # The next chunk's tables are made while this one computes.
+    upcoming = {r: programs[r].tables(chunk + 1) for r in active if chunk + 1 < programs[r].num_chunks}
+    placed_upcoming = {r: place(put_tables, programs[r].table_specs, upcoming[r]) for r in upcoming}
+    done = wait()
     for r, (carry, outputs) in zip(active, done, strict=True):
       carries[r] = carry
       rows = _chunk_rows(programs[r], chunk, tables[r], outputs)
