@@ -89,7 +89,8 @@ REPRODUCTION = Reproduction(
     paper="Lian, Zhang, Zhang, Liu: Asynchronous Decentralized Parallel Stochastic Gradient Descent, ICML 2018",
     description="All-reduce SGD, D-PSGD and AD-PSGD on 16 replicas, one 4x slower: loss against simulated "
                 "time and gradients.",
-    scales=SCALES, specs=specs, run=run, batch=gt.batch_key, run_batch=run_batch, summarize=gt.summarize_by("paradigm"), claims=CLAIMS, plots=gt.plots,
+    scales=SCALES, specs=specs, run=run, batch=gt.batch_key, run_batch=run_batch, summarize=gt.summarize_by("paradigm"),
+    claims=CLAIMS, plots=gt.plots,
     columns=("key", "loss", "test_error", "time_to_target", "gradients_to_target", "simulated_time",
              "mean_consensus", "idle_fraction"),
     smoke=dict(steps=20, seeds=1, evals=4),

@@ -82,7 +82,8 @@ REPRODUCTION = Reproduction(
           "Lian, Zhang, Zhang, Liu, ICML 2018",
     description="Asynchronous gossip SGD on 16 replicas with 0/20/50% of messages lost and a node outage: loss "
                 "and consensus.",
-    scales=SCALES, specs=specs, run=run, batch=gt.batch_key, run_batch=run_batch, summarize=gt.summarize_by("drop"), claims=CLAIMS, plots=gt.plots,
+    scales=SCALES, specs=specs, run=run, batch=gt.batch_key, run_batch=run_batch, summarize=gt.summarize_by("drop"),
+    claims=CLAIMS, plots=gt.plots,
     columns=("key", "loss", "loss_half", "test_error", "gradients_to_target", "time_to_target", "mean_consensus",
              "simulated_time"),
     smoke=dict(steps=20, seeds=1, evals=4),

@@ -114,7 +114,8 @@ REPRODUCTION = Reproduction(
           "Assran, Loizou, Ballas, Rabbat: Stochastic Gradient Push for Distributed Deep Learning, ICML 2019",
     description="D-PSGD on ring, torus, exponential and complete graphs, SGP and all-reduce on 16 replicas with "
                 "label-sorted data: consensus distance and loss.",
-    scales=SCALES, specs=specs, run=run, batch=gt.batch_key, run_batch=run_batch, summarize=summarize, claims=CLAIMS, plots=gt.plots,
+    scales=SCALES, specs=specs, run=run, batch=gt.batch_key, run_batch=run_batch, summarize=summarize,
+    claims=CLAIMS, plots=gt.plots,
     columns=("key", "shards", "spectral_gap", "loss", "test_error", "mean_consensus", "consensus", "simulated_time"),
     paper_numbers=PAPER_NUMBERS,
     smoke=dict(steps=15, seeds=1, evals=4),
