@@ -492,8 +492,10 @@ def shardings(mesh: Any, specs: Any, tree: Any) -> Any:
 # compiled with XLA's quicker-compiling options on a CPU (see compile_options).
 SMALL_MODEL_ENTRIES = 20_000
 _SMALL_MODEL_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
-# LLVM's optimization level for a small model's programs where nothing has set one (see compile_options).
+# LLVM's optimization level for a small model's programs where nothing has set one, and the lowest jaxlib whose
+# sharded programs round at that level as their one-device twins (see compile_options).
 _SMALL_MODEL_LEVEL = 1
+_SMALL_MODEL_LEVEL_SINCE = (0, 10)
 _small_model_supported: bool | None = None
 
 
@@ -509,7 +511,9 @@ def compile_options(entries: int | None) -> dict[str, Any] | None:
   mostly compile (a simulator's sweeps of short runs), gets the elemental emitters: at most
   :data:`SMALL_MODEL_ENTRIES` entries, where a run of up to about 7,000 steps gains. It also gets LLVM's
   optimization level 1 instead of 3 (``xla_backend_optimization_level``), unless JAX
-  (``jax_disable_most_optimizations``, ``jax_optimization_level``) or ``XLA_FLAGS`` set a level: with the same
+  (``jax_disable_most_optimizations``, ``jax_optimization_level``) or ``XLA_FLAGS`` set a level, on a jaxlib
+  whose sharded programs then round as their one-device twins (0.10.2 does; on 0.8.0 and 0.9.0 an entry of
+  ``tests/gossip``'s runs on one device and on a mesh differed by an ulp, so before 0.10 level 3 stays): with the same
   3-layer Adam program, 1.42 s of compile for its first four runs against 1.58 s, and twenty more runs in 1.27 s
   against 1.32 s; ``experiments/gossip_adpsgd``'s program, 0.42 s of compile against 0.51 s and 6% more time a
   step; ``dai_staleness`` at one seed 6.6 s against 7.4 s. The choice depends on the model alone, not on how long a
@@ -532,9 +536,16 @@ def compile_options(entries: int | None) -> dict[str, Any] | None:
       _small_model_supported = False
   if not _small_model_supported:
     return None
-  if _level_set_elsewhere():
+  if _level_set_elsewhere() or _jaxlib_version() < _SMALL_MODEL_LEVEL_SINCE:
     return dict(_SMALL_MODEL_OPTIONS)
   return {**_SMALL_MODEL_OPTIONS, "xla_backend_optimization_level": _SMALL_MODEL_LEVEL}
+
+
+def _jaxlib_version() -> tuple[int, ...]:
+  """The installed jaxlib's version, as numbers (``(0, 10, 2)``)."""
+  import jaxlib.version
+
+  return tuple(int(part) for part in re.findall(r"\d+", jaxlib.version.__version__)[:3])
 
 
 def _level_set_elsewhere() -> bool:
