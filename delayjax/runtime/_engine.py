@@ -899,7 +899,8 @@ def run_together(programs: list[Program],
 
   Chunk ``c`` of every program that has one is computed by that program's compiled chunk, each by a call of
   its own, on a CPU several at a time (:func:`_concurrent_runs`; a small model's program leaves the other
-  cores idle); the host's work (placing, tables, collecting rows) is done in this thread, between the chunks.
+  cores idle); the host's work is done in this thread: the next chunk's tables while a chunk computes, its rows
+  after it.
   Programs of equal ``cache_key`` share one compiled chunk, and every program is computed exactly as
   :func:`run` computes it alone: each result equals the separate run's bit for bit. ``callback(r, info)`` is
   called after each of program ``r``'s chunks with what :func:`run` gives its callback.
