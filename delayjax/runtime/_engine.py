@@ -731,8 +731,8 @@ def _concurrent_runs(fn: Callable[[int], Any], runs: Sequence[int]) -> list[Any]
 def _start_runs(fn: Callable[[int], Any], runs: Sequence[int]) -> Callable[[], list[Any]]:
   """Starts ``[fn(r) for r in runs]`` as :func:`_concurrent_runs` computes it, even one run, in the runs' pool
   where it computes beside this thread (so that this thread can make the next chunk's tables meanwhile);
-  returns the function that waits for the results (on an accelerator, or with one CPU, they are computed by
-  then)."""
+  returns the function that waits for the results. On an accelerator, or with one CPU, the calls are made now, in
+  order, from this thread (an accelerator queues them and computes them while this thread goes on)."""
   if not _side_by_side():
     results = [fn(r) for r in runs]
     return lambda: results
