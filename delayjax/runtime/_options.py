@@ -261,12 +261,13 @@ class Execution:
       topologies or failures).
       ``dj.simulate_gossip``: gossip schedules of the same replicas. The
       step's shape then fits this run's schedule and every one of ``like``
-      (the mixing form, the mixes, the messages kept, the minibatches per
+      (the mixing forms, the mixes, the messages kept, the minibatches per
       gradient; every slot kind, a lane for every replica), and runs of any
       of them with the same functions, shapes, ``chunk_size`` and ``phases``
       (give it: it is otherwise chosen per schedule) reuse one program. The
-      mixing form may then add a mix's terms in another order: the result
-      agrees with the run without ``like`` to float rounding, not bit for bit.
+      mixing forms (one for mixes of parameters, one for mixes of gradients)
+      may then add a mix's terms in another order: the result agrees with
+      the run without ``like`` to float rounding, not bit for bit.
       ``dj.simulate``: ``dj.cluster.Schedule`` s of as many workers, with as
       many contributions per update and minibatches per contribution at
       most as ``source``. The step's sizes (updates and reads per step, the

@@ -43,34 +43,55 @@ _SLOT_COST = 0.1
 _PHASE_CANDIDATES = (1, 2, 4)
 # Lanes per device tried, in percent of its replicas.
 _LANE_FRACTIONS = (50, 25)
-# Mixing rows wider than this are applied as a dense [M, M] matrix product instead of a gather.
+# Mixes in which a receiver takes more nonzero weights than this are applied as a dense [M, M] matrix product
+# instead of a gather.
 DENSE_WIDTH = 8
 # Mixes whose sources sit at no more than this many fixed offsets (b - a) mod M move by whole-axis rolls.
 MAX_SHIFTS = 4
 
 
-def mixing_form(schedule: Any, *like: Any) -> tuple[str, tuple[int, ...]]:
-  """How the runtime combines messages: ``("shift", offsets)`` when every nonzero weight of every mix
-  sits at one of at most ``MAX_SHIFTS`` offsets ``(b - a) mod M`` and no message is late (rolls, or
-  ``lax.ppermute`` on a mesh); else ``("gather", ())`` for groups of at most ``DENSE_WIDTH`` and
-  ``("dense", ())`` (an ``[M, M]`` matrix per slot) for wider ones. With ``like`` (more schedules of the
-  same replicas), the form that fits every one of them."""
+class MixForm(NamedTuple):
+  """How the compiled step combines one kind of mix (of parameters, or of gradients): ``name`` ``"shift"``
+  (a row per offset: whole-axis rolls), ``"gather"`` (a row per source) or ``"dense"`` (a row per replica);
+  ``shifts``, the offsets of ``"shift"``; ``width``, the entries of a receiver's row."""
+
+  name: str
+  shifts: tuple[int, ...]
+  width: int
+
+
+def mixing_form(schedule: Any, *like: Any, gradients: bool = False) -> MixForm:
+  """How the runtime combines the messages of the schedule's mixes of parameters (``gradients=False``) or of
+  gradients (``True``): ``"shift"`` when every nonzero weight of every such mix sits at one of at most
+  ``MAX_SHIFTS`` offsets ``(b - a) mod M`` and no message is late (rolls, or ``lax.ppermute`` on a mesh);
+  else ``"gather"`` when no receiver takes more than ``DENSE_WIDTH`` nonzero weights (its row lists those
+  sources, in their order in the mix's group), and ``"dense"`` (an ``[M, M]`` matrix per slot) when one
+  does. With ``like`` (more schedules of the same replicas), the form that fits every one of them.
+
+  The two kinds are planned apart: a program shared by an all-reduce of gradients (16 sources per receiver:
+  dense) and gossip of parameters (a ring's 3: gathered) combines each kind as narrowly as it can. A row
+  counts a receiver's nonzero weights, not its group's members: a ring's mix of all 16 replicas gives each
+  receiver 3 sources."""
   m = schedule.num_workers
   found, late, widest = {0}, False, 0
   for s in (schedule, *like):
     members = np.asarray(s.members)
     if members.shape[0] == 0:
       continue
+    of_kind = (np.asarray(s.mixes) == GRADS) == gradients
     weights = np.asarray(s.weights)
     valid = members >= 0
-    used = (weights != 0) & valid[:, :, None] & valid[:, None, :] & np.asarray(s.receives)[:, :, None]
+    used = ((weights != 0) & valid[:, :, None] & valid[:, None, :] & np.asarray(s.receives)[:, :, None]
+            & of_kind[:, None, None])
     offsets = (members[:, None, :] - members[:, :, None]) % m
     found |= set(np.unique(offsets[used]).tolist())
-    late |= bool(np.any(np.asarray(s.lag)[np.asarray(s.mixes) != GRADS] > 0))
-    widest = max(widest, members.shape[1])
+    late |= bool(not gradients and np.any(np.asarray(s.lag)[of_kind] > 0))
+    widest = max(widest, int(used.sum(axis=2).max(initial=0)))
   if len(found) <= MAX_SHIFTS and not late:
-    return "shift", tuple(sorted(found))
-  return ("dense" if widest > DENSE_WIDTH else "gather"), ()
+    return MixForm("shift", tuple(sorted(found)), len(found))
+  if widest > DENSE_WIDTH:
+    return MixForm("dense", (), m)
+  return MixForm("gather", (), max(widest, 1))
 
 
 def _program_choices(schedule: Any) -> tuple[bool, bool, int, int]:
@@ -283,9 +304,7 @@ class ReplicaPlan(NamedTuple):
   phases: int
   lanes: int  # gradients computed per device per step
   used: np.ndarray  # bool [P, 3]
-  mixing: str  # "shift", "gather" or "dense"
-  shifts: tuple[int, ...]  # the offsets of "shift" mixing
-  width: int  # K: entries of a mixing row
+  forms: dict[str, MixForm]  # by table prefix: "mix" (mixes of parameters), "gmix" (of gradients)
   history: int  # H: past messages kept per replica (1: none)
   has_pmix: bool
   has_gmix: bool
@@ -299,7 +318,7 @@ def make_plan(schedule: Any, *, phases: int | None = None, num_devices: int = 1,
   """Packs ``schedule`` (a ``GossipSchedule``) into steps for ``num_devices`` (see the module docstring).
 
   ``like``: more schedules of the same replicas whose plans are to compile to the same step. The choices
-  that shape the step then fit all of them rather than ``schedule`` alone: the mixing form and its width,
+  that shape the step then fit all of them rather than ``schedule`` alone: the mixing forms and their widths,
   the mixes present, the messages kept, the minibatches per gradient; every slot kind is compiled and
   every replica has a lane (``phases`` is still chosen per schedule unless given).
   """
@@ -323,21 +342,19 @@ def make_plan(schedule: Any, *, phases: int | None = None, num_devices: int = 1,
   event_mixes = np.where(is_mix, mixes[np.maximum(mix, 0)] if mixes.size else -1, -1)
   pmix = is_mix & (event_mixes != GRADS)
   gmix = is_mix & (event_mixes == GRADS)
-  group = max(1, members.shape[1], *(np.asarray(s.members).shape[1] for s in like))
-  mixing, shifts = mixing_form(schedule, *like)
-  width = {"shift": len(shifts), "gather": group, "dense": m}[mixing]
+  forms = {"mix": mixing_form(schedule, *like), "gmix": mixing_form(schedule, *like, gradients=True)}
   choices = [_program_choices(s) for s in (schedule, *like)]
   has_pmix, has_gmix = any(c[0] for c in choices), any(c[1] for c in choices)
   history = max(c[2] for c in choices)
   max_batches = max(c[3] for c in choices)
 
-  t = _empty_tables(num_steps, phases, m, width, mixing, has_pmix, has_gmix)
+  t = _empty_tables(num_steps, phases, m, forms, has_pmix, has_gmix)
   _fill_reads(t, schedule, kind, worker, needed, lane_step, step_of, phase_of, m)
   before = _fill_updates(t, schedule, kind, worker, mix, members, mixes, step_of, phase_of, history,
-                         gather=mixing == "gather")
+                         gather=forms["mix"].name == "gather")
   for prefix, events in (("mix", np.flatnonzero(pmix)), ("gmix", np.flatnonzero(gmix))):
     if events.size:
-      _fill_mix_rows(t, prefix, events, schedule, step_of, phase_of, mixing, shifts, history, before)
+      _fill_mix_rows(t, prefix, events, schedule, step_of, phase_of, forms[prefix], history, before)
 
   step_time = np.zeros(num_steps)
   np.maximum.at(step_time, step_of, time)
@@ -345,12 +362,12 @@ def make_plan(schedule: Any, *, phases: int | None = None, num_devices: int = 1,
   step_events = np.cumsum(np.bincount(step_of, minlength=num_steps)).astype(np.int64)
   step_grads = np.cumsum(np.bincount(step_of[kind == GRAD], minlength=num_steps)).astype(np.int64)
   t["step_time"], t["step_events"], t["step_grads"] = step_time, step_events, step_grads
-  return ReplicaPlan(num_steps, phases, lanes, used, mixing, shifts, width, history, has_pmix, has_gmix,
+  return ReplicaPlan(num_steps, phases, lanes, used, forms, history, has_pmix, has_gmix,
                      max_batches, t,
                      float(t["lane_active"].sum()) / (num_steps * lanes * num_devices))
 
 
-def _empty_tables(num_steps: int, phases: int, m: int, width: int, mixing: str, has_pmix: bool,
+def _empty_tables(num_steps: int, phases: int, m: int, forms: dict[str, MixForm], has_pmix: bool,
                   has_gmix: bool) -> dict[str, np.ndarray]:
   """The plan's tables (see :class:`ReplicaPlan`), every slot empty; mixing tables only for the mixes present."""
   t = {
@@ -366,7 +383,8 @@ def _empty_tables(num_steps: int, phases: int, m: int, width: int, mixing: str, 
   for prefix, present in (("mix", has_pmix), ("gmix", has_gmix)):
     if not present:
       continue
-    if mixing == "gather":
+    width = forms[prefix].width
+    if forms[prefix].name == "gather":
       t[f"{prefix}_src"] = np.tile(np.arange(m, dtype=np.int32)[:, None], (num_steps, phases, 1, width))
     t[f"{prefix}_weight"] = np.zeros((num_steps, phases, m, width), np.float32)
     t[f"{prefix}_recv"] = np.zeros((num_steps, phases, m), bool)
@@ -451,17 +469,17 @@ def _fill_updates(t: dict[str, np.ndarray], schedule: Any, kind: np.ndarray, wor
 
 
 def _fill_mix_rows(t: dict[str, np.ndarray], prefix: str, events: np.ndarray, schedule: Any, step_of: np.ndarray,
-                   phase_of: np.ndarray, mixing: str, shifts: tuple[int, ...], history: int,
-                   before: dict[tuple[int, int], int]) -> None:
+                   phase_of: np.ndarray, form: MixForm, history: int, before: dict[tuple[int, int], int]) -> None:
   """The mixing rows of the mix ``events`` (``prefix`` ``"mix"`` or ``"gmix"``): for every receiving member
-  ``a`` of a mix, its sources ``b`` and their weights (per offset, source or replica as ``mixing`` says)."""
+  ``a`` of a mix, its sources ``b`` and their weights (per offset, source or replica as ``form`` says; a
+  gathered row lists the sources of nonzero weight, in their order in the group)."""
   m = schedule.num_workers
   mix = np.asarray(schedule.mix)
   members = np.asarray(schedule.members)
   weights = np.asarray(schedule.weights)
   receives = np.asarray(schedule.receives)
   lags = np.asarray(schedule.lag)
-  shift_index = {s_: j for j, s_ in enumerate(shifts)}
+  shift_index = {s_: j for j, s_ in enumerate(form.shifts)}
   rows = members[mix[events]]
   valid = rows >= 0
   # Valid members in row order (their position a among the valid ones), and their columns in the row.
@@ -480,13 +498,19 @@ def _fill_mix_rows(t: dict[str, np.ndarray], prefix: str, events: np.ndarray, sc
   w = weights[k, column[ev[pair], a[pair]], column[ev[pair], b]]
   src = group[ev[pair], b]
   s3, p3, d3 = s_[pair], p_[pair], dst[pair]
-  if mixing == "dense":
+  if form.name == "dense":
     t[f"{prefix}_weight"][s3, p3, d3, src] = w
-  elif mixing == "shift":
+  elif form.name == "shift":
     nonzero = w != 0
     offset = np.asarray([shift_index[o] for o in ((src - d3) % m)[nonzero].tolist()], np.int64)
     t[f"{prefix}_weight"][s3[nonzero], p3[nonzero], d3[nonzero], offset] = w[nonzero]
   else:
+    # Only the nonzero weights, each at its rank among its receiver's (the triples come receiver by receiver,
+    # sources in group order): a zero term would add nothing but its product.
+    nonzero = np.flatnonzero(w != 0)
+    pair, b, w, src, s3, p3, d3, k = (x[nonzero] for x in (pair, b, w, src, s3, p3, d3, k))
+    starts = np.r_[0, np.flatnonzero(np.diff(pair)) + 1]
+    rank = np.arange(pair.size) - np.repeat(starts, np.diff(np.r_[starts, pair.size]))
     value = src.astype(np.int64)
     if prefix == "mix":
       # The lag of the b-th valid member is read from the row's b-th column.
@@ -497,5 +521,5 @@ def _fill_mix_rows(t: dict[str, np.ndarray], prefix: str, events: np.ndarray, sc
         source_version = np.asarray([before[(x, y)] for x, y in zip(event_of.tolist(), b[late].tolist())],
                                     np.int64)
         value[late] = m + src[late] * history + (source_version - lag[late]) % history
-    t[f"{prefix}_src"][s3, p3, d3, b] = value
-    t[f"{prefix}_weight"][s3, p3, d3, b] = w
+    t[f"{prefix}_src"][s3, p3, d3, rank] = value
+    t[f"{prefix}_weight"][s3, p3, d3, rank] = w

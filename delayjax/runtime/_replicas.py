@@ -20,8 +20,10 @@ When every mix's sources sit at no more than four fixed offsets :math:`(b - a) \
 torus row, a fixed permutation round), each offset is a roll of the
 replica axis, ``lax.ppermute`` of whole blocks between devices;
 otherwise (random partners, late messages) every device all-gathers the
-messages and picks its rows, the documented fallback, and groups wider
-than 8 are applied as a dense ``[M, M]`` matrix.
+messages and picks its rows (each receiver's sources of nonzero weight), the
+documented fallback, and a mix in which a receiver takes more than 8 weights
+is applied as a dense ``[M, M]`` matrix. Mixes of parameters and mixes of
+gradients each take their own form.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ from delayjax.runtime._options import Checkpoint, Execution, Record, Runs, Sampl
 from delayjax.runtime._checkpoint import gathered
 from delayjax.runtime._engine import AXIS
 from delayjax.runtime._history import chunk_span, nonfinite_report, sorted_pairs
-from delayjax.runtime._replica_plan import SLOT_GRAD, SLOT_MIX, SLOT_READ, ReplicaPlan, make_plan, pack_lanes
+from delayjax.runtime._replica_plan import (DENSE_WIDTH, SLOT_GRAD, SLOT_MIX, SLOT_READ, MixForm, ReplicaPlan,
+                                            make_plan, pack_lanes)
 from delayjax.runtime._sampling import lane_examples, shard_table
 from delayjax.runtime._simulate import (_all_finite, _check_run_params, _check_sources, _inexact, _run_states,
                                         _shared_length)
@@ -122,7 +125,9 @@ class GossipResult(NamedTuple):
     stats: ``num_steps``, ``phases`` (slot triples per step), ``slots`` (slot
       kinds compiled into a phase), ``lanes`` (gradients computed per device
       per step), ``lane_utilization`` (gradients needed / computed),
-      ``mixing`` (``"gather"``, ``"shift"`` or ``"dense"``), ``history``
+      ``mixing`` (how mixes of parameters are combined: ``"gather"``,
+      ``"shift"`` or ``"dense"``; of gradients where there are none),
+      ``gradient_mixing`` (of gradients, ``None`` without), ``history``
       (messages kept per replica), ``num_devices``, ``chunk_size``,
       ``num_chunks``.
   """
@@ -368,9 +373,10 @@ def _prepare(loss_fn, tx, method, params, data, schedule, *, seed, sampling, rec
     raise ValueError(f"method {method.name!r} is not defined for late messages, but the schedule's mixes have "
                      f"lag up to {int(schedule.lag.max())}; use a schedule without message lag (lag = 0).")
   plan = make_plan(schedule, phases=phases, num_devices=num_devices, like=like)
-  if plan.mixing == "dense" and plan.history > 1:
-    raise ValueError(f"mixes of more than 8 replicas with late messages (lag > 0) are not supported; the "
-                     f"schedule's largest group has {schedule.group_size} members.")
+  if plan.forms["mix"].name == "dense" and plan.history > 1:
+    raise ValueError(f"mixes in which a replica takes more than {DENSE_WIDTH} nonzero weights are not supported "
+                     f"with late messages (lag > 0); the schedule's largest group has {schedule.group_size} "
+                     f"members.")
   tables = dict(plan.tables)
 
   if chunk_size is None:
@@ -524,7 +530,7 @@ def _program(run: _ReplicaRun) -> _engine.Program:
       schedule, tx=tx, loss_fn=loss_fn, method=method, eval_fn=eval_fn, params=params, data=data,
       batch_size=batch_size, options=dict(
           method=method.name, seed=seed, batch_size=batch_size, sampling=sampling, chunk_size=chunk_size,
-          phases=plan.phases, mixing=(plan.mixing, plan.shifts), has_eval=eval_fn is not None,
+          phases=plan.phases, mixing=plan.forms, has_eval=eval_fn is not None,
           eval_every=eval_every, num_devices=num_devices,
           shards=None if shards is None else hashlib.sha256(
               b"".join(np.ascontiguousarray(np.asarray(s)).tobytes() for s in shards)).hexdigest()))
@@ -594,7 +600,9 @@ def _results(run: _ReplicaRun, final: Any, records: dict[str, Any]) -> GossipRes
                    stacklevel=2, source="replica")
   stats = {"num_steps": plan.num_steps, "phases": plan.phases, "lanes": plan.lanes,
            "slots": int(plan.used.any(axis=0).sum()),
-           "lane_utilization": plan.lane_utilization, "mixing": plan.mixing, "history": plan.history,
+           "lane_utilization": plan.lane_utilization,
+           "mixing": plan.forms["mix" if plan.has_pmix or not plan.has_gmix else "gmix"].name,
+           "gradient_mixing": plan.forms["gmix"].name if plan.has_gmix else None, "history": plan.history,
            "num_devices": num_devices, "chunk_size": chunk_size, "num_chunks": num_chunks,
            "memory": {**memory, "total": sum(memory.values())}}
   return GossipResult(params_out, opt_out, extra_out, average, history, stats)
@@ -698,18 +706,20 @@ _DENSE_PRODUCTS_BYTES = 1 << 24
 
 def _mixing_functions(*, method: GossipMethod, plan: ReplicaPlan, num_workers: int, num_devices: int,
                       sharded: bool) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
-  """``(combine, params_mix, write_history)``: a mix's weighted sums of messages, a mix of parameters
-  (advance, message, combine, receive), and the kept past messages written after an update."""
-  mixing, shifts, history = plan.mixing, plan.shifts, plan.history
+  """``(combine, params_mix, write_history)``: a mix's weighted sums of messages (in a :class:`MixForm`),
+  a mix of parameters (advance, message, combine, receive), and the kept past messages written after an
+  update."""
+  history = plan.history
 
-  def combine(values, weight, src):
+  def combine(values, weight, src, form: MixForm):
     """Rows ``sum_k weight[a, k] * values[src[a, k]]`` for the local receivers ``a``."""
-    if mixing == "shift":
+    if form.name == "shift":
       return _products_sum(
-          weight, lambda k: jax.tree.map(lambda x: _roll(x, shifts[k], num_workers, num_devices, sharded), values),
-          len(shifts))
+          weight,
+          lambda k: jax.tree.map(lambda x: _roll(x, form.shifts[k], num_workers, num_devices, sharded), values),
+          len(form.shifts))
     full = _gather_all(values, sharded)
-    if mixing == "dense":
+    if form.name == "dense":
       # Row k of the gathered messages, broadcast over the local receivers by the weights' column k. All the
       # [M, M, ...] products at once where they are small (for a small model a loop's iterations cost more than
       # its arithmetic: 795 steps of 16 softmax regressions took 0.40 s with the loop, 0.28 s without, and
@@ -744,7 +754,7 @@ def _mixing_functions(*, method: GossipMethod, plan: ReplicaPlan, num_workers: i
       full = gathered_with_history(msgs, hist)
       mixed = _gather_rows(full, tab["mix_weight"], tab["mix_src"])
     else:
-      mixed = combine(msgs, tab["mix_weight"], tab.get("mix_src"))
+      mixed = combine(msgs, tab["mix_weight"], tab.get("mix_src"), plan.forms["mix"])
     new_params, new_extra = jax.vmap(method.receive)(params, extra, mixed, tab["mix_self"], tab["mix_dt"])
     params, extra = _where(recv, new_params, params), _where(recv, new_extra, extra)
     hist = write_history(hist, recv, tab["mix_hist"], params, extra)
@@ -787,7 +797,8 @@ def _step_function(*, loss_fn, has_aux, tx, method, plan: ReplicaPlan, eval_fn, 
     if kinds[SLOT_MIX]:
       if plan.has_gmix:
         gbuf = _if_any(tab["gmix_recv"], lambda g: _where(
-            tab["gmix_recv"], combine(g, tab["gmix_weight"], tab.get("gmix_src")), g), gbuf, sharded)
+            tab["gmix_recv"], combine(g, tab["gmix_weight"], tab.get("gmix_src"), plan.forms["gmix"]), g), gbuf,
+            sharded)
       if plan.has_pmix:
         params, extra, hist = _if_any(tab["mix_recv"], lambda state: params_mix(*state, tab), (params, extra, hist),
                                       sharded)
@@ -878,7 +889,7 @@ def _step_keys(run: _ReplicaRun, row: dict[str, Any]) -> dict[str, Any] | None:
   if any(key is False for key in programs.values()):
     return None
   static = dict(has_aux=run.has_aux, num_workers=run.m, num_devices=run.num_devices, phases=plan.phases,
-                kinds=tuple(bool(k) for k in plan.used.any(axis=0)), mixing=plan.mixing, shifts=tuple(plan.shifts),
+                kinds=tuple(bool(k) for k in plan.used.any(axis=0)), forms=tuple(sorted(plan.forms.items())),
                 history=plan.history, has_pmix=plan.has_pmix, has_gmix=plan.has_gmix, max_batches=plan.max_batches)
   shapes = _checkpoint.tree_digest((tree_like(run.carry), row, tree_like(run.constants)), values=False)
   return {"chunk": ("simulate_gossip", "chunk", tuple(sorted(programs.items())), tuple(sorted(static.items())),

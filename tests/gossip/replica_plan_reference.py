@@ -144,10 +144,7 @@ def make_plan(schedule: Any, *, phases: int | None = None, num_devices: int = 1)
   event_mixes = np.where(is_mix, mixes[np.maximum(mix, 0)] if mixes.size else -1, -1)
   pmix = is_mix & (event_mixes != GRADS)
   gmix = is_mix & (event_mixes == GRADS)
-  group = max(1, members.shape[1])
-  mixing, shifts = mixing_form(schedule)
-  width = {"shift": len(shifts), "gather": group, "dense": m}[mixing]
-  shift_index = {s_: j for j, s_ in enumerate(shifts)}
+  forms = {"mix": mixing_form(schedule), "gmix": mixing_form(schedule, gradients=True)}
   lags = np.asarray(schedule.lag)
   history = int(lags[mixes != GRADS].max()) + 1 if pmix.any() and lags.size else 1
   batches = np.asarray(schedule.num_batches)
@@ -167,9 +164,9 @@ def make_plan(schedule: Any, *, phases: int | None = None, num_devices: int = 1)
   for prefix, present in (("mix", pmix.any()), ("gmix", gmix.any())):
     if not present:
       continue
-    if mixing == "gather":
-      t[f"{prefix}_src"] = np.tile(np.arange(m, dtype=np.int32)[:, None], (num_steps, phases, 1, width))
-    t[f"{prefix}_weight"] = np.zeros((num_steps, phases, m, width), np.float32)
+    if forms[prefix].name == "gather":
+      t[f"{prefix}_src"] = np.tile(np.arange(m, dtype=np.int32)[:, None], (num_steps, phases, 1, forms[prefix].width))
+    t[f"{prefix}_weight"] = np.zeros((num_steps, phases, m, forms[prefix].width), np.float32)
     t[f"{prefix}_recv"] = np.zeros((num_steps, phases, m), bool)
     if prefix == "mix":
       t["mix_self"] = np.zeros((num_steps, phases, m), np.float32)
@@ -210,27 +207,33 @@ def make_plan(schedule: Any, *, phases: int | None = None, num_devices: int = 1)
       w = weights[k_mix][np.ix_(valid, valid)]
       recv = receives[k_mix][valid]
       prefix = "mix" if pmix[e] else "gmix"
+      form = forms[prefix]
       before = version[group_e].copy()
       for a, dst in enumerate(group_e):
         if not recv[a]:
           continue
         t[f"{prefix}_recv"][s, p, dst] = True
-        if mixing == "dense":
+        if form.name == "dense":
           # Sources with a lag are not supported densely (checked by the runtime).
           t[f"{prefix}_weight"][s, p, dst, group_e] = w[a]
-        elif mixing == "shift":
+        elif form.name == "shift":
           for b, src in enumerate(group_e):
             if w[a, b] != 0:
-              t[f"{prefix}_weight"][s, p, dst, shift_index[(src - dst) % m]] = w[a, b]
+              t[f"{prefix}_weight"][s, p, dst, form.shifts.index((src - dst) % m)] = w[a, b]
         else:
+          # The sources of nonzero weight, in group order, one column each.
+          column = 0
           for b, src in enumerate(group_e):
+            if w[a, b] == 0:
+              continue
             lag = int(lags[k_mix, b]) if pmix[e] else 0
             if lag == 0:
-              t[f"{prefix}_src"][s, p, dst, b] = src
+              t[f"{prefix}_src"][s, p, dst, column] = src
             else:
-              t[f"{prefix}_src"][s, p, dst, b] = m + src * history + (before[b] - lag) % history
-            t[f"{prefix}_weight"][s, p, dst, b] = w[a, b]
-          t[f"{prefix}_weight"][s, p, dst, len(group_e):] = 0.0
+              t[f"{prefix}_src"][s, p, dst, column] = m + src * history + (before[b] - lag) % history
+            t[f"{prefix}_weight"][s, p, dst, column] = w[a, b]
+            column += 1
+          t[f"{prefix}_weight"][s, p, dst, column:] = 0.0
       if pmix[e]:
         t["mix_self"][s, p, group_e] = np.diag(w)
         t["mix_member"][s, p, group_e] = True
@@ -245,5 +248,5 @@ def make_plan(schedule: Any, *, phases: int | None = None, num_devices: int = 1)
   step_events = np.cumsum(np.bincount(step_of, minlength=num_steps)).astype(np.int64)
   step_grads = np.cumsum(np.bincount(step_of[kind == GRAD], minlength=num_steps)).astype(np.int64)
   t["step_time"], t["step_events"], t["step_grads"] = step_time, step_events, step_grads
-  return ReplicaPlan(num_steps, phases, lanes, used, mixing, shifts, width, history, bool(pmix.any()),
-                     bool(gmix.any()), max_batches, t, float(t["lane_active"].sum()) / (num_steps * lanes * num_devices))
+  return ReplicaPlan(num_steps, phases, lanes, used, forms, history, bool(pmix.any()), bool(gmix.any()), max_batches,
+                     t, float(t["lane_active"].sum()) / (num_steps * lanes * num_devices))

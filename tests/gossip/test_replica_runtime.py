@@ -198,10 +198,43 @@ def test_schedules_given_as_like_share_one_program_and_each_matches_the_referenc
   assert engine.cache_info()["misses"] == misses
 
 
+def test_mixes_of_parameters_and_of_gradients_each_take_their_narrowest_form():
+  """All-reduce of gradients (every receiver takes 16 weights: dense) shares a program with gossip of parameters
+  (a ring's mix of all 16 replicas gives each receiver 3 nonzero weights, AD-PSGD's pairs 2): the parameter mixes
+  are gathered 3 wide, not applied as a dense [16, 16] matrix, and every run still matches its schedule's
+  sequential reference."""
+  from delayjax.runtime._replica_plan import MixForm, make_plan
+
+  m = 16
+  workers = dj.cluster.workers(m, compute="exponential", speed=[1.0] * (m - 1) + [0.25], seed=0)
+  paradigms = [dj.cluster.allreduce(), dj.cluster.d_psgd(dj.topology.ring(m)), dj.cluster.ad_psgd()]
+  methods = [dj.gossip.d_psgd, dj.gossip.d_psgd, dj.gossip.ad_psgd]
+  schedules = [dj.cluster.simulate_gossip(p, workers, num_steps=3, seed=1) for p in paradigms]
+  allreduce, ring, pairs = schedules
+  # Alone: the ring by rolls at its three offsets, the all-reduce's gradients densely, the pairs gathered.
+  assert make_plan(ring).forms["mix"] == MixForm("shift", (0, 1, m - 1), 3)
+  assert make_plan(allreduce).forms["gmix"] == MixForm("dense", (), m)
+  assert make_plan(pairs).forms["mix"] == MixForm("gather", (), 2)
+  data, loss_fn, params = regression()
+
+  def grad_fn(z, replica, batch_index):
+    idx = np.asarray(dj.runtime.minibatch_indices(0, 0, replica, batch_index, num_examples=40, batch_size=BATCH))
+    return grad(z, data, idx)
+
+  for schedule, method in zip(schedules, methods, strict=True):
+    like = tuple(s for s in schedules if s is not schedule)
+    plan = make_plan(schedule, like=like)
+    assert plan.forms == {"mix": MixForm("gather", (), 3), "gmix": MixForm("dense", (), m)}
+    result = _run(schedule, method(), execution=dj.Execution(like=like))
+    assert (result.stats["mixing"], result.stats["gradient_mixing"]) == ("gather", "dense")
+    ref = gossip_reference.run(schedule, grad_fn, flat(params), lr=LR, momentum=BETA)
+    np.testing.assert_allclose(_stacked(result.params), ref["x"], rtol=2e-5, atol=2e-6)
+
+
 # One mixing path each: 1 device and 8 devices must agree bit for bit (plain sgd: nothing but the mixes
 # and the gradient steps between them). Exponential graph: more than four offsets, the all-gather path;
 # SGP with a 2-step overlap: late messages, gathered with every replica's kept past messages. (The dense path,
-# mixes of more than 8 replicas, adds its terms the same way: see the next test.)
+# mixes in which a receiver takes more than 8 weights, adds its terms the same way: see the next test.)
 MESH_CASES = {
     "shift": (lambda: dj.cluster.d_psgd(dj.topology.ring(8)), 8, dj.gossip.d_psgd, lambda: dj.cluster.failures(0.3)),
     "gather": (lambda: dj.cluster.d_psgd(dj.topology.exponential(8)), 8, dj.gossip.d_psgd, lambda: None),
@@ -385,6 +418,11 @@ def test_bad_arguments_name_themselves():
                        execution=dj.Execution(mesh=jax.make_mesh((8,), ("workers",))))
   with pytest.raises(ValueError, match="mixes gradients"):
     dj.simulate_gossip(loss_fn, tx, dj.gossip.gossip_grad(), params, data, schedule)
+  # Late messages are gathered with the kept past messages: a receiver taking more than 8 weights is refused.
+  with pytest.raises(ValueError, match="a replica takes more than 8 nonzero weights are not supported with late "
+                                       "messages .*largest group has 10 members"):
+    dj.simulate_gossip(loss_fn, tx, dj.gossip.sgp(), params, data,
+                       random_schedule(12, 80, seed=0, group=10, lag=2, push_sum=True))
   with pytest.raises(TypeError, match="Execution.like must be a list or tuple of schedules .*, got "
                                       "GossipSchedule"):
     dj.simulate_gossip(loss_fn, tx, dj.gossip.d_psgd(), params, data, schedule,
