@@ -60,38 +60,45 @@ class MixForm(NamedTuple):
   width: int
 
 
-def mixing_form(schedule: Any, *like: Any, gradients: bool = False) -> MixForm:
-  """How the runtime combines the messages of the schedule's mixes of parameters (``gradients=False``) or of
-  gradients (``True``): ``"shift"`` when every nonzero weight of every such mix sits at one of at most
-  ``MAX_SHIFTS`` offsets ``(b - a) mod M`` and no message is late (rolls, or ``lax.ppermute`` on a mesh);
-  else ``"gather"`` when no receiver takes more than ``DENSE_WIDTH`` nonzero weights (its row lists those
-  sources, in their order in the mix's group), and ``"dense"`` (an ``[M, M]`` matrix per slot) when one
-  does. With ``like`` (more schedules of the same replicas), the form that fits every one of them.
+def mixing_forms(schedule: Any, *like: Any) -> dict[str, MixForm]:
+  """How the runtime combines the messages of the schedule's mixes, by table prefix: ``"mix"``, its mixes of
+  parameters; ``"gmix"``, its mixes of gradients. Each kind is ``"shift"`` when every nonzero weight of every
+  such mix sits at one of at most ``MAX_SHIFTS`` offsets ``(b - a) mod M`` and no message is late (rolls, or
+  ``lax.ppermute`` on a mesh); else ``"gather"`` when no receiver takes more than ``DENSE_WIDTH`` nonzero
+  weights (its row lists those sources, in their order in the mix's group), and ``"dense"`` (an ``[M, M]``
+  matrix per slot) when one does. With ``like`` (more schedules of the same replicas), the forms that fit
+  every one of them.
 
   The two kinds are planned apart: a program shared by an all-reduce of gradients (16 sources per receiver:
   dense) and gossip of parameters (a ring's 3: gathered) combines each kind as narrowly as it can. A row
   counts a receiver's nonzero weights, not its group's members: a ring's mix of all 16 replicas gives each
   receiver 3 sources."""
   m = schedule.num_workers
-  found, late, widest = {0}, False, 0
+  found = {"mix": {0}, "gmix": {0}}
+  widest = {"mix": 0, "gmix": 0}
+  late = False
   for s in (schedule, *like):
     members = np.asarray(s.members)
     if members.shape[0] == 0:
       continue
-    of_kind = (np.asarray(s.mixes) == GRADS) == gradients
-    weights = np.asarray(s.weights)
+    gradients = np.asarray(s.mixes) == GRADS
     valid = members >= 0
-    used = ((weights != 0) & valid[:, :, None] & valid[:, None, :] & np.asarray(s.receives)[:, :, None]
-            & of_kind[:, None, None])
+    used = (np.asarray(s.weights) != 0) & valid[:, :, None] & valid[:, None, :] & np.asarray(s.receives)[:, :, None]
     offsets = (members[:, None, :] - members[:, :, None]) % m
-    found |= set(np.unique(offsets[used]).tolist())
-    late |= bool(not gradients and np.any(np.asarray(s.lag)[of_kind] > 0))
-    widest = max(widest, int(used.sum(axis=2).max(initial=0)))
-  if len(found) <= MAX_SHIFTS and not late:
-    return MixForm("shift", tuple(sorted(found)), len(found))
-  if widest > DENSE_WIDTH:
-    return MixForm("dense", (), m)
-  return MixForm("gather", (), max(widest, 1))
+    sources = used.sum(axis=2).max(axis=1, initial=0)
+    for prefix, of_kind in (("mix", ~gradients), ("gmix", gradients)):
+      found[prefix] |= set(np.unique(offsets[used & of_kind[:, None, None]]).tolist())
+      widest[prefix] = max(widest[prefix], int(sources[of_kind].max(initial=0)))
+    late |= bool(np.any(np.asarray(s.lag)[~gradients] > 0))
+  forms = {}
+  for prefix in ("mix", "gmix"):
+    if len(found[prefix]) <= MAX_SHIFTS and not (late and prefix == "mix"):
+      forms[prefix] = MixForm("shift", tuple(sorted(found[prefix])), len(found[prefix]))
+    elif widest[prefix] > DENSE_WIDTH:
+      forms[prefix] = MixForm("dense", (), m)
+    else:
+      forms[prefix] = MixForm("gather", (), max(widest[prefix], 1))
+  return forms
 
 
 def _program_choices(schedule: Any) -> tuple[bool, bool, int, int]:
@@ -342,7 +349,7 @@ def make_plan(schedule: Any, *, phases: int | None = None, num_devices: int = 1,
   event_mixes = np.where(is_mix, mixes[np.maximum(mix, 0)] if mixes.size else -1, -1)
   pmix = is_mix & (event_mixes != GRADS)
   gmix = is_mix & (event_mixes == GRADS)
-  forms = {"mix": mixing_form(schedule, *like), "gmix": mixing_form(schedule, *like, gradients=True)}
+  forms = mixing_forms(schedule, *like)
   choices = [_program_choices(s) for s in (schedule, *like)]
   has_pmix, has_gmix = any(c[0] for c in choices), any(c[1] for c in choices)
   history = max(c[2] for c in choices)

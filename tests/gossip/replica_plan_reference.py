@@ -14,7 +14,7 @@ import numpy as np
 
 from delayjax.cluster._gossip import GRAD, GRADS, MIX, READ
 from delayjax.runtime._replica_plan import (_LANE_FRACTIONS, _PHASE_CANDIDATES, _SLOT_COST, _SLOTS, SLOT_GRAD,
-                                            SLOT_MIX, SLOT_READ, ReplicaPlan, mixing_form)
+                                            SLOT_MIX, SLOT_READ, ReplicaPlan, mixing_forms)
 
 
 def needed_reads(kind: np.ndarray, worker: np.ndarray, mix: np.ndarray, members: np.ndarray, mixes: np.ndarray,
@@ -144,7 +144,7 @@ def make_plan(schedule: Any, *, phases: int | None = None, num_devices: int = 1)
   event_mixes = np.where(is_mix, mixes[np.maximum(mix, 0)] if mixes.size else -1, -1)
   pmix = is_mix & (event_mixes != GRADS)
   gmix = is_mix & (event_mixes == GRADS)
-  forms = {"mix": mixing_form(schedule), "gmix": mixing_form(schedule, gradients=True)}
+  forms = mixing_forms(schedule)
   lags = np.asarray(schedule.lag)
   history = int(lags[mixes != GRADS].max()) + 1 if pmix.any() and lags.size else 1
   batches = np.asarray(schedule.num_batches)
