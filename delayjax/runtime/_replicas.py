@@ -274,6 +274,7 @@ def _simulate_runs(loss_fn, tx, method, params, data, schedule, runs: Runs, *, s
     sources = _check_sources(runs.sources, GossipSchedule, "replicas")
   run_params = [params] * runs.num_runs if runs.params is None else _check_run_params(runs.params, params)
   prepared = []
+  traced: dict[Any, Any] = {}
   for r, (seed, source, own_params) in enumerate(zip(runs.seeds, sources, run_params, strict=True)):
     # The other runs' schedules fix the plan's sizes with the call's own like: one compiled program for all.
     others = () if runs.sources is None else sources[:r] + sources[r + 1:]
@@ -281,14 +282,14 @@ def _simulate_runs(loss_fn, tx, method, params, data, schedule, runs: Runs, *, s
     prepared.append(_prepare(
         loss_fn, tx, method, own_params, data, source, seed=seed, sampling=sampling,
         record=dataclasses.replace(record, callback=None), checkpoint=None,
-        execution=dataclasses.replace(execution, like=like or None), hyperparams=(runs.hyperparams, r)))
+        execution=dataclasses.replace(execution, like=like or None), hyperparams=(runs.hyperparams, r),
+        traced=traced))
   memory = {name: sum(run.memory[name] for run in prepared) for name in prepared[0].memory if name != "data"}
   _engine.check_memory("dj.simulate_gossip", {**memory, "data": prepared[0].memory["data"]},
                        _engine.memory_limit(execution.max_memory, None),
                        {name: f"fewer runs in one call ({runs.num_runs} now) or {hint}"
                         for name, hint in _MEMORY_HINTS.items()})
   callback = record.callback
-  traced: dict[Any, Any] = {}
   for run in prepared:
     run.traced = traced
   done = _engine.run_together([_program(run) for run in prepared],
@@ -329,10 +330,11 @@ class _ReplicaRun(types.SimpleNamespace):
 
 
 def _prepare(loss_fn, tx, method, params, data, schedule, *, seed, sampling, record, checkpoint,
-             execution, hyperparams=None) -> _ReplicaRun:
+             execution, hyperparams=None, traced=None) -> _ReplicaRun:
   """``dj.simulate_gossip``'s arguments checked against the schedule, its events planned, its carry made
   (``hyperparams``: ``(Runs.hyperparams, r)`` for run ``r`` of several, whose ``optax.inject_hyperparams``
-  values every replica's optimizer state starts with)."""
+  values every replica's optimizer state starts with; ``traced``: a dict the runs of one call share, which
+  keeps what their functions trace to on their parameters' shapes, traced once for all)."""
   runtime = "dj.simulate_gossip"
   check_not_traced(runtime, params=params, data=data)
   seed, _, sampling, record, execution = runtime_options(runtime, seed=seed, sampling=sampling, record=record,
@@ -419,7 +421,12 @@ def _prepare(loss_fn, tx, method, params, data, schedule, *, seed, sampling, rec
   _engine.check_extra_args(tx, params, init_state[1], runtime, {})
   memory = _replica_memory(runtime, params, init_state, method, plan, m, data, num_devices, execution)
   # The loss is traced only now, after every check that can refuse the run.
-  has_aux = loss_has_aux(loss_fn, params, data, batch_size)
+  traced = {} if traced is None else traced
+  shapes = (jax.tree.structure(params),
+            tuple((np.shape(x), x.dtype if hasattr(x, "dtype") else np.result_type(x)) for x in jax.tree.leaves(params)))
+  if ("has_aux", shapes) not in traced:
+    traced["has_aux", shapes] = loss_has_aux(loss_fn, params, data, batch_size)
+  has_aux = traced["has_aux", shapes]
   stacked = jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (m,) + np.shape(x)).copy(), init_state)
   replica_params, opt_state, extra = stacked
   snap = jax.tree.map(np.zeros_like, replica_params)
@@ -438,7 +445,9 @@ def _prepare(loss_fn, tx, method, params, data, schedule, *, seed, sampling, rec
   table_specs = {k: P() if v.ndim == 1 else P(None, AXIS) if k.startswith("lane_") else P(None, None, AXIS)
                  for k, v in device_tables.items()}
   table_specs["lane_examples"] = P(None, AXIS)
-  metric_like = None if eval_fn is None else jax.eval_shape(eval_fn, params)
+  if ("metric_like", shapes) not in traced:
+    traced["metric_like", shapes] = None if eval_fn is None else jax.eval_shape(eval_fn, params)
+  metric_like = traced["metric_like", shapes]
   if metric_like is not None and any(np.shape(x) != () for x in jax.tree.leaves(metric_like)):
     raise ValueError(
         f"Record.eval_fn must return a pytree of scalars here (each is evaluated on the average model and on every "
