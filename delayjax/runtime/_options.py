@@ -338,7 +338,10 @@ class Runs:
   for bit to its single call with the other runs' schedules in
   ``Execution.like`` (one program per number of phases the plans choose,
   without ``Execution.phases``); its callback is told each run's chunks
-  apart.
+  apart. ``dj.simulate_pipeline`` computes its runs so too (``sources``
+  are then pipeline schedules of the call's model stages; hyper-parameters
+  are set in every stage's optimizer state), each equal bit for bit to its
+  single call.
 
   Args:
     seeds: one int seed per run, or one int shared by every run.
@@ -404,9 +407,9 @@ def runtime_options(runtime: str, *, seed: Any, sampling: Any, record: Any, exec
   """A runtime's shared options checked: ``(seed of the first run, Runs or None, sampling, record, execution)``.
 
   ``no_effect``: the ``Execution`` fields the runtime has no use for (refused when set); ``server``: whether it
-  is ``dj.simulate``, the one runtime that batches runs (``dj.Runs``) and skips non-finite contributions.
+  is ``dj.simulate``, the one runtime that evaluates an optimizer state and skips non-finite contributions.
   """
-  seed, runs = check_seed_or_runs(seed, runtime, runs_allowed=server)
+  seed, runs = check_seed_or_runs(seed, runtime)
   sampling = check_option("sampling", sampling, Sampling, runtime)
   record = check_option("record", record, Record, runtime)
   execution = check_option("execution", execution, Execution, runtime)
@@ -422,12 +425,9 @@ def runtime_options(runtime: str, *, seed: Any, sampling: Any, record: Any, exec
   return seed, runs, sampling, record, execution
 
 
-def check_seed_or_runs(seed: Any, runtime: str, runs_allowed: bool = True) -> tuple[int, Runs | None]:
+def check_seed_or_runs(seed: Any, runtime: str) -> tuple[int, Runs | None]:
   """``(seed of the first run, Runs or None)`` from a runtime's ``seed`` argument."""
   if isinstance(seed, Runs):
-    if not runs_allowed:
-      raise ValueError(f"{runtime} computes one run per call; seed=dj.Runs(...) is for dj.simulate and "
-                       f"dj.simulate_gossip.")
     return seed.seeds[0], seed
   if isinstance(seed, (list, tuple, range, np.ndarray)):
     raise TypeError(

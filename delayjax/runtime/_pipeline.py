@@ -65,6 +65,7 @@ Optax transformation per stage.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import types
 from typing import Any, Callable, NamedTuple, Sequence
@@ -80,9 +81,9 @@ from delayjax.runtime import _checkpoint
 from delayjax.runtime import _engine as engine
 from delayjax.runtime import _history as history_lib
 from delayjax.runtime._arguments import batch_like, check_not_traced
-from delayjax.runtime._options import Checkpoint, Execution, Record, Sampling, runtime_options
+from delayjax.runtime._options import Checkpoint, Execution, Record, Runs, Sampling, runtime_options
 from delayjax.runtime._sampling import lane_examples
-from delayjax.runtime._simulate import _all_finite, _inexact
+from delayjax.runtime._simulate import _all_finite, _check_run_params, _inexact, _run_states
 from delayjax.transforms._pipeline_remedies import stage_read
 
 StageFn = Callable[[Any, Any], Any]
@@ -492,13 +493,13 @@ def simulate_pipeline(
     data: Any,
     schedule: PipelineSchedule,
     *,
-    seed: int = 0,
+    seed: int | Runs = 0,
     sampling: Sampling | None = None,
     record: Record | None = None,
     checkpoint: Checkpoint | None = None,
     execution: Execution | None = None,
     backward: str = "recompute",
-) -> PipelineResult:
+) -> PipelineResult | list[PipelineResult]:
   r"""Trains a staged model on a pipeline schedule, each pass at the weight version the schedule gives.
 
   Update ``u`` of stage ``k``:
@@ -563,7 +564,8 @@ def simulate_pipeline(
       A split backward pass (``"zb-h1"``) reads one version in both halves,
       so its weight gradient is that of the backward pass at that version; a
       schedule whose halves read different versions is refused.
-    seed: seeds the minibatches, an int in ``[0, 2**32)``.
+    seed: seeds the minibatches, an int in ``[0, 2**32)``, or ``dj.Runs(...)``
+      (several runs, below).
     sampling: ``dj.Sampling``: ``batch_size`` examples per micro-batch,
       drawn ``"iid"`` (the only scheme here).
     record: ``dj.Record``: ``eval_fn(params)`` on the tuple of stage
@@ -580,9 +582,20 @@ def simulate_pipeline(
       weight stashing); see the module docstring. Equal when the versions are
       (GPipe, stashing).
 
+  Several runs (``seed=dj.Runs(seeds=..., sources=..., params=..., hyperparams=...)``): run ``r`` has its own
+  seed, schedule (``Runs.sources[r]``, every one with the call's number of model stages, and ``schedule=None``),
+  initial stage parameters and ``inject_hyperparams`` values (set in every stage's optimizer state). Each run is
+  computed by a call of its own of the single run's compiled chunk (runs whose steps trace alike share it), chunk
+  by chunk beside the others, on a CPU several at a time, and equals its single call bit for bit. One device, no
+  checkpoint; ``Record.callback`` is told each run's chunks apart (``info["run"]``).
+
   Returns:
-    A :class:`PipelineResult` (on the host's default device, also with a mesh).
+    A :class:`PipelineResult` (on the host's default device, also with a mesh); with ``seed=dj.Runs(...)``, a
+    list of them, one per run.
   """
+  if isinstance(seed, Runs):
+    return _simulate_runs(stage_fns, loss_fn, tx, params, data, schedule, seed, sampling=sampling, record=record,
+                          checkpoint=checkpoint, execution=execution, backward=backward)
   run = _prepare(stage_fns, loss_fn, tx, params, data, schedule, seed=seed, sampling=sampling, record=record,
                  checkpoint=checkpoint, execution=execution, backward=backward)
   run.step, run.carry, run.carry_specs, run.params_at, run.current_params, run.state_packing = _stage_program(run)
@@ -591,13 +604,68 @@ def simulate_pipeline(
   return _results(run, carry, records)
 
 
+def _simulate_runs(stage_fns, loss_fn, tx, params, data, schedule, runs: Runs, *, sampling, record, checkpoint,
+                   execution, backward) -> list[PipelineResult]:
+  """``dj.simulate_pipeline`` of ``seed=dj.Runs(...)``: every run prepared as its own call, then computed side by
+  side by ``engine.run_together``."""
+  runtime = "dj.simulate_pipeline"
+  if checkpoint is not None:
+    raise ValueError(f"several runs (seed={runs!r}) are computed without checkpoints; got checkpoint={checkpoint!r}.")
+  _, _, sampling, record, execution = runtime_options(runtime, seed=0, sampling=sampling, record=record,
+                                                      execution=execution, no_effect=("lanes", "phases", "like"))
+  if execution.mesh is not None:
+    raise ValueError(f"several runs (seed={runs!r}) are computed on one device; got Execution.mesh.")
+  if runs.sources is None:
+    sources = (schedule,) * runs.num_runs
+  elif schedule is not None:
+    raise ValueError(f"with seed=dj.Runs(sources=[...]) every run follows its own schedule: pass schedule=None, "
+                     f"got {type(schedule).__name__}.")
+  else:
+    sources = runs.sources
+    for i, source in enumerate(sources):
+      if not isinstance(source, PipelineSchedule):
+        raise TypeError(f"Runs.sources[{i}] must be a dj.cluster.pipeline(...) schedule, got "
+                        f"{type(source).__name__}.")
+      if source.num_model_stages != sources[0].num_model_stages:
+        raise ValueError(f"Runs.sources[{i}] has {source.num_model_stages} model stages, but Runs.sources[0] has "
+                         f"{sources[0].num_model_stages}: the runs share stage_fns.")
+  own_params = ([params] * runs.num_runs if runs.params is None
+                else [tuple(p) for p in _check_run_params(tuple(tuple(p) for p in runs.params), tuple(params))])
+  prepared = []
+  for r, (seed, source, start) in enumerate(zip(runs.seeds, sources, own_params, strict=True)):
+    run = _prepare(stage_fns, loss_fn, tx, start, data, source, seed=seed, sampling=sampling,
+                   record=dataclasses.replace(record, callback=None), checkpoint=None, execution=execution,
+                   backward=backward, hyperparams=(runs.hyperparams, r, runs.num_runs))
+    run.step, run.carry, run.carry_specs, run.params_at, run.current_params, run.state_packing = _stage_program(run)
+    prepared.append(run)
+  memory = {name: sum(run.memory[name] for run in prepared) for name in prepared[0].memory if name != "data"}
+  engine.check_memory(runtime, {**memory, "data": prepared[0].memory["data"]},
+                      engine.memory_limit(execution.max_memory, None),
+                      {name: f"fewer runs in one call ({runs.num_runs} now) or {hint}"
+                       for name, hint in _MEMORY_HINTS.items()})
+  callback = record.callback
+  done = engine.run_together([_program(run) for run in prepared],
+                             callback=None if callback is None else lambda r, info: callback({**info, "run": r}))
+  return [_results(run, carry, records) for run, (carry, records) in zip(prepared, done, strict=True)]
+
+
+# What to change when a pipeline run's state does not fit the device, by memory term.
+_MEMORY_HINTS = {
+    "weight versions": "a schedule with less staleness (each stage keeps its last D versions) or a mesh with a "
+                       "stage per device",
+    "read directions": "a transformation without pipeline reads, or less staleness",
+    "optimizer states": "a lighter optimizer or a mesh with a stage per device"}
+
+
 class _PipelineRun(types.SimpleNamespace):
   """What one ``dj.simulate_pipeline`` call has checked and made (its locals), handed from phase to phase."""
 
 
 def _prepare(stage_fns, loss_fn, tx, params, data, schedule, *, seed, sampling, record, checkpoint, execution,
-             backward) -> _PipelineRun:
-  """``dj.simulate_pipeline``'s arguments checked against the schedule, its weight rings sized and made."""
+             backward, hyperparams=None) -> _PipelineRun:
+  """``dj.simulate_pipeline``'s arguments checked against the schedule, its weight rings sized and made
+  (``hyperparams``: ``(Runs.hyperparams, r, R)`` for run ``r`` of ``R``, whose ``optax.inject_hyperparams``
+  values every stage's optimizer state starts with)."""
   runtime = "dj.simulate_pipeline"
   check_not_traced(runtime, params=params, data=data)
   seed, _, sampling, record, execution = runtime_options(runtime, seed=seed, sampling=sampling, record=record,
@@ -646,6 +714,9 @@ def _prepare(stage_fns, loss_fn, tx, params, data, schedule, *, seed, sampling, 
   depth = int(max((updates[:, None, None] - forward_version).max(),
                   (updates[:, None, None] - backward_version).max())) + 1
   opt_states = tuple(tx.init(p) for p in params)
+  if hyperparams is not None and hyperparams[0]:
+    values, r, num_runs = hyperparams
+    opt_states = tuple(_run_states([state] * num_runs, values)[r] for state in opt_states)
   engine.check_extra_args(tx, params[0], opt_states[0], runtime, {
       "staleness": jnp.int32(0), "backward_staleness": jnp.int32(0), "stale_params": params[0]})
   readers = [stage_read(s) for s in opt_states]
@@ -655,11 +726,7 @@ def _prepare(stage_fns, loss_fn, tx, params, data, schedule, *, seed, sampling, 
       "read directions": (tuple(() if r is None else engine.shapes(jax.eval_shape(r.read_direction), (depth,))
                                 for r in readers), mesh is not None),
       "optimizer states": (opt_states, mesh is not None)}, data, K if mesh is not None else 1)
-  engine.check_memory(runtime, memory, engine.memory_limit(execution.max_memory, mesh), {
-      "weight versions": "a schedule with less staleness (each stage keeps its last D versions) or a mesh with a "
-                         "stage per device",
-      "read directions": "a transformation without pipeline reads, or less staleness",
-      "optimizer states": "a lighter optimizer or a mesh with a stage per device"})
+  engine.check_memory(runtime, memory, engine.memory_limit(execution.max_memory, mesh), _MEMORY_HINTS)
   history = tuple(_leading(p, depth) for p in params)
   directions = tuple(None if r is None else _leading(r.read_direction(), depth) for r in readers)
   eval_points = history_lib.eval_points(U, eval_every) if eval_fn is not None else np.zeros(0, np.int64)
