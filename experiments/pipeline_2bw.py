@@ -39,9 +39,9 @@ import optax
 
 import delayjax as dj
 from . import _plots
+from . import pipeline_common as pc
 from ._framework import (Claim, ClaimResult, Reproduction, Summary, across_seeds, compare, mean_rows,
                                     paired, seed_values)
-from .pipeline_common import pipeline_record
 
 # Config: the margins were fixed before the first run: throughput at least 95% of PipeDream's, loss within 10%
 # (relative) of vertical sync's and of GPipe's. The first quick run trained with SGD (lr 0.05, momentum 0.9, as
@@ -85,17 +85,26 @@ def schedule_for(config: dict[str, Any], spec: dict[str, Any], seed: int) -> dj.
                              forward=dj.cluster.gamma(4.0, 1.0), backward=dj.cluster.gamma(4.0, 2.0), seed=seed)
 
 
-def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
-  sched = schedule_for(config, spec, seed)
+def _plan(config: dict[str, Any], spec: dict[str, Any], seed: int) -> pc.Training:
+  tx = None
   if spec["trained"]:
     tx = (optax.adam(config["lr"]) if config["optimizer"] == "adam" else
           optax.sgd(config["lr"], momentum=config["momentum"]))
-    record = pipeline_record(config, sched, tx, seed, progress)
-  else:
-    progress(sched.num_updates, sched.num_updates)
-    record = {"metrics": {"simulated_time": sched.total_time, "bubble_fraction": sched.bubble_fraction(),
-                          "mean_staleness": float(sched.forward_staleness.mean()),
-                          "versions_kept": int(sched.versions_kept().sum())}}
+  return pc.Training(config, schedule_for(config, spec, seed), tx)
+
+
+def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
+  return pc.run_one(config, spec, seed, progress, _plan, _finish)
+
+
+def run_batch(config: dict[str, Any], members: list[tuple[dict[str, Any], int]], progress) -> list[dict[str, Any]]:
+  # A spec's seeds in one dj.simulate_pipeline call (dj.Runs), side by side, each as its own run bit for bit.
+  return pc.run_many(config, members, progress, _plan, _finish)
+
+
+def _finish(config: dict[str, Any], spec: dict[str, Any], sched: dj.cluster.PipelineSchedule,
+            record: dict[str, Any]) -> dict[str, Any]:
+  del spec
   kept = sched.versions_kept()
   record["metrics"].update(
       examples_per_second=sched.num_passes * config["batch"] / sched.total_time,
@@ -176,7 +185,8 @@ REPRODUCTION = Reproduction(
           "(PipeDream-2BW), ICML 2021, https://arxiv.org/abs/2006.09503",
     description="PipeDream-2BW on 4 stages, 4 micro-batches: throughput against PipeDream and GPipe, weight "
                 "versions kept, and the loss against vertical sync and GPipe.",
-    scales=SCALES, specs=specs, run=run, summarize=summarize, claims=CLAIMS, plots=plots,
+    scales=SCALES, specs=specs, run=run, batch=pc.batch_key, run_batch=run_batch, summarize=summarize, claims=CLAIMS,
+    plots=plots,
     columns=("key", "train_loss", "accuracy_pct", "examples_per_second", "bubble_fraction", "mean_staleness",
              "versions_kept_max", "versions_kept_first", "activations_kept_max"),
     smoke=dict(steps=8, eval_every=4, seeds=1, width=8, stages=2, layers=2, microbatches=2),

@@ -21,9 +21,9 @@ import optax
 
 import delayjax as dj
 from . import _plots
+from . import pipeline_common as pc
 from ._framework import Claim, ClaimResult, Reproduction, Summary, mean_rows, paired
 from ._training import first_reach
-from .pipeline_common import pipeline_record
 
 # Config: at lr 0.2 with momentum 0.9 both asynchronous runs diverged in a first quick run (GPipe did not); lr 0.05.
 # Seeds: 5 (were 2). A run's later seeds now reuse its compiled program (about 0.5 CPU s each), so the quick scale
@@ -48,11 +48,26 @@ def specs(config: dict[str, Any]) -> list[dict[str, Any]]:
   return [{"key": key, "schedule": s, "weights": w} for key, (s, w) in VARIANTS.items()]
 
 
-def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
+def _plan(config: dict[str, Any], spec: dict[str, Any], seed: int) -> pc.Training:
+  del seed
   sched = dj.cluster.pipeline(spec["schedule"], config["stages"], config["steps"],
                               num_microbatches=config["microbatches"], weights=spec["weights"],
                               forward=1.0, backward=2.0)
-  record = pipeline_record(config, sched, optax.sgd(config["lr"], momentum=config["momentum"]), seed, progress)
+  return pc.Training(config, sched, optax.sgd(config["lr"], momentum=config["momentum"]))
+
+
+def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
+  return pc.run_one(config, spec, seed, progress, _plan, _finish)
+
+
+def run_batch(config: dict[str, Any], members: list[tuple[dict[str, Any], int]], progress) -> list[dict[str, Any]]:
+  # A spec's seeds in one dj.simulate_pipeline call (dj.Runs), side by side, each as its own run bit for bit.
+  return pc.run_many(config, members, progress, _plan, _finish)
+
+
+def _finish(config: dict[str, Any], spec: dict[str, Any], sched: dj.cluster.PipelineSchedule,
+            record: dict[str, Any]) -> dict[str, Any]:
+  del spec
   target = 1.0 - config["target_accuracy"]
   curves = record["curves"]
   for x in ("time", "update"):
@@ -117,8 +132,8 @@ REPRODUCTION = Reproduction(
     paper="Huang et al.: GPipe, NeurIPS 2019; Narayanan et al.: PipeDream, SOSP 2019",
     description="GPipe against asynchronous 1F1B (with and without stashing) on 4 stages, 4 micro-batches: "
                 "bubbles against staleness, in simulated time.",
-    scales=SCALES, specs=specs, run=run, summarize=summarize, claims=CLAIMS, plots=plots,
-    columns=("key", "accuracy_pct", "bubble_fraction", "seconds_per_update", "time_to_target", "update_to_target",
+    scales=SCALES, specs=specs, run=run, batch=pc.batch_key, run_batch=run_batch, summarize=summarize, claims=CLAIMS,
+    plots=plots, columns=("key", "accuracy_pct", "bubble_fraction", "seconds_per_update", "time_to_target", "update_to_target",
              "mean_staleness"),
     smoke=dict(steps=8, eval_every=4, seeds=1, width=8, stages=2, layers=2, microbatches=2),
 )

@@ -9,7 +9,7 @@ so the framework's tables and plots apply.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -84,6 +84,72 @@ def evaluator(test: dict[str, jax.Array]):
   return lambda params: _evaluate(list(params), test)
 
 
+class Training(NamedTuple):
+  """What a pipeline reproduction trains for one run: the config the record reads (``batch``, ``layers``,
+  ``width``, ``eval_every``), the schedule, the optimizer (``None``: the schedule alone is measured, nothing is
+  trained) and ``dj.simulate_pipeline``'s form of a backward pass at newer weights."""
+
+  config: dict[str, Any]
+  schedule: dj.cluster.PipelineSchedule
+  tx: optax.GradientTransformation | None
+  backward: str = "recompute"
+
+
+Plan = Callable[[dict[str, Any], dict[str, Any], int], Training]
+Finish = Callable[[dict[str, Any], dict[str, Any], dj.cluster.PipelineSchedule, dict[str, Any]], dict[str, Any]]
+
+
+def run_one(config: dict[str, Any], spec: dict[str, Any], seed: int, progress: Progress, plan: Plan,
+            finish: Finish) -> dict[str, Any]:
+  """A reproduction's ``run``: ``finish(config, spec, schedule, record)`` of the record of ``plan(config, spec,
+  seed)``'s training (:func:`pipeline_record`), or of its schedule alone (:func:`schedule_record`)."""
+  training = plan(config, spec, seed)
+  if training.tx is None:
+    record = schedule_record(training.schedule, progress)
+  else:
+    record = pipeline_record(training.config, training.schedule, training.tx, seed, progress, training.backward)
+  return finish(config, spec, training.schedule, record)
+
+
+def as_trained(config: dict[str, Any], spec: dict[str, Any], schedule: dj.cluster.PipelineSchedule,
+               record: dict[str, Any]) -> dict[str, Any]:
+  """The :data:`Finish` of a reproduction that reports the record as trained."""
+  del config, spec, schedule
+  return record
+
+
+def batch_key(config: dict[str, Any], spec: dict[str, Any], seed: int) -> str:
+  """The runs computed together (:func:`run_many`): every seed of one spec."""
+  del config, seed
+  return spec["key"]
+
+
+def run_many(config: dict[str, Any], members: list[tuple[dict[str, Any], int]], progress: Progress, plan: Plan,
+             finish: Finish) -> list[dict[str, Any]]:
+  """A reproduction's ``run_batch`` for the seeds of one spec (:func:`batch_key`): their records, each equal to
+  :func:`run_one`'s bit for bit, trained in one ``dj.simulate_pipeline`` call (:func:`pipeline_records`)."""
+  if len({spec["key"] for spec, _ in members}) > 1:
+    raise ValueError(f"runs computed together are seeds of one spec (batch_key); got "
+                     f"{[(spec['key'], seed) for spec, seed in members]}.")
+  trainings = [plan(config, spec, seed) for spec, seed in members]
+  first = trainings[0]
+  if first.tx is None:
+    records = [schedule_record(t.schedule, progress) for t in trainings]
+  else:
+    records = pipeline_records(first.config, [(t.schedule, seed) for t, (_, seed) in zip(trainings, members)],
+                               first.tx, progress, first.backward)
+  return [finish(config, spec, t.schedule, record)
+          for (spec, _), t, record in zip(members, trainings, records, strict=True)]
+
+
+def schedule_record(schedule: dj.cluster.PipelineSchedule, progress: Progress) -> dict[str, Any]:
+  """The record of a schedule measured without training: its simulated time, bubbles, staleness and versions."""
+  progress(schedule.num_updates, schedule.num_updates)
+  return {"metrics": {"simulated_time": schedule.total_time, "bubble_fraction": schedule.bubble_fraction(),
+                      "mean_staleness": float(schedule.forward_staleness.mean()),
+                      "versions_kept": int(schedule.versions_kept().sum())}}
+
+
 def pipeline_record(config: dict[str, Any], schedule: dj.cluster.PipelineSchedule, tx: optax.GradientTransformation,
                     seed: int, progress: Progress, backward: str = "recompute") -> dict[str, Any]:
   """Trains the staged MLP on ``schedule`` with ``tx`` (``backward``: ``dj.simulate_pipeline``'s form of a
@@ -94,15 +160,36 @@ def pipeline_record(config: dict[str, Any], schedule: dj.cluster.PipelineSchedul
   ``mean_staleness`` (forward passes, all stages) and ``versions_kept``
   (summed over stages); ``curves``: ``update``, ``time`` and both metrics.
   """
+  return pipeline_records(config, [(schedule, seed)], tx, progress, backward)[0]
+
+
+def pipeline_records(config: dict[str, Any], runs: list[tuple[dj.cluster.PipelineSchedule, int]],
+                     tx: optax.GradientTransformation, progress: Progress,
+                     backward: str = "recompute") -> list[dict[str, Any]]:
+  """:func:`pipeline_record` of several ``(schedule, seed)`` runs with one ``tx``: one ``dj.simulate_pipeline``
+  call with ``seed=dj.Runs(...)`` (its own schedule and initial weights each; the runs computed side by side,
+  each equal to its single call bit for bit), or the single call for one run."""
   # Model stages: K devices times their virtual stages (interleaved 1F1B), one stage function each.
-  K = schedule.num_model_stages
+  K = runs[0][0].num_model_stages
   train, test = digits_data()
-  progress(0, schedule.num_updates)
-  result = dj.simulate_pipeline(stages(K), loss_fn, tx, init(K, config["layers"], config["width"], seed), train, schedule,
-                                seed=seed, sampling=dj.Sampling(config["batch"]),
-                                record=dj.Record(eval_fn=evaluator(test), every=config["eval_every"]),
-                                backward=backward)
-  progress(schedule.num_updates, schedule.num_updates)
+  total = sum(schedule.num_updates for schedule, _ in runs)
+  progress(0, total)
+  options = dict(sampling=dj.Sampling(config["batch"]),
+                 record=dj.Record(eval_fn=evaluator(test), every=config["eval_every"]), backward=backward)
+  starts = [init(K, config["layers"], config["width"], seed) for _, seed in runs]
+  if len(runs) == 1:
+    (schedule, seed), = runs
+    results = [dj.simulate_pipeline(stages(K), loss_fn, tx, starts[0], train, schedule, seed=seed, **options)]
+  else:
+    results = dj.simulate_pipeline(
+        stages(K), loss_fn, tx, starts[0], train, None,
+        seed=dj.Runs(seeds=[seed for _, seed in runs], sources=[schedule for schedule, _ in runs], params=starts),
+        **options)
+  progress(total, total)
+  return [_record(schedule, result) for (schedule, _), result in zip(runs, results, strict=True)]
+
+
+def _record(schedule: dj.cluster.PipelineSchedule, result: Any) -> dict[str, Any]:
   h = result.history
   metrics = {k: np.asarray(v, np.float64) for k, v in h.eval_metrics.items()}
   final = {k: float(v[-1]) for k, v in metrics.items()}
@@ -117,4 +204,3 @@ def pipeline_record(config: dict[str, Any], schedule: dj.cluster.PipelineSchedul
                   "versions_kept": int(schedule.versions_kept().sum())},
       "curves": {"update": h.eval_update, "time": h.eval_time, **metrics},
   }
-

@@ -66,9 +66,9 @@ import optax
 
 import delayjax as dj
 from . import _plots
+from . import pipeline_common as pc
 from ._framework import (Claim, ClaimResult, Reproduction, Summary, across_seeds, compare, mean_rows, paired,
                          seed_values)
-from .pipeline_common import pipeline_record
 
 # Config. Nothing was tuned on the claims' seeds: the schedules' counts follow from K and m, and the training setting
 # is pipeline_bubbles' (SGD, lr 0.05, momentum 0.9), so that both synchronous runs train. The margins were fixed
@@ -118,16 +118,23 @@ def schedule_for(config: dict[str, Any], spec: dict[str, Any], seed: int) -> dj.
                              backward=dj.cluster.gamma(SHAPE, 2 * mean), seed=seed)
 
 
+def _plan(config: dict[str, Any], spec: dict[str, Any], seed: int) -> pc.Training:
+  tx = optax.sgd(config["lr"], momentum=config["momentum"]) if spec["trained"] else None
+  return pc.Training(config, schedule_for(config, spec, seed), tx)
+
+
 def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
-  sched = schedule_for(config, spec, seed)
-  if spec["trained"]:
-    tx = optax.sgd(config["lr"], momentum=config["momentum"])
-    record = pipeline_record(config, sched, tx, seed, progress)
-  else:
-    progress(sched.num_updates, sched.num_updates)
-    record = {"metrics": {"simulated_time": sched.total_time, "bubble_fraction": sched.bubble_fraction(),
-                          "mean_staleness": float(sched.forward_staleness.mean()),
-                          "versions_kept": int(sched.versions_kept().sum())}}
+  return pc.run_one(config, spec, seed, progress, _plan, _finish)
+
+
+def run_batch(config: dict[str, Any], members: list[tuple[dict[str, Any], int]], progress) -> list[dict[str, Any]]:
+  # A spec's seeds in one dj.simulate_pipeline call (dj.Runs), side by side, each as its own run bit for bit.
+  return pc.run_many(config, members, progress, _plan, _finish)
+
+
+def _finish(config: dict[str, Any], spec: dict[str, Any], sched: dj.cluster.PipelineSchedule,
+            record: dict[str, Any]) -> dict[str, Any]:
+  del spec
   activations = sched.activations_kept()
   record["metrics"].update(
       examples_per_second=sched.num_passes * config["batch"] / sched.total_time,
@@ -208,7 +215,8 @@ REPRODUCTION = Reproduction(
           "Parallel Approach for Training Large Models, PPoPP 2021, https://arxiv.org/abs/2007.01045",
     description="DAPPLE's early-backward schedule against GPipe on 4 stages: throughput, activations in flight, "
                 "the trained model, and throughput at the same activation budget.",
-    scales=SCALES, specs=specs, run=run, summarize=summarize, claims=CLAIMS, plots=plots,
+    scales=SCALES, specs=specs, run=run, batch=pc.batch_key, run_batch=run_batch, summarize=summarize, claims=CLAIMS,
+    plots=plots,
     paper_numbers={"dapple-budget": {"speedup_over_gpipe": 1.6, "memory_saved_pct": 12.0}},
     columns=("key", "train_loss", "accuracy_pct", "examples_per_second", "bubble_fraction", "activations_kept_max"),
     smoke=dict(steps=8, eval_every=4, seeds=1, width=8, stages=2, layers=2, microbatches=2, budget_microbatches=4),

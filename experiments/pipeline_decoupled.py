@@ -63,8 +63,8 @@ import optax
 
 import delayjax as dj
 from . import _plots
+from . import pipeline_common as pc
 from ._framework import Claim, ClaimResult, Reproduction, Summary, across_seeds, compare, mean_rows, seed_values
-from .pipeline_common import pipeline_record
 
 # Config: chosen on pilot seeds (100, 101) that the claims never use; the claims are decided on seeds 0-4. The
 # training setting is pipeline_bubbles' (SGD, lr 0.05, momentum 0.9), at which the pilot's synchronous pipeline
@@ -120,12 +120,24 @@ def schedule_for(config: dict[str, Any], spec: dict[str, Any], seed: int) -> dj.
                              seed=seed)
 
 
-def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
-  sched = schedule_for(config, spec, seed)
+def _plan(config: dict[str, Any], spec: dict[str, Any], seed: int) -> pc.Training:
   tx = optax.sgd(config["lr"], momentum=config["momentum"] or None)
   if spec["compensate"]:
     tx = optax.chain(dj.delay_compensation(config["lam"], adaptive=config["adaptive"]), tx)
-  record = pipeline_record({**config, "batch": spec["micro_batch"]}, sched, tx, seed, progress)
+  return pc.Training({**config, "batch": spec["micro_batch"]}, schedule_for(config, spec, seed), tx)
+
+
+def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
+  return pc.run_one(config, spec, seed, progress, _plan, _finish)
+
+
+def run_batch(config: dict[str, Any], members: list[tuple[dict[str, Any], int]], progress) -> list[dict[str, Any]]:
+  # A spec's seeds in one dj.simulate_pipeline call (dj.Runs), side by side, each as its own run bit for bit.
+  return pc.run_many(config, members, progress, _plan, _finish)
+
+
+def _finish(config: dict[str, Any], spec: dict[str, Any], sched: dj.cluster.PipelineSchedule,
+            record: dict[str, Any]) -> dict[str, Any]:
   record["metrics"].update(
       examples_per_second=sched.num_passes * spec["micro_batch"] / sched.total_time,
       # The forward delay counted in updates, as ADL counts it: the mean over micro-batches and modules.
@@ -195,7 +207,8 @@ REPRODUCTION = Reproduction(
           "Acceleration of Deep Learning Model Parallelism with Staleness, CVPR 2020, https://arxiv.org/abs/1909.02625",
     description="A 4-module decoupled pipeline with and without ADL's accumulation and DSP's compensation, against "
                 "synchronous GPipe: final loss, staleness and throughput.",
-    scales=SCALES, specs=specs, run=run, summarize=summarize, claims=CLAIMS, plots=plots,
+    scales=SCALES, specs=specs, run=run, batch=pc.batch_key, run_batch=run_batch, summarize=summarize, claims=CLAIMS,
+    plots=plots,
     columns=("key", "train_loss", "accuracy_pct", "examples_per_second", "staleness_updates", "bubble_fraction",
              "diverged"),
     smoke=dict(steps=8, eval_every=4, seeds=1, width=8, stages=2, layers=2, accumulate=2),

@@ -31,9 +31,9 @@ import optax
 
 import delayjax as dj
 from . import _plots
+from . import pipeline_common as pc
 from ._framework import (Claim, ClaimResult, Reproduction, Summary, across_seeds, compare, mean_rows,
                                     paired, seed_values)
-from .pipeline_common import pipeline_record
 
 # Config: 4 one-layer stages; lr 0.3 is the largest of {0.1, 0.3} at which all runs trained (a first quick run).
 # Seeds: 5 (were 4). A run's later seeds now reuse its compiled program, so the fifth costs about 0.5 CPU s per
@@ -78,13 +78,23 @@ def specs(config: dict[str, Any]) -> list[dict[str, Any]]:
           for key, (s, w, p, b) in VARIANTS.items()]
 
 
-def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
+def _plan(config: dict[str, Any], spec: dict[str, Any], seed: int) -> pc.Training:
+  del seed
   sched = dj.cluster.pipeline(spec["schedule"], config["stages"], config["steps"], weights=spec["weights"])
   if spec["predict"]:
     tx = dj.spectrain(config["lr"], smoothing=config["smoothing"])
   else:
     tx = optax.chain(optax.ema(config["smoothing"], debias=False), optax.scale(-config["lr"]))
-  return pipeline_record(config, sched, tx, seed, progress, backward=spec["backward"])
+  return pc.Training(config, sched, tx, spec["backward"])
+
+
+def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
+  return pc.run_one(config, spec, seed, progress, _plan, pc.as_trained)
+
+
+def run_batch(config: dict[str, Any], members: list[tuple[dict[str, Any], int]], progress) -> list[dict[str, Any]]:
+  # A spec's seeds in one dj.simulate_pipeline call (dj.Runs), side by side, each as its own run bit for bit.
+  return pc.run_many(config, members, progress, _plan, pc.as_trained)
 
 
 def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -134,7 +144,8 @@ REPRODUCTION = Reproduction(
           "(SpecTrain), arXiv 2018",
     description="Asynchronous 1F1B on 4 stages: weight stashing, no stashing, and SpecTrain's weight prediction, "
                 "against a synchronous pipeline.",
-    scales=SCALES, specs=specs, run=run, summarize=summarize, claims=CLAIMS, plots=plots,
+    scales=SCALES, specs=specs, run=run, batch=pc.batch_key, run_batch=run_batch, summarize=summarize, claims=CLAIMS,
+    plots=plots,
     columns=("key", "train_loss", "accuracy_pct", "mean_staleness", "versions_kept", "diverged"),
     smoke=dict(steps=12, eval_every=6, seeds=1, width=8, stages=2, layers=2),
 )
