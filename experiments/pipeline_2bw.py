@@ -93,15 +93,6 @@ def _plan(config: dict[str, Any], spec: dict[str, Any], seed: int) -> pc.Trainin
   return pc.Training(config, schedule_for(config, spec, seed), tx)
 
 
-def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
-  return pc.run_one(config, spec, seed, progress, _plan, _finish)
-
-
-def run_batch(config: dict[str, Any], members: list[tuple[dict[str, Any], int]], progress) -> list[dict[str, Any]]:
-  # A spec's seeds in one dj.simulate_pipeline call (dj.Runs), side by side, each as its own run bit for bit.
-  return pc.run_many(config, members, progress, _plan, _finish)
-
-
 def _finish(config: dict[str, Any], spec: dict[str, Any], sched: dj.cluster.PipelineSchedule,
             record: dict[str, Any]) -> dict[str, Any]:
   del spec
@@ -111,6 +102,9 @@ def _finish(config: dict[str, Any], spec: dict[str, Any], sched: dj.cluster.Pipe
       versions_kept_max=int(kept.max()), versions_kept_first=int(kept[0]),
       activations_kept_max=int(sched.activations_kept().max()))
   return record
+
+
+run, run_batch = pc.runners(_plan, _finish)
 
 
 def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:

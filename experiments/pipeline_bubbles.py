@@ -56,15 +56,6 @@ def _plan(config: dict[str, Any], spec: dict[str, Any], seed: int) -> pc.Trainin
   return pc.Training(config, sched, optax.sgd(config["lr"], momentum=config["momentum"]))
 
 
-def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
-  return pc.run_one(config, spec, seed, progress, _plan, _finish)
-
-
-def run_batch(config: dict[str, Any], members: list[tuple[dict[str, Any], int]], progress) -> list[dict[str, Any]]:
-  # A spec's seeds in one dj.simulate_pipeline call (dj.Runs), side by side, each as its own run bit for bit.
-  return pc.run_many(config, members, progress, _plan, _finish)
-
-
 def _finish(config: dict[str, Any], spec: dict[str, Any], sched: dj.cluster.PipelineSchedule,
             record: dict[str, Any]) -> dict[str, Any]:
   del spec
@@ -75,6 +66,9 @@ def _finish(config: dict[str, Any], spec: dict[str, Any], sched: dj.cluster.Pipe
     record["metrics"][f"{x}_to_target"] = reach if np.isfinite(reach) else None
   record["metrics"]["seconds_per_update"] = sched.total_time / sched.num_updates
   return record
+
+
+run, run_batch = pc.runners(_plan, _finish)
 
 
 def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:

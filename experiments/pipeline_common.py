@@ -111,6 +111,20 @@ def run_one(config: dict[str, Any], spec: dict[str, Any], seed: int, progress: P
   return finish(config, spec, training.schedule, record)
 
 
+def runners(plan: Plan, finish: Finish) -> tuple[Callable[..., dict[str, Any]], Callable[..., list[dict[str, Any]]]]:
+  """A pipeline reproduction's ``run`` (:func:`run_one`) and ``run_batch`` (:func:`run_many`, with
+  ``batch=batch_key``: a spec's seeds in one call, side by side, each record as its own run's bit for bit)."""
+
+  def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress: Progress) -> dict[str, Any]:
+    return run_one(config, spec, seed, progress, plan, finish)
+
+  def run_batch(config: dict[str, Any], members: list[tuple[dict[str, Any], int]],
+                progress: Progress) -> list[dict[str, Any]]:
+    return run_many(config, members, progress, plan, finish)
+
+  return run, run_batch
+
+
 def as_trained(config: dict[str, Any], spec: dict[str, Any], schedule: dj.cluster.PipelineSchedule,
                record: dict[str, Any]) -> dict[str, Any]:
   """The :data:`Finish` of a reproduction that reports the record as trained."""

@@ -127,15 +127,6 @@ def _plan(config: dict[str, Any], spec: dict[str, Any], seed: int) -> pc.Trainin
   return pc.Training({**config, "batch": spec["micro_batch"]}, schedule_for(config, spec, seed), tx)
 
 
-def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
-  return pc.run_one(config, spec, seed, progress, _plan, _finish)
-
-
-def run_batch(config: dict[str, Any], members: list[tuple[dict[str, Any], int]], progress) -> list[dict[str, Any]]:
-  # A spec's seeds in one dj.simulate_pipeline call (dj.Runs), side by side, each as its own run bit for bit.
-  return pc.run_many(config, members, progress, _plan, _finish)
-
-
 def _finish(config: dict[str, Any], spec: dict[str, Any], sched: dj.cluster.PipelineSchedule,
             record: dict[str, Any]) -> dict[str, Any]:
   record["metrics"].update(
@@ -143,6 +134,9 @@ def _finish(config: dict[str, Any], spec: dict[str, Any], sched: dj.cluster.Pipe
       # The forward delay counted in updates, as ADL counts it: the mean over micro-batches and modules.
       staleness_updates=float(sched.forward_staleness.mean()))
   return record
+
+
+run, run_batch = pc.runners(_plan, _finish)
 
 
 def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:

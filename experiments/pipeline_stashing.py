@@ -88,13 +88,7 @@ def _plan(config: dict[str, Any], spec: dict[str, Any], seed: int) -> pc.Trainin
   return pc.Training(config, sched, tx, spec["backward"])
 
 
-def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress) -> dict[str, Any]:
-  return pc.run_one(config, spec, seed, progress, _plan, pc.as_trained)
-
-
-def run_batch(config: dict[str, Any], members: list[tuple[dict[str, Any], int]], progress) -> list[dict[str, Any]]:
-  # A spec's seeds in one dj.simulate_pipeline call (dj.Runs), side by side, each as its own run bit for bit.
-  return pc.run_many(config, members, progress, _plan, pc.as_trained)
+run, run_batch = pc.runners(_plan, pc.as_trained)
 
 
 def summarize(config: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -425,6 +425,22 @@ def runtime_options(runtime: str, *, seed: Any, sampling: Any, record: Any, exec
   return seed, runs, sampling, record, execution
 
 
+def runs_sources(runs: Runs, schedule: Any, checkpoint: Any, execution: Execution) -> tuple[Any, ...]:
+  """The schedule of each run of a call of several (``seed=dj.Runs(...)``) whose runs are computed each by a call
+  of its own (``dj.simulate_gossip``, ``dj.simulate_pipeline``): ``Runs.sources`` (with ``schedule=None``), else
+  ``schedule`` for every run; such a call is refused a checkpoint and a mesh."""
+  if checkpoint is not None:
+    raise ValueError(f"several runs (seed={runs!r}) are computed without checkpoints; got checkpoint={checkpoint!r}.")
+  if execution.mesh is not None:
+    raise ValueError(f"several runs (seed={runs!r}) are computed on one device; got Execution.mesh.")
+  if runs.sources is None:
+    return (schedule,) * runs.num_runs
+  if schedule is not None:
+    raise ValueError(f"with seed=dj.Runs(sources=[...]) every run follows its own schedule: pass schedule=None, "
+                     f"got {type(schedule).__name__}.")
+  return tuple(runs.sources)
+
+
 def check_seed_or_runs(seed: Any, runtime: str) -> tuple[int, Runs | None]:
   """``(seed of the first run, Runs or None)`` from a runtime's ``seed`` argument."""
   if isinstance(seed, Runs):

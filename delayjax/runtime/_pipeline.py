@@ -81,7 +81,8 @@ from delayjax.runtime import _checkpoint
 from delayjax.runtime import _engine as engine
 from delayjax.runtime import _history as history_lib
 from delayjax.runtime._arguments import batch_like, check_not_traced
-from delayjax.runtime._options import Checkpoint, Execution, Record, Runs, Sampling, runtime_options
+from delayjax.runtime._options import (Checkpoint, Execution, Record, Runs, Sampling, runs_sources,
+                                       runtime_options)
 from delayjax.runtime._sampling import lane_examples
 from delayjax.runtime._simulate import _all_finite, _check_run_params, _inexact, _run_states
 from delayjax.transforms._pipeline_remedies import stage_read
@@ -609,19 +610,10 @@ def _simulate_runs(stage_fns, loss_fn, tx, params, data, schedule, runs: Runs, *
   """``dj.simulate_pipeline`` of ``seed=dj.Runs(...)``: every run prepared as its own call, then computed side by
   side by ``engine.run_together``."""
   runtime = "dj.simulate_pipeline"
-  if checkpoint is not None:
-    raise ValueError(f"several runs (seed={runs!r}) are computed without checkpoints; got checkpoint={checkpoint!r}.")
   _, _, sampling, record, execution = runtime_options(runtime, seed=0, sampling=sampling, record=record,
                                                       execution=execution, no_effect=("lanes", "phases", "like"))
-  if execution.mesh is not None:
-    raise ValueError(f"several runs (seed={runs!r}) are computed on one device; got Execution.mesh.")
-  if runs.sources is None:
-    sources = (schedule,) * runs.num_runs
-  elif schedule is not None:
-    raise ValueError(f"with seed=dj.Runs(sources=[...]) every run follows its own schedule: pass schedule=None, "
-                     f"got {type(schedule).__name__}.")
-  else:
-    sources = runs.sources
+  sources = runs_sources(runs, schedule, checkpoint, execution)
+  if runs.sources is not None:
     for i, source in enumerate(sources):
       if not isinstance(source, PipelineSchedule):
         raise TypeError(f"Runs.sources[{i}] must be a dj.cluster.pipeline(...) schedule, got "

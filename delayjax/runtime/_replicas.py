@@ -46,7 +46,7 @@ from delayjax.gossip._method import GossipMethod, check_method_schedule
 from delayjax.runtime import _checkpoint, _engine
 from delayjax.runtime._arguments import (batch_like, check_not_traced, check_params, check_sampling, loss_has_aux,
                                          tree_like)
-from delayjax.runtime._options import Checkpoint, Execution, Record, Runs, Sampling, runtime_options
+from delayjax.runtime._options import Checkpoint, Execution, Record, Runs, Sampling, runs_sources, runtime_options
 from delayjax.runtime._checkpoint import gathered
 from delayjax.runtime._engine import AXIS
 from delayjax.runtime._history import chunk_span, nonfinite_report, sorted_pairs
@@ -259,19 +259,11 @@ def _simulate_runs(loss_fn, tx, method, params, data, schedule, runs: Runs, *, s
                    execution) -> list[GossipResult]:
   """``dj.simulate_gossip`` of ``seed=dj.Runs(...)``: every run prepared as its own call (with the other runs'
   schedules as ``like``), then computed side by side by ``_engine.run_together``."""
-  if checkpoint is not None:
-    raise ValueError(f"several runs (seed={runs!r}) are computed without checkpoints; got checkpoint={checkpoint!r}.")
   _, _, sampling, record, execution = runtime_options("dj.simulate_gossip", seed=0, sampling=sampling, record=record,
                                                       execution=execution, no_effect=("lanes",))
-  if execution.mesh is not None:
-    raise ValueError(f"several runs (seed={runs!r}) are computed on one device; got Execution.mesh.")
-  if runs.sources is None:
-    sources = (schedule,) * runs.num_runs
-  elif schedule is not None:
-    raise ValueError(f"with seed=dj.Runs(sources=[...]) every run follows its own schedule: pass schedule=None, "
-                     f"got {type(schedule).__name__}.")
-  else:
-    sources = _check_sources(runs.sources, GossipSchedule, "replicas")
+  sources = runs_sources(runs, schedule, checkpoint, execution)
+  if runs.sources is not None:
+    sources = _check_sources(sources, GossipSchedule, "replicas")
   run_params = [params] * runs.num_runs if runs.params is None else _check_run_params(runs.params, params)
   prepared = []
   traced: dict[Any, Any] = {}
@@ -422,8 +414,8 @@ def _prepare(loss_fn, tx, method, params, data, schedule, *, seed, sampling, rec
   memory = _replica_memory(runtime, params, init_state, method, plan, m, data, num_devices, execution)
   # The loss is traced only now, after every check that can refuse the run.
   traced = {} if traced is None else traced
-  shapes = (jax.tree.structure(params),
-            tuple((np.shape(x), x.dtype if hasattr(x, "dtype") else np.result_type(x)) for x in jax.tree.leaves(params)))
+  shapes = (jax.tree.structure(params), tuple((np.shape(x), x.dtype if hasattr(x, "dtype") else np.result_type(x))
+                                              for x in jax.tree.leaves(params)))
   if ("has_aux", shapes) not in traced:
     traced["has_aux", shapes] = loss_has_aux(loss_fn, params, data, batch_size)
   has_aux = traced["has_aux", shapes]
