@@ -892,10 +892,11 @@ def _run(program, mesh, checkpoint, checkpoint_name, callback, inspect):
   return chunk_fn.stacked(carry) if separately else carry, _joined(records, like)
 
 
-def run_together(programs: list[Program],
-                 callback: Callable[[int, dict[str, Any]], None] | None = None) -> list[tuple[Any, dict[str, Any]]]:
-  """Runs several single-run programs on one device, without checkpoints, their chunks side by side; returns
-  each one's ``(carry, records)`` as :func:`run` would.
+def run_together(programs: list[Program], callback: Callable[[int, dict[str, Any]], None] | None = None,
+                 checkpoint: CheckpointArguments = CheckpointArguments(),
+                 checkpoint_names: Sequence[str] = ()) -> list[tuple[Any, dict[str, Any]]]:
+  """Runs several single-run programs on one device, their chunks side by side; returns each one's ``(carry,
+  records)`` as :func:`run` would.
 
   Chunk ``c`` of every program that has one is computed by that program's compiled chunk, each by a call of
   its own, on a CPU several at a time (:func:`_concurrent_runs`; a small model's program leaves the other
@@ -904,10 +905,19 @@ def run_together(programs: list[Program],
   Programs of equal ``cache_key`` share one compiled chunk, and every program is computed exactly as
   :func:`run` computes it alone: each result equals the separate run's bit for bit. ``callback(r, info)`` is
   called after each of program ``r``'s chunks with what :func:`run` gives its callback.
+
+  With ``checkpoint.directory``, program ``r`` is checkpointed as :func:`run` checkpoints it alone, under
+  ``checkpoint_names[r]`` (its own fingerprint, records and chunk count): after a round of chunks, every run at
+  once, at most every ``checkpoint.min_interval`` seconds. A call that finds them (``checkpoint.resume``)
+  continues each run from its own, the runs at whatever chunk each had reached, bit for bit.
   """
   for program in programs:
     if program.runs is not None:
       raise ValueError("run_together takes programs of one run each; got a program of several runs.")
+  count = len(programs)
+  if checkpoint.directory is not None and len(checkpoint_names) != count:
+    raise ValueError(f"run_together checkpoints each of its {count} programs under a name of its own; got "
+                     f"{len(checkpoint_names)} names.")
   put, put_tables = placer(None), table_placer(None)
   chunk_fns = [chunk_function(program, None) for program in programs]
   carries = [place(put, program.carry_specs, program.carry) for program in programs]
@@ -919,44 +929,73 @@ def run_together(programs: list[Program],
   constants = [shared[id(program.constants)] for program in programs]
   likes = [_records_like(program) for program in programs]
   records: list[dict[str, list[Any]]] = [{name: [] for name in like} for like in likes]
-  tables = {r: program.tables(0) for r, program in enumerate(programs)}
-  placed = {r: place(put_tables, programs[r].table_specs, tables[r]) for r in tables}
+  done_chunks = [0] * count  # chunks each run has computed, the resumed ones included
+  savers: list[_checkpoint.Checkpoint | None] = [None] * count
+  if checkpoint.directory is not None:
+    for r, program in enumerate(programs):
+      savers[r] = saver = _checkpoint.Checkpoint(checkpoint.directory, checkpoint_names[r], program.fingerprint,
+                                                 checkpoint.changes, records=tuple(likes[r]))
+      if checkpoint.resume and saver.exists():
+        carry, restored, done_chunks[r] = saver.restore(program.carry, shardings(None, program.carry_specs,
+                                                                                  program.carry), likes[r])
+        records[r] = {name: [rows] for name, rows in restored.items()}
+        # Placed like a fresh carry, so that a resumed run reuses the program a fresh one compiled (see _run).
+        carries[r] = place(put, program.carry_specs, jax.tree.map(np.asarray, carry))
+  pending = [r for r, program in enumerate(programs) if done_chunks[r] < program.num_chunks]
+  # Each pending run's next chunk's tables: host rows and placed.
+  tables = {r: programs[r].tables(done_chunks[r]) for r in pending}
+  placed = {r: place(put_tables, programs[r].table_specs, tables[r]) for r in pending}
   inspect = _inspectors[-1] if _inspectors else None
-  if inspect is not None:
-    inspect(chunk_fns[0], (carries[0], constants[0], placed[0]))
+  if inspect is not None and pending:
+    inspect(chunk_fns[pending[0]], (carries[pending[0]], constants[pending[0]], placed[pending[0]]))
   # The chunks' programs are traced and lowered in this thread (a jax.config context such as enable_x64 holds in
   # its own thread only) and compiled, each distinct one once, by the pool's threads while this thread computes
   # the initial evaluations (compiling their own program). Ahead-of-time compiles share JAX's caches with the
   # jitted calls of a run alone, so an equal program compiles once either way.
   compiling: dict[Any, Any] = {}
-  signatures = []
-  for r in range(len(programs)):
+  signatures = {}
+  for r in pending:
     args = (carries[r], constants[r], placed[r])
     leaves, structure = jax.tree.flatten(args)
     signature = (id(chunk_fns[r]), structure,
                  tuple((np.shape(x), x.dtype if hasattr(x, "dtype") else np.result_type(x)) for x in leaves))
     if signature not in compiling:
       compiling[signature] = _in_background(chunk_fns[r].lower(*args).compile)
-    signatures.append(signature)
-  for program, kept, carry in zip(programs, records, carries, strict=True):
-    if program.initial is not None:
-      _append(kept, [program.initial(carry)])
-  executables = [compiling[signature]() for signature in signatures]
-  for chunk in range(max(program.num_chunks for program in programs)):
-    active = [r for r, program in enumerate(programs) if chunk < program.num_chunks]
-    if chunk > 0:
-      tables, placed = upcoming, placed_upcoming
-    wait = _start_runs(lambda r, placed=placed: executables[r](carries[r], constants[r], placed[r]), active)
+    signatures[r] = signature
+  unsaved: list[list[dict[str, Any]]] = [[] for _ in programs]  # rows not yet in each run's checkpoint
+  for r, program in enumerate(programs):
+    if program.initial is not None and done_chunks[r] == 0:
+      unsaved[r].append(program.initial(carries[r]))
+  executables = {r: compiling[signatures[r]]() for r in pending}
+  last_write = clock()
+  first = min((done_chunks[r] for r in pending), default=0)
+  for chunk in range(first, max((program.num_chunks for program in programs), default=0)):
+    active = [r for r in pending if done_chunks[r] <= chunk < programs[r].num_chunks]
+    now = {r: (tables[r], placed[r]) for r in active}
+    wait = _start_runs(lambda r: executables[r](carries[r], constants[r], now[r][1]), active)
     # The next chunk's tables are made while this one computes.
-    upcoming = {r: programs[r].tables(chunk + 1) for r in active if chunk + 1 < programs[r].num_chunks}
-    placed_upcoming = {r: place(put_tables, programs[r].table_specs, upcoming[r]) for r in upcoming}
+    for r in active:
+      if chunk + 1 < programs[r].num_chunks:
+        tables[r] = programs[r].tables(chunk + 1)
+        placed[r] = place(put_tables, programs[r].table_specs, tables[r])
     done = wait()
     for r, (carry, outputs) in zip(active, done, strict=True):
       carries[r] = carry
-      rows = _chunk_rows(programs[r], chunk, tables[r], outputs)
-      _append(records[r], [rows])
+      done_chunks[r] = chunk + 1
+      rows = _chunk_rows(programs[r], chunk, now[r][0], outputs)
+      unsaved[r].append(rows)
       if callback is not None:
         callback(r, _callback_info(programs[r], chunk, rows))
+    if checkpoint.directory is not None and (checkpoint.min_interval == 0
+                                             or clock() - last_write >= checkpoint.min_interval):
+      for r, saver in enumerate(savers):
+        if unsaved[r]:
+          _append(records[r], unsaved[r])
+          saver.save(carries[r], unsaved[r], done_chunks[r])
+          unsaved[r] = []
+      last_write = clock()
+  for r in range(count):
+    _append(records[r], unsaved[r])
   return [(carry, _joined(kept, like)) for carry, kept, like in zip(carries, records, likes, strict=True)]
 
 

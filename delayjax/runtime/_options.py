@@ -341,7 +341,8 @@ class Runs:
   apart. ``dj.simulate_pipeline`` computes its runs so too (``sources``
   are then pipeline schedules of the call's model stages; hyper-parameters
   are set in every stage's optimizer state), each equal bit for bit to its
-  single call.
+  single call. These two runtimes checkpoint such a call's runs each on its
+  own (``dj.Checkpoint``: a file per run) and resume each where it was.
 
   Args:
     seeds: one int seed per run, or one int shared by every run.
@@ -425,12 +426,10 @@ def runtime_options(runtime: str, *, seed: Any, sampling: Any, record: Any, exec
   return seed, runs, sampling, record, execution
 
 
-def runs_sources(runs: Runs, schedule: Any, checkpoint: Any, execution: Execution) -> tuple[Any, ...]:
+def runs_sources(runs: Runs, schedule: Any, execution: Execution) -> tuple[Any, ...]:
   """The schedule of each run of a call of several (``seed=dj.Runs(...)``) whose runs are computed each by a call
   of its own (``dj.simulate_gossip``, ``dj.simulate_pipeline``): ``Runs.sources`` (with ``schedule=None``), else
-  ``schedule`` for every run; such a call is refused a checkpoint and a mesh."""
-  if checkpoint is not None:
-    raise ValueError(f"several runs (seed={runs!r}) are computed without checkpoints; got checkpoint={checkpoint!r}.")
+  ``schedule`` for every run; such a call is refused a mesh."""
   if execution.mesh is not None:
     raise ValueError(f"several runs (seed={runs!r}) are computed on one device; got Execution.mesh.")
   if runs.sources is None:

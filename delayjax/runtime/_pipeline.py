@@ -587,8 +587,9 @@ def simulate_pipeline(
   seed, schedule (``Runs.sources[r]``, every one with the call's number of model stages, and ``schedule=None``),
   initial stage parameters and ``inject_hyperparams`` values (set in every stage's optimizer state). Each run is
   computed by a call of its own of the single run's compiled chunk (runs whose steps trace alike share it), chunk
-  by chunk beside the others, on a CPU several at a time, and equals its single call bit for bit. One device, no
-  checkpoint; ``Record.callback`` is told each run's chunks apart (``info["run"]``).
+  by chunk beside the others, on a CPU several at a time, and equals its single call bit for bit. One device; with
+  ``checkpoint``, each run is checkpointed on its own (``pipeline-run{r}``) and a call that finds them resumes each
+  run where it was; ``Record.callback`` is told each run's chunks apart (``info["run"]``).
 
   Returns:
     A :class:`PipelineResult` (on the host's default device, also with a mesh); with ``seed=dj.Runs(...)``, a
@@ -612,7 +613,7 @@ def _simulate_runs(stage_fns, loss_fn, tx, params, data, schedule, runs: Runs, *
   runtime = "dj.simulate_pipeline"
   _, _, sampling, record, execution = runtime_options(runtime, seed=0, sampling=sampling, record=record,
                                                       execution=execution, no_effect=("lanes", "phases", "like"))
-  sources = runs_sources(runs, schedule, checkpoint, execution)
+  sources = runs_sources(runs, schedule, execution)
   if runs.sources is not None:
     for i, source in enumerate(sources):
       if not isinstance(source, PipelineSchedule):
@@ -626,7 +627,7 @@ def _simulate_runs(stage_fns, loss_fn, tx, params, data, schedule, runs: Runs, *
   prepared = []
   for r, (seed, source, start) in enumerate(zip(runs.seeds, sources, own_params, strict=True)):
     run = _prepare(stage_fns, loss_fn, tx, start, data, source, seed=seed, sampling=sampling,
-                   record=dataclasses.replace(record, callback=None), checkpoint=None, execution=execution,
+                   record=dataclasses.replace(record, callback=None), checkpoint=checkpoint, execution=execution,
                    backward=backward, hyperparams=(runs.hyperparams, r, runs.num_runs))
     run.step, run.carry, run.carry_specs, run.params_at, run.current_params, run.state_packing = _stage_program(run)
     prepared.append(run)
@@ -637,7 +638,9 @@ def _simulate_runs(stage_fns, loss_fn, tx, params, data, schedule, runs: Runs, *
                        for name, hint in _MEMORY_HINTS.items()})
   callback = record.callback
   done = engine.run_together([_program(run) for run in prepared],
-                             callback=None if callback is None else lambda r, info: callback({**info, "run": r}))
+                             callback=None if callback is None else lambda r, info: callback({**info, "run": r}),
+                             checkpoint=prepared[0].checkpoint,
+                             checkpoint_names=[f"{_CHECKPOINT_FILE}-run{r}" for r in range(runs.num_runs)])
   return [_results(run, carry, records) for run, (carry, records) in zip(prepared, done, strict=True)]
 
 

@@ -221,8 +221,10 @@ def simulate_gossip(
   and each is computed by a call of its own of that program, chunk by chunk beside the others (on a CPU,
   several at a time: a small model's program leaves the other cores idle).
   Each result equals, bit for bit, the single call of its seed, schedule, parameters and hyper-parameters
-  with ``Execution(like=...)`` naming the call's ``like`` and the other runs' schedules. One device, no
-  checkpoint; ``Record.callback`` is told each run's chunks, with the run's index as ``"run"``.
+  with ``Execution(like=...)`` naming the call's ``like`` and the other runs' schedules. One device; with
+  ``checkpoint``, each run is checkpointed on its own (``simulate_gossip-run{r}``) and a call that finds them
+  resumes each run where it was; ``Record.callback`` is told each run's chunks, with the run's index as
+  ``"run"``.
 
   Returns:
     A :class:`GossipResult`; with ``seed=dj.Runs(...)``, a list of them, one per run.
@@ -261,7 +263,7 @@ def _simulate_runs(loss_fn, tx, method, params, data, schedule, runs: Runs, *, s
   schedules as ``like``), then computed side by side by ``_engine.run_together``."""
   _, _, sampling, record, execution = runtime_options("dj.simulate_gossip", seed=0, sampling=sampling, record=record,
                                                       execution=execution, no_effect=("lanes",))
-  sources = runs_sources(runs, schedule, checkpoint, execution)
+  sources = runs_sources(runs, schedule, execution)
   if runs.sources is not None:
     sources = _check_sources(sources, GossipSchedule, "replicas")
   run_params = [params] * runs.num_runs if runs.params is None else _check_run_params(runs.params, params)
@@ -273,7 +275,7 @@ def _simulate_runs(loss_fn, tx, method, params, data, schedule, runs: Runs, *, s
     like = (execution.like or ()) + others
     prepared.append(_prepare(
         loss_fn, tx, method, own_params, data, source, seed=seed, sampling=sampling,
-        record=dataclasses.replace(record, callback=None), checkpoint=None,
+        record=dataclasses.replace(record, callback=None), checkpoint=checkpoint,
         execution=dataclasses.replace(execution, like=like or None), hyperparams=(runs.hyperparams, r),
         traced=traced))
   memory = {name: sum(run.memory[name] for run in prepared) for name in prepared[0].memory if name != "data"}
@@ -285,7 +287,9 @@ def _simulate_runs(loss_fn, tx, method, params, data, schedule, runs: Runs, *, s
   for run in prepared:
     run.traced = traced
   done = _engine.run_together([_program(run) for run in prepared],
-                              callback=None if callback is None else lambda r, info: callback({**info, "run": r}))
+                              callback=None if callback is None else lambda r, info: callback({**info, "run": r}),
+                              checkpoint=prepared[0].checkpoint,
+                              checkpoint_names=[f"{_CHECKPOINT_FILE}-run{r}" for r in range(runs.num_runs)])
   return [_results(run, final, records) for run, (final, records) in zip(prepared, done, strict=True)]
 
 

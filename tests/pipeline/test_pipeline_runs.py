@@ -57,14 +57,11 @@ def test_runs_of_their_own_seeds_schedules_and_parameters_equal_their_single_cal
   assert not np.array_equal(np.asarray(results[0].history.loss), np.asarray(results[2].history.loss))
 
 
-def test_several_runs_refuse_what_they_cannot_do(tmp_path):
+def test_several_runs_refuse_what_they_cannot_do():
   stages, loss_fn, params, data = mlp_problem(2)
   sched = dj.cluster.pipeline("gpipe", 2, 3)
   tx = optax.sgd(0.1)
   runs = dj.Runs(seeds=[0, 1])
-  with pytest.raises(ValueError, match="without checkpoints"):
-    dj.simulate_pipeline(stages, loss_fn, tx, params, data, sched, seed=runs, checkpoint=dj.Checkpoint(tmp_path),
-                         **OPTIONS)
   with pytest.raises(ValueError, match="on one device; got Execution.mesh"):
     dj.simulate_pipeline(stages, loss_fn, tx, params, data, sched, seed=runs, sampling=dj.Sampling(batch_size=8),
                          execution=dj.Execution(mesh=jax.make_mesh((2,), ("stages",))))
@@ -83,3 +80,33 @@ def test_several_runs_refuse_what_they_cannot_do(tmp_path):
   with pytest.raises(ValueError, match="hyperparams names \\['learning_rate'\\], but tx's state holds"):
     dj.simulate_pipeline(stages, loss_fn, tx, params, data, sched,
                          seed=dj.Runs(seeds=[0, 1], hyperparams={"learning_rate": [0.1, 0.2]}), **OPTIONS)
+
+
+class _Stop(Exception):
+  pass
+
+
+def test_runs_checkpointed_each_on_its_own_resume_bit_for_bit(tmp_path):
+  """Two runs of 3 and 5 updates in chunks of 2, interrupted in their third round (the shorter run done and saved):
+  resumed, each continues from its own checkpoint and ends as the uninterrupted call, bit for bit."""
+  stages, loss_fn, params, data = mlp_problem(2)
+  sources = [dj.cluster.pipeline("1f1b", 2, updates, num_microbatches=2) for updates in (3, 5)]
+  runs = dj.Runs(seeds=[0, 1], sources=sources)
+  tx = optax.sgd(0.3, momentum=0.5)
+  whole = dj.simulate_pipeline(stages, loss_fn, tx, params, data, None, seed=runs, **OPTIONS)
+
+  def stop(info):
+    if info["run"] == 1 and info["chunk"] == 2:
+      raise _Stop
+
+  with pytest.raises(_Stop):
+    dj.simulate_pipeline(stages, loss_fn, tx, params, data, None, seed=runs, checkpoint=dj.Checkpoint(tmp_path),
+                         record=dj.Record(callback=stop), **OPTIONS)
+  told = []
+  resumed = dj.simulate_pipeline(stages, loss_fn, tx, params, data, None, seed=runs,
+                                 checkpoint=dj.Checkpoint(tmp_path), record=dj.Record(callback=told.append), **OPTIONS)
+  for together, alone in zip(resumed, whole, strict=True):
+    _equal((together.params, together.opt_states), (alone.params, alone.opt_states))
+    np.testing.assert_array_equal(together.history.loss, alone.history.loss)
+  # The shorter run (two chunks) had finished; the longer one's third chunk was computed again.
+  assert [(info["run"], info["chunk"]) for info in told] == [(1, 2)]
