@@ -513,7 +513,8 @@ def _fill_mix_rows(t: dict[str, np.ndarray], prefix: str, events: np.ndarray, sc
     t[f"{prefix}_weight"][s3[nonzero], p3[nonzero], d3[nonzero], offset] = w[nonzero]
   else:
     # Only the nonzero weights, each at its rank among its receiver's (the triples come receiver by receiver,
-    # sources in group order): a zero term would add nothing but its product.
+    # sources in group order): a zero weight's term adds an exact 0 to a finite sum, so leaving it out changes no
+    # rounding, and a source the receiver does not take from no longer reaches it as 0 * inf = NaN.
     nonzero = np.flatnonzero(w != 0)
     pair, b, w, src, s3, p3, d3, k = (x[nonzero] for x in (pair, b, w, src, s3, p3, d3, k))
     starts = np.r_[0, np.flatnonzero(np.diff(pair)) + 1]
