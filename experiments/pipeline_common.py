@@ -9,6 +9,7 @@ so the framework's tables and plots apply.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -113,16 +114,9 @@ def run_one(config: dict[str, Any], spec: dict[str, Any], seed: int, progress: P
 
 def runners(plan: Plan, finish: Finish) -> tuple[Callable[..., dict[str, Any]], Callable[..., list[dict[str, Any]]]]:
   """A pipeline reproduction's ``run`` (:func:`run_one`) and ``run_batch`` (:func:`run_many`, with
-  ``batch=batch_key``: a spec's seeds in one call, side by side, each record as its own run's bit for bit)."""
-
-  def run(config: dict[str, Any], spec: dict[str, Any], seed: int, progress: Progress) -> dict[str, Any]:
-    return run_one(config, spec, seed, progress, plan, finish)
-
-  def run_batch(config: dict[str, Any], members: list[tuple[dict[str, Any], int]],
-                progress: Progress) -> list[dict[str, Any]]:
-    return run_many(config, members, progress, plan, finish)
-
-  return run, run_batch
+  ``batch=batch_key``: a spec's seeds in one call, side by side, each record as its own run's bit for bit), of its
+  module-level ``plan`` and ``finish``: partial applications, which ``--jobs`` sends to its worker processes."""
+  return functools.partial(run_one, plan=plan, finish=finish), functools.partial(run_many, plan=plan, finish=finish)
 
 
 def as_trained(config: dict[str, Any], spec: dict[str, Any], schedule: dj.cluster.PipelineSchedule,

@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import pickle
 import subprocess
 import sys
 
@@ -13,6 +14,15 @@ from experiments.__main__ import main
 from tests import fast_compile
 
 PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_every_reproductions_run_can_be_sent_to_a_worker_process():
+  """``--jobs`` sends each reproduction's ``run`` (or ``run_batch``) to spawned processes: it must pickle."""
+  for repro in _registry.all_reproductions():
+    for what in ("run", "run_batch"):
+      function = getattr(repro, what)
+      if function is not None:
+        assert callable(pickle.loads(pickle.dumps(function))), (repro.name, what)
 
 
 def test_list_names_every_reproduction(capsys):
