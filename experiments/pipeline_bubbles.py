@@ -127,7 +127,8 @@ REPRODUCTION = Reproduction(
     description="GPipe against asynchronous 1F1B (with and without stashing) on 4 stages, 4 micro-batches: "
                 "bubbles against staleness, in simulated time.",
     scales=SCALES, specs=specs, run=run, batch=pc.batch_key, run_batch=run_batch, summarize=summarize, claims=CLAIMS,
-    plots=plots, columns=("key", "accuracy_pct", "bubble_fraction", "seconds_per_update", "time_to_target", "update_to_target",
+    plots=plots,
+    columns=("key", "accuracy_pct", "bubble_fraction", "seconds_per_update", "time_to_target", "update_to_target",
              "mean_staleness"),
     smoke=dict(steps=8, eval_every=4, seeds=1, width=8, stages=2, layers=2, microbatches=2),
 )
