@@ -329,8 +329,10 @@ class Runs:
   and, on a CPU with several cores, the time of computing the runs one
   after the other (``experiments/dai_staleness`` at five seeds, on 2
   cores: 17.6 s instead of 22.8 s). ``Record.callback`` is told the updates
-  of all the runs together. One device, no checkpoint; ``R`` times the
-  memory.
+  of all the runs together. One device; ``R`` times the memory. A
+  ``dj.Checkpoint`` holds every run of one program (their seeds, initial
+  parameters and hyper-parameters are part of its identity); runs of their
+  own schedules (``sources``) take none.
 
   That is ``dj.simulate``. ``dj.simulate_gossip`` computes every run by a
   call of its own, as ``sources`` runs are computed here (with or without
@@ -342,7 +344,8 @@ class Runs:
   are then pipeline schedules of the call's model stages; hyper-parameters
   are set in every stage's optimizer state), each equal bit for bit to its
   single call. These two runtimes checkpoint such a call's runs each on its
-  own (``dj.Checkpoint``: a file per run) and resume each where it was.
+  own (``dj.Checkpoint``: a file per run, ``sources`` or not) and resume
+  each where it was.
 
   Args:
     seeds: one int seed per run, or one int shared by every run.

@@ -931,10 +931,14 @@ def _batched_runs(runs: Runs | None, mesh: Any, checkpoint_dir: str | None,
   run), refused where batched runs are not defined."""
   if runs is None:
     return None, {}, None
-  if mesh is not None or checkpoint_dir is not None:
+  if mesh is not None:
+    raise ValueError(f"several runs (seed={runs!r}) are computed on one device; got Execution.mesh.")
+  if runs.sources is not None and checkpoint_dir is not None:
+    # Each run of its own schedule is computed by a call of its own (_engine._Separately), whose carries are
+    # not one checkpointed tree.
     raise ValueError(
-        f"several runs (seed={runs!r}) are computed on one device and without checkpoints; got "
-        f"{'Execution.mesh' if mesh is not None else f'checkpoint=dj.Checkpoint({checkpoint_dir!r})'}.")
+        f"several runs of their own schedules (seed=dj.Runs(sources=...)) are computed without checkpoints; got "
+        f"checkpoint=dj.Checkpoint({checkpoint_dir!r}).")
   seeds = list(runs.seeds)
   if runs.sources is not None and source is not None:
     raise ValueError(
@@ -1195,6 +1199,9 @@ def _keys(run: _ServerRun) -> tuple[Any, Any]:
       # Only when used, so the options of runs without them stay as they were.
       **({} if worker_steps is None else {"local_steps": tuple(worker_steps.tolist())}),
       **({"keep_local_state": True} if keep_local_state else {}),
+      # Several runs in one program: their seeds, initial parameters and hyper-parameters are the run's too.
+      **({} if run.runs is None else {"runs": (tuple(run.seeds), _checkpoint.tree_digest(run.run_params, values=True),
+                                               _checkpoint.digest(sorted(run.hyper_values.items())))}),
       # The carry's buffers are sized for every schedule of Execution.like: a checkpoint holds them at that size.
       **({"program_sizes": tuple(run.sizes)} if run.like else {}),
       **({} if epoch is None else {"snapshot_every": epoch, "full_batch_size": full_batch_size}),

@@ -217,7 +217,8 @@ def test_bad_runs_of_their_own_schedules_are_refused(problem):
   with pytest.raises(TypeError, match="Runs.sources must be a list or tuple with one entry per run, or None; got "
                                       "Schedule"):
     dj.Runs(seeds=[0], sources=sources[0])
-  with pytest.raises(ValueError, match="one device and without checkpoints"):
+  with pytest.raises(ValueError, match=r"several runs of their own schedules \(seed=dj.Runs\(sources=...\)\) are "
+                                       "computed without checkpoints"):
     dj.simulate(loss_fn, tx, params[0], data, None, seed=dj.Runs(seeds=[0, 1], sources=sources[:2]),
                 sampling=dj.Sampling(batch_size=BATCH), checkpoint=dj.Checkpoint("/tmp/never-written"))
 

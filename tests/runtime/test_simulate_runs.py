@@ -108,3 +108,44 @@ def test_an_evaluation_without_every_is_made_at_the_start_and_the_end(problem):
   np.testing.assert_array_equal(result.history.eval_update, [0, schedule.num_updates])
   np.testing.assert_array_equal(result.history.eval_metrics["norm"],
                                 [0.0, np.asarray(jnp.sum(result.params["w"] ** 2))])
+
+
+class _Stop(Exception):
+  pass
+
+
+def test_runs_in_one_program_resume_from_their_checkpoint_bit_for_bit(problem, tmp_path):
+  """Three seeds with their own learning rates in one program, interrupted after a chunk and resumed: each equals the
+  uninterrupted call bit for bit, only the unsaved chunks are computed again, and other seeds are another run."""
+  data, schedule, params = problem
+  tx = optax.inject_hyperparams(optax.sgd)(learning_rate=0.1)
+  runs = dj.Runs(seeds=[0, 1, 2], hyperparams={"learning_rate": [0.1, 0.05, 0.2]})
+
+  def call(callback=None, seed=runs):
+    return dj.simulate(loss_fn, tx, params, data, schedule, seed=seed, sampling=dj.Sampling(batch_size=BATCH),
+                       execution=dj.Execution(chunk_size=4), checkpoint=dj.Checkpoint(tmp_path),
+                       record=dj.Record(eval_fn=lambda p: {"norm": jnp.sum(p["w"] ** 2)}, every=10,
+                                        callback=callback))
+
+  whole = dj.simulate(loss_fn, tx, params, data, schedule, seed=runs, sampling=dj.Sampling(batch_size=BATCH),
+                      execution=dj.Execution(chunk_size=4),
+                      record=dj.Record(eval_fn=lambda p: {"norm": jnp.sum(p["w"] ** 2)}, every=10))
+
+  def stop(info):
+    if info["chunk"] == 1:
+      raise _Stop
+
+  with pytest.raises(_Stop):
+    call(stop)
+  told = []
+  resumed = call(told.append)
+  for together, alone in zip(resumed, whole, strict=True):
+    for a, b in zip(jax.tree.leaves((together.params, together.opt_state, together.history)),
+                    jax.tree.leaves((alone.params, alone.opt_state, alone.history)), strict=True):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  # Chunks 0 and 1 were saved before the callback that stopped the run.
+  assert [info["chunk"] for info in told] == list(range(2, told[-1]["num_chunks"]))
+  with pytest.raises(ValueError, match="different run: .*options"):
+    call(seed=dj.Runs(seeds=[0, 1, 3], hyperparams={"learning_rate": [0.1, 0.05, 0.2]}))
+  with pytest.raises(ValueError, match="different run: .*options"):
+    call(seed=dj.Runs(seeds=[0, 1, 2], hyperparams={"learning_rate": [0.1, 0.05, 0.3]}))
