@@ -833,13 +833,7 @@ def _run(program, mesh, checkpoint, checkpoint_name, callback, inspect):
                                   records=tuple(like)))
   put = placer(mesh)
   if saver is not None and checkpoint.resume and saver.exists():
-    # Restored straight into its layout: with a mesh each process reads only its own shards.
-    carry, restored, first_chunk = saver.restore(carry, shardings(mesh, program.carry_specs, carry), like)
-    records = {name: [rows] for name, rows in restored.items()}
-    if mesh is None:
-      # Restored arrays are committed to their device and fresh ones are not, which JAX's compile cache
-      # tells apart: placed like a fresh carry, a resumed run reuses the program a fresh run compiled.
-      carry = place(put, program.carry_specs, jax.tree.map(np.asarray, carry))
+    carry, records, first_chunk = _resumed(saver, program, mesh, put, like)
   elif separately:
     carry = chunk_fn.carries(put, program)
   else:
@@ -881,7 +875,7 @@ def _run(program, mesh, checkpoint, checkpoint_name, callback, inspect):
     carry, outputs = chunk_fn(carry, constants, device_tables)
     rows = _chunk_rows(program, chunk, tables, outputs)
     unsaved.append(rows)
-    if saver is not None and (checkpoint.min_interval == 0 or clock() - last_write >= checkpoint.min_interval):
+    if saver is not None and _write_due(checkpoint, last_write):
       _append(records, unsaved)
       saver.save(carry, unsaved, chunk + 1)
       unsaved = []
@@ -890,6 +884,40 @@ def _run(program, mesh, checkpoint, checkpoint_name, callback, inspect):
       callback(_callback_info(program, chunk, rows))
   _append(records, unsaved)
   return chunk_fn.stacked(carry) if separately else carry, _joined(records, like)
+
+
+def _resumed(saver: _checkpoint.Checkpoint, program: Program, mesh: Any, put: Callable[[Any, P], Any],
+             like: dict[str, Any]) -> tuple[Any, dict[str, list[Any]], int]:
+  """A run's carry, records and next chunk from its checkpoint (``saver``), the carry placed as a fresh one."""
+  # Restored straight into its layout: with a mesh each process reads only its own shards.
+  carry, restored, first_chunk = saver.restore(program.carry, shardings(mesh, program.carry_specs, program.carry),
+                                               like)
+  if mesh is None:
+    # Restored arrays are committed to their device and fresh ones are not, which JAX's compile cache
+    # tells apart: placed like a fresh carry, a resumed run reuses the program a fresh run compiled.
+    carry = place(put, program.carry_specs, jax.tree.map(np.asarray, carry))
+  return carry, {name: [rows] for name, rows in restored.items()}, first_chunk
+
+
+def _write_due(checkpoint: CheckpointArguments, last_write: float) -> bool:
+  """Whether a chunk's end writes the checkpoint: ``checkpoint.min_interval`` seconds have passed since the
+  run's start or its last write (``0``: after every chunk)."""
+  return checkpoint.min_interval == 0 or clock() - last_write >= checkpoint.min_interval
+
+
+def run_runs(runtime: str, memories: list[dict[str, int]], programs: Callable[[], list[Program]], *,
+             max_memory: int | None, hints: dict[str, str], callback: Callable[[dict[str, Any]], None] | None,
+             checkpoint: CheckpointArguments, checkpoint_name: str) -> list[tuple[Any, dict[str, Any]]]:
+  """The runs of one call of several (``seed=dj.Runs(...)``) computed each by a call of its own: their memory
+  checked together (each run's ``memories`` terms summed, the data held once; ``hints`` by term) before
+  ``programs()`` makes their programs, then :func:`run_together` (run ``r`` checkpointed under
+  ``f"{checkpoint_name}-run{r}"``, the callback told its index as ``"run"``)."""
+  total = {name: sum(memory[name] for memory in memories) for name in memories[0] if name != "data"}
+  check_memory(runtime, {**total, "data": memories[0]["data"]}, memory_limit(max_memory, None),
+               {name: f"fewer runs in one call ({len(memories)} now) or {hint}" for name, hint in hints.items()})
+  told = None if callback is None else lambda r, info: callback({**info, "run": r})
+  return run_together(programs(), callback=told, checkpoint=checkpoint,
+                      checkpoint_names=[f"{checkpoint_name}-run{r}" for r in range(len(memories))])
 
 
 def run_together(programs: list[Program], callback: Callable[[int, dict[str, Any]], None] | None = None,
@@ -920,7 +948,6 @@ def run_together(programs: list[Program], callback: Callable[[int, dict[str, Any
                      f"{len(checkpoint_names)} names.")
   put, put_tables = placer(None), table_placer(None)
   chunk_fns = [chunk_function(program, None) for program in programs]
-  carries = [place(put, program.carry_specs, program.carry) for program in programs]
   # Programs given the same constants (the data) share one placed copy.
   shared: dict[int, Any] = {}
   for program in programs:
@@ -931,16 +958,15 @@ def run_together(programs: list[Program], callback: Callable[[int, dict[str, Any
   records: list[dict[str, list[Any]]] = [{name: [] for name in like} for like in likes]
   done_chunks = [0] * count  # chunks each run has computed, the resumed ones included
   savers: list[_checkpoint.Checkpoint | None] = [None] * count
-  if checkpoint.directory is not None:
-    for r, program in enumerate(programs):
-      savers[r] = saver = _checkpoint.Checkpoint(checkpoint.directory, checkpoint_names[r], program.fingerprint,
-                                                 checkpoint.changes, records=tuple(likes[r]))
-      if checkpoint.resume and saver.exists():
-        carry, restored, done_chunks[r] = saver.restore(program.carry, shardings(None, program.carry_specs,
-                                                                                  program.carry), likes[r])
-        records[r] = {name: [rows] for name, rows in restored.items()}
-        # Placed like a fresh carry, so that a resumed run reuses the program a fresh one compiled (see _run).
-        carries[r] = place(put, program.carry_specs, jax.tree.map(np.asarray, carry))
+  carries: list[Any] = [None] * count
+  for r, program in enumerate(programs):
+    if checkpoint.directory is not None:
+      savers[r] = _checkpoint.Checkpoint(checkpoint.directory, checkpoint_names[r], program.fingerprint,
+                                         checkpoint.changes, records=tuple(likes[r]))
+    if savers[r] is not None and checkpoint.resume and savers[r].exists():
+      carries[r], records[r], done_chunks[r] = _resumed(savers[r], program, None, put, likes[r])
+    else:
+      carries[r] = place(put, program.carry_specs, program.carry)
   pending = [r for r, program in enumerate(programs) if done_chunks[r] < program.num_chunks]
   # Each pending run's next chunk's tables: host rows and placed.
   tables = {r: programs[r].tables(done_chunks[r]) for r in pending}
@@ -986,8 +1012,7 @@ def run_together(programs: list[Program], callback: Callable[[int, dict[str, Any
       unsaved[r].append(rows)
       if callback is not None:
         callback(r, _callback_info(programs[r], chunk, rows))
-    if checkpoint.directory is not None and (checkpoint.min_interval == 0
-                                             or clock() - last_write >= checkpoint.min_interval):
+    if checkpoint.directory is not None and _write_due(checkpoint, last_write):
       for r, saver in enumerate(savers):
         if unsaved[r]:
           _append(records[r], unsaved[r])

@@ -429,12 +429,17 @@ def runtime_options(runtime: str, *, seed: Any, sampling: Any, record: Any, exec
   return seed, runs, sampling, record, execution
 
 
+def check_runs_device(runs: Runs, mesh: Any) -> None:
+  """Several runs in one call (``seed=dj.Runs(...)``) are computed on one device: refused a ``mesh``."""
+  if mesh is not None:
+    raise ValueError(f"several runs (seed={runs!r}) are computed on one device; got Execution.mesh.")
+
+
 def runs_sources(runs: Runs, schedule: Any, execution: Execution) -> tuple[Any, ...]:
   """The schedule of each run of a call of several (``seed=dj.Runs(...)``) whose runs are computed each by a call
   of its own (``dj.simulate_gossip``, ``dj.simulate_pipeline``): ``Runs.sources`` (with ``schedule=None``), else
   ``schedule`` for every run; such a call is refused a mesh."""
-  if execution.mesh is not None:
-    raise ValueError(f"several runs (seed={runs!r}) are computed on one device; got Execution.mesh.")
+  check_runs_device(runs, execution.mesh)
   if runs.sources is None:
     return (schedule,) * runs.num_runs
   if schedule is not None:

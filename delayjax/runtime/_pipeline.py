@@ -631,16 +631,9 @@ def _simulate_runs(stage_fns, loss_fn, tx, params, data, schedule, runs: Runs, *
                    backward=backward, hyperparams=(runs.hyperparams, r, runs.num_runs))
     run.step, run.carry, run.carry_specs, run.params_at, run.current_params, run.state_packing = _stage_program(run)
     prepared.append(run)
-  memory = {name: sum(run.memory[name] for run in prepared) for name in prepared[0].memory if name != "data"}
-  engine.check_memory(runtime, {**memory, "data": prepared[0].memory["data"]},
-                      engine.memory_limit(execution.max_memory, None),
-                      {name: f"fewer runs in one call ({runs.num_runs} now) or {hint}"
-                       for name, hint in _MEMORY_HINTS.items()})
-  callback = record.callback
-  done = engine.run_together([_program(run) for run in prepared],
-                             callback=None if callback is None else lambda r, info: callback({**info, "run": r}),
-                             checkpoint=prepared[0].checkpoint,
-                             checkpoint_names=[f"{_CHECKPOINT_FILE}-run{r}" for r in range(runs.num_runs)])
+  done = engine.run_runs(runtime, [run.memory for run in prepared], lambda: [_program(run) for run in prepared],
+                         max_memory=execution.max_memory, hints=_MEMORY_HINTS, callback=record.callback,
+                         checkpoint=prepared[0].checkpoint, checkpoint_name=_CHECKPOINT_FILE)
   return [_results(run, carry, records) for run, (carry, records) in zip(prepared, done, strict=True)]
 
 

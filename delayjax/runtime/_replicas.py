@@ -278,18 +278,10 @@ def _simulate_runs(loss_fn, tx, method, params, data, schedule, runs: Runs, *, s
         record=dataclasses.replace(record, callback=None), checkpoint=checkpoint,
         execution=dataclasses.replace(execution, like=like or None), hyperparams=(runs.hyperparams, r),
         traced=traced))
-  memory = {name: sum(run.memory[name] for run in prepared) for name in prepared[0].memory if name != "data"}
-  _engine.check_memory("dj.simulate_gossip", {**memory, "data": prepared[0].memory["data"]},
-                       _engine.memory_limit(execution.max_memory, None),
-                       {name: f"fewer runs in one call ({runs.num_runs} now) or {hint}"
-                        for name, hint in _MEMORY_HINTS.items()})
-  callback = record.callback
-  for run in prepared:
-    run.traced = traced
-  done = _engine.run_together([_program(run) for run in prepared],
-                              callback=None if callback is None else lambda r, info: callback({**info, "run": r}),
-                              checkpoint=prepared[0].checkpoint,
-                              checkpoint_names=[f"{_CHECKPOINT_FILE}-run{r}" for r in range(runs.num_runs)])
+  done = _engine.run_runs("dj.simulate_gossip", [run.memory for run in prepared],
+                          lambda: [_program(run) for run in prepared], max_memory=execution.max_memory,
+                          hints=_MEMORY_HINTS, callback=record.callback, checkpoint=prepared[0].checkpoint,
+                          checkpoint_name=_CHECKPOINT_FILE)
   return [_results(run, final, records) for run, (final, records) in zip(prepared, done, strict=True)]
 
 
@@ -330,7 +322,8 @@ def _prepare(loss_fn, tx, method, params, data, schedule, *, seed, sampling, rec
   """``dj.simulate_gossip``'s arguments checked against the schedule, its events planned, its carry made
   (``hyperparams``: ``(Runs.hyperparams, r)`` for run ``r`` of several, whose ``optax.inject_hyperparams``
   values every replica's optimizer state starts with; ``traced``: a dict the runs of one call share, which
-  keeps what their functions trace to on their parameters' shapes, traced once for all)."""
+  keeps what their functions trace to, traced once for all: ``Runs.params`` all have the call's ``params``'
+  structure, shapes and dtypes, ``_check_run_params``)."""
   runtime = "dj.simulate_gossip"
   check_not_traced(runtime, params=params, data=data)
   seed, _, sampling, record, execution = runtime_options(runtime, seed=seed, sampling=sampling, record=record,
@@ -418,11 +411,9 @@ def _prepare(loss_fn, tx, method, params, data, schedule, *, seed, sampling, rec
   memory = _replica_memory(runtime, params, init_state, method, plan, m, data, num_devices, execution)
   # The loss is traced only now, after every check that can refuse the run.
   traced = {} if traced is None else traced
-  shapes = (jax.tree.structure(params), tuple((np.shape(x), x.dtype if hasattr(x, "dtype") else np.result_type(x))
-                                              for x in jax.tree.leaves(params)))
-  if ("has_aux", shapes) not in traced:
-    traced["has_aux", shapes] = loss_has_aux(loss_fn, params, data, batch_size)
-  has_aux = traced["has_aux", shapes]
+  if "has_aux" not in traced:
+    traced["has_aux"] = loss_has_aux(loss_fn, params, data, batch_size)
+  has_aux = traced["has_aux"]
   stacked = jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (m,) + np.shape(x)).copy(), init_state)
   replica_params, opt_state, extra = stacked
   snap = jax.tree.map(np.zeros_like, replica_params)
@@ -441,9 +432,9 @@ def _prepare(loss_fn, tx, method, params, data, schedule, *, seed, sampling, rec
   table_specs = {k: P() if v.ndim == 1 else P(None, AXIS) if k.startswith("lane_") else P(None, None, AXIS)
                  for k, v in device_tables.items()}
   table_specs["lane_examples"] = P(None, AXIS)
-  if ("metric_like", shapes) not in traced:
-    traced["metric_like", shapes] = None if eval_fn is None else jax.eval_shape(eval_fn, params)
-  metric_like = traced["metric_like", shapes]
+  if "metric_like" not in traced:
+    traced["metric_like"] = None if eval_fn is None else jax.eval_shape(eval_fn, params)
+  metric_like = traced["metric_like"]
   if metric_like is not None and any(np.shape(x) != () for x in jax.tree.leaves(metric_like)):
     raise ValueError(
         f"Record.eval_fn must return a pytree of scalars here (each is evaluated on the average model and on every "
@@ -874,8 +865,8 @@ def _step_keys(run: _ReplicaRun, row: dict[str, Any]) -> dict[str, Any] | None:
   dt = jax.ShapeDtypeStruct((), jnp.float32)
   calls_message = plan.has_pmix or plan.history > 1
   # The runs of one call (dj.Runs) trace the same functions on the same shapes: traced once for all of them.
-  traced = getattr(run, "traced", None)
-  known = traced.get((calls_message, plan.has_pmix)) if traced is not None else None
+  traced = run.traced
+  known = traced.get((calls_message, plan.has_pmix))
   programs = known if known is not None else {
       "loss_fn": _engine.program_key(jax.value_and_grad(run.loss_fn, has_aux=run.has_aux), params,
                                      batch_like(run.data, run.batch_size)),
@@ -889,8 +880,7 @@ def _step_keys(run: _ReplicaRun, row: dict[str, Any]) -> dict[str, Any] | None:
       if plan.has_pmix and method.advance is not None else None,
       "eval_fn": None if run.eval_fn is None else _engine.program_key(run.eval_fn, params),
   }
-  if traced is not None:
-    traced[calls_message, plan.has_pmix] = programs
+  traced[calls_message, plan.has_pmix] = programs
   if any(key is False for key in programs.values()):
     return None
   static = dict(has_aux=run.has_aux, num_workers=run.m, num_devices=run.num_devices, phases=plan.phases,

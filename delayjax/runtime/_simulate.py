@@ -27,7 +27,8 @@ from delayjax.runtime import _sampling
 from delayjax.runtime._engine import AXIS, check_worker_capacity, program_key
 from delayjax.runtime._arguments import (batch_like, check_not_traced, check_params, check_sampling, loss_has_aux,
                                          tree_like)
-from delayjax.runtime._options import Checkpoint, Execution, Record, Runs, Sampling, runtime_options
+from delayjax.runtime._options import (Checkpoint, Execution, Record, Runs, Sampling, check_runs_device,
+                                       runtime_options)
 from delayjax.runtime._lanes import Lanes
 from delayjax.runtime._read_groups import BlockGroups, LeafGroups, map_groups
 from delayjax.runtime._workers import Gradient, Worker, check_worker
@@ -931,8 +932,7 @@ def _batched_runs(runs: Runs | None, mesh: Any, checkpoint_dir: str | None,
   run), refused where batched runs are not defined."""
   if runs is None:
     return None, {}, None
-  if mesh is not None:
-    raise ValueError(f"several runs (seed={runs!r}) are computed on one device; got Execution.mesh.")
+  check_runs_device(runs, mesh)
   if runs.sources is not None and checkpoint_dir is not None:
     # Each run of its own schedule is computed by a call of its own (_engine._Separately), whose carries are
     # not one checkpointed tree.
