@@ -180,3 +180,19 @@ def test_runs_checkpointed_each_on_its_own_resume_bit_for_bit(tmp_path):
     dj.simulate_gossip(_loss, TX, dj.gossip.d_psgd(), np.zeros(4, np.float32), DATA, None,
                        seed=dj.Runs(seeds=[0, 1, 2], sources=[sources[0], sources[2], sources[1]]),
                        checkpoint=dj.Checkpoint(tmp_path), **OPTIONS)
+
+
+def test_runs_that_do_not_fit_together_are_refused():
+  """Each run fits alone; three together (their replicas' states summed, the data once) do not: refused before
+  anything compiles."""
+  sources = _schedules()
+  alone = dj.simulate_gossip(_loss, TX, dj.gossip.d_psgd(), np.zeros(4, np.float32), DATA, sources[0], **OPTIONS)
+  # The data is held once whatever the runs; each run keeps its own replicas' state.
+  state = sum(v for k, v in alone.stats["memory"].items() if k not in ("total", "data"))
+  execution = dj.Execution(chunk_size=8, max_memory=alone.stats["memory"]["data"] + int(state * 1.5))
+  dj.simulate_gossip(_loss, TX, dj.gossip.d_psgd(), np.zeros(4, np.float32), DATA, sources[0],
+                     sampling=OPTIONS["sampling"], record=OPTIONS["record"], execution=execution)
+  with pytest.raises(ValueError, match=r"dj.simulate_gossip would keep .* more than .* \(Execution.max_memory\)"):
+    dj.simulate_gossip(_loss, TX, dj.gossip.d_psgd(), np.zeros(4, np.float32), DATA, None,
+                       seed=dj.Runs(seeds=[0, 1, 2], sources=sources), sampling=OPTIONS["sampling"],
+                       record=OPTIONS["record"], execution=execution)
