@@ -233,6 +233,7 @@ def _run(args: argparse.Namespace) -> int:
       raise _framework.UsageError(f"--only {' '.join(args.only)}: no run of any reproduction matches.")
   for _, _, out in plan:
     _framework.check_writable(out)
+  _framework.freeze_imports()
   try:
     with _shared_compilation_cache(args.jobs):
       _framework.execute_many(plan, first_seed=args.seed, only=args.only, plots=not args.no_plot, jobs=args.jobs,
