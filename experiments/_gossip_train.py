@@ -247,12 +247,19 @@ def run_spec(config: dict[str, Any], spec: dict[str, Any], seed: int, progress: 
   return run_specs(config, [(spec, seed)], progress, method=method, specs=specs)[0]
 
 
-def call_key(config: dict[str, Any], spec: dict[str, Any], seed: int) -> tuple[str, int, str, int]:
+def call_key(config: dict[str, Any], spec: dict[str, Any], seed: int) -> tuple[Any, int, str, int]:
   """The runs of one seed computed by one ``dj.simulate_gossip`` call (:func:`run_specs`): those whose paradigms
-  run one ``dj.gossip`` method (:data:`METHODS`), on one layout of the shards, evaluated every as many
-  gradients; they are computed side by side within the call."""
-  return (METHODS[spec["paradigm"]]().name, seed, _shards(config, spec),
-          eval_every(config, schedule_for(config, spec, seed)))
+  run one rule (:func:`_rule`), on one layout of the shards, evaluated every as many gradients; they are
+  computed side by side within the call."""
+  return (_rule(spec["paradigm"]), seed, _shards(config, spec), eval_every(config, schedule_for(config, spec, seed)))
+
+
+def _rule(paradigm: str) -> dj.gossip.GossipMethod:
+  """The ``dj.gossip`` method of ``paradigm`` (:data:`METHODS`) without its name: what it computes. AD-PSGD's
+  is D-PSGD's rule under another name (``dj.gossip.ad_psgd``: what makes it AD-PSGD is its schedule), so
+  all-reduce, D-PSGD and AD-PSGD runs are one call, computed by the first one's method; a run's numbers are
+  those of its own call either way, bit for bit."""
+  return METHODS[paradigm]()._replace(name="")
 
 
 def _shards(config: dict[str, Any], spec: dict[str, Any]) -> str:
@@ -284,7 +291,7 @@ def run_specs(config: dict[str, Any], members: list[tuple[dict[str, Any], int]],
 
   def program_records(group: list[tuple[dict[str, Any], int]], part: Any) -> list[dict[str, Any]]:
     # One program's calls (gt.call_key), in turn.
-    calls: dict[tuple[str, int, str, int], list[int]] = {}
+    calls: dict[tuple[Any, int, str, int], list[int]] = {}
     for index, (spec, seed) in enumerate(group):
       calls.setdefault(call_key(config, spec, seed), []).append(index)
     records: dict[int, dict[str, Any]] = {}
