@@ -968,19 +968,20 @@ def run_together(programs: list[Program], callback: Callable[[int, dict[str, Any
     else:
       carries[r] = place(put, program.carry_specs, program.carry)
   pending = [r for r, program in enumerate(programs) if done_chunks[r] < program.num_chunks]
-  # Each pending run's next chunk's tables: host rows and placed.
-  tables = {r: programs[r].tables(done_chunks[r]) for r in pending}
-  placed = {r: place(put_tables, programs[r].table_specs, tables[r]) for r in pending}
-  inspect = _inspectors[-1] if _inspectors else None
-  if inspect is not None and pending:
-    inspect(chunk_fns[pending[0]], (carries[pending[0]], constants[pending[0]], placed[pending[0]]))
   # The chunks' programs are traced and lowered in this thread (a jax.config context such as enable_x64 holds in
-  # its own thread only) and compiled, each distinct one once, by the pool's threads while this thread computes
-  # the initial evaluations (compiling their own program). Ahead-of-time compiles share JAX's caches with the
-  # jitted calls of a run alone, so an equal program compiles once either way.
+  # its own thread only) and compiled, each distinct one once, by the pool's threads while this thread makes the
+  # other runs' first tables and computes the initial evaluations (compiling their own program). Ahead-of-time
+  # compiles share JAX's caches with the jitted calls of a run alone, so an equal program compiles once either way.
+  tables, placed = {}, {}  # each pending run's next chunk's tables: host rows and placed
   compiling: dict[Any, Any] = {}
   signatures = {}
+  inspect = _inspectors[-1] if _inspectors else None
   for r in pending:
+    tables[r] = programs[r].tables(done_chunks[r])
+    placed[r] = place(put_tables, programs[r].table_specs, tables[r])
+    if inspect is not None:
+      inspect(chunk_fns[r], (carries[r], constants[r], placed[r]))
+      inspect = None
     args = (carries[r], constants[r], placed[r])
     leaves, structure = jax.tree.flatten(args)
     signature = (id(chunk_fns[r]), structure,

@@ -507,9 +507,10 @@ def _program(run: _ReplicaRun) -> _engine.Program:
   def initial(placed):
     # Called once the chunk's compile is under way (not on a resume: _results compiles it then), and once for the runs
     # of one program.
-    run.models_compiled = _engine.cached(
-        None if keys is None else (*keys["models"], "compiled"),
-        lambda: _engine._in_background(models.lower(tree_like(carry[0]), tree_like(carry[2])).compile))
+    if models is not None:
+      run.models_compiled = _engine.cached(
+          None if keys is None else (*keys["models"], "compiled"),
+          lambda: _engine._in_background(models.lower(tree_like(carry[0]), tree_like(carry[2])).compile))
     if eval_fn is None:
       return {}
     # Every replica starts from params (z = x / 1 for push-sum).
@@ -548,7 +549,11 @@ def _program(run: _ReplicaRun) -> _engine.Program:
   # The replicas' models at the end (the result's average) as one program, compiled beside the chunk's (initial):
   # computed op by op after the runs, push-sum's x / w compiled a program per operation there (0.06 s of
   # gossip_topology's one seed).
-  models = _engine.cached(None if keys is None else keys["models"], lambda: jax.jit(jax.vmap(method.grad_params)))
+  # A rule whose gradient is taken at the parameters themselves (D-PSGD's) has them as its models: no program.
+  if "models_are_params" not in run.traced:
+    run.traced["models_are_params"] = _returns_params(method.grad_params, *tree_like((params, run.init_state[2])))
+  models = None if run.traced["models_are_params"] else _engine.cached(
+      None if keys is None else keys["models"], lambda: jax.jit(jax.vmap(method.grad_params)))
   run.models, run.models_compiled = models, None
   return _engine.Program(
       carry=carry, carry_specs=carry_specs, constants=constants, constant_specs=constant_specs, step=step,
@@ -569,7 +574,7 @@ def _results(run: _ReplicaRun, final: Any, records: dict[str, Any]) -> GossipRes
   params_out, opt_out, extra_out = (jax.tree.map(gathered, x) for x in final[:3])
   if run.models_compiled is not None:
     run.models_compiled()
-  z = run.models(params_out, extra_out)
+  z = params_out if run.models is None else run.models(params_out, extra_out)
   # On the host, accumulated in float64 and rounded once to the dtype jnp.mean gives: a jnp.mean would compile
   # a program per leaf shape (0.03 s, between two calls of a sweep of small runs).
   average = jax.tree.map(
@@ -892,6 +897,13 @@ def _step_keys(run: _ReplicaRun, row: dict[str, Any]) -> dict[str, Any] | None:
           "eval_fn": ("simulate_gossip", "eval", programs["eval_fn"], _checkpoint.tree_digest(params, values=False)),
           "models": ("simulate_gossip", "models", programs["grad_params"], run.m,
                      _checkpoint.tree_digest((params, extra), values=False))}
+
+
+def _returns_params(fn: Callable[[Any, Any], Any], params: Any, extra: Any) -> bool:
+  """Whether ``fn(params, extra)`` is ``params`` itself: its program computes nothing and returns its first
+  argument's leaves, in order."""
+  jaxpr = jax.make_jaxpr(fn)(params, extra).jaxpr
+  return not jaxpr.eqns and list(jaxpr.outvars) == list(jaxpr.invars[:len(jax.tree.leaves(params))])
 
 
 def _lanes_written(gbuf: Any, grads: Any, active: jax.Array, rows: jax.Array) -> Any:

@@ -87,8 +87,8 @@ def test_runs_of_one_program_compile_once():
   _run(schedule, dj.gossip.ad_psgd(), seed=0)
   hits = engine.cache_info()["hits"]
   cached = _run(schedule, dj.gossip.ad_psgd(), seed=3)
-  # The chunk, and the program of the replicas' final models with its compile.
-  assert engine.cache_info()["hits"] == hits + 3
+  # The chunk (AD-PSGD's models are its parameters themselves: no program of their own).
+  assert engine.cache_info()["hits"] == hits + 1
 
   def grad_fn(z, replica, batch_index):
     idx = np.asarray(dj.runtime.minibatch_indices(3, 0, replica, batch_index, num_examples=40, batch_size=BATCH))
@@ -103,6 +103,22 @@ def test_runs_of_one_program_compile_once():
   dj.simulate_gossip(loss_fn, optax.sgd(2 * LR, momentum=BETA), dj.gossip.ad_psgd(), params, data, schedule,
                      sampling=dj.Sampling(batch_size=BATCH), seed=3)
   assert engine.cache_info()["misses"] == misses + 1
+
+
+def test_a_rule_takes_its_gradients_at_its_parameters_only_when_its_program_returns_them():
+  """The runtime skips the program of the replicas' final models where ``grad_params`` returns the parameters
+  themselves (D-PSGD, AD-PSGD), and only there."""
+  from delayjax.runtime import _replicas
+
+  params = {"b": np.zeros(3, np.float32), "w": np.zeros((2, 3), np.float32)}
+  assert _replicas._returns_params(dj.gossip.d_psgd().grad_params, params, ())
+  assert _replicas._returns_params(dj.gossip.ad_psgd().grad_params, params, ())
+  sgp = dj.gossip.sgp()
+  assert not _replicas._returns_params(sgp.grad_params, params, sgp.init(params))
+  assert not _replicas._returns_params(lambda p, e: jax.tree.map(lambda x: x + 0, p), params, ())
+  # Its leaves in another order, or the extra state in their place, are not the parameters.
+  assert not _replicas._returns_params(lambda p, e: {"b": p["w"], "w": p["b"]}, params, ())
+  assert not _replicas._returns_params(lambda p, e: e, params, {"b": params["b"], "w": params["w"]})
 
 
 def _halfway(params, extra, mixed, self_weight, dt):
