@@ -65,6 +65,12 @@ The interface is :class:`Program`, a ``NamedTuple`` a runtime fills in:
 ``initial(carry) -> dict[str, pytree]`` or ``None``
   rows recorded before the first chunk from the placed carry (e.g. the
   evaluation at version 0); not called on resume.
+``evaluate(chunk, tables, carry) -> dict[str, pytree]`` or ``None``
+  more of chunk ``chunk``'s rows, computed from the carry it leaves by
+  programs of the runtime's own (e.g. an evaluation of the models the chunk
+  kept in its carry at the steps its host ``tables`` flag), in the thread
+  that computed the chunk, before the carry goes on to the next chunk;
+  merged with ``collect``'s rows. Not for a program of several runs.
 ``progress(chunk) -> dict``
   what the user's callback is told after chunk ``chunk``.
 ``fingerprint``
@@ -161,6 +167,7 @@ class Program(NamedTuple):
   fingerprint: str | dict[str, str]
   initial: Callable[[Any], dict[str, Any]] | None = None
   check: Callable[[Any], Any] | None = None
+  evaluate: Callable[[int, Any, Any], dict[str, Any]] | None = None
   cache_key: Any = None
   runs: int | None = None
   constant_run_axes: Any = None
@@ -582,6 +589,8 @@ def chunk_function(program: Program, mesh: Any) -> Callable[[Any, Any, Any], tup
   chunk's steps, jitted with the carry donated (inside ``shard_map`` with a ``mesh``) and the
   :func:`compile_options` of its ``step_entries`` (on one device); the one already made for an equal
   ``program.cache_key``, mesh and options, if any."""
+  if program.runs is not None and program.evaluate is not None:
+    raise ValueError("a program of several runs cannot evaluate its carry after a chunk (Program.evaluate).")
   if program.table_run_axes is not None:
     if mesh is not None:
       raise ValueError("several runs in one program need a single device; got a mesh.")
@@ -873,7 +882,7 @@ def _run(program, mesh, checkpoint, checkpoint_name, callback, inspect):
                 (chunk_fn, (carry, constants, device_tables))))
       inspect = None
     carry, outputs = chunk_fn(carry, constants, device_tables)
-    rows = _chunk_rows(program, chunk, tables, outputs)
+    rows = _chunk_rows(program, chunk, tables, outputs, _evaluated(program, chunk, tables, carry))
     unsaved.append(rows)
     if saver is not None and _write_due(checkpoint, last_write):
       _append(records, unsaved)
@@ -999,17 +1008,19 @@ def run_together(programs: list[Program], callback: Callable[[int, dict[str, Any
   for chunk in range(first, max((program.num_chunks for program in programs), default=0)):
     active = [r for r in pending if done_chunks[r] <= chunk < programs[r].num_chunks]
     now = {r: (tables[r], placed[r]) for r in active}
-    wait = _start_runs(lambda r: executables[r](carries[r], constants[r], now[r][1]), active)
+    # A run's chunk and its evaluations, in the thread that computes it.
+    wait = _start_runs(lambda r: _with_evaluations(programs[r], chunk, now[r][0], executables[r](
+        carries[r], constants[r], now[r][1])), active)
     # The next chunk's tables are made while this one computes.
     for r in active:
       if chunk + 1 < programs[r].num_chunks:
         tables[r] = programs[r].tables(chunk + 1)
         placed[r] = place(put_tables, programs[r].table_specs, tables[r])
     done = wait()
-    for r, (carry, outputs) in zip(active, done, strict=True):
+    for r, (carry, outputs, evaluated) in zip(active, done, strict=True):
       carries[r] = carry
       done_chunks[r] = chunk + 1
-      rows = _chunk_rows(programs[r], chunk, now[r][0], outputs)
+      rows = _chunk_rows(programs[r], chunk, now[r][0], outputs, evaluated)
       unsaved[r].append(rows)
       if callback is not None:
         callback(r, _callback_info(programs[r], chunk, rows))
@@ -1034,14 +1045,27 @@ def _records_like(program: Program) -> dict[str, Any]:
   return like
 
 
-def _chunk_rows(program: Program, chunk: int, tables: Any, outputs: Any) -> dict[str, Any]:
-  """Chunk ``chunk``'s records from its host ``tables`` and device ``outputs``: the health check's flag, if the
-  program has one, and ``program.collect``'s rows."""
+def _evaluated(program: Program, chunk: int, tables: Any, carry: Any) -> dict[str, Any]:
+  """``program.evaluate``'s rows of chunk ``chunk`` from the carry it left (none without it)."""
+  return {} if program.evaluate is None else program.evaluate(chunk, tables, carry)
+
+
+def _with_evaluations(program: Program, chunk: int, tables: Any, result: tuple[Any, Any]) -> tuple[Any, Any, Any]:
+  """A chunk's ``(carry, outputs)`` and its :func:`_evaluated` rows."""
+  carry, outputs = result
+  return carry, outputs, _evaluated(program, chunk, tables, carry)
+
+
+def _chunk_rows(program: Program, chunk: int, tables: Any, outputs: Any,
+                evaluated: dict[str, Any]) -> dict[str, Any]:
+  """Chunk ``chunk``'s records from its host ``tables``, device ``outputs`` and ``evaluated`` rows: the health
+  check's flag, if the program has one, ``program.collect``'s rows and the evaluated ones."""
   rows = {}
   if program.check is not None:
     outputs, healthy = outputs
     rows["check"] = np.asarray(host(healthy))[None]
   rows.update(program.collect(chunk, tables, outputs))
+  rows.update(evaluated)
   return rows
 
 

@@ -300,15 +300,19 @@ def _check_like(like: Any, schedule: GossipSchedule) -> tuple[GossipSchedule, ..
 
 
 def _replica_memory(runtime: str, params: Any, init_state: Any, method: GossipMethod, plan: ReplicaPlan, m: int,
-                    data: Any, num_devices: int, execution: Execution) -> dict[str, int]:
+                    data: Any, num_devices: int, execution: Execution, slots: int) -> dict[str, int]:
   """The ``m`` replicas' state per device, by term, sized from shapes before anything is allocated (a run too
-  large for the device is refused, not killed)."""
+  large for the device is refused, not killed); ``slots``: the evaluation snapshots a chunk keeps."""
   message_like = jax.eval_shape(method.message, params, init_state[2]) if plan.history > 1 else ()
-  memory = _engine.memory_terms({
-      name: (_engine.shapes(tree, lead), True)
-      for name, tree, lead in (("replica parameters", params, (3 * m,)), ("optimizer states", init_state[1], (m,)),
-                               ("method states", init_state[2], (m,)),
-                               ("message history", message_like, (m, plan.history)))}, data, num_devices)
+  models_like = jax.eval_shape(method.grad_params, params, init_state[2]) if slots else ()
+  parts = {name: (_engine.shapes(tree, lead), True)
+           for name, tree, lead in (("replica parameters", params, (3 * m,)), ("optimizer states", init_state[1], (m,)),
+                                    ("method states", init_state[2], (m,)),
+                                    ("message history", message_like, (m, plan.history)),
+                                    ("evaluation snapshots", models_like, (slots, m)))}
+  # Each device keeps the average models whole.
+  parts["evaluation snapshots (average)"] = (_engine.shapes(models_like, (slots,)), False)
+  memory = _engine.memory_terms(parts, data, num_devices)
   _engine.check_memory(runtime, memory, _engine.memory_limit(execution.max_memory, execution.mesh), _MEMORY_HINTS)
   return memory
 
@@ -370,11 +374,15 @@ def _prepare(loss_fn, tx, method, params, data, schedule, *, seed, sampling, rec
                      f"members.")
   tables = dict(plan.tables)
 
+  # Gradients a step applies at most: one per replica and phase.
+  step_gradients = m * plan.phases
   if chunk_size is None:
     num_chunks = max(1, -(-plan.num_steps // 256))
     # Rounded up as dj.simulate rounds its chunks: runs whose step counts differ a little (the seeds of a
     # sweep) share one scan length, so one compiled program; the padding steps change nothing.
     chunk_size = _shared_length(-(-plan.num_steps // num_chunks))
+    if eval_fn is not None:
+      chunk_size = min(chunk_size, _snapshot_chunk_limit(params, m, step_gradients, eval_every))
   num_chunks = -(-plan.num_steps // chunk_size)
   padded = num_chunks * chunk_size
 
@@ -386,7 +394,15 @@ def _prepare(loss_fn, tx, method, params, data, schedule, *, seed, sampling, rec
     if eval_every is not None:
       before = np.r_[0, grads_done[:-1]]
       eval_flag |= grads_done // eval_every > before // eval_every
-  tables["eval"] = eval_flag
+  # An evaluated step keeps the models it evaluates in the chunk's next snapshot slot (evaluate, after the
+  # chunk); the other steps name no slot. The slots' count bounds any chunk's evaluations by the sizes alone,
+  # so that the runs sharing a program (like) share it.
+  slots = 0 if eval_fn is None else _snapshot_slots(chunk_size, step_gradients, eval_every)
+  flagged = np.zeros(padded, bool)
+  flagged[:plan.num_steps] = eval_flag
+  by_chunk = flagged.reshape(num_chunks, chunk_size)
+  eval_slot = np.where(by_chunk, np.cumsum(by_chunk, axis=1) - 1, slots).astype(np.int32).reshape(padded)
+  assert eval_slot.max(initial=0) <= slots
 
   def pad(x):
     extra = padded - x.shape[0]
@@ -398,6 +414,8 @@ def _prepare(loss_fn, tx, method, params, data, schedule, *, seed, sampling, rec
     shard_rows, shard_sizes = np.zeros((m, 1), np.int32), np.ones(m, np.int32)
   tables.update(pack_lanes(tables, num_devices, plan.lanes))
   tables = {k: pad(v) for k, v in tables.items()}
+  if eval_fn is not None:
+    tables["eval_slot"] = eval_slot
   host_tables = {k: tables[k] for k in ("step_time", "step_events", "step_grads", "lane_index", "lane_draw",
                                         "lane_worker")}
   device_tables = {k: v for k, v in tables.items() if k not in host_tables}
@@ -408,7 +426,7 @@ def _prepare(loss_fn, tx, method, params, data, schedule, *, seed, sampling, rec
     opt_state = _run_states([opt_state] * len(next(iter(values.values()))), values)[r]
   init_state = (params, opt_state, method.init(params))
   _engine.check_extra_args(tx, params, init_state[1], runtime, {})
-  memory = _replica_memory(runtime, params, init_state, method, plan, m, data, num_devices, execution)
+  memory = _replica_memory(runtime, params, init_state, method, plan, m, data, num_devices, execution, slots)
   # The loss is traced only now, after every check that can refuse the run.
   traced = {} if traced is None else traced
   if "has_aux" not in traced:
@@ -424,8 +442,13 @@ def _prepare(loss_fn, tx, method, params, data, schedule, *, seed, sampling, rec
     hist = jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (m, plan.history) + np.shape(x)).copy(), first)
   else:
     hist = ()
-  carry = (replica_params, opt_state, extra, snap, gbuf, hist)
-  carry_specs = (P(AXIS),) * 6
+  # The snapshot slots: the average model and every replica's (z), each [slots, ...] and [slots, M, ...].
+  models_like = jax.eval_shape(method.grad_params, params, init_state[2])
+  kept = () if eval_fn is None else (
+      jax.tree.map(lambda s: np.zeros((slots,) + s.shape, s.dtype), models_like),
+      jax.tree.map(lambda s: np.zeros((slots, m) + s.shape, s.dtype), models_like))
+  carry = (replica_params, opt_state, extra, snap, gbuf, hist, kept)
+  carry_specs = (P(AXIS),) * 6 + ((P(), P(None, AXIS)) if eval_fn is not None else P(),)
   constants = data
   constant_specs = P()
   # Per-replica tables are split over the mesh on their replica axis: [S, M] lanes, [S, P, M] slots.
@@ -441,10 +464,9 @@ def _prepare(loss_fn, tx, method, params, data, schedule, *, seed, sampling, rec
         f"replica); got shapes {jax.tree.map(lambda x: list(x.shape), metric_like)}.")
 
   step = _step_function(
-      loss_fn=loss_fn, has_aux=has_aux, tx=tx, method=method, plan=plan, eval_fn=eval_fn,
-      metric_like=metric_like, num_workers=m, sharded=mesh is not None, num_devices=num_devices)
-  output_specs = {"loss": P(), "loss_min": P(), "loss_max": P(), "count": P(), "consensus": P(),
-                  "finite": P(), "metrics": P(), "replica_metrics": P()}
+      loss_fn=loss_fn, has_aux=has_aux, tx=tx, method=method, plan=plan, slots=slots, num_workers=m,
+      sharded=mesh is not None, num_devices=num_devices)
+  output_specs = {"loss": P(), "loss_min": P(), "loss_max": P(), "count": P(), "consensus": P(), "finite": P()}
 
   return _ReplicaRun(**locals())
 
@@ -453,12 +475,13 @@ def _program(run: _ReplicaRun) -> _engine.Program:
   """The engine's program of a prepared replica run: its chunk tables, how outputs become rows, its step."""
   (batch_size, carry, carry_specs, checkpoint_dir, chunk_size, constant_specs, constants, data, device_tables,
    eval_every, eval_fn, host_tables, keep_steps, loss_fn, m, mesh, method, metric_like, num_chunks, num_devices,
-   num_examples, output_specs, params, plan, sampling, schedule, seed, shard_rows, shard_sizes, shards, step,
-   table_specs, tx) = (getattr(run, name) for name in (
+   num_examples, output_specs, params, plan, sampling, schedule, seed, shard_rows, shard_sizes, shards, slots,
+   step, table_specs, tx) = (getattr(run, name) for name in (
        "batch_size", "carry", "carry_specs", "checkpoint_dir", "chunk_size", "constant_specs", "constants",
        "data", "device_tables", "eval_every", "eval_fn", "host_tables", "keep_steps", "loss_fn", "m", "mesh",
        "method", "metric_like", "num_chunks", "num_devices", "num_examples", "output_specs", "params", "plan",
-       "sampling", "schedule", "seed", "shard_rows", "shard_sizes", "shards", "step", "table_specs", "tx"))
+       "sampling", "schedule", "seed", "shard_rows", "shard_sizes", "shards", "slots", "step", "table_specs",
+       "tx"))
   def chunk_tables(chunk):
     steps = slice(chunk * chunk_size, (chunk + 1) * chunk_size)
     out = {k: v[steps] for k, v in device_tables.items()}
@@ -477,7 +500,6 @@ def _program(run: _ReplicaRun) -> _engine.Program:
     finite = _engine.host(outputs["finite"])[:n]
     bad = tabs["lane_active"][:n] & ~finite
     rows = np.stack([host_tables["lane_worker"][steps][bad], host_tables["lane_index"][steps][bad]], axis=1)
-    flags = tabs["eval"][:n]
     rec = {"nonfinite": rows.astype(np.int64)}
     # Without per-step rows the chunk's losses and consensus distances stay on the devices, unread.
     if keep_steps:
@@ -488,10 +510,15 @@ def _program(run: _ReplicaRun) -> _engine.Program:
                           np.nan)
       rec.update(loss=loss.astype(np.float32), spread=spread.astype(np.float32),
                  consensus=_engine.host(outputs["consensus"])[:n].astype(np.float32))
-    if eval_fn is not None:
-      rec["metrics"] = jax.tree.map(lambda x: _engine.host(x)[:n][flags], outputs["metrics"])
-      rec["replica_metrics"] = jax.tree.map(lambda x: _engine.host(x)[:n][flags], outputs["replica_metrics"])
     return rec
+
+  def evaluate(chunk, tabs, placed):
+    # The chunk's evaluated steps, in order, each the models its snapshot slot kept.
+    count = int(np.sum(tabs["eval_slot"] < slots))
+    means, zs = (jax.tree.map(lambda x: gathered(x)[:count], part) for part in placed[6])
+    evaluation = evaluated()
+    return _metric_rows([evaluation(jax.tree.map(lambda x: x[i], means), jax.tree.map(lambda x: x[i], zs))
+                         for i in range(count)], metric_like, m)
 
   def like(tree, lead):
     return jax.tree.map(lambda s: np.zeros(lead + tuple(s.shape), s.dtype), tree)
@@ -513,10 +540,10 @@ def _program(run: _ReplicaRun) -> _engine.Program:
           lambda: _engine._in_background(models.lower(tree_like(carry[0]), tree_like(carry[2])).compile))
     if eval_fn is None:
       return {}
-    # Every replica starts from params (z = x / 1 for push-sum).
-    metrics = jitted_eval(params)
-    return {"metrics": jax.tree.map(lambda x: np.asarray(x)[None], metrics),
-            "replica_metrics": jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (1, m)).copy(), metrics)}
+    # Every replica starts from params (z = x / 1 for push-sum), by the program that evaluates the chunks' models.
+    start = jax.tree.map(lambda s, x: np.asarray(x, s.dtype), models_like, params)
+    replicas = jax.tree.map(lambda x: np.broadcast_to(x, (m,) + x.shape), start)
+    return _metric_rows([evaluated()(start, replicas)], metric_like, m)
 
   def progress(chunk):
     return {"steps_done": min((chunk + 1) * chunk_size, plan.num_steps), "num_steps": plan.num_steps,
@@ -527,7 +554,7 @@ def _program(run: _ReplicaRun) -> _engine.Program:
       schedule, tx=tx, loss_fn=loss_fn, method=method, eval_fn=eval_fn, params=params, data=data,
       batch_size=batch_size, options=dict(
           method=method.name, seed=seed, batch_size=batch_size, sampling=sampling, chunk_size=chunk_size,
-          phases=plan.phases, mixing=plan.forms, has_eval=eval_fn is not None,
+          phases=plan.phases, mixing=plan.forms, has_eval=eval_fn is not None, snapshot_slots=slots,
           eval_every=eval_every, num_devices=num_devices,
           shards=None if shards is None else hashlib.sha256(
               b"".join(np.ascontiguousarray(np.asarray(s)).tobytes() for s in shards)).hexdigest()))
@@ -543,9 +570,15 @@ def _program(run: _ReplicaRun) -> _engine.Program:
   cache_key = None if keys is None else keys["chunk"]
   # Every replica's parameters: the size of the model the chunk updates, which chooses its compile options.
   step_entries = _engine.entries(carry[0])
-  jitted_eval = None if eval_fn is None else _engine.cached(
-      None if keys is None else (*keys["eval_fn"], step_entries),
-      lambda: _engine.jit_like_chunk(eval_fn, step_entries, mesh))
+  # The evaluations' program, traced here (a jax.config context such as enable_x64 holds in this thread only) and
+  # compiled in the background while the chunk's program is traced; its executable is called from the thread
+  # that computed a chunk.
+  models_like = jax.eval_shape(method.grad_params, params, run.init_state[2])
+  evaluated = None if eval_fn is None else _engine.cached(
+      None if keys is None else (*keys["eval_fn"], m, step_entries, "compiled"),
+      lambda: _engine._in_background(_engine.jit_like_chunk(_evaluation(eval_fn), step_entries, mesh).lower(*(
+          jax.tree.map(lambda s: jax.ShapeDtypeStruct(lead + s.shape, s.dtype), models_like)
+          for lead in ((), (m,)))).compile))
   # The replicas' models at the end (the result's average) as one program, compiled beside the chunk's (initial):
   # computed op by op after the runs, push-sum's x / w compiled a program per operation there (0.06 s of
   # gossip_topology's one seed).
@@ -560,9 +593,57 @@ def _program(run: _ReplicaRun) -> _engine.Program:
       table_specs=table_specs, output_specs=output_specs, num_chunks=num_chunks, tables=chunk_tables,
       step_entries=step_entries,
       collect=collect, records_like=records_like, progress=progress, fingerprint=fingerprint,
-      initial=initial,
+      initial=initial, evaluate=None if eval_fn is None else evaluate,
       # Every replica's parameters, optimizer state and method state finite, after each chunk.
       check=lambda carry: _replicas_finite(carry[:3], mesh is not None), cache_key=cache_key)
+
+
+def _evaluation(eval_fn: Callable[[Any], Any]) -> Callable[[Any, Any], Any]:
+  """``evaluation(average, replicas)``: ``eval_fn`` of the average model and of each of the ``M`` replicas'
+  models (a leading axis), as one batched program; its metrics' leaves ``[M + 1]``, the average's first."""
+  def evaluation(average, replicas):
+    models = jax.tree.map(lambda a, z: jnp.concatenate([a[None], z]), average, replicas)
+    return jax.vmap(eval_fn)(models)
+
+  return evaluation
+
+
+def _metric_rows(rows: list[Any], metric_like: Any, m: int) -> dict[str, Any]:
+  """The records ``"metrics"`` (``[E]`` leaves) and ``"replica_metrics"`` (``[E, M]``) of ``E`` evaluations'
+  metrics (each :func:`_evaluation`'s, ``[M + 1]`` leaves)."""
+  if not rows:
+    return {"metrics": jax.tree.map(lambda s: np.zeros((0,), s.dtype), metric_like),
+            "replica_metrics": jax.tree.map(lambda s: np.zeros((0, m), s.dtype), metric_like)}
+  stacked = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *rows)
+  return {"metrics": jax.tree.map(lambda x: x[:, 0], stacked),
+          "replica_metrics": jax.tree.map(lambda x: x[:, 1:], stacked)}
+
+
+def _snapshot_slots(chunk_size: int, step_gradients: int, eval_every: int | None) -> int:
+  """The most evaluations a chunk of ``chunk_size`` steps can hold when a step applies at most
+  ``step_gradients`` gradients: one each time the gradients applied pass another multiple of ``eval_every``
+  (at most ``chunk_size * step_gradients // eval_every + 1`` in a chunk) and the run's last step."""
+  if eval_every is None:
+    return 1
+  return min(chunk_size, chunk_size * step_gradients // eval_every + 2)
+
+
+# What the snapshots of a chunk of the default length may take at least: more where the replicas' own
+# parameters take more (see _snapshot_chunk_limit).
+_SNAPSHOT_BYTES = 64 << 20
+
+
+def _snapshot_chunk_limit(params: Any, m: int, step_gradients: int, eval_every: int | None) -> int:
+  """The longest default chunk (a power of two) whose evaluation snapshots (:func:`_snapshot_slots`, each the
+  average and ``m`` replicas' models) take at most as many bytes as the replicas' three copies of the parameters
+  or :data:`_SNAPSHOT_BYTES`, whichever is more (at least 1 step): a large model evaluated often is run in
+  shorter chunks rather than keep many snapshots; the numbers do not depend on the chunks' length."""
+  model = sum(int(np.size(x)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(params))
+  budget = max(3 * m * model, _SNAPSHOT_BYTES)
+  length = 1
+  while length < 4096 and _snapshot_slots(2 * length, step_gradients, eval_every) * (m + 1) * model <= budget:
+    length *= 2
+  return length
 
 
 def _results(run: _ReplicaRun, final: Any, records: dict[str, Any]) -> GossipResult:
@@ -616,6 +697,9 @@ _MEMORY_HINTS = {
     "optimizer states": "a lighter optimizer or fewer replicas per device",
     "method states": "fewer replicas per device",
     "message history": "a schedule with less message lag (each replica keeps its last lag + 1 messages)",
+    "evaluation snapshots": "evaluations less often (dj.Record's every) or shorter chunks (Execution.chunk_size)",
+    "evaluation snapshots (average)": "evaluations less often (dj.Record's every) or shorter chunks "
+                                      "(Execution.chunk_size)",
 }
 
 
@@ -783,8 +867,7 @@ def _step_outputs(loss: jax.Array, active: jax.Array, finite: jax.Array, z: Any,
   }
 
 
-def _step_function(*, loss_fn, has_aux, tx, method, plan: ReplicaPlan, eval_fn, metric_like, num_workers, sharded,
-                   num_devices):
+def _step_function(*, loss_fn, has_aux, tx, method, plan: ReplicaPlan, slots, num_workers, sharded, num_devices):
   """One step of the replica runtime (per device under ``shard_map``). What it reads of its arguments is what
   the compile-cache key names (:func:`_step_keys`): a step that reads more must name it there too."""
   lane = _lane_function(loss_fn, has_aux, plan.max_batches)
@@ -814,7 +897,7 @@ def _step_function(*, loss_fn, has_aux, tx, method, plan: ReplicaPlan, eval_fn, 
     return (params, opt_state, extra, snap, gbuf, hist), None
 
   def step(carry, tab, consts):
-    params, opt_state, extra, snap, gbuf, hist = carry
+    params, opt_state, extra, snap, gbuf, hist, kept = carry
     data = consts
     active, rows = tab["lane_active"], tab["lane_replica"]
     stale = jax.tree.map(lambda x: x[rows], snap)
@@ -833,23 +916,15 @@ def _step_function(*, loss_fn, has_aux, tx, method, plan: ReplicaPlan, eval_fn, 
     z = jax.vmap(method.grad_params)(params, extra)
     mean = jax.tree.map(lambda x: _total(jnp.sum(x, axis=0), sharded) / jnp.asarray(num_workers, x.dtype), z)
     out = _step_outputs(loss, active, finite, z, mean, num_workers, sharded)
-    if eval_fn is not None:
-      def evaluate(args):
-        # The average model first, then the replicas: one batched program (compiled once, not twice).
-        avg, zs = args
-        models = jax.tree.map(lambda a, z: jnp.concatenate([a[None], z]), avg, zs)
-        metrics = jax.vmap(eval_fn)(models)
-        return (jax.tree.map(lambda x: x[0], metrics),
-                _gather_all(jax.tree.map(lambda x: x[1:], metrics), sharded))
-
-      def skip(args):
-        return (jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_like),
-                jax.tree.map(lambda s: jnp.zeros((num_workers,) + s.shape, s.dtype), metric_like))
-
-      out["metrics"], out["replica_metrics"] = jax.lax.cond(tab["eval"], evaluate, skip, (mean, z))
-    else:
-      out["metrics"], out["replica_metrics"] = (), ()
-    return (params, opt_state, extra, snap, gbuf, hist), out
+    if slots:
+      # An evaluated step keeps the average model and the replicas' in its slot; evaluate reads them after the
+      # chunk (an evaluation compiled into the chunk's program would be compiled twice, here and for the initial
+      # models: a small model's chunk compiled 0.1 s longer).
+      slot = tab["eval_slot"]
+      kept = jax.lax.cond(slot < slots, lambda kept: jax.tree.map(
+          lambda buffer, x: jax.lax.dynamic_update_index_in_dim(buffer, x, slot, 0), kept, (mean, z)),
+          lambda kept: kept, kept)
+    return (params, opt_state, extra, snap, gbuf, hist, kept), out
 
   return step
 
@@ -860,10 +935,10 @@ def _step_keys(run: _ReplicaRun, row: dict[str, Any]) -> dict[str, Any] | None:
 
   The key names everything :func:`_step_function` builds the step from: the user's functions by the programs
   they trace to (``loss_fn``'s gradient; ``method.apply`` with ``tx``; ``grad_params``; ``message``,
-  ``receive`` and ``advance`` where the plan's mixes or kept messages call them; ``eval_fn``), the plan's
-  static choices, and the shapes and dtypes of the step's arguments (the carry, a row of the tables, the
-  data), as ``dj.simulate``'s key does. Tracing these parts costs a fifth of tracing the whole step, which a
-  sweep of many short runs paid once per run.
+  ``receive`` and ``advance`` where the plan's mixes or kept messages call them), the plan's static choices,
+  and the shapes and dtypes of the step's arguments (the carry, with its evaluation snapshots, a row of the
+  tables, the data), as ``dj.simulate``'s key does; the evaluations' key names ``eval_fn``'s program. Tracing
+  these parts costs a fifth of tracing the whole step, which a sweep of many short runs paid once per run.
   """
   plan, method, tx = run.plan, run.method, run.tx
   params, opt_state, extra = tree_like(run.init_state)
@@ -892,8 +967,9 @@ def _step_keys(run: _ReplicaRun, row: dict[str, Any]) -> dict[str, Any] | None:
                 kinds=tuple(bool(k) for k in plan.used.any(axis=0)), forms=tuple(sorted(plan.forms.items())),
                 history=plan.history, has_pmix=plan.has_pmix, has_gmix=plan.has_gmix, max_batches=plan.max_batches)
   shapes = _checkpoint.tree_digest((tree_like(run.carry), row, tree_like(run.constants)), values=False)
-  return {"chunk": ("simulate_gossip", "chunk", tuple(sorted(programs.items())), tuple(sorted(static.items())),
-                    shapes),
+  return {"chunk": ("simulate_gossip", "chunk", tuple(sorted((name, key) for name, key in programs.items()
+                                                            if name != "eval_fn")),
+                    tuple(sorted(static.items())), shapes),
           "eval_fn": ("simulate_gossip", "eval", programs["eval_fn"], _checkpoint.tree_digest(params, values=False)),
           "models": ("simulate_gossip", "models", programs["grad_params"], run.m,
                      _checkpoint.tree_digest((params, extra), values=False))}

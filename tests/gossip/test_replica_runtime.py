@@ -138,9 +138,9 @@ def _damped_grad_params(params, extra):
 @pytest.mark.fast_compile
 @pytest.mark.parametrize("change", ["receive", "advance", "grad_params", "loss constant", "eval constant"])
 def test_a_run_that_changes_any_part_of_the_step_compiles_its_own_program(change):
-  """The compile cache's key names every part of the step it is built from: a run of the same shapes and plan
-  whose method's ``receive``, ``advance`` or ``grad_params``, or whose loss or evaluation closes over another
-  array value, misses the cache and gives its own numbers (the first run's program would give the first
+  """The compile cache's keys name every part of the programs they are built from: a run of the same shapes and
+  plan whose method's ``receive``, ``advance`` or ``grad_params``, or whose loss or evaluation closes over
+  another array value, misses the cache and gives its own numbers (the first run's program would give the first
   run's)."""
   from delayjax.runtime import _engine as engine
 
@@ -171,9 +171,9 @@ def test_a_run_that_changes_any_part_of_the_step_compiles_its_own_program(change
   first = run(base, one, zero)
   misses = engine.cache_info()["misses"]
   again = run(*changed)
-  # A changed evaluation is also another program of the run's first evaluation; a changed grad_params another program
-  # of the replicas' final models, and its compile.
-  assert engine.cache_info()["misses"] == misses + {"eval constant": 2, "grad_params": 3}.get(change, 1)
+  # A changed evaluation is another program of the evaluations alone (the chunk only keeps the models they read);
+  # a changed grad_params also another program of the replicas' final models, and its compile.
+  assert engine.cache_info()["misses"] == misses + {"grad_params": 3}.get(change, 1)
   engine.clear_cache()
   fresh = run(*changed)
   _equal((again.params, again.history.eval_metrics), (fresh.params, fresh.history.eval_metrics))
@@ -471,3 +471,81 @@ def test_bad_arguments_name_themselves():
       dj.simulate_gossip(loss_fn, tx, dj.gossip.d_psgd(), params, data, schedule, **kwargs())
 
 
+
+
+def _evaluate(params):
+  return {"norm": sum(jax.numpy.sum(x ** 2) for x in jax.tree.leaves(params)), "b": params["b"]}
+
+
+def test_evaluations_are_the_same_whatever_the_chunks_and_on_resume(tmp_path):
+  """A flagged step keeps its models in a snapshot slot of its chunk, evaluated after the chunk by the program
+  that evaluates the initial models: the evaluations are the same bit for bit whatever the chunks' length, and
+  on a resumed run; the last is the final models' (push-sum's x / w, the replicas' mean within float32)."""
+  schedule = random_schedule(4, 70, seed=2, group=2, push_sum=True)
+  record = dj.Record(eval_fn=_evaluate, every=3)
+  runs = {size: _run(schedule, dj.gossip.sgp(), record=record, execution=dj.Execution(chunk_size=size))
+          for size in (None, 1, 7)}
+  base = runs[None]
+  assert len(base.history.eval_gradients) > base.stats["num_chunks"] + 2
+  for other in (runs[1], runs[7]):
+    _equal((base.history.eval_metrics, base.history.replica_metrics, base.history.eval_gradients),
+           (other.history.eval_metrics, other.history.replica_metrics, other.history.eval_gradients))
+  z = jax.vmap(dj.gossip.sgp().grad_params)(base.params, base.extra)
+  for name, want in (("norm", lambda p: sum(np.sum(np.asarray(x, np.float64) ** 2) for x in jax.tree.leaves(p))),
+                     ("b", lambda p: p["b"])):
+    replicas = [want(jax.tree.map(lambda x, i=i: x[i], z)) for i in range(4)]
+    np.testing.assert_allclose(base.history.replica_metrics[name][-1], replicas, rtol=1e-5)
+    np.testing.assert_allclose(base.history.eval_metrics[name][-1], want(base.average), rtol=1e-5)
+  # Before any step every replica holds params: the average's metrics and each replica's.
+  data, loss_fn, params = regression()
+  assert base.history.eval_metrics["norm"][0] == base.history.replica_metrics["norm"][0, 0] == np.float32(
+      params["b"] ** 2 + np.sum(params["w"] ** 2))
+
+  def stop_after_two(info):
+    if info["chunk"] == 1:
+      raise KeyboardInterrupt
+
+  with pytest.raises(KeyboardInterrupt):
+    _run(schedule, dj.gossip.sgp(), execution=dj.Execution(chunk_size=7), checkpoint=dj.Checkpoint(tmp_path),
+         record=dj.Record(eval_fn=_evaluate, every=3, callback=stop_after_two))
+  resumed = _run(schedule, dj.gossip.sgp(), record=record, execution=dj.Execution(chunk_size=7),
+                 checkpoint=dj.Checkpoint(tmp_path))
+  _equal((base.history.eval_metrics, base.history.replica_metrics), (resumed.history.eval_metrics,
+                                                                     resumed.history.replica_metrics))
+
+
+def test_a_chunk_holds_no_more_evaluations_than_its_snapshot_slots():
+  """The slots bound every chunk's evaluations from the sizes alone (an independent count over random
+  gradient counts per step), and a large model evaluated often runs in chunks whose snapshots fit the budget."""
+  from delayjax.runtime import _replicas
+
+  rng = np.random.default_rng(0)
+  for _ in range(200):
+    length, per_step, every = int(rng.integers(1, 40)), int(rng.integers(1, 9)), int(rng.integers(1, 30))
+    steps = length * int(rng.integers(1, 5))
+    done = np.cumsum(rng.integers(0, per_step + 1, steps))
+    flags = done // every > np.r_[0, done[:-1]] // every
+    flags[-1] = True
+    most = max(int(flags[c:c + length].sum()) for c in range(0, steps, length))
+    assert most <= _replicas._snapshot_slots(length, per_step, every)
+  assert _replicas._snapshot_slots(64, 8, None) == 1
+  params = {"w": np.zeros(200_000, np.float32)}
+  length = _replicas._snapshot_chunk_limit(params, 8, 8, 1)
+  # Every step evaluated: a slot per step, each 9 models of 0.8 MB, within 64 MiB.
+  assert length == 8 and 8 * 9 * 800_000 <= 64 << 20 < 16 * 9 * 800_000
+  assert _replicas._snapshot_chunk_limit({"w": np.zeros(10, np.float32)}, 8, 8, 1) == 4096
+
+
+def test_the_evaluation_snapshots_count_in_a_runs_memory():
+  """A run's evaluation snapshots are a term of its memory, refused (naming what shrinks it) where they would
+  not fit."""
+  schedule = random_schedule(4, 70, seed=2, group=2)
+  bare = _run(schedule, execution=dj.Execution(chunk_size=64))
+  evaluated = _run(schedule, record=dj.Record(eval_fn=_evaluate, every=1), execution=dj.Execution(chunk_size=64))
+  memory = evaluated.stats["memory"]
+  # A slot per step of the chunk, each the average model and the 4 replicas' (4 float32 entries each).
+  assert memory["evaluation snapshots"] == 64 * 4 * 4 * 4 and memory["evaluation snapshots (average)"] == 64 * 4 * 4
+  assert bare.stats["memory"]["evaluation snapshots"] == 0
+  with pytest.raises(ValueError, match="evaluation snapshots.*evaluations less often"):
+    _run(schedule, record=dj.Record(eval_fn=_evaluate, every=1),
+         execution=dj.Execution(chunk_size=64, max_memory=bare.stats["memory"]["total"] + 100))
