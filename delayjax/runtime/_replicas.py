@@ -566,19 +566,23 @@ def _program(run: _ReplicaRun) -> _engine.Program:
   row = {k: jax.ShapeDtypeStruct(v.shape[1:], v.dtype) for k, v in device_tables.items()}
   row["lane_examples"] = jax.ShapeDtypeStruct(device_tables["lane_active"].shape[1:] + (plan.max_batches, batch_size),
                                               np.int32)
-  keys = None if mesh is not None else _step_keys(run, row)
-  cache_key = None if keys is None else keys["chunk"]
   # Every replica's parameters: the size of the model the chunk updates, which chooses its compile options.
   step_entries = _engine.entries(carry[0])
-  # The evaluations' program, traced here (a jax.config context such as enable_x64 holds in this thread only) and
-  # compiled in the background while the chunk's program is traced; its executable is called from the thread
-  # that computed a chunk.
+  # The evaluations' program, traced first (in this thread: a jax.config context such as enable_x64 holds in it
+  # only) and compiled in the background while the chunk's program is keyed and traced; its executable is called
+  # from the thread that computed a chunk.
   models_like = jax.eval_shape(method.grad_params, params, run.init_state[2])
+  if eval_fn is not None and "eval_fn" not in run.traced:
+    run.traced["eval_fn"] = None if mesh is not None else _engine.program_key(eval_fn, params)
+  eval_key = None if eval_fn is None else run.traced["eval_fn"]
   evaluated = None if eval_fn is None else _engine.cached(
-      None if keys is None else (*keys["eval_fn"], m, step_entries, "compiled"),
+      None if not eval_key else ("simulate_gossip", "evaluation", eval_key, m, step_entries,
+                                 _checkpoint.tree_digest(models_like, values=False)),
       lambda: _engine._in_background(_engine.jit_like_chunk(_evaluation(eval_fn), step_entries, mesh).lower(*(
           jax.tree.map(lambda s: jax.ShapeDtypeStruct(lead + s.shape, s.dtype), models_like)
           for lead in ((), (m,)))).compile))
+  keys = None if mesh is not None else _step_keys(run, row)
+  cache_key = None if keys is None else keys["chunk"]
   # The replicas' models at the end (the result's average) as one program, compiled beside the chunk's (initial):
   # computed op by op after the runs, push-sum's x / w compiled a program per operation there (0.06 s of
   # gossip_topology's one seed).
@@ -930,15 +934,17 @@ def _step_function(*, loss_fn, has_aux, tx, method, plan: ReplicaPlan, slots, nu
 
 
 def _step_keys(run: _ReplicaRun, row: dict[str, Any]) -> dict[str, Any] | None:
-  """The compile-cache keys of a replica run's chunk and evaluation (one device): ``{"chunk": key, "eval_fn":
-  key}``, or ``None`` when a function calls back into Python (such programs are compiled afresh every run).
+  """The compile-cache keys of a replica run's chunk and final models' program (one device): ``{"chunk": key,
+  "models": key}``, or ``None`` when a function calls back into Python (such programs are compiled afresh every
+  run).
 
   The key names everything :func:`_step_function` builds the step from: the user's functions by the programs
   they trace to (``loss_fn``'s gradient; ``method.apply`` with ``tx``; ``grad_params``; ``message``,
   ``receive`` and ``advance`` where the plan's mixes or kept messages call them), the plan's static choices,
   and the shapes and dtypes of the step's arguments (the carry, with its evaluation snapshots, a row of the
-  tables, the data), as ``dj.simulate``'s key does; the evaluations' key names ``eval_fn``'s program. Tracing
-  these parts costs a fifth of tracing the whole step, which a sweep of many short runs paid once per run.
+  tables, the data), as ``dj.simulate``'s key does (the evaluations' program is keyed by ``eval_fn``'s, apart:
+  the step only keeps the models they read). Tracing these parts costs a fifth of tracing the whole step, which
+  a sweep of many short runs paid once per run.
   """
   plan, method, tx = run.plan, run.method, run.tx
   params, opt_state, extra = tree_like(run.init_state)
@@ -958,7 +964,8 @@ def _step_keys(run: _ReplicaRun, row: dict[str, Any]) -> dict[str, Any] | None:
                                      dt, dt) if plan.has_pmix else None,
       "advance": _engine.program_key(method.advance, params, extra, dt)
       if plan.has_pmix and method.advance is not None else None,
-      "eval_fn": None if run.eval_fn is None else _engine.program_key(run.eval_fn, params),
+      # Traced by _program for the evaluations' program.
+      "eval_fn": None if run.eval_fn is None else traced["eval_fn"],
   }
   traced[calls_message, plan.has_pmix] = programs
   if any(key is False for key in programs.values()):
@@ -970,7 +977,6 @@ def _step_keys(run: _ReplicaRun, row: dict[str, Any]) -> dict[str, Any] | None:
   return {"chunk": ("simulate_gossip", "chunk", tuple(sorted((name, key) for name, key in programs.items()
                                                             if name != "eval_fn")),
                     tuple(sorted(static.items())), shapes),
-          "eval_fn": ("simulate_gossip", "eval", programs["eval_fn"], _checkpoint.tree_digest(params, values=False)),
           "models": ("simulate_gossip", "models", programs["grad_params"], run.m,
                      _checkpoint.tree_digest((params, extra), values=False))}
 
