@@ -504,6 +504,9 @@ _SMALL_MODEL_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 _SMALL_MODEL_LEVEL = 1
 _SMALL_MODEL_LEVEL_SINCE = (0, 10)
 _small_model_supported: bool | None = None
+# Whether start_compiler_probe has started the probe, and the lock the probe holds.
+_probe_started = False
+_probe_lock = threading.Lock()
 
 
 def compile_options(entries: int | None) -> dict[str, Any] | None:
@@ -531,21 +534,41 @@ def compile_options(entries: int | None) -> dict[str, Any] | None:
   a program laid out on a mesh (:func:`chunk_function`) gets the level alone (compiled with the elemental
   emitters, a sharded program can round otherwise than its one-device twin; at another level, it does).
   """
-  global _small_model_supported
   if entries is None or entries > SMALL_MODEL_ENTRIES or jax.devices()[0].platform != "cpu":
     return None
-  if _small_model_supported is None:
-    try:
-      jax.jit(lambda x: x + 1, compiler_options={**_SMALL_MODEL_OPTIONS, "xla_backend_optimization_level":
-                                                 _SMALL_MODEL_LEVEL}).lower(np.float32(0)).compile()
-      _small_model_supported = True
-    except Exception:  # noqa: BLE001 (an XLA without the option refuses it; any refusal means: defaults)
-      _small_model_supported = False
-  if not _small_model_supported:
+  if not _small_model_options_supported():
     return None
   if _level_set_elsewhere() or _jaxlib_version() < _SMALL_MODEL_LEVEL_SINCE:
     return dict(_SMALL_MODEL_OPTIONS)
   return {**_SMALL_MODEL_OPTIONS, "xla_backend_optimization_level": _SMALL_MODEL_LEVEL}
+
+
+def start_compiler_probe() -> None:
+  """Starts finding out, in the background, whether this XLA takes the small-model options
+  (:func:`compile_options`), on a CPU device where it is not known yet: called by a runtime once a run's arguments
+  are checked (the gossip runtime's), so that the probe's compile (the process's first, which pays XLA's setup)
+  runs beside the run's planning rather than before its first program is compiled."""
+  global _probe_started
+  with _probe_lock:
+    if _small_model_supported is not None or _probe_started or jax.devices()[0].platform != "cpu":
+      return
+    _probe_started = True
+  _in_background(_small_model_options_supported)
+
+
+def _small_model_options_supported() -> bool:
+  """Whether this XLA compiles a program with the small-model options: found out once per process, here or by
+  :func:`start_compiler_probe`'s thread (a caller meanwhile waits for its answer)."""
+  global _small_model_supported
+  with _probe_lock:
+    if _small_model_supported is None:
+      try:
+        jax.jit(lambda x: x + 1, compiler_options={**_SMALL_MODEL_OPTIONS, "xla_backend_optimization_level":
+                                                   _SMALL_MODEL_LEVEL}).lower(np.float32(0)).compile()
+        _small_model_supported = True
+      except Exception:  # noqa: BLE001 (an XLA without the option refuses it; any refusal means: defaults)
+        _small_model_supported = False
+    return _small_model_supported
 
 
 def _jaxlib_version() -> tuple[int, ...]:
@@ -705,8 +728,9 @@ _pool_lock = threading.Lock()
 
 
 def _forget_pool() -> None:
-  global _pool, _pool_lock
-  _pool, _pool_lock = None, threading.Lock()
+  # A child forked while a thread held a lock starts with it free (that thread is not in the child).
+  global _pool, _pool_lock, _probe_lock
+  _pool, _pool_lock, _probe_lock = None, threading.Lock(), threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):

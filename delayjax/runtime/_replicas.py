@@ -367,6 +367,8 @@ def _prepare(loss_fn, tx, method, params, data, schedule, *, seed, sampling, rec
   if not method.late_messages and np.any(schedule.lag > 0):
     raise ValueError(f"method {method.name!r} is not defined for late messages, but the schedule's mixes have "
                      f"lag up to {int(schedule.lag.max())}; use a schedule without message lag (lag = 0).")
+  # The arguments are checked: the compiler's probe runs beside the planning.
+  _engine.start_compiler_probe()
   plan = make_plan(schedule, phases=phases, num_devices=num_devices, like=like)
   if plan.forms["mix"].name == "dense" and plan.history > 1:
     raise ValueError(f"mixes in which a replica takes more than {DENSE_WIDTH} nonzero weights are not supported "

@@ -51,6 +51,25 @@ def test_a_small_model_gets_the_quick_compile_options_and_a_larger_one_the_defau
   assert _engine.compile_options(None) is None
 
 
+def test_the_probe_started_in_the_background_gives_the_answer_a_caller_waits_for(monkeypatch):
+  """``start_compiler_probe`` (the gossip runtime's, once its arguments are checked) finds out in a thread of
+  its own whether the XLA takes the small-model options; a caller meanwhile waits for that answer, and an XLA
+  that refuses the options gets the defaults."""
+  for supported, want in ((None, SMALL), (None, None)):
+    monkeypatch.setattr(_engine, "_small_model_supported", supported)
+    monkeypatch.setattr(_engine, "_probe_started", False)
+    if want is None:
+      # An XLA without the options refuses their compile.
+      monkeypatch.setattr(_engine, "_SMALL_MODEL_OPTIONS", {"xla_cpu_no_such_option": False})
+    _engine.start_compiler_probe()
+    assert _engine._probe_started
+    assert _engine.compile_options(1) == want
+    assert _engine._small_model_supported is (want is not None)
+    # Started once per process: a second start does nothing.
+    _engine.start_compiler_probe()
+    assert _engine.compile_options(1) == want
+
+
 def test_an_older_jaxlib_keeps_the_default_level(monkeypatch):
   # On jaxlib 0.8.0 and 0.9.0 a sharded program at level 1 rounded otherwise than its one-device twin (by an ulp).
   monkeypatch.setattr(_engine, "_jaxlib_version", lambda: (0, 9, 2))
