@@ -220,13 +220,18 @@ def program_key(fn: Callable[..., Any], *args: Any) -> str | bool:
   """A digest of the program ``fn`` traces to on ``args``: its jaxpr's text (without memory addresses) and
   the values of the arrays it closes over; ``False`` if it calls back into Python (two callbacks of
   different functions print alike)."""
-  closed = jax.make_jaxpr(fn)(*args)
+  return program_key_and_shape(fn, *args)[0]
+
+
+def program_key_and_shape(fn: Callable[..., Any], *args: Any) -> tuple[str | bool, Any]:
+  """:func:`program_key` and ``jax.eval_shape(fn, *args)``, from one trace."""
+  closed, shape = jax.make_jaxpr(fn, return_shape=True)(*args)
   text = str(closed.jaxpr)
   if "callback" in text:
-    return False
+    return False, shape
   consts = [jax.random.key_data(c) if jnp.issubdtype(jnp.result_type(c), jax.dtypes.prng_key) else c
             for c in closed.consts]
-  return _checkpoint.digest(re.sub(r" at 0x[0-9a-fA-F]+", "", text), *[np.asarray(c) for c in consts])
+  return _checkpoint.digest(re.sub(r" at 0x[0-9a-fA-F]+", "", text), *[np.asarray(c) for c in consts]), shape
 
 
 def program_digest(fn: Callable[..., Any], *args: Any) -> str:

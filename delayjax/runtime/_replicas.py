@@ -458,7 +458,11 @@ def _prepare(loss_fn, tx, method, params, data, schedule, *, seed, sampling, rec
                  for k, v in device_tables.items()}
   table_specs["lane_examples"] = P(None, AXIS)
   if "metric_like" not in traced:
-    traced["metric_like"] = None if eval_fn is None else jax.eval_shape(eval_fn, params)
+    if eval_fn is None or mesh is not None:
+      traced["metric_like"] = None if eval_fn is None else jax.eval_shape(eval_fn, params)
+    else:
+      # One trace for the evaluations' compile-cache key too (_program).
+      traced["eval_fn"], traced["metric_like"] = _engine.program_key_and_shape(eval_fn, params)
   metric_like = traced["metric_like"]
   if metric_like is not None and any(np.shape(x) != () for x in jax.tree.leaves(metric_like)):
     raise ValueError(
