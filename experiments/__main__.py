@@ -233,7 +233,9 @@ def _run(args: argparse.Namespace) -> int:
       raise _framework.UsageError(f"--only {' '.join(args.only)}: no run of any reproduction matches.")
   for _, _, out in plan:
     _framework.check_writable(out)
-  _framework.freeze_imports()
+  if _is_the_program():
+    # Not in a caller's process (a test, a notebook): its heap is its own.
+    _framework.freeze_imports()
   try:
     with _shared_compilation_cache(args.jobs):
       _framework.execute_many(plan, first_seed=args.seed, only=args.only, plots=not args.no_plot, jobs=args.jobs,

@@ -728,7 +728,8 @@ def _save(job: _Job, record: dict[str, Any]) -> None:
 
 def freeze_imports() -> None:
   """Leaves every object alive now out of the cyclic garbage collector's later collections (``gc.freeze``): called
-  by a process that runs reproductions once its modules are imported, before any run.
+  by a process that exists to run reproductions (``python -m experiments``, a ``--jobs`` worker) once its modules
+  are imported, before any run; not by a caller of the CLI's ``main`` (a test, a notebook), whose heap is its own.
 
   A collection of the oldest generation walks every tracked object, and with JAX, SciPy and scikit-learn
   loaded those are mostly the modules' functions, classes and tables, which live as long as the process;
