@@ -203,7 +203,12 @@ def simulate_gossip(
     record: ``dj.Record``: ``eval_fn`` is evaluated on the average model and
       on every replica (see :class:`GossipHistory`), after the steps in which
       another ``every`` gradients were applied (and at the start and the
-      end); ``history="updates"`` keeps a row per step (``events``,
+      end): such a step keeps the models in a snapshot its chunk holds
+      (``stats["memory"]["evaluation snapshots"]``), evaluated after the
+      chunk by one program of its own, the same at the start, whatever the
+      chunks' length (a default chunk is shortened where a large model's
+      snapshots would outgrow its replicas' parameters);
+      ``history="updates"`` keeps a row per step (``events``,
       ``gradients``, ``time``, ``loss``, ``loss_spread``, ``consensus``).
       Non-finite values are reported; ``nonfinite="skip"`` is not defined
       for replicas (a replica has no other contribution to fall back on).
