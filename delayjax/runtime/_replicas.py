@@ -653,7 +653,8 @@ def _snapshot_chunk_limit(params: Any, m: int, step_gradients: int, eval_every: 
   average and ``m`` replicas' models) take at most as many bytes as the replicas' three copies of the parameters
   or :data:`_SNAPSHOT_BYTES`, whichever is more (at least 1 step): a large model evaluated often is run in
   shorter chunks rather than keep many snapshots; the numbers do not depend on the chunks' length."""
-  model = sum(int(np.size(x)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(params))
+  model = sum(int(np.size(x)) * np.dtype(x.dtype if hasattr(x, "dtype") else np.result_type(x)).itemsize
+              for x in jax.tree.leaves(params))
   budget = max(3 * m * model, _SNAPSHOT_BYTES)
   length = 1
   while length < 4096 and _snapshot_slots(2 * length, step_gradients, eval_every) * (m + 1) * model <= budget:
