@@ -354,16 +354,19 @@ def checkpoint_arguments(checkpoint: Any) -> CheckpointArguments:
   return CheckpointArguments(directory, checkpoint.resume, checkpoint.changes, checkpoint.min_interval)
 
 
+def tree_bytes(tree: Any) -> int:
+  """The bytes of ``tree``'s leaves (arrays, scalars or ``jax.ShapeDtypeStruct``), read from their shapes and
+  dtypes (nothing copied)."""
+  return sum(int(np.prod(np.shape(x))) * np.dtype(x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype).itemsize
+             for x in jax.tree.leaves(tree))
+
+
 def memory_terms(parts: dict[str, tuple[Any, bool]], data: Any, num_devices: int) -> dict[str, int]:
   """Bytes per device of what a run keeps on its devices, by term: ``parts[name] = (tree, split)``, a tree
   of arrays or ``jax.ShapeDtypeStruct`` (nothing need be allocated) and whether it is split over the mesh's
   devices (a leading axis laid out on it) rather than held whole by each; ``data`` is held by each."""
-  def nbytes(tree):
-    return sum(int(np.prod(np.shape(x))) * np.dtype(x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype).itemsize
-               for x in jax.tree.leaves(tree))
-
-  out = {name: nbytes(tree) // (num_devices if split else 1) for name, (tree, split) in parts.items()}
-  out["data"] = nbytes(data)
+  out = {name: tree_bytes(tree) // (num_devices if split else 1) for name, (tree, split) in parts.items()}
+  out["data"] = tree_bytes(data)
   return out
 
 

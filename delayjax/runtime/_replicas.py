@@ -305,11 +305,13 @@ def _check_like(like: Any, schedule: GossipSchedule) -> tuple[GossipSchedule, ..
 
 
 def _replica_memory(runtime: str, params: Any, init_state: Any, method: GossipMethod, plan: ReplicaPlan, m: int,
-                    data: Any, num_devices: int, execution: Execution, slots: int) -> dict[str, int]:
+                    data: Any, num_devices: int, execution: Execution, slots: int,
+                    models_like: Any) -> dict[str, int]:
   """The ``m`` replicas' state per device, by term, sized from shapes before anything is allocated (a run too
-  large for the device is refused, not killed); ``slots``: the evaluation snapshots a chunk keeps."""
+  large for the device is refused, not killed); ``slots``: the evaluation snapshots a chunk keeps, each of the
+  average's and every replica's models (``models_like``)."""
   message_like = jax.eval_shape(method.message, params, init_state[2]) if plan.history > 1 else ()
-  models_like = jax.eval_shape(method.grad_params, params, init_state[2]) if slots else ()
+  models_like = models_like if slots else ()
   parts = {name: (_engine.shapes(tree, lead), True)
            for name, tree, lead in (("replica parameters", params, (3 * m,)), ("optimizer states", init_state[1], (m,)),
                                     ("method states", init_state[2], (m,)),
@@ -405,11 +407,6 @@ def _prepare(loss_fn, tx, method, params, data, schedule, *, seed, sampling, rec
   # chunk); the other steps name no slot. The slots' count bounds any chunk's evaluations by the sizes alone,
   # so that the runs sharing a program (like) share it.
   slots = 0 if eval_fn is None else _snapshot_slots(chunk_size, step_gradients, eval_every)
-  flagged = np.zeros(padded, bool)
-  flagged[:plan.num_steps] = eval_flag
-  by_chunk = flagged.reshape(num_chunks, chunk_size)
-  eval_slot = np.where(by_chunk, np.cumsum(by_chunk, axis=1) - 1, slots).astype(np.int32).reshape(padded)
-  assert eval_slot.max(initial=0) <= slots
 
   def pad(x):
     extra = padded - x.shape[0]
@@ -422,7 +419,9 @@ def _prepare(loss_fn, tx, method, params, data, schedule, *, seed, sampling, rec
   tables.update(pack_lanes(tables, num_devices, plan.lanes))
   tables = {k: pad(v) for k, v in tables.items()}
   if eval_fn is not None:
-    tables["eval_slot"] = eval_slot
+    by_chunk = pad(eval_flag).reshape(num_chunks, chunk_size)
+    tables["eval_slot"] = np.where(by_chunk, np.cumsum(by_chunk, axis=1) - 1, slots).astype(np.int32).reshape(padded)
+    assert tables["eval_slot"].max() <= slots
   host_tables = {k: tables[k] for k in ("step_time", "step_events", "step_grads", "lane_index", "lane_draw",
                                         "lane_worker")}
   device_tables = {k: v for k, v in tables.items() if k not in host_tables}
@@ -433,9 +432,13 @@ def _prepare(loss_fn, tx, method, params, data, schedule, *, seed, sampling, rec
     opt_state = _run_states([opt_state] * len(next(iter(values.values()))), values)[r]
   init_state = (params, opt_state, method.init(params))
   _engine.check_extra_args(tx, params, init_state[1], runtime, {})
-  memory = _replica_memory(runtime, params, init_state, method, plan, m, data, num_devices, execution, slots)
-  # The loss is traced only now, after every check that can refuse the run.
   traced = {} if traced is None else traced
+  if "models" not in traced:
+    traced["models"] = _models_like(method.grad_params, *tree_like((params, init_state[2])))
+  models_like, models_are_params = traced["models"]
+  memory = _replica_memory(runtime, params, init_state, method, plan, m, data, num_devices, execution, slots,
+                           models_like)
+  # The loss is traced only now, after every check that can refuse the run.
   if "has_aux" not in traced:
     traced["has_aux"] = loss_has_aux(loss_fn, params, data, batch_size)
   has_aux = traced["has_aux"]
@@ -450,7 +453,6 @@ def _prepare(loss_fn, tx, method, params, data, schedule, *, seed, sampling, rec
   else:
     hist = ()
   # The snapshot slots: the average model and every replica's (z), each [slots, ...] and [slots, M, ...].
-  models_like = jax.eval_shape(method.grad_params, params, init_state[2])
   kept = () if eval_fn is None else (
       jax.tree.map(lambda s: np.zeros((slots,) + s.shape, s.dtype), models_like),
       jax.tree.map(lambda s: np.zeros((slots, m) + s.shape, s.dtype), models_like))
@@ -531,16 +533,12 @@ def _program(run: _ReplicaRun) -> _engine.Program:
     return _metric_rows([evaluation(jax.tree.map(lambda x: x[i], means), jax.tree.map(lambda x: x[i], zs))
                          for i in range(count)], metric_like, m)
 
-  def like(tree, lead):
-    return jax.tree.map(lambda s: np.zeros(lead + tuple(s.shape), s.dtype), tree)
-
   records_like = {"nonfinite": np.zeros((0, 2), np.int64)}
   if keep_steps:
     records_like.update(loss=np.zeros(0, np.float32), spread=np.zeros(0, np.float32),
                         consensus=np.zeros(0, np.float32))
   if eval_fn is not None:
-    records_like["metrics"] = like(metric_like, (0,))
-    records_like["replica_metrics"] = like(metric_like, (0, m))
+    records_like.update(_metric_rows([], metric_like, m))
 
   def initial(placed):
     # Called once the chunk's compile is under way (not on a resume: _results compiles it then), and once for the runs
@@ -582,7 +580,7 @@ def _program(run: _ReplicaRun) -> _engine.Program:
   # The evaluations' program, traced first (in this thread: a jax.config context such as enable_x64 holds in it
   # only) and compiled in the background while the chunk's program is keyed and traced; its executable is called
   # from the thread that computed a chunk.
-  models_like = jax.eval_shape(method.grad_params, params, run.init_state[2])
+  models_like = run.models_like
   if eval_fn is not None and "eval_fn" not in run.traced:
     run.traced["eval_fn"] = None if mesh is not None else _engine.program_key(eval_fn, params)
   eval_key = None if eval_fn is None else run.traced["eval_fn"]
@@ -598,9 +596,7 @@ def _program(run: _ReplicaRun) -> _engine.Program:
   # computed op by op after the runs, push-sum's x / w compiled a program per operation there (0.06 s of
   # gossip_topology's one seed).
   # A rule whose gradient is taken at the parameters themselves (D-PSGD's) has them as its models: no program.
-  if "models_are_params" not in run.traced:
-    run.traced["models_are_params"] = _returns_params(method.grad_params, *tree_like((params, run.init_state[2])))
-  models = None if run.traced["models_are_params"] else _engine.cached(
+  models = None if run.models_are_params else _engine.cached(
       None if keys is None else keys["models"], lambda: jax.jit(jax.vmap(method.grad_params)))
   run.models, run.models_compiled = models, None
   return _engine.Program(
@@ -653,8 +649,7 @@ def _snapshot_chunk_limit(params: Any, m: int, step_gradients: int, eval_every: 
   average and ``m`` replicas' models) take at most as many bytes as the replicas' three copies of the parameters
   or :data:`_SNAPSHOT_BYTES`, whichever is more (at least 1 step): a large model evaluated often is run in
   shorter chunks rather than keep many snapshots; the numbers do not depend on the chunks' length."""
-  model = sum(int(np.size(x)) * np.dtype(x.dtype if hasattr(x, "dtype") else np.result_type(x)).itemsize
-              for x in jax.tree.leaves(params))
+  model = _engine.tree_bytes(params)
   budget = max(3 * m * model, _SNAPSHOT_BYTES)
   length = 1
   while length < 4096 and _snapshot_slots(2 * length, step_gradients, eval_every) * (m + 1) * model <= budget:
@@ -993,11 +988,13 @@ def _step_keys(run: _ReplicaRun, row: dict[str, Any]) -> dict[str, Any] | None:
                      _checkpoint.tree_digest((params, extra), values=False))}
 
 
-def _returns_params(fn: Callable[[Any, Any], Any], params: Any, extra: Any) -> bool:
-  """Whether ``fn(params, extra)`` is ``params`` itself: its program computes nothing and returns its first
-  argument's leaves, in order."""
-  jaxpr = jax.make_jaxpr(fn)(params, extra).jaxpr
-  return not jaxpr.eqns and list(jaxpr.outvars) == list(jaxpr.invars[:len(jax.tree.leaves(params))])
+def _models_like(fn: Callable[[Any, Any], Any], params: Any, extra: Any) -> tuple[Any, bool]:
+  """From one trace of a rule's ``grad_params``: the structure, shapes and dtypes of ``fn(params, extra)`` (a
+  replica's model), and whether it is ``params`` itself (its program computes nothing and returns its first
+  argument's leaves, in order)."""
+  closed, like = jax.make_jaxpr(fn, return_shape=True)(params, extra)
+  jaxpr = closed.jaxpr
+  return like, not jaxpr.eqns and list(jaxpr.outvars) == list(jaxpr.invars[:len(jax.tree.leaves(params))])
 
 
 def _lanes_written(gbuf: Any, grads: Any, active: jax.Array, rows: jax.Array) -> Any:

@@ -110,15 +110,18 @@ def test_a_rule_takes_its_gradients_at_its_parameters_only_when_its_program_retu
   themselves (D-PSGD, AD-PSGD), and only there."""
   from delayjax.runtime import _replicas
 
+  def _models_returned_params(fn, params, extra):
+    return _replicas._models_like(fn, params, extra)[1]
+
   params = {"b": np.zeros(3, np.float32), "w": np.zeros((2, 3), np.float32)}
-  assert _replicas._returns_params(dj.gossip.d_psgd().grad_params, params, ())
-  assert _replicas._returns_params(dj.gossip.ad_psgd().grad_params, params, ())
+  assert _models_returned_params(dj.gossip.d_psgd().grad_params, params, ())
+  assert _models_returned_params(dj.gossip.ad_psgd().grad_params, params, ())
   sgp = dj.gossip.sgp()
-  assert not _replicas._returns_params(sgp.grad_params, params, sgp.init(params))
-  assert not _replicas._returns_params(lambda p, e: jax.tree.map(lambda x: x + 0, p), params, ())
+  assert not _models_returned_params(sgp.grad_params, params, sgp.init(params))
+  assert not _models_returned_params(lambda p, e: jax.tree.map(lambda x: x + 0, p), params, ())
   # Its leaves in another order, or the extra state in their place, are not the parameters.
-  assert not _replicas._returns_params(lambda p, e: {"b": p["w"], "w": p["b"]}, params, ())
-  assert not _replicas._returns_params(lambda p, e: e, params, {"b": params["b"], "w": params["w"]})
+  assert not _models_returned_params(lambda p, e: {"b": p["w"], "w": p["b"]}, params, ())
+  assert not _models_returned_params(lambda p, e: e, params, {"b": params["b"], "w": params["w"]})
 
 
 def _halfway(params, extra, mixed, self_weight, dt):
