@@ -624,16 +624,16 @@ def _simulate_runs(stage_fns, loss_fn, tx, params, data, schedule, runs: Runs, *
                          f"{sources[0].num_model_stages}: the runs share stage_fns.")
   own_params = ([params] * runs.num_runs if runs.params is None
                 else [tuple(p) for p in _check_run_params(tuple(tuple(p) for p in runs.params), tuple(params))])
-  prepared = []
-  for r, (seed, source, start) in enumerate(zip(runs.seeds, sources, own_params, strict=True)):
-    run = _prepare(stage_fns, loss_fn, tx, start, data, source, seed=seed, sampling=sampling,
+
+  def prepare(r):
+    run = _prepare(stage_fns, loss_fn, tx, own_params[r], data, sources[r], seed=runs.seeds[r], sampling=sampling,
                    record=dataclasses.replace(record, callback=None), checkpoint=checkpoint, execution=execution,
                    backward=backward, hyperparams=(runs.hyperparams, r, runs.num_runs))
     run.step, run.carry, run.carry_specs, run.params_at, run.current_params, run.state_packing = _stage_program(run)
-    prepared.append(run)
-  done = engine.run_runs(runtime, [run.memory for run in prepared], lambda: [_program(run) for run in prepared],
-                         max_memory=execution.max_memory, hints=_MEMORY_HINTS, callback=record.callback,
-                         checkpoint=prepared[0].checkpoint, checkpoint_name=_CHECKPOINT_FILE)
+    return run
+
+  prepared, done = engine.run_runs(runtime, runs.num_runs, prepare, _program, max_memory=execution.max_memory,
+                                   hints=_MEMORY_HINTS, callback=record.callback, checkpoint_name=_CHECKPOINT_FILE)
   return [_results(run, carry, records) for run, (carry, records) in zip(prepared, done, strict=True)]
 
 

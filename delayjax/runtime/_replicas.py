@@ -272,21 +272,21 @@ def _simulate_runs(loss_fn, tx, method, params, data, schedule, runs: Runs, *, s
   if runs.sources is not None:
     sources = _check_sources(sources, GossipSchedule, "replicas")
   run_params = [params] * runs.num_runs if runs.params is None else _check_run_params(runs.params, params)
-  prepared = []
   traced: dict[Any, Any] = {}
-  for r, (seed, source, own_params) in enumerate(zip(runs.seeds, sources, run_params, strict=True)):
+
+  def prepare(r):
     # The other runs' schedules fix the plan's sizes with the call's own like: one compiled program for all.
     others = () if runs.sources is None else sources[:r] + sources[r + 1:]
     like = (execution.like or ()) + others
-    prepared.append(_prepare(
-        loss_fn, tx, method, own_params, data, source, seed=seed, sampling=sampling,
+    return _prepare(
+        loss_fn, tx, method, run_params[r], data, sources[r], seed=runs.seeds[r], sampling=sampling,
         record=dataclasses.replace(record, callback=None), checkpoint=checkpoint,
         execution=dataclasses.replace(execution, like=like or None), hyperparams=(runs.hyperparams, r),
-        traced=traced))
-  done = _engine.run_runs("dj.simulate_gossip", [run.memory for run in prepared],
-                          lambda: [_program(run) for run in prepared], max_memory=execution.max_memory,
-                          hints=_MEMORY_HINTS, callback=record.callback, checkpoint=prepared[0].checkpoint,
-                          checkpoint_name=_CHECKPOINT_FILE)
+        traced=traced)
+
+  prepared, done = _engine.run_runs("dj.simulate_gossip", runs.num_runs, prepare, _program,
+                                    max_memory=execution.max_memory, hints=_MEMORY_HINTS, callback=record.callback,
+                                    checkpoint_name=_CHECKPOINT_FILE)
   return [_results(run, final, records) for run, (final, records) in zip(prepared, done, strict=True)]
 
 

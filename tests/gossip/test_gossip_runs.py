@@ -7,7 +7,7 @@ import optax
 import pytest
 
 import delayjax as dj
-from delayjax.runtime import _engine
+from delayjax.runtime import _engine, _replicas
 
 X = np.random.default_rng(0).normal(size=(128, 4)).astype(np.float32)
 DATA = {"x": X, "y": X @ np.arange(1, 5, dtype=np.float32)}
@@ -182,9 +182,73 @@ def test_runs_checkpointed_each_on_its_own_resume_bit_for_bit(tmp_path):
                        checkpoint=dj.Checkpoint(tmp_path), **OPTIONS)
 
 
-def test_runs_that_do_not_fit_together_are_refused():
+def _spied(monkeypatch):
+  """Records, in order, each run prepared (``"prepare"``), program made (``"program"``) and compile started ahead
+  (``"ahead"``), and each time a compile started ahead is waited for (``"waited"``)."""
+  calls = []
+  prepare, program, ahead = _replicas._prepare, _replicas._program, _engine.compile_ahead
+
+  def spied_ahead(*args):
+    started = ahead(*args)
+    calls.append("ahead")
+
+    def waited():
+      calls.append("waited")
+      return started.compiled()
+
+    return started._replace(compiled=waited)
+
+  monkeypatch.setattr(_replicas, "_prepare", lambda *a, **k: calls.append("prepare") or prepare(*a, **k))
+  monkeypatch.setattr(_replicas, "_program", lambda *a: calls.append("program") or program(*a))
+  monkeypatch.setattr(_engine, "compile_ahead", spied_ahead)
+  return calls
+
+
+def test_the_first_runs_program_compiles_while_the_others_are_prepared(monkeypatch):
+  """Run 0 is prepared and its chunk's compile started before the other runs are prepared; the runs, which share
+  its program, are computed by that executable, and equal their single calls bit for bit."""
+  sources = _schedules()
+  execution = dj.Execution(chunk_size=8, phases=2)
+  calls = _spied(monkeypatch)
+  together = dj.simulate_gossip(_loss, TX, dj.gossip.d_psgd(), np.zeros(4, np.float32), DATA, None,
+                                seed=dj.Runs(seeds=[0, 1, 2], sources=sources), sampling=OPTIONS["sampling"],
+                                record=OPTIONS["record"], execution=execution)
+  # Every run takes the executable compiled ahead.
+  assert calls == ["prepare", "program", "ahead", "prepare", "prepare", "program", "program"] + ["waited"] * 3
+  monkeypatch.undo()
+  for r in range(3):
+    _assert_same_run(together[r], dj.simulate_gossip(
+        _loss, TX, dj.gossip.d_psgd(), np.zeros(4, np.float32), DATA, sources[r], seed=r,
+        sampling=OPTIONS["sampling"], record=OPTIONS["record"],
+        execution=dj.Execution(chunk_size=8, phases=2, like=sources[:r] + sources[r + 1:])))
+
+
+def test_a_chunk_compiled_ahead_from_shapes_computes_as_the_placed_call():
+  """compile_ahead compiles from the shapes and dtypes the program's values take once placed: its signature is
+  the one run_together finds for the placed values, and its executable computes a chunk as the jitted chunk
+  function does, bit for bit. Constants whose placed dtype it cannot tell (a Python number) start nothing."""
+  run = _replicas._prepare(_loss, TX, dj.gossip.d_psgd(), np.zeros(4, np.float32), DATA, _schedules()[1], seed=0,
+                           sampling=OPTIONS["sampling"], record=OPTIONS["record"], checkpoint=None,
+                           execution=OPTIONS["execution"])
+  program = _replicas._program(run)
+  assert _engine.compile_ahead(program._replace(constants={**DATA, "scale": 2.0})) is None
+  started = _engine.compile_ahead(program)
+
+  def placed():
+    put = _engine.placer(None)
+    return (_engine.place(put, program.carry_specs, program.carry),
+            _engine.place(put, program.constant_specs, program.constants),
+            _engine.place(_engine.table_placer(None), program.table_specs, started.tables))
+
+  assert _engine._signature(started.chunk_fn, placed()) == started.signature
+  ahead, jitted = started.compiled()(*placed()), started.chunk_fn(*placed())
+  for a, b in zip(jax.tree.leaves(ahead), jax.tree.leaves(jitted), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_runs_that_do_not_fit_together_are_refused(monkeypatch):
   """Each run fits alone; three together (their replicas' states summed, the data once) do not: refused before
-  anything compiles."""
+  anything compiles (no program is made, none compiled ahead)."""
   sources = _schedules()
   alone = dj.simulate_gossip(_loss, TX, dj.gossip.d_psgd(), np.zeros(4, np.float32), DATA, sources[0], **OPTIONS)
   # The data is held once whatever the runs; each run keeps its own replicas' state.
@@ -192,7 +256,9 @@ def test_runs_that_do_not_fit_together_are_refused():
   execution = dj.Execution(chunk_size=8, max_memory=alone.stats["memory"]["data"] + int(state * 1.5))
   dj.simulate_gossip(_loss, TX, dj.gossip.d_psgd(), np.zeros(4, np.float32), DATA, sources[0],
                      sampling=OPTIONS["sampling"], record=OPTIONS["record"], execution=execution)
+  calls = _spied(monkeypatch)
   with pytest.raises(ValueError, match=r"dj.simulate_gossip would keep .* more than .* \(Execution.max_memory\)"):
     dj.simulate_gossip(_loss, TX, dj.gossip.d_psgd(), np.zeros(4, np.float32), DATA, None,
                        seed=dj.Runs(seeds=[0, 1, 2], sources=sources), sampling=OPTIONS["sampling"],
                        record=OPTIONS["record"], execution=execution)
+  assert calls == ["prepare"] * 3
