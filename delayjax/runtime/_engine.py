@@ -1016,7 +1016,10 @@ def compile_ahead(program: Program) -> Ahead | None:
   :func:`run_together`, given the result, takes that executable for every run whose chunk compiles alike, and
   the tables for the program's first chunk. Nothing is placed on a device. ``None`` (compiled in
   :func:`run_together` instead) where a leaf of the carry or constants is neither a NumPy value nor an array on
-  the default device, whose placed type is not known here."""
+  the default device, whose placed type is not known here, and for a program of several runs (which
+  :func:`run_together` refuses)."""
+  if program.runs is not None:
+    return None
   device = jax.devices()[0]
 
   def placed_like(x):

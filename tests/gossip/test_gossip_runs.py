@@ -232,6 +232,8 @@ def test_a_chunk_compiled_ahead_from_shapes_computes_as_the_placed_call():
                            execution=OPTIONS["execution"])
   program = _replicas._program(run)
   assert _engine.compile_ahead(program._replace(constants={**DATA, "scale": 2.0})) is None
+  # Nor for a program of several runs, which run_together refuses.
+  assert _engine.compile_ahead(program._replace(runs=2)) is None
   started = _engine.compile_ahead(program)
 
   def placed():
