@@ -26,8 +26,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 RUNNER = textwrap.dedent("""
     import os
     import runpy
+    import signal
     import threading
     import time
+
+    # Ctrl-C raises KeyboardInterrupt, as in a terminal's foreground process, however pytest was started: a
+    # process started in the background by a shell without job control (`pytest ... &` in a script) ignores
+    # SIGINT, and so do its children, which Python then leaves ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     import jax
     import orbax.checkpoint as ocp
@@ -188,6 +194,16 @@ def test_a_missing_paper_data_set_is_one_message_and_exit_2(tmp_path, capsys, mo
   assert not list((tmp_path / "out").glob("runs/*.json"))  # no run was recorded
 
 
+@pytest.fixture
+def interruptible():
+  """SIGINT handled by Python (KeyboardInterrupt) in this process during the test, as in a terminal's foreground
+  process: a pytest started in the background by a shell without job control ignores it."""
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+  yield
+  signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("interruptible")
 def test_a_ctrl_c_during_a_checkpoint_write_takes_effect_after_it_and_a_second_one_at_once():
   from delayjax.runtime import _checkpoint
 
@@ -206,6 +222,7 @@ def test_a_ctrl_c_during_a_checkpoint_write_takes_effect_after_it_and_a_second_o
   assert steps == ["write finished"] and signal.getsignal(signal.SIGINT) is handler
 
 
+@pytest.mark.usefixtures("interruptible")
 def test_a_ctrl_c_that_python_would_drop_still_interrupts_the_command():
   import gc
 
