@@ -96,8 +96,10 @@ The interface is :class:`Program`, a ``NamedTuple`` a runtime fills in:
   computed one after the other, each by the single run's compiled chunk
   (see :class:`_Separately`); ``initial`` then gets the list of the runs'
   carries. Either way the outputs and the ``"check"`` record gain a run
-  axis (the outputs' first, the record's second). One device only, and no
-  checkpoint for runs with tables of their own.
+  axis (the outputs' first, the record's second). One device only; runs with
+  tables of their own are checkpointed as one carry with a leading run axis
+  (the program's ``carry``), stacked on the host, and placed run by run on
+  resume.
 ``step_entries``
   about how many entries a step updates elementwise (the parameters: all
   replicas', all stages'), or ``None``: the size of the model, which
@@ -887,15 +889,13 @@ def _run(program, mesh, checkpoint, checkpoint_name, callback, inspect):
   records: dict[str, list[Any]] = {name: [] for name in like}
   first_chunk = 0
   separately = isinstance(chunk_fn, _Separately)
-  if separately and checkpoint.directory is not None:
-    raise ValueError("runs with tables of their own (Program.table_run_axes) cannot be checkpointed; got the "
-                     f"checkpoint directory {os.fspath(checkpoint.directory)!r}.")
   saver = (None if checkpoint.directory is None else
            _checkpoint.Checkpoint(checkpoint.directory, checkpoint_name, program.fingerprint, checkpoint.changes,
                                   records=tuple(like)))
   put = placer(mesh)
   if saver is not None and checkpoint.resume and saver.exists():
-    carry, records, first_chunk = _resumed(saver, program, mesh, put, like)
+    carry, records, first_chunk = _resumed(saver, program, mesh, put, like,
+                                           chunk_fn if separately else None)
   elif separately:
     carry = chunk_fn.carries(put, program)
   else:
@@ -939,7 +939,8 @@ def _run(program, mesh, checkpoint, checkpoint_name, callback, inspect):
     unsaved.append(rows)
     if saver is not None and _write_due(checkpoint, last_write):
       _append(records, unsaved)
-      saver.save(carry, unsaved, chunk + 1)
+      # Runs with tables of their own are saved as one carry with a leading run axis (the program's).
+      saver.save(chunk_fn.stacked(carry) if separately else carry, unsaved, chunk + 1)
       unsaved = []
       last_write = clock()
     if callback is not None:
@@ -949,12 +950,15 @@ def _run(program, mesh, checkpoint, checkpoint_name, callback, inspect):
 
 
 def _resumed(saver: _checkpoint.Checkpoint, program: Program, mesh: Any, put: Callable[[Any, P], Any],
-             like: dict[str, Any]) -> tuple[Any, dict[str, list[Any]], int]:
-  """A run's carry, records and next chunk from its checkpoint (``saver``), the carry placed as a fresh one."""
+             like: dict[str, Any], separately: _Separately | None = None) -> tuple[Any, dict[str, list[Any]], int]:
+  """A run's carry, records and next chunk from its checkpoint (``saver``), the carry placed as a fresh one (for
+  runs with tables of their own, ``separately``'s, each run's part placed on its own)."""
   # Restored straight into its layout: with a mesh each process reads only its own shards.
   carry, restored, first_chunk = saver.restore(program.carry, shardings(mesh, program.carry_specs, program.carry),
                                                like)
-  if mesh is None:
+  if separately is not None:
+    carry = separately.carries(put, program._replace(carry=jax.tree.map(np.asarray, carry)))
+  elif mesh is None:
     # Restored arrays are committed to their device and fresh ones are not, which JAX's compile cache
     # tells apart: placed like a fresh carry, a resumed run reuses the program a fresh run compiled.
     carry = place(put, program.carry_specs, jax.tree.map(np.asarray, carry))

@@ -331,8 +331,9 @@ class Runs:
   cores: 17.6 s instead of 22.8 s). ``Record.callback`` is told the updates
   of all the runs together. One device; ``R`` times the memory. A
   ``dj.Checkpoint`` holds every run of one program (their seeds, initial
-  parameters and hyper-parameters are part of its identity); runs of their
-  own schedules (``sources``) take none.
+  parameters and hyper-parameters are part of its identity, and with
+  ``sources`` every run's schedule); runs whose plans choose different lanes
+  are checkpointed in a folder per lane count (``lanes-K``).
 
   That is ``dj.simulate``. ``dj.simulate_gossip`` computes every run by a
   call of its own, as ``sources`` runs are computed here (with or without

@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import hashlib
 import math
+import os
 import re
 import types
 from typing import Any, Callable, NamedTuple, Sequence, overload
@@ -548,7 +549,7 @@ def _source_schedule(source: Any, num_updates: int | None, seed: int) -> tuple[S
       f"{type(source).__name__}.")
 
 
-def _fingerprint(schedule: Schedule, *, tx: Any, loss_fn: Callable[..., Any], params: Any, opt_state: Any,
+def _fingerprint(schedules: list[Schedule], *, tx: Any, loss_fn: Callable[..., Any], params: Any, opt_state: Any,
                  data: Any, eval_fn: Any, local_optimizer: Any, inputs: tuple[str, ...], batch_size: int,
                  terms: Any, plan: StepPlan, plugin_programs: dict[str, Any], **options: Any) -> dict[str, str]:
   """The run's identity, by component: what a checkpoint must match to be resumed (``_engine.identity``)."""
@@ -565,7 +566,10 @@ def _fingerprint(schedule: Schedule, *, tx: Any, loss_fn: Callable[..., Any], pa
   if local_optimizer is not None:
     programs["local_optimizer"] = (local_optimizer.update, (params, local_optimizer.init(params), params))
   programs.update(plugin_programs)
-  return engine.identity(schedule=_schedule_digest(schedule), options=options, params=params, data=data,
+  # Runs of their own schedules (dj.Runs(sources=...)): every run's, in order.
+  schedule = (_schedule_digest(schedules[0]) if len(schedules) == 1 else
+              _checkpoint.digest(*[_schedule_digest(own) for own in schedules]))
+  return engine.identity(schedule=schedule, options=options, params=params, data=data,
                          programs=programs, trees={"optimizer state": opt_state})
 
 
@@ -911,10 +915,13 @@ def simulate(
                   hyperparams={name: [values[r] for r in group] for name, values in seed.hyperparams.items()} or None,
                   sources=[seed.sources[r] for r in group],
                   params=None if seed.params is None else [seed.params[r] for r in group])
+      # Each lane count's runs are checkpointed in a folder of their own (one program, one checkpoint).
+      own = None if checkpoint is None else dataclasses.replace(
+          checkpoint, directory=os.path.join(os.fspath(checkpoint.directory), f"lanes-{lanes}"))
       for r, result in zip(group, simulate(
           loss_fn, tx, params, data, None, num_updates=num_updates, seed=part, sampling=sampling, worker=worker,
-          record=record, checkpoint=checkpoint, execution=dataclasses.replace(execution or Execution(),
-                                                                              lanes=lanes)), strict=True):
+          record=record, checkpoint=own, execution=dataclasses.replace(execution or Execution(), lanes=lanes)),
+          strict=True):
         results[r] = result
     return results
   carry, records = engine.run(_program(run), mesh=run.mesh, checkpoint=run.checkpoint,
@@ -926,19 +933,13 @@ def simulate(
 simulate.__module__ = "delayjax"
 
 
-def _batched_runs(runs: Runs | None, mesh: Any, checkpoint_dir: str | None,
+def _batched_runs(runs: Runs | None, mesh: Any,
                   source: Any) -> tuple[list[int] | None, dict[str, list[Any]], int | None]:
   """``(seeds, hyper-parameter values, number of runs)`` of ``seed=dj.Runs(...)`` (``(None, {}, None)`` for one
   run), refused where batched runs are not defined."""
   if runs is None:
     return None, {}, None
   check_runs_device(runs, mesh)
-  if runs.sources is not None and checkpoint_dir is not None:
-    # Each run of its own schedule is computed by a call of its own (_engine._Separately), whose carries are
-    # not one checkpointed tree.
-    raise ValueError(
-        f"several runs of their own schedules (seed=dj.Runs(sources=...)) are computed without checkpoints; got "
-        f"checkpoint=dj.Checkpoint({checkpoint_dir!r}).")
   seeds = list(runs.seeds)
   if runs.sources is not None and source is not None:
     raise ValueError(
@@ -1035,7 +1036,7 @@ def _prepare(loss_fn, tx, params, data, source, *, num_updates, seed, sampling, 
   if num_updates is not None:
     num_updates = check_int("num_updates", num_updates, minimum=1)
   num_devices = engine.check_mesh(mesh)
-  seeds, hyper_values, runs = _batched_runs(runs_option, mesh, checkpoint_dir, source)
+  seeds, hyper_values, runs = _batched_runs(runs_option, mesh, source)
   # Runs of schedules of their own (dj.Runs(sources=...)): the first one's plan fixes the lanes, all of them the
   # program's sizes; each run's tables come from its own plan.
   run_sources = None if runs_option is None or runs_option.sources is None else _check_sources(runs_option.sources)
@@ -1190,7 +1191,7 @@ def _keys(run: _ServerRun) -> tuple[Any, Any]:
       plugin_programs=run.plugin_programs)
   # Only a checkpoint needs the run's identity (it traces tx and loss_fn and hashes the data).
   fingerprint = "" if checkpoint_dir is None else _fingerprint(
-      schedule, tx=tx, loss_fn=loss_fn, params=params, opt_state=opt_state, data=data, eval_fn=eval_fn,
+      run.schedules, tx=tx, loss_fn=loss_fn, params=params, opt_state=opt_state, data=data, eval_fn=eval_fn,
       local_optimizer=local_optimizer, inputs=inputs, batch_size=batch_size, terms=terms, plan=plan,
       plugin_programs=run.plugin_programs, seed=seed, sampling=sampling, chunk_size=chunk_size,
       num_workers=num_workers, lanes=plan.lanes,

@@ -217,10 +217,6 @@ def test_bad_runs_of_their_own_schedules_are_refused(problem):
   with pytest.raises(TypeError, match="Runs.sources must be a list or tuple with one entry per run, or None; got "
                                       "Schedule"):
     dj.Runs(seeds=[0], sources=sources[0])
-  with pytest.raises(ValueError, match=r"several runs of their own schedules \(seed=dj.Runs\(sources=...\)\) are "
-                                       "computed without checkpoints"):
-    dj.simulate(loss_fn, tx, params[0], data, None, seed=dj.Runs(seeds=[0, 1], sources=sources[:2]),
-                sampling=dj.Sampling(batch_size=BATCH), checkpoint=dj.Checkpoint("/tmp/never-written"))
 
 
 def test_runs_whose_plans_choose_different_lanes_equal_the_separate_calls(problem):
@@ -236,3 +232,59 @@ def test_runs_whose_plans_choose_different_lanes_equal_the_separate_calls(proble
                          seed=dj.Runs(seeds=[0, 1, 2], sources=mixed, params=params), **kwargs)
   for result, alone in zip(together, separate, strict=True):
     _assert_identical(result, alone)
+
+
+class _Stop(Exception):
+  pass
+
+
+def test_runs_of_their_own_schedules_checkpointed_resume_bit_for_bit(problem, tmp_path):
+  """Interrupted after its second chunk, a call of runs of their own schedules resumes from its checkpoint (the
+  runs' carries saved as one, with a leading run axis) and ends as the uninterrupted call, bit for bit; the same
+  call with one run's schedule changed is refused, naming the schedule."""
+  data, sources, params = problem
+  tx = optax.sgd(0.1, momentum=0.9)
+  seeds = [0, 5, 9]
+  whole = _together(data, tx, params, sources, seeds)
+  told = []
+
+  def stop(info):
+    told.append(info["chunk"])
+    if info["chunk"] == 1:
+      raise _Stop
+
+  def call(record, runs_sources=sources):
+    return dj.simulate(loss_fn, tx, params[0], data, None,
+                       seed=dj.Runs(seeds=seeds, sources=runs_sources, params=params),
+                       sampling=dj.Sampling(batch_size=BATCH), record=record, execution=execution(sources),
+                       checkpoint=dj.Checkpoint(tmp_path))
+
+  with pytest.raises(_Stop):
+    call(dj.Record(eval_fn=_record().eval_fn, every=6, callback=stop))
+  assert told == [0, 1] and whole[0].stats["num_chunks"] == 3
+  resumed_chunks = []
+  resumed = call(dj.Record(eval_fn=_record().eval_fn, every=6, callback=lambda info: resumed_chunks.append(
+      info["chunk"])))
+  # Only the chunks after the last one saved were computed again.
+  assert resumed_chunks == [2]
+  for together, alone in zip(resumed, whole, strict=True):
+    _assert_identical(together, alone)
+  with pytest.raises(ValueError, match="different run: .*schedule"):
+    call(_record(), runs_sources=[sources[0], sources[2], sources[1]])
+
+
+def test_runs_whose_plans_choose_different_lanes_are_checkpointed_apart(problem, tmp_path):
+  """Runs whose plans choose different lanes are computed by a program per lane count: each program's runs are
+  checkpointed in a folder of their own, and a second call resumes them all, to the same results."""
+  data, sources, params = problem
+  serial = dj.runtime.schedule_from_delays(dj.delays.constant(0), 30, 0, num_workers=4)
+  mixed = [sources[0], serial, sources[2]]
+  kwargs = dict(sampling=dj.Sampling(batch_size=BATCH), record=_record(), checkpoint=dj.Checkpoint(tmp_path))
+  first = dj.simulate(loss_fn, optax.sgd(0.1), params[0], data, None,
+                      seed=dj.Runs(seeds=[0, 1, 2], sources=mixed, params=params), **kwargs)
+  lanes = sorted({result.stats["lanes"] for result in first})
+  assert len(lanes) == 2 and sorted(os.listdir(tmp_path)) == [f"lanes-{k}" for k in lanes]
+  again = dj.simulate(loss_fn, optax.sgd(0.1), params[0], data, None,
+                      seed=dj.Runs(seeds=[0, 1, 2], sources=mixed, params=params), **kwargs)
+  for a, b in zip(again, first, strict=True):
+    _assert_identical(a, b)
