@@ -110,3 +110,32 @@ def test_runs_checkpointed_each_on_its_own_resume_bit_for_bit(tmp_path):
     np.testing.assert_array_equal(together.history.loss, alone.history.loss)
   # The shorter run (two chunks) had finished; the longer one's third chunk was computed again.
   assert [(info["run"], info["chunk"]) for info in told] == [(1, 2)]
+
+
+def test_the_first_runs_program_compiles_while_the_others_are_prepared(monkeypatch):
+  """The engine prepares run 0, makes its program and starts compiling its chunk before the other runs are
+  prepared; the runs of the same program (the same schedule, other seeds) are computed by that executable, each
+  equal to its single call bit for bit."""
+  from delayjax.runtime import _engine, _pipeline
+
+  stages, loss_fn, params, data = mlp_problem(3)
+  schedule = dj.cluster.pipeline("1f1b", 3, 5, num_microbatches=2)
+  calls = []
+  prepare, program, ahead = _pipeline._prepare, _pipeline._program, _engine.compile_ahead
+
+  def spied_ahead(*args):
+    started = ahead(*args)
+    calls.append("ahead")
+    return started._replace(compiled=lambda: calls.append("waited") or started.compiled())
+
+  monkeypatch.setattr(_pipeline, "_prepare", lambda *a, **k: calls.append("prepare") or prepare(*a, **k))
+  monkeypatch.setattr(_pipeline, "_program", lambda *a: calls.append("program") or program(*a))
+  monkeypatch.setattr(_engine, "compile_ahead", spied_ahead)
+  results = dj.simulate_pipeline(stages, loss_fn, optax.sgd(0.3), params, data, schedule, seed=dj.Runs(seeds=[1, 2]),
+                                 **OPTIONS)
+  assert calls == ["prepare", "program", "ahead", "prepare", "program", "waited", "waited"]
+  monkeypatch.undo()
+  for seed, result in zip((1, 2), results, strict=True):
+    alone = dj.simulate_pipeline(stages, loss_fn, optax.sgd(0.3), params, data, schedule, seed=seed, **OPTIONS)
+    _equal((result.params, result.opt_states), (alone.params, alone.opt_states))
+    np.testing.assert_array_equal(result.history.loss, alone.history.loss)
