@@ -581,9 +581,8 @@ def _program(run: _ReplicaRun) -> _engine.Program:
   # only) and compiled in the background while the chunk's program is keyed and traced; its executable is called
   # from the thread that computed a chunk.
   models_like = run.models_like
-  if eval_fn is not None and "eval_fn" not in run.traced:
-    run.traced["eval_fn"] = None if mesh is not None else _engine.program_key(eval_fn, params)
-  eval_key = None if eval_fn is None else run.traced["eval_fn"]
+  # eval_fn's key, from the trace that gave its metrics' shapes (_prepare; none on a mesh).
+  eval_key = None if eval_fn is None else run.traced.get("eval_fn")
   evaluated = None if eval_fn is None else _engine.cached(
       None if not eval_key else ("simulate_gossip", "evaluation", eval_key, m, step_entries,
                                  _checkpoint.tree_digest(models_like, values=False)),
@@ -971,8 +970,6 @@ def _step_keys(run: _ReplicaRun, row: dict[str, Any]) -> dict[str, Any] | None:
                                      dt, dt) if plan.has_pmix else None,
       "advance": _engine.program_key(method.advance, params, extra, dt)
       if plan.has_pmix and method.advance is not None else None,
-      # Traced by _program for the evaluations' program.
-      "eval_fn": None if run.eval_fn is None else traced["eval_fn"],
   }
   traced[calls_message, plan.has_pmix] = programs
   if any(key is False for key in programs.values()):
@@ -981,9 +978,8 @@ def _step_keys(run: _ReplicaRun, row: dict[str, Any]) -> dict[str, Any] | None:
                 kinds=tuple(bool(k) for k in plan.used.any(axis=0)), forms=tuple(sorted(plan.forms.items())),
                 history=plan.history, has_pmix=plan.has_pmix, has_gmix=plan.has_gmix, max_batches=plan.max_batches)
   shapes = _checkpoint.tree_digest((tree_like(run.carry), row, tree_like(run.constants)), values=False)
-  return {"chunk": ("simulate_gossip", "chunk", tuple(sorted((name, key) for name, key in programs.items()
-                                                            if name != "eval_fn")),
-                    tuple(sorted(static.items())), shapes),
+  return {"chunk": ("simulate_gossip", "chunk", tuple(sorted(programs.items())), tuple(sorted(static.items())),
+                    shapes),
           "models": ("simulate_gossip", "models", programs["grad_params"], run.m,
                      _checkpoint.tree_digest((params, extra), values=False))}
 

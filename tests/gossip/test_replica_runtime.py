@@ -105,6 +105,42 @@ def test_runs_of_one_program_compile_once():
   assert engine.cache_info()["misses"] == misses + 1
 
 
+def test_an_evaluation_that_calls_back_into_python_leaves_the_chunk_cached():
+  """The chunk program only keeps the models the evaluations read: an eval_fn that calls back into Python (whose
+  own program is compiled afresh every run) does not keep a second run from reusing the chunk, and its numbers
+  are those of the same evaluation without the callback."""
+  from delayjax.runtime import _engine as engine
+
+  m = 8
+  workers = dj.cluster.workers(m, compute="exponential", speed=[1.0] * (m - 1) + [0.25], seed=0)
+  schedule = dj.cluster.simulate_gossip(dj.cluster.ad_psgd(), workers, num_steps=4, seed=1)
+  data, loss_fn, params = regression()
+
+  def total(p):
+    return jax.tree.leaves(p)[0].sum()
+
+  def called_back(p):
+    value = total(p)
+    return {"total": jax.pure_callback(np.asarray, jax.ShapeDtypeStruct(value.shape, value.dtype), value,
+                                       vmap_method="sequential")}
+
+  def run(evaluate):
+    return dj.simulate_gossip(loss_fn, optax.sgd(LR, momentum=BETA), dj.gossip.ad_psgd(), params, data, schedule,
+                              sampling=dj.Sampling(batch_size=BATCH), seed=0,
+                              record=dj.Record(eval_fn=evaluate, every=2))
+
+  engine.clear_cache()
+  first = run(called_back)
+  hits, misses = engine.cache_info()["hits"], engine.cache_info()["misses"]
+  again = run(called_back)
+  assert (engine.cache_info()["hits"], engine.cache_info()["misses"]) == (hits + 1, misses)
+  plain = run(lambda p: {"total": total(p)})
+  _equal((first.history.eval_metrics, first.history.replica_metrics),
+         (again.history.eval_metrics, again.history.replica_metrics))
+  _equal((first.history.eval_metrics, first.history.replica_metrics),
+         (plain.history.eval_metrics, plain.history.replica_metrics))
+
+
 def test_a_rule_takes_its_gradients_at_its_parameters_only_when_its_program_returns_them():
   """The runtime skips the program of the replicas' final models where ``grad_params`` returns the parameters
   themselves (D-PSGD, AD-PSGD), and only there."""
