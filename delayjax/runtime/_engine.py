@@ -563,14 +563,16 @@ def compile_options(entries: int | None) -> dict[str, Any] | None:
   return {**options, "xla_backend_optimization_level": _SMALL_MODEL_LEVEL}
 
 
-# The LLVM modules a small model's program is generated in (see compile_options).
+# The LLVM modules a small model's program is generated in, and the lowest jaxlib where they round as XLA's
+# default count does (see compile_options).
 _SMALL_MODEL_MODULES = 2
+_SMALL_MODEL_MODULES_SINCE = (0, 10)
 
 
 def _codegen_split() -> dict[str, int]:
   """A small model's program generated in :data:`_SMALL_MODEL_MODULES` LLVM modules (see
   :func:`compile_options`), with jaxlib 0.10 or later and where ``XLA_FLAGS`` does not set the count."""
-  if (_jaxlib_version() < _SMALL_MODEL_LEVEL_SINCE
+  if (_jaxlib_version() < _SMALL_MODEL_MODULES_SINCE
       or "xla_cpu_parallel_codegen_split_count" in os.environ.get("XLA_FLAGS", "")):
     return {}
   return {"xla_cpu_parallel_codegen_split_count": _SMALL_MODEL_MODULES}
